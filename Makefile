@@ -1,0 +1,109 @@
+# kiln: build, test and run. `make run` and `make test` work on a fresh Debian machine:
+# they install what is missing (apt packages, PyPI wheels into build/venv) and build all.
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+
+BUILD   ?= build
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT  ?= Why is the sky blue? Answer in two sentences.
+THREADS ?= $(shell nproc)
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. -pthread -MMD -MP
+OPT         ?= -O2 -g
+AVX2_FLAGS  := -mavx2 -mfma -mf16c
+AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+# Files named *_avx2.c / *_avx512.c hold SIMD paths chosen at run time; only they get
+# the ISA flags, so the rest of the binary runs on any x86-64.
+simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
+
+LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c)))
+TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+# ---------------------------------------------------------------- one build variant
+# $(1) variant dir, $(2) compiler, $(3) extra cflags, $(4) extra ldflags
+define variant
+$(1)_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/obj/%.o,$$(LIB_SRCS))
+$(BUILD)/$(1)/obj/%.o: %.c
+	@mkdir -p $$(@D)
+	$(2) $$(CFLAGS_BASE) $(3) $$(call simdflags,$$<) -c $$< -o $$@
+$(BUILD)/$(1)/libkiln.a: $$($(1)_OBJS)
+	@rm -f $$@
+	ar rcs $$@ $$^
+$(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkiln.a
+	$(2) $(3) $$^ -o $$@ -lm -pthread $(4)
+$(BUILD)/$(1)/tests/%: $(BUILD)/$(1)/obj/tests/unit/%.o $(BUILD)/$(1)/libkiln.a
+	@mkdir -p $$(@D)
+	$(2) $(3) $$^ -o $$@ -lm -pthread $(4)
+$(1)_TESTS := $$(patsubst tests/unit/%.c,$(BUILD)/$(1)/tests/%,$$(TEST_SRCS))
+-include $$(shell find $(BUILD)/$(1)/obj -name '*.d' 2>/dev/null)
+endef
+
+SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+$(eval $(call variant,gnu,gcc,$(OPT),))
+$(eval $(call variant,asan,gcc,-O1 -g $(SAN),$(SAN)))
+$(eval $(call variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static))
+
+KILND := $(BUILD)/gnu/kilnd
+
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean
+all: $(KILND) $(gnu_TESTS)
+kilnd: $(KILND)
+
+# The image's kilnd: static musl. musl-gcc cannot see <linux/*.h>; give it the uapi headers.
+musl: tools-musl
+	$(MAKE) $(BUILD)/musl/kilnd
+tools-musl:
+	@scripts/need.sh musl-gcc musl-tools
+	@mkdir -p build/musl/include
+	@for d in linux asm asm-generic; do \
+	  src=/usr/include/$$d; [ -d $$src ] || src=/usr/include/x86_64-linux-gnu/$$d; \
+	  ln -sfn $$src build/musl/include/$$d; done
+
+tools:
+	@scripts/need.sh gcc gcc make make python3 python3 clang clang
+
+# ---------------------------------------------------------------- model, deps, venv
+model: $(MODEL)
+$(MODEL): scripts/model.sh
+	scripts/model.sh
+
+deps:
+	scripts/deps.sh
+
+VENV := $(BUILD)/venv
+PY   := $(VENV)/bin/python
+venv: $(VENV)/.ok
+$(VENV)/.ok: tests/requirements.txt
+	@scripts/need.sh python3 python3
+	@python3 -m venv $(VENV) 2>/dev/null || { scripts/need.sh /usr/lib/python3/dist-packages/ensurepip python3-venv; python3 -m venv $(VENV); }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+	@touch $@
+
+# ---------------------------------------------------------------- fuzzers (clang libFuzzer)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
+FUZZ_LIB_SRCS := $(LIB_SRCS)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
+	@mkdir -p $(@D)
+	clang -std=c11 -D_GNU_SOURCE -I. -O1 -g -fsanitize=fuzzer,address,undefined \
+	  $(AVX512_FLAGS) $< $(FUZZ_LIB_SRCS) -o $@ -lm -pthread
+fuzz: $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus/$$n; \
+	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
+
+# ---------------------------------------------------------------- tests
+test: tools model venv $(KILND) $(gnu_TESTS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
+
+# ---------------------------------------------------------------- run and bench
+run: tools model $(KILND)
+	$(KILND) generate --model $(MODEL) --chat --threads $(THREADS) --max-tokens 128 --prompt "$(PROMPT)"
+
+bench: tools model venv $(KILND)
+	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
+
+clean:
+	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz
+distclean:
+	rm -rf $(BUILD) models

@@ -1,0 +1,531 @@
+/* model: loading a Llama-family GGUF and the forward pass over a batch. */
+#include "core/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/quant.h"
+#include "core/threads.h"
+
+#define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4 */
+#define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
+
+/* ------------------------------------------------------------------ errors */
+
+static int fail(char *err, size_t n, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && n) vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* ------------------------------------------------------------------ loading */
+
+static int meta_u32(const gguf_file *f, const char *arch, const char *key, uint32_t *out,
+                    int required, char *err, size_t n) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    if (gguf_get_u32(f, full, out) == 0) return 0;
+    if (!required) return 1;
+    return fail(err, n, -EINVAL, "model: missing or invalid metadata key '%s'", full);
+}
+
+static int meta_f32(const gguf_file *f, const char *arch, const char *key, float *out) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    return gguf_get_f32(f, full, out);
+}
+
+static int read_config(model *m, char *err, size_t n) {
+    model_config *c = &m->cfg;
+    gguf_str a;
+    if (gguf_get_str(&m->gguf, "general.architecture", &a) != 0 || a.len >= sizeof c->arch)
+        return fail(err, n, -EINVAL, "model: no general.architecture in the file");
+    memcpy(c->arch, a.ptr, a.len);
+    c->arch[a.len] = 0;
+    static const char *known[] = {"llama", "qwen2", "mistral", "granite", NULL};
+    int ok = 0;
+    for (int i = 0; known[i]; i++) ok |= strcmp(c->arch, known[i]) == 0;
+    if (!ok)
+        return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, qwen2)",
+                    c->arch);
+    uint32_t v[6];
+    const char *keys[6] = {"block_count", "embedding_length", "attention.head_count",
+                           "feed_forward_length", "context_length", "attention.head_count_kv"};
+    for (int i = 0; i < 6; i++) {
+        int r = meta_u32(&m->gguf, c->arch, keys[i], &v[i], i < 5, err, n);
+        if (r < 0) return r;
+        if (r > 0) v[i] = v[2]; /* no head_count_kv: multi-head attention */
+    }
+    c->n_layers = (int)v[0], c->d_model = (int)v[1], c->n_heads = (int)v[2];
+    c->ffn_dim = (int)v[3], c->n_ctx_train = (int)v[4], c->n_kv_heads = (int)v[5];
+    if (c->n_layers < 1 || c->n_layers > 1024 || c->d_model < 1 || c->n_heads < 1 ||
+        c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->d_model % c->n_heads ||
+        c->ffn_dim < 1)
+        return fail(err, n, -EINVAL, "model: inconsistent shape (layers %d, d %d, heads %d/%d)",
+                    c->n_layers, c->d_model, c->n_heads, c->n_kv_heads);
+    uint32_t u;
+    c->head_dim = c->d_model / c->n_heads;
+    if (meta_u32(&m->gguf, c->arch, "attention.key_length", &u, 0, err, n) == 0) c->head_dim = (int)u;
+    c->rope_dim = c->head_dim;
+    if (meta_u32(&m->gguf, c->arch, "rope.dimension_count", &u, 0, err, n) == 0) c->rope_dim = (int)u;
+    if (c->head_dim > 256 || c->head_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d not supported",
+                    c->head_dim, c->rope_dim);
+    c->rope_base = 10000.0f;
+    meta_f32(&m->gguf, c->arch, "rope.freq_base", &c->rope_base);
+    c->rms_eps = 1e-5f;
+    meta_f32(&m->gguf, c->arch, "attention.layer_norm_rms_epsilon", &c->rms_eps);
+    /* llama.cpp's converter permutes Q/K of llama-architecture models for adjacent-pair
+     * RoPE; Qwen2 keeps the Hugging Face layout and rotates halves. */
+    c->rope_neox = strcmp(c->arch, "qwen2") == 0;
+    return 0;
+}
+
+/* A 1-D vector of n floats; F16/BF16 are widened into *spill (allocated by the caller). */
+static int load_vec(model *m, const char *name, int n, const float **out, float **spill,
+                    int optional, char *err, size_t en) {
+    const gguf_tensor *t = gguf_tensor_find(&m->gguf, name);
+    *out = NULL;
+    if (!t) return optional ? 0 : fail(err, en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(err, en, -EINVAL, "model: tensor '%s' has shape [%lld], want [%d]", name,
+                    (long long)t->ne[0], n);
+    if (t->type == QT_F32) {
+        *out = t->data;
+        return 0;
+    }
+    if (t->type != QT_F16 && t->type != QT_BF16)
+        return fail(err, en, -EINVAL, "model: vector '%s' has type %u (want F32/F16/BF16)", name,
+                    t->type);
+    quant_dequant(t->type, t->data, *spill, n);
+    *out = *spill;
+    *spill += n;
+    return 0;
+}
+
+static int load_mat(model *m, const char *name, int n_in, int n_out, model_mat *out,
+                    int optional, char *err, size_t en) {
+    const gguf_tensor *t = gguf_tensor_find(&m->gguf, name);
+    memset(out, 0, sizeof *out);
+    if (!t) return optional ? 0 : fail(err, en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(err, en, -EINVAL, "model: tensor '%s' is [%lld x %lld], want [%d x %d]", name,
+                    (long long)t->ne[0], (long long)t->ne[1], n_in, n_out);
+    const quant_traits *qt = quant_traits_of(t->type);
+    if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || quant_row_size(t->type, n_in) == 0)
+        return fail(err, en, -ENOTSUP, "model: tensor '%s' has unsupported type %u", name,
+                    t->type);
+    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in)};
+    return 0;
+}
+
+static int load_layer(model *m, int l, float **spill, char *err, size_t en) {
+    const model_config *c = &m->cfg;
+    model_layer *L = &m->w.layers[l];
+    int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    char nm[96];
+    int r = 0;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+    if (!r) r = load_vec(m, NAME("attn_norm.weight"), d, &L->attn_norm, spill, 0, err, en);
+    if (!r) r = load_mat(m, NAME("attn_q.weight"), d, qd, &L->wq, 0, err, en);
+    if (!r) r = load_mat(m, NAME("attn_k.weight"), d, kd, &L->wk, 0, err, en);
+    if (!r) r = load_mat(m, NAME("attn_v.weight"), d, kd, &L->wv, 0, err, en);
+    if (!r) r = load_vec(m, NAME("attn_q.bias"), qd, &L->bq, spill, 1, err, en);
+    if (!r) r = load_vec(m, NAME("attn_k.bias"), kd, &L->bk, spill, 1, err, en);
+    if (!r) r = load_vec(m, NAME("attn_v.bias"), kd, &L->bv, spill, 1, err, en);
+    if (!r) r = load_mat(m, NAME("attn_output.weight"), qd, d, &L->wo, 0, err, en);
+    if (!r) r = load_vec(m, NAME("ffn_norm.weight"), d, &L->ffn_norm, spill, 0, err, en);
+    if (!r) r = load_mat(m, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0, err, en);
+    if (!r) r = load_mat(m, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0, err, en);
+    if (!r) r = load_mat(m, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0, err, en);
+#undef NAME
+    return r;
+}
+
+int model_load(model *m, const char *path, char *err, size_t en) {
+    memset(m, 0, sizeof *m);
+    int r = gguf_open(&m->gguf, path);
+    if (r < 0) return fail(err, en, r, "%s", m->gguf.err);
+    if ((r = read_config(m, err, en)) < 0) goto bad;
+    model_config *c = &m->cfg;
+    const gguf_tensor *emb = gguf_tensor_find(&m->gguf, "token_embd.weight");
+    if (!emb || emb->ne[1] < 1 || emb->ne[1] > (1 << 24)) {
+        r = fail(err, en, -EINVAL, "model: token_embd.weight missing or has a bad vocab size");
+        goto bad;
+    }
+    c->n_vocab = (int)emb->ne[1];
+    /* Worst case every vector is widened: norms + biases per layer, plus the final norm. */
+    size_t spill_n = (size_t)c->n_layers * (2 * c->d_model + c->n_heads * c->head_dim +
+                                            2 * c->n_kv_heads * c->head_dim) + c->d_model;
+    m->f32_copies = malloc(spill_n * sizeof(float));
+    m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
+    if (!m->f32_copies || !m->w.layers) {
+        r = fail(err, en, -ENOMEM, "model: out of memory");
+        goto bad;
+    }
+    float *spill = m->f32_copies;
+    if ((r = load_mat(m, "token_embd.weight", c->d_model, c->n_vocab, &m->w.tok_embd, 0, err, en)))
+        goto bad;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((r = load_layer(m, l, &spill, err, en))) goto bad;
+    if ((r = load_vec(m, "output_norm.weight", c->d_model, &m->w.out_norm, &spill, 0, err, en)))
+        goto bad;
+    if ((r = load_mat(m, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1, err, en)))
+        goto bad;
+    if (!m->w.output.data) m->w.output = m->w.tok_embd; /* tied embeddings */
+    return 0;
+bad:
+    model_free(m);
+    return r;
+}
+
+void model_free(model *m) {
+    free(m->w.layers);
+    free(m->f32_copies);
+    gguf_close(&m->gguf);
+    memset(m, 0, sizeof *m);
+}
+
+void model_kv_shape(const model *m, kv_config *kc) {
+    kc->n_layers = m->cfg.n_layers;
+    kc->n_kv_heads = m->cfg.n_kv_heads;
+    kc->head_dim = m->cfg.head_dim;
+}
+
+/* ------------------------------------------------------------------ scratch */
+
+struct model_state {
+    int max_tokens, max_logits, max_ctx;
+    float *x;      /* [T][d] residual stream */
+    float *xb;     /* [T][max(d, qd)] normalized input / attention output */
+    float *q;      /* [T][qd] */
+    float *k, *v;  /* [T][kd] */
+    float *hb;     /* [T][ffn] SwiGLU hidden */
+    float *rope;   /* [T][rope_dim/2][2] cos, sin */
+    float *logits; /* [max_logits][n_vocab] */
+    uint8_t *xq[MAX_XQ]; /* quantized activations, one per dot type in use */
+    int xq_type[MAX_XQ];
+    size_t xq_stride;    /* bytes per token row in xq */
+};
+
+model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx) {
+    const model_config *c = &m->cfg;
+    model_state *s = calloc(1, sizeof *s);
+    if (!s || max_tokens < 1 || max_logits < 1) {
+        free(s);
+        return NULL;
+    }
+    size_t T = (size_t)max_tokens;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t wide = qd > (size_t)c->d_model ? qd : (size_t)c->d_model;
+    size_t widest = wide > (size_t)c->ffn_dim ? wide : (size_t)c->ffn_dim;
+    s->max_tokens = max_tokens, s->max_logits = max_logits, s->max_ctx = max_ctx;
+    s->x = malloc(T * c->d_model * sizeof(float));
+    s->xb = malloc(T * wide * sizeof(float));
+    s->q = malloc(T * qd * sizeof(float));
+    s->k = malloc(T * kd * sizeof(float));
+    s->v = malloc(T * kd * sizeof(float));
+    s->hb = malloc(T * c->ffn_dim * sizeof(float));
+    s->rope = malloc(T * c->rope_dim * sizeof(float));
+    s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
+    /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
+    s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
+    int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits;
+    for (int i = 0; i < MAX_XQ; i++) {
+        s->xq[i] = aligned_alloc(64, T * s->xq_stride);
+        ok = ok && s->xq[i];
+    }
+    if (!ok) {
+        model_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void model_state_free(model_state *s) {
+    if (!s) return;
+    free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->hb);
+    free(s->rope), free(s->logits);
+    for (int i = 0; i < MAX_XQ; i++) free(s->xq[i]);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ small kernels */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* cos/sin of pos * base^(-2i/rope_dim) for each token, computed once per step. */
+static void rope_table(const model_config *c, const model_batch *b, float *tab) {
+    int half = c->rope_dim / 2;
+    for (int t = 0; t < b->n_tokens; t++)
+        for (int i = 0; i < half; i++) {
+            double theta = (double)b->pos[t] * pow(c->rope_base, -2.0 * i / c->rope_dim);
+            tab[(t * half + i) * 2] = (float)cos(theta);
+            tab[(t * half + i) * 2 + 1] = (float)sin(theta);
+        }
+}
+
+static void rope_apply(const model_config *c, float *vec, int n_heads, const float *tab) {
+    int half = c->rope_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + h * c->head_dim;
+        for (int i = 0; i < half; i++) {
+            float co = tab[2 * i], si = tab[2 * i + 1];
+            /* Llama (GGUF-permuted): pairs (2i, 2i+1). NeoX: pairs (i, i + rope_dim/2). */
+            int a = c->rope_neox ? i : 2 * i, bb = c->rope_neox ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[bb];
+            v[a] = x0 * co - x1 * si;
+            v[bb] = x0 * si + x1 * co;
+        }
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ------------------------------------------------------------------ parallel matmul */
+
+enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
+
+/* out = W·x for up to three matrices that read the same activations, split into
+ * MM_CHUNK-row tasks. EPI_ADD accumulates into out (the residual add), EPI_SWIGLU
+ * treats mats[0] as gate and mats[1] as up and writes silu(gate)*up into out[0]. */
+typedef struct {
+    int n_mats;
+    const model_mat *w[3];
+    const uint8_t *xq[3];
+    const float *bias[3];
+    float *out[3];
+    int ostride[3];      /* floats between tokens in out */
+    int chunks[3];       /* tasks per matrix */
+    int epi;
+    int n_tok;
+    size_t xstride;
+} mm_job;
+
+static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
+    const model_mat *w = j->w[m];
+    quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes,
+                   w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok, tmp, (size_t)nr);
+    if (j->bias[m])
+        for (int t = 0; t < j->n_tok; t++)
+            for (int r = 0; r < nr; r++) tmp[t * nr + r] += j->bias[m][r0 + r];
+}
+
+static void mm_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    const mm_job *j = ctx;
+    float tmp[2][MM_CHUNK * 512];
+    int m = 0;
+    while (task >= j->chunks[m]) task -= j->chunks[m++];
+    int r0 = task * MM_CHUNK, n_out = j->w[m]->n_out;
+    int nr = n_out - r0 < MM_CHUNK ? n_out - r0 : MM_CHUNK;
+    for (int t0 = 0; t0 < j->n_tok; t0 += 512) {
+        mm_job part = *j; /* token tiles of 512 keep tmp on the stack */
+        part.n_tok = j->n_tok - t0 < 512 ? j->n_tok - t0 : 512;
+        for (int i = 0; i < j->n_mats; i++) part.xq[i] = j->xq[i] + (size_t)t0 * j->xstride;
+        mm_rows(&part, m, r0, nr, tmp[0]);
+        if (j->epi == EPI_SWIGLU) mm_rows(&part, 1, r0, nr, tmp[1]);
+        for (int t = 0; t < part.n_tok; t++) {
+            float *o = j->out[m] + (size_t)(t0 + t) * j->ostride[m] + r0;
+            const float *a = tmp[0] + t * nr, *u = tmp[1] + t * nr;
+            for (int r = 0; r < nr; r++) {
+                if (j->epi == EPI_STORE) o[r] = a[r];
+                else if (j->epi == EPI_ADD) o[r] += a[r];
+                else o[r] = silu(a[r]) * u[r];
+            }
+        }
+    }
+}
+
+/* Quantize T rows of x (stride xs floats, n wide) to the dot type of w, reusing a
+ * buffer already holding that type for this input. Slot bookkeeping is per call. */
+static const uint8_t *prep_x(model_state *s, int *used, const float *x, int xs, int n, int T,
+                             const model_mat *w) {
+    int dt = quant_traits_of(w->type)->dot_type;
+    for (int i = 0; i < *used; i++)
+        if (s->xq_type[i] == dt) return s->xq[i];
+    int i = (*used)++;
+    s->xq_type[i] = dt;
+    for (int t = 0; t < T; t++)
+        quant_quantize((uint32_t)dt, x + (size_t)t * xs, s->xq[i] + (size_t)t * s->xq_stride, n);
+    return s->xq[i];
+}
+
+static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, int epi,
+                   int n_mats, const model_mat *const *w, const float *const *bias,
+                   float *const *out, const int *ostride) {
+    mm_job j = {.n_mats = n_mats, .epi = epi, .n_tok = T, .xstride = s->xq_stride};
+    int used = 0, total = 0;
+    for (int i = 0; i < n_mats; i++) {
+        j.w[i] = w[i];
+        j.xq[i] = prep_x(s, &used, x, xs, w[i]->n_in, T, w[i]);
+        j.bias[i] = bias ? bias[i] : NULL;
+        j.out[i] = out[i];
+        j.ostride[i] = ostride[i];
+        j.chunks[i] = (epi == EPI_SWIGLU && i == 1) ? 0 : (w[i]->n_out + MM_CHUNK - 1) / MM_CHUNK;
+        total += j.chunks[i];
+    }
+    if (tp) thr_run(tp, mm_task, &j, total);
+    else for (int t = 0; t < total; t++) mm_task(&j, t, total);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct {
+    const model *m;
+    const model_batch *b;
+    model_state *s;
+    const kv_pool *kv;
+    int layer;
+} att_job;
+
+/* One query head of one token against its sequence's positions [0, pos], block by
+ * block through the page table, with an online softmax (running max and sum). */
+static void att_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    const att_job *j = ctx;
+    const model_config *c = &j->m->cfg;
+    int hd = c->head_dim, bs = j->kv->cfg.block_size;
+    int t = task / c->n_heads, h = task % c->n_heads;
+    int kvh = h / (c->n_heads / c->n_kv_heads);
+    const kv_seq *sq = j->b->seq[t];
+    int n_pos = j->b->pos[t] + 1;
+    float q[256], acc[256], vrow[256], score[256];
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + h * hd;
+    for (int i = 0; i < hd; i++) q[i] = qsrc[i] * scale, acc[i] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int p0 = 0; p0 < n_pos; p0 += bs) {
+        int32_t blk = sq->blocks[p0 / bs];
+        int n = n_pos - p0 < bs ? n_pos - p0 : bs;
+        const uint16_t *K = kv_k(j->kv, blk, j->layer, kvh);
+        const uint16_t *V = kv_v(j->kv, blk, j->layer, kvh);
+        float bmax = mx;
+        for (int i = 0; i < n; i++) {
+            score[i] = quant_dot(QT_F16, hd, K + (size_t)i * hd, q);
+            if (score[i] > bmax) bmax = score[i];
+        }
+        float corr = expf(mx - bmax); /* rescale what was summed under the old max */
+        sum *= corr;
+        for (int d = 0; d < hd; d++) acc[d] *= corr;
+        for (int i = 0; i < n; i++) {
+            float p = expf(score[i] - bmax);
+            sum += p;
+            quant_dequant(QT_F16, V + (size_t)i * hd, vrow, hd);
+            for (int d = 0; d < hd; d++) acc[d] += p * vrow[d];
+        }
+        mx = bmax;
+    }
+    float *out = j->s->xb + (size_t)t * c->n_heads * hd + h * hd;
+    for (int d = 0; d < hd; d++) out[d] = acc[d] / sum;
+}
+
+/* Write this step's K and V rows into the cache (f16) at each token's position. */
+static void kv_store(const model_config *c, model_state *s, kv_pool *kv, const model_batch *b,
+                     int layer) {
+    int hd = c->head_dim, bs = kv->cfg.block_size, kd = c->n_kv_heads * hd;
+    for (int t = 0; t < b->n_tokens; t++) {
+        int pos = b->pos[t];
+        int32_t blk = b->seq[t]->blocks[pos / bs];
+        int slot = pos % bs;
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            quant_quantize(QT_F16, s->k + (size_t)t * kd + h * hd,
+                           kv_k(kv, blk, layer, h) + (size_t)slot * hd, hd);
+            quant_quantize(QT_F16, s->v + (size_t)t * kd + h * hd,
+                           kv_v(kv, blk, layer, h) + (size_t)slot * hd, hd);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
+                       const model_batch *b, char *err, size_t en) {
+    if (b->n_tokens < 1 || b->n_tokens > s->max_tokens || b->n_logits < 0 ||
+        b->n_logits > s->max_logits)
+        return fail(err, en, -EINVAL, "forward: batch of %d tokens / %d logits exceeds %d / %d",
+                    b->n_tokens, b->n_logits, s->max_tokens, s->max_logits);
+    int bs = kv->cfg.block_size;
+    for (int t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.n_vocab)
+            return fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
+        if (b->pos[t] < 0 || b->pos[t] >= b->seq[t]->n_blocks * bs)
+            return fail(err, en, -EINVAL, "forward: position %d has no KV block reserved",
+                        b->pos[t]);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
+            return fail(err, en, -EINVAL, "forward: logit row %d out of range", b->logit_rows[i]);
+    return 0;
+}
+
+const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool *tp,
+                           const model_batch *b, char *err, size_t en) {
+    const model_config *c = &m->cfg;
+    if (check_batch(m, s, kv, b, err, en) < 0) return NULL;
+    int T = b->n_tokens, d = c->d_model, hd = c->head_dim;
+    int qd = c->n_heads * hd, kd = c->n_kv_heads * hd, half = c->rope_dim / 2;
+
+    for (int t = 0; t < T; t++) /* token embeddings */
+        quant_dequant(m->w.tok_embd.type,
+                      (const uint8_t *)m->w.tok_embd.data + (size_t)b->tokens[t] * m->w.tok_embd.row_bytes,
+                      s->x + (size_t)t * d, d);
+    rope_table(c, b, s->rope);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->w.layers[l];
+        /* attention: norm, q/k/v projections, rope, cache write */
+        for (int t = 0; t < T; t++)
+            rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, L->attn_norm, d, c->rms_eps);
+        const model_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        const float *bias[3] = {L->bq, L->bk, L->bv};
+        float *qkv_out[3] = {s->q, s->k, s->v};
+        int qkv_stride[3] = {qd, kd, kd};
+        matmul(s, tp, s->xb, d, T, EPI_STORE, 3, qkv, bias, qkv_out, qkv_stride);
+        for (int t = 0; t < T; t++) {
+            rope_apply(c, s->q + (size_t)t * qd, c->n_heads, s->rope + (size_t)t * half * 2);
+            rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, s->rope + (size_t)t * half * 2);
+        }
+        kv_store(c, s, kv, b, l);
+        /* attention over the paged cache, output into xb, then x += Wo·xb */
+        att_job aj = {m, b, s, kv, l};
+        if (tp) thr_run(tp, att_task, &aj, T * c->n_heads);
+        else for (int i = 0; i < T * c->n_heads; i++) att_task(&aj, i, T * c->n_heads);
+        const model_mat *wo[1] = {&L->wo};
+        float *xo[1] = {s->x};
+        int xs[1] = {d};
+        matmul(s, tp, s->xb, qd, T, EPI_ADD, 1, wo, NULL, xo, xs);
+        /* feed-forward: x += W_down·(silu(W_gate·n) * W_up·n), n = norm(x) */
+        for (int t = 0; t < T; t++)
+            rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, L->ffn_norm, d, c->rms_eps);
+        const model_mat *gu[2] = {&L->w_gate, &L->w_up};
+        float *hb[2] = {s->hb, s->hb};
+        int hs[2] = {c->ffn_dim, c->ffn_dim};
+        matmul(s, tp, s->xb, d, T, EPI_SWIGLU, 2, gu, NULL, hb, hs);
+        const model_mat *wd[1] = {&L->w_down};
+        matmul(s, tp, s->hb, c->ffn_dim, T, EPI_ADD, 1, wd, NULL, xo, xs);
+    }
+
+    /* final norm and logits, only for the requested rows */
+    for (int i = 0; i < b->n_logits; i++)
+        rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)b->logit_rows[i] * d, m->w.out_norm, d,
+                c->rms_eps);
+    if (b->n_logits > 0) {
+        const model_mat *wout[1] = {&m->w.output};
+        float *lo[1] = {s->logits};
+        int ls[1] = {c->n_vocab};
+        matmul(s, tp, s->xb, d, b->n_logits, EPI_STORE, 1, wout, NULL, lo, ls);
+    }
+    return s->logits;
+}

@@ -1,0 +1,69 @@
+/* quant: tensor element types, dequantization and dot products.
+ *
+ * Each type has a plain C reference (quant_*_ref) and SIMD paths chosen at run time
+ * (AVX2, AVX-512/VNNI; scalar fallback). A weight row of type T is dotted against an
+ * activation row already quantized to T's "dot type" (Q8_0, Q8_1, Q8_K or F32), the
+ * integer-dot scheme that keeps decode memory-bound rather than compute-bound. */
+#ifndef KILN_QUANT_H
+#define KILN_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Values match GGUF's ggml_type numbering. */
+enum qtype {
+    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
+    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15,
+    QT_BF16 = 30, QT_COUNT = 31,
+};
+
+enum quant_simd { QS_SCALAR = 0, QS_AVX2 = 1, QS_AVX512 = 2 };
+
+typedef struct {
+    const char *name;
+    int block;        /* elements per block */
+    size_t bytes;     /* bytes per block */
+    int dot_type;     /* type the activation row is quantized to for quant_dot */
+} quant_traits;
+
+/* NULL for a type this build does not know (callers report it as an error). */
+const quant_traits *quant_traits_of(uint32_t type);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or the
+ * type is unknown. */
+size_t quant_row_size(uint32_t type, int64_t n);
+
+/* SIMD level: detected once; tests may lower it to compare each level with the
+ * reference. quant_set_simd returns the level actually in force (never above the
+ * machine's). */
+int quant_simd(void);
+int quant_simd_max(void);
+int quant_set_simd(int level);
+
+/* Dispatched to the current SIMD level. n is a multiple of the type's block. */
+void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n);
+/* Quantize an f32 row to a dot type (Q8_0, Q8_1, Q8_K, F32 is a copy). */
+void quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);
+/* dot(w, x) where w is a row of `type` and xq a row of quant_traits_of(type)->dot_type. */
+float quant_dot(uint32_t type, int64_t n, const void *w, const void *xq);
+/* The same dot for nr consecutive weight rows (row stride wstride bytes) against one
+ * activation row: out[r] = dot(w + r*wstride, xq). Lets SIMD paths reuse the
+ * unpacked activation across rows. */
+void quant_dot_rows(uint32_t type, int64_t n, const void *w, size_t wstride, int nr,
+                    const void *xq, float *out);
+/* Batched micro kernel (prefill): nr weight rows x nc activation rows (row stride
+ * xstride bytes): out[c*ostride + r] = dot(w + r*wstride, xq + c*xstride). */
+void quant_dot_tile(uint32_t type, int64_t n, const void *w, size_t wstride, int nr,
+                    const void *xq, size_t xstride, int nc, float *out, size_t ostride);
+
+/* Plain C references, never removed. */
+void quant_dequant_ref(uint32_t type, const void *src, float *dst, int64_t n);
+void quant_quantize_ref(uint32_t type, const float *src, void *dst, int64_t n);
+float quant_dot_ref(uint32_t type, int64_t n, const void *w, const void *xq);
+
+/* Half-precision helpers (IEEE fp16 and bfloat16), exact round-to-nearest-even. */
+float quant_f16_to_f32(uint16_t h);
+uint16_t quant_f32_to_f16(float f);
+float quant_bf16_to_f32(uint16_t h);
+uint16_t quant_f32_to_bf16(float f);
+
+#endif

@@ -1,0 +1,98 @@
+/* sampler: logits -> next token, with its own RNG; and stopper: stop strings matched
+ * across token boundaries.
+ *
+ * Order of one sampler_sample: penalties (repetition over the last repeat_last_n
+ * tokens, prompt included; presence/frequency over generated tokens) -> greedy argmax
+ * when temperature <= 0 -> logits / temperature -> top_k -> top_p -> min_p (both on the
+ * tempered distribution, renormalized after each cut, as vLLM and HF do) -> draw.
+ * The logprob reported is log_softmax over the whole vocabulary of the logits after
+ * penalties and before temperature and truncation: the model's own belief, comparable
+ * across sampling settings. Only sampler_init/sampler_free allocate. */
+#ifndef KILN_SAMPLER_H
+#define KILN_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAMPLER_MAX_STOP_IDS 8
+
+typedef struct {
+    float temperature;       /* <= 0: greedy */
+    int top_k;               /* <= 0 or >= n_vocab: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off; keep p >= min_p * p_max */
+    float repeat_penalty;    /* 1: off; llama.cpp-style, positive logits / it, negative * it */
+    int repeat_last_n;       /* window for repeat_penalty, prompt included; 0: off */
+    float presence_penalty;  /* OpenAI-style, over generated tokens: - presence if seen */
+    float frequency_penalty; /* - frequency * count */
+    uint64_t seed;           /* 0: random (from the clock); the seed used is in s->seed */
+    int max_tokens;          /* generated tokens before SAMPLER_STOP_LENGTH; <= 0: no limit */
+    int32_t stop_ids[SAMPLER_MAX_STOP_IDS]; /* e.g. the model's EOS/EOT */
+    int n_stop_ids;
+} sampler_params;
+
+enum { SAMPLER_RUNNING = 0, SAMPLER_STOP_TOKEN = 1, SAMPLER_STOP_LENGTH = 2 };
+
+typedef struct {
+    int32_t id;
+    float v; /* logit, then unnormalized probability */
+} sampler_cand;
+
+typedef struct {
+    sampler_params par;
+    int n_vocab;
+    uint64_t seed;       /* the seed in force (reproduces this run) */
+    uint64_t rng[4];     /* xoshiro256** */
+    sampler_cand *cand;  /* [n_vocab] scratch */
+    float *prob;         /* [n_vocab] scratch */
+    int32_t *ring;       /* [repeat_last_n] last tokens, prompt included; NULL if off */
+    int ring_pos, ring_n;
+    int32_t *win_count;  /* [n_vocab] occurrences in ring; NULL if off */
+    int32_t *gen_count;  /* [n_vocab] occurrences among generated tokens; NULL if off */
+    int32_t *gen_seen;   /* [n_vocab] distinct generated tokens, first-seen order */
+    int n_gen_seen;
+    int n_generated;     /* tokens accepted with is_prompt = 0 */
+    int stop;            /* SAMPLER_* once a stop condition was accepted */
+} sampler;
+
+/* Defaults: temperature 1, everything else off (top_p 1, repeat_penalty 1). */
+void sampler_params_default(sampler_params *p);
+/* 0, -EINVAL (bad params; n_vocab < 1) or -ENOMEM. */
+int sampler_init(sampler *s, const sampler_params *p, int n_vocab);
+void sampler_free(sampler *s);
+/* Next token from logits[n_vocab] (modified in place by the penalties). logprob may be
+ * NULL. Does not record the token: call sampler_accept with it. */
+int32_t sampler_sample(sampler *s, float *logits, float *logprob);
+/* Record a token: prompt tokens feed the repetition window only, generated ones also
+ * the presence/frequency counts, max_tokens and the stop ids. */
+void sampler_accept(sampler *s, int32_t tok, int is_prompt);
+/* SAMPLER_RUNNING, or why generation should end after the last accepted token. */
+int sampler_stopped(const sampler *s);
+
+/* ---------------------------------------------------------------- stop strings */
+
+#define STOPPER_MAX 8
+#define STOPPER_MAX_LEN 64
+
+typedef struct {
+    char str[STOPPER_MAX][STOPPER_MAX_LEN];
+    size_t len[STOPPER_MAX];
+    int n;
+    char held[STOPPER_MAX_LEN]; /* fed but not emitted: could begin a stop string */
+    size_t n_held;
+    int stopped;
+} stopper;
+
+/* Up to STOPPER_MAX strings, each 1..STOPPER_MAX_LEN bytes. 0 or -EINVAL. */
+int stopper_init(stopper *st, const char *const *strs, int n);
+/* Takes newly decoded text; writes to out the bytes safe to emit now and returns their
+ * count. A suffix that could begin a stop string is held back. When a stop string
+ * completes, the text before it is emitted, the stop string and anything after it are
+ * not, and *stopped (may be NULL) is set; later feeds emit nothing. The earliest-ending
+ * match wins (so the result does not depend on how the text was split).
+ * out must have room for n + STOPPER_MAX_LEN bytes; it is never overrun. */
+size_t stopper_feed(stopper *st, const char *text, size_t n, char *out, size_t cap, int *stopped);
+/* At the end of generation: the held-back text (nothing after a stop). */
+size_t stopper_flush(stopper *st, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,81 @@
+/* lwipopts.h: lwIP configuration for kiln (provisional).
+ *
+ * The raw API with no OS layer (NO_SYS=1): one thread drives lwIP (input, timers, the TLS
+ * BIO), so there are no sockets, netconns or locks. IPv4 + IPv6 over Ethernet, DHCP and
+ * SLAAC. Memory is static: a heap of MEM_SIZE for PBUF_RAM and fixed pools for the rest,
+ * so nothing is allocated from libc on the packet path.
+ *
+ * scripts/deps.sh installs this file into build/<toolchain>/deps/include/ and builds
+ * liblwip.a with it; the network server may replace it (set LWIP_CONFIG_DIR for deps.sh).
+ */
+#ifndef KILN_LWIPOPTS_H
+#define KILN_LWIPOPTS_H
+
+/* ---- system */
+#define NO_SYS                      1
+#define SYS_LIGHTWEIGHT_PROT        0
+#define LWIP_SOCKET                 0
+#define LWIP_NETCONN                0
+#define LWIP_ALTCP                  0
+
+/* ---- memory: own heap + pools, 8-byte aligned on 64-bit */
+#define MEM_LIBC_MALLOC             0
+#define MEMP_MEM_MALLOC             0
+#define MEM_ALIGNMENT               8
+#define MEM_SIZE                    (2 * 1024 * 1024) /* bytes: PBUF_RAM (tcp_write copies) */
+#define MEMP_NUM_PBUF               64     /* PBUF_ROM/REF */
+#define MEMP_NUM_UDP_PCB            4      /* DHCP, spare */
+#define MEMP_NUM_TCP_PCB            64     /* concurrent connections */
+#define MEMP_NUM_TCP_PCB_LISTEN     4
+#define MEMP_NUM_TCP_SEG            512    /* queued segments, all connections */
+#define PBUF_POOL_SIZE              256    /* receive pbufs of PBUF_POOL_BUFSIZE */
+
+/* ---- protocols */
+#define LWIP_ETHERNET               1
+#define LWIP_ARP                    1
+#define LWIP_IPV4                   1
+#define LWIP_IPV6                   1
+#define IPV6_FRAG_COPYHEADER        1      /* required on 64-bit (see PLATFORM-NOTES) */
+#define LWIP_IPV6_NUM_ADDRESSES     3      /* link-local + 2 SLAAC */
+#define LWIP_IPV6_AUTOCONFIG        1
+#define LWIP_IPV6_DHCP6             0
+#define LWIP_ICMP                   1
+#define LWIP_RAW                    0
+#define LWIP_UDP                    1
+#define LWIP_TCP                    1
+#define LWIP_DHCP                   1
+#define LWIP_AUTOIP                 0
+#define LWIP_IGMP                   0
+#define LWIP_DNS                    0
+
+/* ---- netif */
+#define LWIP_NETIF_HOSTNAME         1      /* sent in DHCP requests */
+#define LWIP_NETIF_STATUS_CALLBACK  1      /* address bound/changed */
+#define LWIP_NETIF_LINK_CALLBACK    1
+#define LWIP_HAVE_LOOPIF            0
+#define LWIP_NETIF_LOOPBACK         0
+
+/* ---- TCP: MSS for a 1500-byte MTU; window and send buffer of 32 segments (46720 bytes,
+ * larger than one 16 KiB TLS record plus overhead) without window scaling. */
+#define TCP_MSS                     1460
+#define TCP_WND                     (32 * TCP_MSS)
+#define TCP_SND_BUF                 (32 * TCP_MSS)
+#define TCP_SND_QUEUELEN            ((4 * TCP_SND_BUF) / TCP_MSS)
+#define TCP_QUEUE_OOSEQ             1
+#define TCP_LISTEN_BACKLOG          1
+#define TCP_DEFAULT_LISTEN_BACKLOG  16
+#define LWIP_TCP_KEEPALIVE          1
+#define LWIP_WND_SCALE              0
+
+/* ---- checksums in software (the drivers complete offloaded ones) */
+#define CHECKSUM_GEN_IP             1
+#define CHECKSUM_GEN_TCP            1
+#define CHECKSUM_GEN_UDP            1
+#define CHECKSUM_CHECK_IP           1
+#define CHECKSUM_CHECK_TCP          1
+#define CHECKSUM_CHECK_UDP          1
+
+/* ---- diagnostics: asserts stay on (they print and abort); no stats, no debug output */
+#define LWIP_STATS                  0
+
+#endif /* KILN_LWIPOPTS_H */

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# need.sh CMD PACKAGE [CMD PACKAGE ...]: make sure each command exists, installing the
+# Debian package that provides it when missing (we run as root on build machines and CI).
+# A machine where apt cannot install gets a message naming the package to install.
+set -euo pipefail
+updated=0
+while [ $# -ge 2 ]; do
+  cmd=$1 pkg=$2; shift 2
+  command -v "$cmd" >/dev/null 2>&1 && continue
+  echo "need: '$cmd' is missing; installing Debian package '$pkg'" >&2
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "need: cannot install '$pkg' here: install it (apt-get install $pkg) and rerun" >&2
+    exit 1
+  fi
+  if [ $updated = 0 ]; then apt-get update -qq >&2 || true; updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >&2 || {
+    echo "need: apt-get install $pkg failed: install it by hand and rerun" >&2; exit 1; }
+  command -v "$cmd" >/dev/null 2>&1 || { echo "need: '$pkg' did not provide '$cmd'" >&2; exit 1; }
+done

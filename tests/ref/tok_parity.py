@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Tokenizer parity: kilnd's tokenizer against Hugging Face `tokenizers`.
+
+The reference is built from the GGUF's own vocabulary and merges (read with the `gguf`
+package), with the pre-tokenizer SmolLM2 uses (Digits(individual_digits=True), then
+ByteLevel(add_prefix_space=False, use_regex=True)), the ByteLevel decoder, and every
+control token (token_type 3) added as a special token. For each corpus item (one JSON
+string per line) it compares the ids of `kilnd tokenize --hex --special` and the text of
+`kilnd detokenize --hex` (special tokens skipped, as HF's decode does by default).
+
+Usage: tok_parity.py --kilnd build/gnu/kilnd --model M.gguf --corpus tests/data/tok_corpus.jsonl
+Prints one line per mismatch and "tokenizer parity: N passed, M failed"; exits 1 on any.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+from gguf import GGUFReader
+from tokenizers import AddedToken, Tokenizer, decoders, models
+from tokenizers import pre_tokenizers as pre
+
+
+def field(reader, key):
+    f = reader.fields.get(key)
+    return f.contents() if f is not None else None
+
+
+def reference(path):
+    r = GGUFReader(path)
+    model = field(r, "tokenizer.ggml.model")
+    if model != "gpt2":
+        sys.exit("tok_parity: only byte-level BPE (gpt2) models are supported, not %r" % model)
+    tokens = field(r, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges")]
+    types = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab[t] = i
+    tk = Tokenizer(models.BPE(vocab, merges))
+    tk.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True),
+                                     pre.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, types) if ty == 3])
+    return tk
+
+
+def run(cmd, data):
+    p = subprocess.run(cmd, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if p.returncode != 0:
+        sys.exit("tok_parity: %s failed (%d): %s" % (" ".join(cmd), p.returncode,
+                                                      p.stderr.decode(errors="replace")))
+    return p.stdout.decode().split("\n")
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kilnd", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--corpus", required=True)
+    args = ap.parse_args()
+    with open(args.corpus, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    tk = reference(args.model)
+
+    hexin = "".join(s.encode("utf-8").hex() + "\n" for s in items).encode()
+    got_ids = run([args.kilnd, "tokenize", "--model", args.model, "--hex", "--special"], hexin)
+    want = [tk.encode(s).ids for s in items]
+    # decode the reference ids, so a decode mismatch is not just an encode mismatch again
+    idsin = "".join(" ".join(map(str, w)) + "\n" for w in want).encode()
+    got_text = run([args.kilnd, "detokenize", "--model", args.model, "--hex"], idsin)
+
+    passed = failed = 0
+    for i, s in enumerate(items):
+        ok = True
+        got = [int(x) for x in got_ids[i].split()] if i < len(got_ids) else None
+        if got != want[i]:
+            ok = False
+            if got is None:
+                print("item %d %r: encode: no output line" % (i, s[:40]))
+            else:
+                k = first_diff(got, want[i])
+                print("item %d %r: encode differs at %d: kiln %s, hf %s" %
+                      (i, s[:40], k, got[k:k + 5], want[i][k:k + 5]))
+        ref_text = tk.decode(want[i])
+        text = bytes.fromhex(got_text[i]).decode("utf-8", errors="replace") if i < len(got_text) else None
+        if text != ref_text:
+            ok = False
+            k = first_diff(text or "", ref_text)
+            print("item %d %r: decode differs at char %d: kiln %r, hf %r" %
+                  (i, s[:40], k, (text or "")[k:k + 10], ref_text[k:k + 10]))
+        passed += ok
+        failed += not ok
+    print("tokenizer parity: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# run.sh: every test kiln has, in one pass, ending with the line "N passed, M failed".
+# Called by `make test` (which builds everything first) with BUILD, MODEL and PY set.
+set -uo pipefail
+BUILD=${BUILD:-build} MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+PY=${PY:-$BUILD/venv/bin/python}
+export MODEL KILN_FUZZ_MODEL=$MODEL
+pass=0 fail=0 failed=()
+log=$BUILD/test-logs; mkdir -p "$log"
+
+# run NAME CMD...: one test; its output goes to a log, shown only when it fails.
+run() {
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$log/$name.log" 2>&1; then
+    pass=$((pass + 1)); printf 'ok   %-32s %3ds\n' "$name" $((SECONDS - t0))
+  else
+    fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-32s %3ds\n' "$name" $((SECONDS - t0))
+    tail -n 40 "$log/$name.log" | sed 's/^/     | /'
+  fi
+}
+
+# Unit tests, plain and under ASan+UBSan.
+for t in "$BUILD"/gnu/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
+for t in "$BUILD"/asan/tests/test_*; do run "asan/$(basename "$t")" "$t"; done
+
+# Fuzz targets: replay the kept corpus, then fuzz briefly (bounded in time).
+for f in "$BUILD"/fuzz/fuzz_*; do
+  n=$(basename "$f"); c=tests/fuzz/corpus/$n; mkdir -p "$c" "$BUILD/fuzz/work/$n"
+  run "fuzz/$n" "$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
+    -print_final_stats=1 "$BUILD/fuzz/work/$n" "$c"
+done
+
+# The engine end to end: reference parity for the tokenizer and the forward pass.
+run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" \
+  --corpus tests/data/tok_corpus.jsonl
+run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
+
+# The CLI: a sanitized end-to-end generation, and clear errors on bad input.
+run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
+  --threads 2 --prompt "Say hi"
+run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
+
+echo
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,321 @@
+/* test_quant: every type at every SIMD level the machine has, against the plain C
+ * references; the references against gguf's NumPy implementation (vectors made by
+ * tests/ref/quant_vectors.py, checked when build/quant_vectors.bin exists); fp16/bf16
+ * edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
+#include "core/quant.h"
+#include "tests/unit/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
+/* Roughly Gaussian, with a rare outlier as real weights and activations have. */
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = (frand() + frand() + frand()) * scale;
+        if (rnd() % 97 == 0) v *= 8;
+        x[i] = v;
+    }
+}
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static const uint32_t all_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0,
+                                     QT_Q5_1, QT_Q8_0, QT_Q8_1, QT_Q4_K, QT_Q5_K,
+                                     QT_Q6_K, QT_Q8_K};
+#define NTYPES (int)(sizeof all_types / sizeof all_types[0])
+
+/* ---------------------------------------------------------------- fp16 / bf16 */
+
+static void test_half(void) {
+    /* every finite half survives f16 -> f32 -> f16; nans stay nans */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = quant_f16_to_f32((uint16_t)h);
+        uint16_t back = quant_f32_to_f16(f);
+        int isnan_h = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (isnan_h ? !isnan(f) || (back & 0x7fff) <= 0x7c00 : back != h) bad++;
+    }
+    CHECK(bad == 0, "%d halves do not round-trip", bad);
+    CHECK(quant_f16_to_f32(0x3c00) == 1.0f, "1.0");
+    CHECK(quant_f16_to_f32(0xc000) == -2.0f, "-2.0");
+    CHECK(quant_f16_to_f32(0x7bff) == 65504.0f, "max half");
+    CHECK(quant_f16_to_f32(0x0001) == ldexpf(1, -24), "min subnormal");
+    CHECK(quant_f16_to_f32(0x03ff) == ldexpf(1023, -24), "max subnormal");
+    CHECK(isinf(quant_f16_to_f32(0x7c00)) && quant_f16_to_f32(0xfc00) < 0, "inf");
+    CHECK(quant_f32_to_f16(65519.0f) == 0x7bff, "65519 -> max");
+    CHECK(quant_f32_to_f16(65520.0f) == 0x7c00, "65520 -> inf (tie to even)");
+    CHECK(quant_f32_to_f16(1e9f) == 0x7c00 && quant_f32_to_f16(-INFINITY) == 0xfc00, "inf");
+    CHECK(quant_f32_to_f16(ldexpf(1, -25)) == 0, "2^-25 ties to 0");
+    CHECK(quant_f32_to_f16(ldexpf(1.0000001f, -25)) == 1, "just above 2^-25 -> 1");
+    CHECK(quant_f32_to_f16(ldexpf(3, -25)) == 2, "1.5 ulp ties to even 2");
+    CHECK(quant_f32_to_f16(-0.0f) == 0x8000, "-0");
+    CHECK(quant_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even down");
+    CHECK(quant_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even up");
+    CHECK(quant_f32_to_f16(ldexpf(2047, -25)) == 0x0400, "subnormal rounds up to normal");
+    CHECK((quant_f32_to_f16(NAN) & 0x7e00) == 0x7e00, "nan stays quiet nan");
+    /* against the compiler's own (libgcc, round-to-nearest-even) conversion */
+    bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float f = u2f(rnd());
+        if (isnan(f)) continue;
+        _Float16 ref = (_Float16)f;
+        uint16_t rb;
+        memcpy(&rb, &ref, 2);
+        if (quant_f32_to_f16(f) != rb) bad++;
+    }
+    CHECK(bad == 0, "%d random floats differ from (_Float16) cast", bad);
+
+    CHECK(quant_bf16_to_f32(0x3f80) == 1.0f, "bf16 1.0");
+    CHECK(quant_f32_to_bf16(1.0f) == 0x3f80, "bf16 of 1.0");
+    CHECK(quant_f32_to_bf16(u2f(0x3f808000)) == 0x3f80, "bf16 tie to even down");
+    CHECK(quant_f32_to_bf16(u2f(0x3f818000)) == 0x3f82, "bf16 tie to even up");
+    CHECK(quant_f32_to_bf16(u2f(0x3f808001)) == 0x3f81, "bf16 above tie");
+    CHECK(quant_f32_to_bf16(INFINITY) == 0x7f80, "bf16 inf");
+    CHECK(quant_f32_to_bf16(u2f(0x7f7fffff)) == 0x7f80, "bf16 max float rounds to inf");
+    CHECK(quant_f32_to_bf16(u2f(0x7f800001)) == 0x7fc0, "bf16 signalling nan -> quiet");
+    CHECK(quant_f32_to_bf16(u2f(0x00000001)) == 0x0000, "bf16 tiny subnormal -> 0");
+    CHECK(f2u(quant_bf16_to_f32(0x8001)) == 0x80010000u, "bf16 subnormal exact");
+}
+
+/* ---------------------------------------------------------------- traits */
+
+static void test_traits(void) {
+    CHECK(quant_row_size(QT_Q4_1, 576) == 18 * 20, "q4_1 row");
+    CHECK(quant_row_size(QT_Q8_0, 576) == 18 * 34, "q8_0 row");
+    CHECK(quant_row_size(QT_Q4_K, 4096) == 16 * 144, "q4_k row");
+    CHECK(quant_row_size(QT_Q6_K, 256) == 210, "q6_k row");
+    CHECK(quant_row_size(QT_Q8_K, 256) == 292, "q8_k row");
+    CHECK(quant_row_size(QT_Q4_0, 33) == 0, "partial block");
+    CHECK(quant_row_size(4, 32) == 0 && quant_traits_of(4) == NULL, "unknown type 4");
+    CHECK(quant_traits_of(1000) == NULL, "out of range type");
+    CHECK(quant_traits_of(QT_Q4_1)->dot_type == QT_Q8_1, "q4_1 dot type");
+    CHECK(quant_traits_of(QT_Q5_0)->dot_type == QT_Q8_0, "q5_0 dot type");
+    CHECK(quant_traits_of(QT_Q6_K)->dot_type == QT_Q8_K, "q6_k dot type");
+    CHECK(quant_traits_of(QT_BF16)->dot_type == QT_F32, "bf16 dot type");
+}
+
+/* ---------------------------------------------------------------- gguf vectors */
+
+static void test_vectors(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        printf("quant: %s not found, skipping the gguf cross-check "
+               "(make it with tests/ref/quant_vectors.py)\n", path);
+        return;
+    }
+    uint32_t hdr[4];
+    int nrec = 0;
+    while (fread(hdr, 4, 4, fp) == 4) {
+        uint32_t kind = hdr[0], type = hdr[1], n = hdr[2], nbytes = hdr[3];
+        unsigned char *raw = malloc(nbytes), *mine = malloc(nbytes);
+        float *f = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+        int ok = kind == 0 ? fread(raw, 1, nbytes, fp) == nbytes && fread(f, 4, n, fp) == n
+                           : fread(f, 4, n, fp) == n && fread(raw, 1, nbytes, fp) == nbytes;
+        CHECK(ok, "short record in %s", path);
+        CHECK(quant_row_size(type, n) == nbytes, "type %u n %u: size %zu vs %u", type, n,
+              quant_row_size(type, n), nbytes);
+        if (!ok || quant_row_size(type, n) != nbytes) {
+            free(raw), free(mine), free(f), free(g);
+            break;
+        }
+        if (kind == 0) {
+            quant_dequant_ref(type, raw, g, n);
+            int bad = 0;
+            for (uint32_t i = 0; i < n; i++) bad += f2u(f[i]) != f2u(g[i]) && f[i] != g[i];
+            CHECK(bad == 0, "%s dequant: %d of %u differ from gguf",
+                  quant_traits_of(type)->name, bad, n);
+        } else {
+            quant_quantize_ref(type, f, mine, n);
+            CHECK(memcmp(mine, raw, nbytes) == 0, "%s quantize differs from gguf",
+                  quant_traits_of(type)->name);
+        }
+        nrec++;
+        free(raw), free(mine), free(f), free(g);
+    }
+    fclose(fp);
+    CHECK(nrec >= 18, "only %d gguf records", nrec);
+}
+
+/* ---------------------------------------------------------------- per level */
+
+/* Sum |w_i * x_i| of the dequantized rows: the scale of the dot's rounding error. */
+static double abs_dot(uint32_t type, int64_t n, const void *w, const void *xq, float *tw,
+                      float *tx) {
+    quant_dequant_ref(type, w, tw, n);
+    quant_dequant_ref(quant_traits_of(type)->dot_type, xq, tx, n);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += fabs((double)tw[i] * tx[i]);
+    return s;
+}
+
+/* Dot tolerance: SIMD and reference compute the same integer block sums and differ
+ * only in float summation order (and FMA), so 1e-4 of sum|w*x| is generous. */
+#define DOT_TOL 1e-4
+
+static int close_dot(float got, float ref, double scale) {
+    return fabs((double)got - ref) <= DOT_TOL * scale + 1e-6;
+}
+
+static void test_type_level(uint32_t type, int64_t n, int level) {
+    const quant_traits *t = quant_traits_of(type);
+    uint32_t dt = t->dot_type;
+    size_t rs = quant_row_size(type, n), xs = quant_row_size(dt, n);
+    enum { NR = 9, NC = 5 };
+    size_t wstride = rs + 64, xstride = xs + 32; /* padded strides catch stride bugs */
+    float *f = malloc((size_t)n * NR * 4), *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    float *tw = malloc((size_t)n * 4), *tx = malloc((size_t)n * 4);
+    unsigned char *w = calloc(NR, wstride), *x = calloc(NC, xstride), *xr = malloc(xs);
+    float out[NR], tile[NC * (NR + 3)];
+
+    fill(f, n * NR, 0.05f);
+    for (int r = 0; r < NR; r++) quant_quantize_ref(type, f + r * n, w + r * wstride, n);
+
+    /* dequant: same arithmetic as the reference, bit-exact */
+    quant_dequant_ref(type, w, a, n);
+    quant_dequant(type, w, b, n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += f2u(a[i]) != f2u(b[i]);
+    CHECK(bad == 0, "L%d %s n=%lld dequant: %d differ", level, t->name, (long long)n, bad);
+
+    /* quantize the activations to the dot type: bit-exact with the reference */
+    for (int c = 0; c < NC; c++) {
+        fill(a, n, 1.0f);
+        if (c == 1) memset(a, 0, 32 * sizeof(float)); /* an all-zero block */
+        quant_quantize(dt, a, x + c * xstride, n);
+        quant_quantize_ref(dt, a, xr, n);
+        CHECK(memcmp(xr, x + c * xstride, xs) == 0, "L%d %s n=%lld quantize differs",
+              level, quant_traits_of(dt)->name, (long long)n);
+    }
+
+    /* dot, rows, tile against the reference dot */
+    float ref[NC][NR];
+    double scale[NC][NR];
+    for (int c = 0; c < NC; c++)
+        for (int r = 0; r < NR; r++) {
+            ref[c][r] = quant_dot_ref(type, n, w + r * wstride, x + c * xstride);
+            scale[c][r] = abs_dot(type, n, w + r * wstride, x + c * xstride, tw, tx);
+        }
+    for (int r = 0; r < NR; r++) {
+        float got = quant_dot(type, n, w + r * wstride, x);
+        CHECK(close_dot(got, ref[0][r], scale[0][r]), "L%d %s n=%lld dot row %d: %g vs %g",
+              level, t->name, (long long)n, r, got, ref[0][r]);
+    }
+    for (int nr = 1; nr <= NR; nr++) {
+        memset(out, 0, sizeof out);
+        quant_dot_rows(type, n, w, wstride, nr, x + 2 * xstride, out);
+        bad = 0;
+        for (int r = 0; r < nr; r++) bad += !close_dot(out[r], ref[2][r], scale[2][r]);
+        CHECK(bad == 0, "L%d %s n=%lld rows nr=%d: %d wrong", level, t->name, (long long)n,
+              nr, bad);
+    }
+    for (int nc = 1; nc <= NC; nc++)
+        for (int nr = 1; nr <= NR; nr += (nr < 5 ? 1 : 4)) {
+            size_t ostride = NR + 3;
+            for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++) tile[i] = -12345.0f;
+            quant_dot_tile(type, n, w, wstride, nr, x, xstride, nc, tile, ostride);
+            bad = 0;
+            for (int c = 0; c < nc; c++)
+                for (int r = 0; r < (int)ostride; r++) {
+                    float v = tile[c * ostride + r];
+                    bad += r < nr ? !close_dot(v, ref[c][r], scale[c][r]) : v != -12345.0f;
+                }
+            CHECK(bad == 0, "L%d %s n=%lld tile %dx%d: %d wrong", level, t->name,
+                  (long long)n, nr, nc, bad);
+        }
+    free(f), free(a), free(b), free(tw), free(tx), free(w), free(x), free(xr);
+}
+
+static void test_levels(void) {
+    int max = quant_simd_max();
+    for (int level = QS_SCALAR; level <= max; level++) {
+        int before = check_pass + check_fail, fail0 = check_fail;
+        CHECK(quant_set_simd(level) == level && quant_simd() == level, "set level %d", level);
+        for (int ti = 0; ti < NTYPES; ti++) {
+            int blk = quant_traits_of(all_types[ti])->block;
+            /* one block, odd block counts (tails), the model's widths, 4096+ */
+            int64_t sizes[] = {1, 7, 9, 18, 48, 128, 130};
+            for (int s = 0; s < 7; s++) {
+                int64_t n = sizes[s] * blk;
+                if (blk == 1) n = sizes[s] * 32 + (s & 1); /* F32/F16/BF16: odd n too */
+                if (blk == 256 && s >= 5) n = sizes[s] / 8 * blk;
+                test_type_level(all_types[ti], n, level);
+            }
+        }
+        printf("quant: level %d: %d checks, %d failed\n", level,
+               check_pass + check_fail - before, check_fail - fail0);
+    }
+    quant_set_simd(max);
+}
+
+/* ---------------------------------------------------------------- bench */
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static void bench_one(uint32_t type, int64_t n, int level) {
+    enum { ROWS = 256 };
+    uint32_t dt = quant_traits_of(type)->dot_type;
+    size_t rs = quant_row_size(type, n);
+    float *f = malloc((size_t)n * 4), out[ROWS];
+    unsigned char *w = malloc(rs * ROWS), *x = malloc(quant_row_size(dt, n) * 4);
+    for (int r = 0; r < ROWS; r++) {
+        fill(f, n, 0.05f);
+        quant_quantize_ref(type, f, w + r * rs, n);
+    }
+    fill(f, n, 1.0f);
+    quant_set_simd(level);
+    quant_quantize(dt, f, x, n);
+    double best_dot = 1e30, best_rows = 1e30;
+    volatile float sink = 0;
+    for (int it = 0; it < 50; it++) {
+        double t0 = now_ns();
+        for (int r = 0; r < ROWS; r++) sink += quant_dot(type, n, w + r * rs, x);
+        double t1 = now_ns();
+        quant_dot_rows(type, n, w, rs, ROWS, x, out);
+        double t2 = now_ns();
+        sink += out[0];
+        if (t1 - t0 < best_dot) best_dot = t1 - t0;
+        if (t2 - t1 < best_rows) best_rows = t2 - t1;
+    }
+    printf("bench L%d %-5s n=%-5lld dot %7.1f ns/row   dot_rows %7.1f ns/row\n", level,
+           quant_traits_of(type)->name, (long long)n, best_dot / ROWS, best_rows / ROWS);
+    free(f), free(w), free(x);
+}
+
+static void bench(void) {
+    int max = quant_simd_max();
+    uint32_t types[] = {QT_Q4_1, QT_Q8_0, QT_F32, QT_F16, QT_Q4_0, QT_Q5_0, QT_Q5_1,
+                        QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        for (int level = QS_SCALAR; level <= max; level++) {
+            int64_t ns[] = {576, 1536};
+            for (int k = 0; k < 2; k++)
+                if (ns[k] % quant_traits_of(types[i])->block == 0) bench_one(types[i], ns[k], level);
+        }
+    quant_set_simd(max);
+}
+
+int main(void) {
+    test_half();
+    test_traits();
+    test_vectors("build/quant_vectors.bin");
+    test_levels();
+    const char *b = getenv("QUANT_BENCH");
+    if (b && *b == '1') bench();
+    return check_done("quant");
+}
