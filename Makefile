@@ -93,7 +93,8 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
-test: tools model venv $(KILND) $(gnu_TESTS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+	$(MAKE) musl
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 
 # ---------------------------------------------------------------- run and bench

@@ -30,26 +30,33 @@ static double now_s(void) {
 
 /* ------------------------------------------------------------------ the engine */
 
-/* Everything one generation needs: the model, its KV pool, a backend, the tokenizer. */
+/* Everything one generation needs: the model, the tokenizer, the pinned arena holding
+ * the KV pool, and a backend. */
 typedef struct {
     model m;
     tok_t tok;
+    mm_pool arena;
     kv_pool kv;
     backend *be;
-    int chunk; /* prefill tokens per step */
+    int chunk;          /* prefill tokens per step */
+    int32_t *positions; /* [chunk] step scratch */
+    kv_seq **seqs;      /* [chunk] */
     int loaded_tok, loaded_kv;
 } engine;
 
 static void engine_close(engine *e) {
     if (e->be) e->be->ops->destroy(e->be);
     if (e->loaded_kv) kv_pool_free(&e->kv);
+    mm_pool_free(&e->arena);
     if (e->loaded_tok) tok_free(&e->tok);
+    free(e->positions);
+    free(e->seqs);
     model_free(&e->m);
     memset(e, 0, sizeof *e);
 }
 
-/* Load the model and size the KV pool for one sequence of up to ctx positions. */
-static int engine_open(engine *e, const char *path, int threads, int ctx, int chunk) {
+/* Map the model and build its tokenizer. */
+static int engine_load(engine *e, const char *path) {
     char err[512];
     memset(e, 0, sizeof *e);
     if (model_load(&e->m, path, err, sizeof err) < 0) {
@@ -62,26 +69,38 @@ static int engine_open(engine *e, const char *path, int threads, int ctx, int ch
         return -1;
     }
     e->loaded_tok = 1;
+    return 0;
+}
+
+/* Carve the arena, the KV pool for one sequence of up to ctx positions, and start the
+ * backend with prefill steps of up to chunk tokens. */
+static int engine_start(engine *e, int threads, int ctx, int chunk) {
+    char err[512];
     kv_config kc = {0};
     model_kv_shape(&e->m, &kc);
     kc.block_size = BLOCK_SIZE;
     kc.max_blocks_per_seq = (ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
     kc.n_blocks = kc.max_blocks_per_seq;
     kc.max_seqs = 1;
-    int r = kv_pool_init(&e->kv, &kc, NULL);
+    int r = mm_pool_init(&e->arena, kv_pool_bytes(&kc), NULL);
+    if (r == 0) r = kv_pool_init(&e->kv, &kc, &e->arena);
     if (r < 0) {
         fprintf(stderr, "kilnd: cannot allocate the KV pool for %d positions: %s\n", ctx,
                 strerror(-r));
-        engine_close(e);
         return -1;
     }
     e->loaded_kv = 1;
     e->chunk = chunk;
+    e->positions = malloc((size_t)chunk * sizeof *e->positions);
+    e->seqs = malloc((size_t)chunk * sizeof *e->seqs);
+    if (!e->positions || !e->seqs) {
+        fprintf(stderr, "kilnd: out of memory\n");
+        return -1;
+    }
     backend_cpu_config bc = {threads, chunk, 1, ctx};
     e->be = backend_cpu_new(&e->m, &e->kv, &bc, err, sizeof err);
     if (!e->be) {
         fprintf(stderr, "kilnd: %s\n", err);
-        engine_close(e);
         return -1;
     }
     return 0;
@@ -90,8 +109,8 @@ static int engine_open(engine *e, const char *path, int threads, int ctx, int ch
 /* Run n tokens of seq starting at position pos in steps of e->chunk; returns the logits
  * of the last token (owned by the backend) or NULL. */
 static const float *engine_feed(engine *e, kv_seq *seq, const int32_t *toks, int n, int pos) {
-    static int32_t positions[4096];
-    static kv_seq *seqs[4096];
+    int32_t *positions = e->positions;
+    kv_seq **seqs = e->seqs;
     for (int i = 0; i < n; i += e->chunk) {
         int len = n - i < e->chunk ? n - i : e->chunk;
         for (int t = 0; t < len; t++) positions[t] = pos + i + t, seqs[t] = seq;
@@ -271,10 +290,8 @@ static int cmd_generate(int argc, char **argv) {
     opts o;
     if (parse_opts(argc, argv, &o) < 0) { usage(); return 2; }
     engine e;
-    /* The prompt length is known only after tokenizing; load with the model's own limit. */
-    int ctx = o.ctx;
-    if (engine_open(&e, o.model, o.threads, ctx > 0 ? ctx : 8192, o.chunk) < 0) return 1;
-    if (ctx <= 0) ctx = e.m.cfg.n_ctx_train < 8192 ? e.m.cfg.n_ctx_train : 8192;
+    if (engine_load(&e, o.model) < 0) return 1;
+    int ctx = o.ctx > 0 ? o.ctx : e.m.cfg.n_ctx_train;
     int32_t *prompt = NULL;
     int n_prompt = build_prompt(&e, &o, &prompt);
     int rc = 1;
@@ -289,6 +306,8 @@ static int cmd_generate(int argc, char **argv) {
                 n_prompt, o.max_tokens, ctx);
         goto out;
     }
+    /* The KV pool holds exactly this request: the prompt and what it may generate. */
+    if (engine_start(&e, o.threads, total, o.chunk) < 0) goto out;
     if (sampler_init(&smp, &o.sp, e.m.cfg.n_vocab) < 0) { fprintf(stderr, "kilnd: bad sampling parameters\n"); goto out; }
     smp_ok = 1;
     for (int i = 0; i < n_prompt; i++) sampler_accept(&smp, prompt[i], 1);
@@ -365,7 +384,11 @@ static int cmd_bench(int argc, char **argv) {
     int ctx = o.prompt_tokens + o.gen_tokens;
     if (o.chunk < o.prompt_tokens) o.chunk = o.prompt_tokens > 4096 ? 4096 : o.prompt_tokens;
     engine e;
-    if (engine_open(&e, o.model, o.threads, ctx, o.chunk) < 0) return 1;
+    if (engine_load(&e, o.model) < 0) return 1;
+    if (engine_start(&e, o.threads, ctx, o.chunk) < 0) {
+        engine_close(&e);
+        return 1;
+    }
     int32_t *toks = malloc((size_t)ctx * sizeof *toks);
     if (!toks) { engine_close(&e); return 1; }
     for (int i = 0; i < ctx; i++) toks[i] = (int32_t)((1000 + 7919u * (unsigned)i) % (unsigned)e.m.cfg.n_vocab);

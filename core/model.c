@@ -315,8 +315,12 @@ typedef struct {
 
 static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
     const model_mat *w = j->w[m];
-    quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes,
-                   w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok, tmp, (size_t)nr);
+    const uint8_t *rows = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    if (j->n_tok == 1) /* decode: the row kernel streams weights with the least overhead */
+        quant_dot_rows(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], tmp);
+    else
+        quant_dot_tile(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok,
+                       tmp, (size_t)nr);
     if (j->bias[m])
         for (int t = 0; t < j->n_tok; t++)
             for (int r = 0; r < nr; r++) tmp[t * nr + r] += j->bias[m][r0 + r];

@@ -66,7 +66,7 @@ int sampler_init(sampler *s, const sampler_params *p, int n_vocab) {
     s->par = *p;
     s->n_vocab = n_vocab;
     size_t nv = (size_t)n_vocab;
-    s->cand = malloc(nv * sizeof *s->cand);
+    s->cand = malloc((nv + 1) * sizeof *s->cand); /* + a spare slot, see nucleus() */
     s->prob = malloc(nv * sizeof *s->prob);
     int ok = s->cand && s->prob;
     if (p->repeat_penalty != 1.0f && p->repeat_last_n > 0) {
@@ -287,11 +287,15 @@ static int nucleus(sampler *s, const float *logits, const float *e, double z, fl
         acc += mass[edge];
         n_above += count[edge++];
     }
+    /* Branch-free: which side of the edge a token falls on is a coin flip to the
+     * branch predictor. Tokens past the edge are written to the spare slot c[n]. */
     int nc = 0, ne = n_above;
     for (int i = 0; i < n; i++) {
         int b = bucket_of((m - logits[i]) * inv_t, scale);
-        if (b < edge) c[nc++] = (sampler_cand){i, e[i]};
-        else if (b == edge) c[ne++] = (sampler_cand){i, e[i]};
+        int above = b < edge, at = b == edge;
+        c[above ? nc : at ? ne : n] = (sampler_cand){i, e[i]};
+        nc += above;
+        ne += at;
     }
     sort_desc(c + n_above, ne - n_above);
     for (int i = n_above; i < ne; i++)

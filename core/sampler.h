@@ -43,7 +43,7 @@ typedef struct {
     int n_vocab;
     uint64_t seed;       /* the seed in force (reproduces this run) */
     uint64_t rng[4];     /* xoshiro256** */
-    sampler_cand *cand;  /* [n_vocab] scratch */
+    sampler_cand *cand;  /* [n_vocab + 1] scratch */
     float *prob;         /* [n_vocab] scratch */
     int32_t *ring;       /* [repeat_last_n] last tokens, prompt included; NULL if off */
     int ring_pos, ring_n;

@@ -64,6 +64,12 @@ static size_t layout_of(const kv_config *c, kv_layout *l) {
     return off;
 }
 
+size_t kv_pool_bytes(const kv_config *cfg) {
+    kv_layout l;
+    if (!cfg_valid(cfg) || layout_of(cfg, &l) == 0) return 0;
+    return align_up(l.total, 4096) + 4096; /* slack for the arena's alignment of the base */
+}
+
 /* ---------------------------------------------------------------- init / free */
 
 int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {

@@ -53,6 +53,8 @@ typedef struct kv_pool {
 /* 0, -EINVAL (bad config), -E2BIG (sizes overflow) or -ENOMEM. arena NULL: own memory. */
 int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena);
 void kv_pool_free(kv_pool *p); /* memory from an arena stays with the arena */
+/* Arena bytes kv_pool_init needs for cfg (data, metadata, page tables); 0 if invalid. */
+size_t kv_pool_bytes(const kv_config *cfg);
 size_t kv_block_bytes(const kv_config *cfg); /* one block, all layers, K and V; 0 if invalid */
 
 kv_seq *kv_seq_new(kv_pool *p);             /* empty; NULL when no page table is free */

@@ -20,6 +20,9 @@ run() {
   fi
 }
 
+# Cross-check vectors from the gguf package for test_quant (bit-exact dequant/quantize).
+run "ref/quant-vectors" "$PY" tests/ref/quant_vectors.py
+
 # Unit tests, plain and under ASan+UBSan.
 for t in "$BUILD"/gnu/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
 for t in "$BUILD"/asan/tests/test_*; do run "asan/$(basename "$t")" "$t"; done
@@ -39,6 +42,8 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # The CLI: a sanitized end-to-end generation, and clear errors on bad input.
 run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
   --threads 2 --prompt "Say hi"
+run "cli/musl-generate" "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
+  --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
 
 echo
