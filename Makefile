@@ -3,6 +3,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
+.SECONDARY:
 
 BUILD   ?= build
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf

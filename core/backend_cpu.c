@@ -137,8 +137,14 @@ backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *
     c->state = model_state_new(m, cfg->max_batch_tokens, cfg->max_logits, cfg->max_ctx);
     c->pool = thr_pool_new(cfg->threads);
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!c->state || !c->pool || c->efd < 0 ||
-        pthread_create(&c->leader, NULL, leader_main, c) != 0) {
+    /* The leader runs the forward pass: give it the same roomy stack as the pool's. */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 4u << 20);
+    int started = c->state && c->pool && c->efd >= 0 &&
+                  pthread_create(&c->leader, &attr, leader_main, c) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started) {
         snprintf(err, errlen, "cpu backend: cannot allocate scratch for %d tokens or start threads",
                  cfg->max_batch_tokens);
         thr_pool_free(c->pool);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/attn.h"
 #include "core/quant.h"
 #include "core/threads.h"
 
@@ -74,9 +75,10 @@ static int read_config(model *m, char *err, size_t n) {
     if (meta_u32(&m->gguf, c->arch, "attention.key_length", &u, 0, err, n) == 0) c->head_dim = (int)u;
     c->rope_dim = c->head_dim;
     if (meta_u32(&m->gguf, c->arch, "rope.dimension_count", &u, 0, err, n) == 0) c->rope_dim = (int)u;
-    if (c->head_dim > 256 || c->head_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d not supported",
-                    c->head_dim, c->rope_dim);
+    if (c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 || c->rope_dim > c->head_dim ||
+        c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
+        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
+                    "not supported", c->head_dim, c->rope_dim, c->n_heads / c->n_kv_heads);
     c->rope_base = 10000.0f;
     meta_f32(&m->gguf, c->arch, "rope.freq_base", &c->rope_base);
     c->rms_eps = 1e-5f;
@@ -394,45 +396,28 @@ typedef struct {
     int layer;
 } att_job;
 
-/* One query head of one token against its sequence's positions [0, pos], block by
- * block through the page table, with an online softmax (running max and sum). */
+/* The query heads of one token that share a KV head, against the sequence's positions
+ * [0, pos], block by block through the page table (online softmax in core/attn). */
 static void att_task(void *ctx, int task, int n_tasks) {
     (void)n_tasks;
     const att_job *j = ctx;
     const model_config *c = &j->m->cfg;
-    int hd = c->head_dim, bs = j->kv->cfg.block_size;
-    int t = task / c->n_heads, h = task % c->n_heads;
-    int kvh = h / (c->n_heads / c->n_kv_heads);
+    int hd = c->head_dim, bs = j->kv->cfg.block_size, g = c->n_heads / c->n_kv_heads;
+    int t = task / c->n_kv_heads, kvh = task % c->n_kv_heads;
     const kv_seq *sq = j->b->seq[t];
     int n_pos = j->b->pos[t] + 1;
-    float q[256], acc[256], vrow[256], score[256];
+    float q[ATTN_MAX_GROUP * ATTN_MAX_DIM];
     float scale = 1.0f / sqrtf((float)hd);
-    const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + h * hd;
-    for (int i = 0; i < hd; i++) q[i] = qsrc[i] * scale, acc[i] = 0.0f;
-    float mx = -INFINITY, sum = 0.0f;
+    const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)kvh * g * hd;
+    for (int i = 0; i < g * hd; i++) q[i] = qsrc[i] * scale;
+    attn_state st;
+    attn_init(&st, g, hd);
     for (int p0 = 0; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
         int n = n_pos - p0 < bs ? n_pos - p0 : bs;
-        const uint16_t *K = kv_k(j->kv, blk, j->layer, kvh);
-        const uint16_t *V = kv_v(j->kv, blk, j->layer, kvh);
-        float bmax = mx;
-        for (int i = 0; i < n; i++) {
-            score[i] = quant_dot(QT_F16, hd, K + (size_t)i * hd, q);
-            if (score[i] > bmax) bmax = score[i];
-        }
-        float corr = expf(mx - bmax); /* rescale what was summed under the old max */
-        sum *= corr;
-        for (int d = 0; d < hd; d++) acc[d] *= corr;
-        for (int i = 0; i < n; i++) {
-            float p = expf(score[i] - bmax);
-            sum += p;
-            quant_dequant(QT_F16, V + (size_t)i * hd, vrow, hd);
-            for (int d = 0; d < hd; d++) acc[d] += p * vrow[d];
-        }
-        mx = bmax;
+        attn_block(&st, q, kv_k(j->kv, blk, j->layer, kvh), kv_v(j->kv, blk, j->layer, kvh), n);
     }
-    float *out = j->s->xb + (size_t)t * c->n_heads * hd + h * hd;
-    for (int d = 0; d < hd; d++) out[d] = acc[d] / sum;
+    attn_finish(&st, j->s->xb + (size_t)t * c->n_heads * hd + (size_t)kvh * g * hd, (size_t)hd);
 }
 
 /* Write this step's K and V rows into the cache (f16) at each token's position. */
@@ -461,6 +446,9 @@ static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
         return fail(err, en, -EINVAL, "forward: batch of %d tokens / %d logits exceeds %d / %d",
                     b->n_tokens, b->n_logits, s->max_tokens, s->max_logits);
     int bs = kv->cfg.block_size;
+    if (bs > ATTN_MAX_BLOCK || kv->cfg.head_dim != m->cfg.head_dim ||
+        kv->cfg.n_layers != m->cfg.n_layers || kv->cfg.n_kv_heads != m->cfg.n_kv_heads)
+        return fail(err, en, -EINVAL, "forward: KV pool shape does not match the model");
     for (int t = 0; t < b->n_tokens; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.n_vocab)
             return fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
@@ -504,8 +492,9 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         kv_store(c, s, kv, b, l);
         /* attention over the paged cache, output into xb, then x += Wo·xb */
         att_job aj = {m, b, s, kv, l};
-        if (tp) thr_run(tp, att_task, &aj, T * c->n_heads);
-        else for (int i = 0; i < T * c->n_heads; i++) att_task(&aj, i, T * c->n_heads);
+        int n_att = T * c->n_kv_heads;
+        if (tp) thr_run(tp, att_task, &aj, n_att);
+        else for (int i = 0; i < n_att; i++) att_task(&aj, i, n_att);
         const model_mat *wo[1] = {&L->wo};
         float *xo[1] = {s->x};
         int xs[1] = {d};

@@ -1,0 +1,40 @@
+/* attn: the inner loop of attention over one KV block, for the query heads that share
+ * one KV head (GQA), with an online softmax (running max and sum per query), so a
+ * sequence's blocks can be visited one at a time through its page table.
+ *
+ * K and V rows are f16 [n][head_dim]. A plain C reference sits beside SIMD paths
+ * (AVX2, AVX-512) picked at run time from quant_simd(); tests/unit/test_attn.c
+ * compares them. */
+#ifndef KILN_ATTN_H
+#define KILN_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ATTN_MAX_GROUP 16  /* query heads per KV head */
+#define ATTN_MAX_BLOCK 256 /* keys per call */
+#define ATTN_MAX_DIM 256   /* head_dim */
+
+/* Running softmax state of g queries: max score m, sum of exp(score - m) l, and the
+ * unnormalized output acc [g][hd]. */
+typedef struct {
+    int g, hd;
+    float m[ATTN_MAX_GROUP];
+    float l[ATTN_MAX_GROUP];
+    float acc[ATTN_MAX_GROUP * ATTN_MAX_DIM];
+} attn_state;
+
+void attn_init(attn_state *st, int g, int hd);
+/* Fold n keys/values into the state. q: [g][hd] f32, already scaled by 1/sqrt(hd). */
+void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
+void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
+/* out + j*out_stride receives query j's attention output. */
+void attn_finish(const attn_state *st, float *out, size_t out_stride);
+
+/* SIMD variants (core/attn_avx2.c, core/attn_avx512.c); hd must be a multiple of 8/16,
+ * attn_block falls back to the reference otherwise. */
+void attn_block_avx2(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
+void attn_block_avx512(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V,
+                       int n);
+
+#endif
