@@ -321,6 +321,16 @@ static void test_synthetic_spm(void) {
     k = stream_all(&t, seq, NELEM(seq), out, (int)sizeof out, &partial);
     CHECK(k == 16 && memcmp(out, "hello he\xc3\xa9 world", 16) == 0 && partial, "spm stream (%d)", k);
     CHECK(tok_is_eog(&t, 2) && !tok_is_eog(&t, 1), "spm eog");
+    tok_free(&t);
+
+    /* a piece with '▁' after another character: fragments are not split into words */
+    const char *extra[] = {"a", "b", "a\xe2\x96\x81", ("a\xe2\x96\x81" "b")};
+    n = 3 + 256 + 1;
+    for (int i = 0; i < NELEM(extra); i++) toks[n] = extra[i], types[n] = TOK_NORMAL, scores[n++] = -(float)(4 - i);
+    tok_spec s2 = {TOK_SPM, NULL, n, 0, toks, types, scores, NULL, 1, 2, 0, 1, 0};
+    CHECK(tok_init(&t, &s2, err, sizeof err) == 0 && t.spm_whole, "spm_whole: %s", err);
+    k = tok_encode(&t, "a b", 3, 0, ids, 64);
+    CHECK(k == 1 && ids[0] == n - 1, "spm merge across a space: %d ids", k);
     (void)H, (void)E, (void)L, (void)O, (void)W, (void)R, (void)D, (void)LL, (void)LLO, (void)HELLO;
     (void)OR, (void)SPW, (void)SPWOR, (void)LD, (void)SPSP;
     tok_free(&t);
