@@ -12,8 +12,8 @@ static inline void vexp_inplace(float *x, int n) {
         float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
         float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666667f +
                   r * (0.0083333333f + r * 0.0013888889f)))));
-        union { float f; int32_t i; } u = {p};
-        u.i += (int32_t)k << 23;
+        union { float f; uint32_t i; } u = {p};
+        u.i += (uint32_t)(int32_t)k << 23; /* scale by 2^k in the exponent field */
         x[i] = x[i] < -87.0f ? 0.0f : u.f;
     }
 }

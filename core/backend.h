@@ -40,6 +40,7 @@ typedef struct {
     int max_batch_tokens; /* largest step */
     int max_logits;       /* largest number of logit rows per step */
     int max_ctx;          /* longest sequence */
+    int exact;            /* f32 activations (verification; see model_state_set_exact) */
 } backend_cpu_config;
 
 /* The CPU backend over a loaded model and a KV pool; NULL with err set on failure. */

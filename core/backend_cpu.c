@@ -135,6 +135,10 @@ backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->state = model_state_new(m, cfg->max_batch_tokens, cfg->max_logits, cfg->max_ctx);
+    if (c->state && model_state_set_exact(c->state, m, cfg->exact) < 0) {
+        model_state_free(c->state);
+        c->state = NULL;
+    }
     c->pool = thr_pool_new(cfg->threads);
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     /* The leader runs the forward pass: give it the same roomy stack as the pool's. */

@@ -74,7 +74,7 @@ static int engine_load(engine *e, const char *path) {
 
 /* Carve the arena, the KV pool for one sequence of up to ctx positions, and start the
  * backend with prefill steps of up to chunk tokens. */
-static int engine_start(engine *e, int threads, int ctx, int chunk) {
+static int engine_start(engine *e, int threads, int ctx, int chunk, int exact) {
     char err[512];
     kv_config kc = {0};
     model_kv_shape(&e->m, &kc);
@@ -97,7 +97,7 @@ static int engine_start(engine *e, int threads, int ctx, int chunk) {
         fprintf(stderr, "kilnd: out of memory\n");
         return -1;
     }
-    backend_cpu_config bc = {threads, chunk, 1, ctx};
+    backend_cpu_config bc = {threads, chunk, 1, ctx, exact};
     e->be = backend_cpu_new(&e->m, &e->kv, &bc, err, sizeof err);
     if (!e->be) {
         fprintf(stderr, "kilnd: %s\n", err);
@@ -130,7 +130,7 @@ static const float *engine_feed(engine *e, kv_seq *seq, const int32_t *toks, int
 
 typedef struct {
     const char *model, *prompt, *prompt_ids, *system, *dump_logits;
-    int chat, ids, threads, max_tokens, ctx, chunk, special;
+    int chat, ids, threads, max_tokens, ctx, chunk, special, exact;
     int prompt_tokens, gen_tokens, repeat;
     sampler_params sp;
     const char *stops[MAX_STOPS];
@@ -151,6 +151,8 @@ static void usage(void) {
             "      --threads N --ctx N --chunk N (prefill tokens per step)\n"
             "      --ids               print generated token ids instead of text\n"
             "      --dump-logits FILE  write the last prompt position's logits (f32)\n"
+            "      --exact             f32 activations, no 8-bit rounding (slow; for\n"
+            "                          comparing with an f32 reference)\n"
             "  kilnd bench --model PATH [--threads N] [--prompt-tokens 512] [--gen-tokens 128]\n"
             "      [--repeat 3]\n"
             "  kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
@@ -172,6 +174,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         if (FLAG("--chat")) o->chat = 1;
         else if (FLAG("--ids")) o->ids = 1;
         else if (FLAG("--special")) o->special = 1;
+        else if (FLAG("--exact")) o->exact = 1;
         else if (FLAG("--model")) { NEED_ARG(); o->model = v; }
         else if (FLAG("--prompt")) { NEED_ARG(); o->prompt = v; }
         else if (FLAG("--prompt-ids")) { NEED_ARG(); o->prompt_ids = v; }
@@ -307,7 +310,7 @@ static int cmd_generate(int argc, char **argv) {
         goto out;
     }
     /* The KV pool holds exactly this request: the prompt and what it may generate. */
-    if (engine_start(&e, o.threads, total, o.chunk) < 0) goto out;
+    if (engine_start(&e, o.threads, total, o.chunk, o.exact) < 0) goto out;
     if (sampler_init(&smp, &o.sp, e.m.cfg.n_vocab) < 0) { fprintf(stderr, "kilnd: bad sampling parameters\n"); goto out; }
     smp_ok = 1;
     for (int i = 0; i < n_prompt; i++) sampler_accept(&smp, prompt[i], 1);
@@ -385,7 +388,7 @@ static int cmd_bench(int argc, char **argv) {
     if (o.chunk < o.prompt_tokens) o.chunk = o.prompt_tokens > 4096 ? 4096 : o.prompt_tokens;
     engine e;
     if (engine_load(&e, o.model) < 0) return 1;
-    if (engine_start(&e, o.threads, ctx, o.chunk) < 0) {
+    if (engine_start(&e, o.threads, ctx, o.chunk, o.exact) < 0) {
         engine_close(&e);
         return 1;
     }

@@ -14,6 +14,7 @@
 
 #define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4 */
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
+#define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
 
 /* ------------------------------------------------------------------ errors */
 
@@ -214,6 +215,7 @@ struct model_state {
     uint8_t *xq[MAX_XQ]; /* quantized activations, one per dot type in use */
     int xq_type[MAX_XQ];
     size_t xq_stride;    /* bytes per token row in xq */
+    int exact;           /* f32 activations (model_state_set_exact) */
 };
 
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx) {
@@ -248,6 +250,14 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
         return NULL;
     }
     return s;
+}
+
+int model_state_set_exact(model_state *s, const model *m, int on) {
+    const model_config *c = &m->cfg;
+    int widest = c->ffn_dim > c->d_model ? c->ffn_dim : c->d_model;
+    if (on && widest > MM_EXACT_MAX) return -EINVAL;
+    s->exact = on;
+    return 0;
 }
 
 void model_state_free(model_state *s) {
@@ -313,12 +323,20 @@ typedef struct {
     int epi;
     int n_tok;
     size_t xstride;
+    int exact;           /* xq holds f32 rows: dequantize weights, dot in f32 */
 } mm_job;
 
 static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
     const model_mat *w = j->w[m];
     const uint8_t *rows = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-    if (j->n_tok == 1) /* decode: the row kernel streams weights with the least overhead */
+    if (j->exact) { /* the verification path: no activation rounding at all */
+        float wrow[MM_EXACT_MAX];
+        for (int r = 0; r < nr; r++) {
+            quant_dequant(w->type, rows + (size_t)r * w->row_bytes, wrow, w->n_in);
+            for (int t = 0; t < j->n_tok; t++)
+                tmp[t * nr + r] = quant_dot(QT_F32, w->n_in, wrow, j->xq[m] + (size_t)t * j->xstride);
+        }
+    } else if (j->n_tok == 1) /* decode: the row kernel streams weights with the least overhead */
         quant_dot_rows(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], tmp);
     else
         quant_dot_tile(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok,
@@ -358,7 +376,7 @@ static void mm_task(void *ctx, int task, int n_tasks) {
  * buffer already holding that type for this input. Slot bookkeeping is per call. */
 static const uint8_t *prep_x(model_state *s, int *used, const float *x, int xs, int n, int T,
                              const model_mat *w) {
-    int dt = quant_traits_of(w->type)->dot_type;
+    int dt = s->exact ? QT_F32 : quant_traits_of(w->type)->dot_type;
     for (int i = 0; i < *used; i++)
         if (s->xq_type[i] == dt) return s->xq[i];
     int i = (*used)++;
@@ -371,7 +389,8 @@ static const uint8_t *prep_x(model_state *s, int *used, const float *x, int xs, 
 static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, int epi,
                    int n_mats, const model_mat *const *w, const float *const *bias,
                    float *const *out, const int *ostride) {
-    mm_job j = {.n_mats = n_mats, .epi = epi, .n_tok = T, .xstride = s->xq_stride};
+    mm_job j = {.n_mats = n_mats, .epi = epi, .n_tok = T, .xstride = s->xq_stride,
+                .exact = s->exact};
     int used = 0, total = 0;
     for (int i = 0; i < n_mats; i++) {
         j.w[i] = w[i];

@@ -86,6 +86,10 @@ void model_free(model *m);
  * contexts of up to max_ctx positions. NULL on allocation failure. */
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx);
 void model_state_free(model_state *s);
+/* Verification mode: matmuls dequantize weight rows and multiply by f32 activations
+ * instead of 8-bit quantized ones (slow). Used to compare with an f32 reference, where
+ * the production path's activation rounding would blur the comparison. */
+int model_state_set_exact(model_state *s, const model *m, int on);
 /* Runs the step; returns logits [n_logits][n_vocab] owned by s, or NULL with err set. */
 const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool *tp,
                            const model_batch *b, char *err, size_t errlen);

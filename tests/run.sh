@@ -11,12 +11,13 @@ log=$BUILD/test-logs; mkdir -p "$log"
 # run NAME CMD...: one test; its output goes to a log, shown only when it fails.
 run() {
   local name=$1; shift
-  local t0=$SECONDS
-  if "$@" >"$log/$name.log" 2>&1; then
+  local t0=$SECONDS out=$log/$name.log
+  mkdir -p "$(dirname "$out")"
+  if "$@" >"$out" 2>&1; then
     pass=$((pass + 1)); printf 'ok   %-32s %3ds\n' "$name" $((SECONDS - t0))
   else
     fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-32s %3ds\n' "$name" $((SECONDS - t0))
-    tail -n 40 "$log/$name.log" | sed 's/^/     | /'
+    tail -n 40 "$out" | sed 's/^/     | /'
   fi
 }
 
