@@ -33,6 +33,9 @@ QX_INLINE void q41_rows512(const int R, int64_t nb, const uint8_t *w, size_t ws,
         __m128 xds = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(xh0), xh1, 1));
         for (int r = 0; r < R; r++) {
             const blk_q4_1 *wb = (const blk_q4_1 *)(w + r * ws) + i;
+            /* Decode streams each weight once: fetch the same spot of the next group of
+             * R rows (contiguous after these) so memory latency overlaps compute. */
+            _mm_prefetch((const char *)wb + R * ws, _MM_HINT_T0);
             int wh0, wh1;
             memcpy(&wh0, &wb[0], 4);
             memcpy(&wh1, &wb[1], 4);

@@ -160,6 +160,9 @@ QX_INLINE void qx_tile_rc(const int kind, const int R, const int C, int64_t nb,
         }
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + i * wb;
+            /* the same spot of the next R rows (contiguous after these): weights are
+             * streamed once per step, so fetch ahead to overlap memory latency */
+            _mm_prefetch((const char *)p + R * ws, _MM_HINT_T0);
             float dw, mw;
             __m128 wdm = qx_h2f_pair(p);
             __m256i wq = qx_decode(kind, p, &dw, &mw);

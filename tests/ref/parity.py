@@ -14,23 +14,31 @@ For each fixed prompt: ids from `kilnd tokenize --special`, then
 the reference's logits at the last prompt position.
 
 Tolerances (why):
-  kilnd, like llama.cpp, rounds activations to 8-bit blocks for its integer dot
-  products against the 4/8-bit weights and keeps the KV cache in f16, while the
-  reference does everything in float32/float64 on the dequantized weights.  Each
-  of the 30 layers adds a relative error of ~0.4% (int8 rounding: 1/254 of the
-  block max), so final logits of magnitude 10-20 move by ~0.1, and by up to a few
-  tenths on the outliers.  --calibrate measures exactly this on these prompts
-  (max|Δ| ~0.1-0.3, KL ~1e-4-1e-3).  The bounds are therefore
-     max|Δ| <= LOGIT_REL_TOL * max|ref|   (5%: ~0.5-1.0 on this model), and
-     KL(softmax(ref) || softmax(kilnd)) <= KL_TOL (1e-2),
-     top-1 of the dumped logits identical,
-  loose enough for legitimate rounding, tight enough that a wrong RoPE pairing,
-  a wrong GQA mapping, a missing norm or a transposed weight (errors of order
-  the logits themselves, KL >> 1) fail.
-  Generated ids must match exactly, except at a near-tie: when the reference's
-  top-2 gap at the step of the first mismatch is below NEAR_TIE (an absolute
-  logit gap, the size of the rounding noise above, times 2), the sequences are
-  allowed to diverge there; such steps are counted and printed, not failed.
+  kilnd, like llama.cpp, rounds activations to 8-bit blocks of 32 for its integer
+  dot products against the 4/8-bit weights and keeps the KV cache in f16, while
+  the reference does everything in float32/float64 on the dequantized weights.
+  On this small model (d=576, strong outlier channels) that rounding is far from
+  negligible.  --calibrate measures it: the reference with exactly that rounding
+  emulated, against the plain reference, on the prompts below, gives
+     raw max|Δ| 0.45-1.42 (largely a constant shift of the logits, up to 0.7),
+     shift-removed max|Δ| 0.41-0.83, KL 1.6e-3-9.3e-3
+  (8-bit activations alone, without the f16 rounding, reach KL 2.4e-2 on the
+  first prompt).  Softmax and argmax ignore a constant shift, so the bounds are:
+     shift-removed max|Δ| <= LOGIT_REL_TOL * max|ref|  (5%: 1.07-1.69 here),
+     KL(softmax(ref) || softmax(kilnd)) <= KL_TOL = 3e-2,
+     top-1 of the dumped logits identical (unless the reference's top-2 gap is a
+     near-tie),
+  about 2x the measured rounding noise, yet far below what a real bug gives
+  (wrong RoPE pairing, wrong GQA head mapping, missing norm, transposed weight:
+  errors the size of the logits themselves, KL >> 1).  The raw max|Δ| and RMS
+  are printed, not bounded.
+  Generated ids must equal the reference's greedy ids, except at a near-tie:
+  where the reference's top-2 gap at the first differing step is below NEAR_TIE
+  (0.5 logits, comparable to the shift-removed noise above) the sequences may
+  diverge; past that step every kilnd id is checked against the reference run
+  on kilnd's own ids (teacher forcing) and must be its argmax or within NEAR_TIE
+  of it.  Near-ties are counted and printed.  This tiny model has many: in
+  --calibrate 6 of 7 prompts diverge at a near-tie, at gaps of 0.005-0.08.
 """
 import argparse
 import os
@@ -41,13 +49,18 @@ import time
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
 
 N_GEN = 32
 LOGIT_REL_TOL = 0.05
-KL_TOL = 1e-2
+KL_TOL = 3e-2
 NEAR_TIE = 0.5
+# --exact (kilnd with f32 activations): ~0.1 logits, KL 1e-4, near-tie 0.05
+EXACT_REL_TOL = 0.005
+EXACT_KL_TOL = 1e-4
+EXACT_NEAR_TIE = 0.05
 
 PROMPTS = [
     ("chatml-capital", ref_llama.chatml("What is the capital of France?")),
@@ -106,32 +119,76 @@ def top2_gap(lg):
     return float(t[1] - t[0])
 
 
-def compare_ids(ref_ids, ref_steps, got_ids, eog):
-    """Returns (ok, n_near_ties, note)."""
+def compare_ids(ref, prompt_ids, ref_ids, ref_steps, got_ids, eog):
+    """Returns (ok, n_near_ties, note).
+
+    Until the first difference the ids must equal the reference's greedy ids.
+    A difference is allowed only at a near-tie (reference top-2 gap < NEAR_TIE);
+    past it the sequences legitimately diverge, so the remaining kilnd ids are
+    checked by teacher forcing: the reference is run on prompt + kilnd's own ids
+    and every kilnd id must be the reference's argmax at that step, or within
+    NEAR_TIE of it (another near-tie).
+    kilnd stops at an end-of-generation token; whether it prints that token or
+    not, the reference must pick an EOG token at the same step."""
     n = len(got_ids)
-    if n == 0:
-        return False, 0, "no ids generated"
-    if n > len(ref_ids) and len(ref_ids) == N_GEN:
-        return False, 0, f"{n} ids > max {N_GEN}"
-    for i in range(min(n, len(ref_ids))):
-        if got_ids[i] != ref_ids[i]:
-            gap = top2_gap(ref_steps[i])
-            if gap < NEAR_TIE:
-                return True, 1, (f"near-tie at step {i}: got {got_ids[i]} ref {ref_ids[i]} "
-                                 f"(ref top-2 gap {gap:.3f} < {NEAR_TIE}); "
-                                 f"{i}/{n} ids matched before it")
-            return False, 0, (f"id mismatch at step {i}: got {got_ids[i]} ref {ref_ids[i]} "
-                              f"(ref top-2 gap {gap:.3f})")
-    if n < N_GEN:
-        # kilnd stopped early: must be at the same end-of-generation token
-        if n > len(ref_ids) or got_ids[-1] not in eog:
-            return False, 0, f"stopped early after {n} ids at non-EOG token {got_ids[-1]}"
-    if len(ref_ids) < n:
-        return False, 0, f"kilnd continued past EOG {ref_ids[-1]} at step {len(ref_ids) - 1}"
-    if n == N_GEN and any(t in eog for t in got_ids[:-1]):
-        i = next(j for j, t in enumerate(got_ids[:-1]) if t in eog)
-        return False, 0, f"kilnd did not stop at EOG token {got_ids[i]} (step {i})"
-    return True, 0, f"{n}/{n} ids match" + (" (stopped at EOG)" if n < N_GEN else "")
+    if n > N_GEN:
+        return False, 0, f"{n} ids > --max-tokens {N_GEN}"
+    for j, t in enumerate(got_ids[:-1]):
+        if t in eog:
+            return False, 0, f"kilnd did not stop at EOG token {t} (step {j})"
+    early = n < N_GEN
+    omitted = early and (n == 0 or got_ids[-1] not in eog)  # stop token not printed
+
+    def stop_short(row):
+        """How far below the reference's max the best EOG token is (0: argmax is EOG)."""
+        return float(row.max() - max(row[e] for e in eog if e < len(row)))
+
+    stop_note = (" (stopped at EOG)" if early and not omitted else
+                 " (stopped at EOG, not printed)" if omitted else "")
+    first = next((i for i in range(min(n, len(ref_ids))) if got_ids[i] != ref_ids[i]), None)
+    if first is None:
+        if omitted:
+            if len(ref_ids) <= n:
+                return False, 0, f"kilnd stopped after {n} ids, reference too (no EOG?)"
+            short = stop_short(ref_steps[n])
+            if short >= NEAR_TIE:
+                return False, 0, (f"kilnd stopped after {n} ids; reference's EOG is "
+                                  f"{short:.3f} below its argmax {ref_ids[n]}")
+            return True, int(short > 0), f"{n}/{n} ids match{stop_note}" + (
+                f"; near-tie stop (gap {short:.3f})" if short > 0 else "")
+        if len(ref_ids) != n:
+            return False, 0, (f"kilnd gave {n} ids, reference {len(ref_ids)}: "
+                              f"stop token differs")
+        return True, 0, f"{n}/{n} ids match{stop_note}"
+    gap = top2_gap(ref_steps[first])
+    if gap >= NEAR_TIE:
+        return False, 0, (f"id mismatch at step {first}: got {got_ids[first]} ref "
+                          f"{ref_ids[first]} (ref top-2 gap {gap:.3f} >= {NEAR_TIE})")
+    ties = [f"{first}(gap {gap:.3f})"]
+    # teacher-forced reference over kilnd's own continuation: row j chose id j
+    ref.reset()
+    lg = ref.forward(list(prompt_ids) + list(got_ids), 0)[len(prompt_ids) - 1:]
+    for j in range(first + 1, n):
+        row = lg[j]
+        best = int(np.argmax(row))
+        if got_ids[j] == best:
+            continue
+        short = float(row[best] - row[got_ids[j]])
+        if short >= NEAR_TIE:
+            return False, len(ties), (
+                f"near-tie at step {first}, then teacher-forced mismatch at step {j}: got "
+                f"{got_ids[j]}, ref argmax {best} is {short:.3f} higher (>= {NEAR_TIE})")
+        ties.append(f"{j}(gap {short:.3f})")
+    if omitted:
+        short = stop_short(lg[n])
+        if short >= NEAR_TIE:
+            return False, len(ties), (f"kilnd stopped after {n} ids; teacher-forced "
+                                      f"reference's EOG is {short:.3f} below its argmax")
+        if short > 0:
+            ties.append(f"{n}:stop(gap {short:.3f})")
+    return True, len(ties), (f"{first}/{n} ids match greedy ref, then near-tie at step "
+                             f"{ties[0]}; rest consistent with teacher-forced ref{stop_note}; "
+                             f"near-tie steps: {' '.join(ties)}")
 
 
 def run(cmd, timeout):
@@ -144,15 +201,21 @@ def run(cmd, timeout):
 
 
 def parse_ids(s):
+    """Ids from the last line of output; an empty output is zero ids (a model may
+    stop at once).  Anything that is not an integer raises."""
     lines = [ln for ln in s.strip().splitlines() if ln.strip()]
     if not lines:
         return []
-    return [int(x) for x in lines[-1].replace(",", " ").split()]
+    try:
+        return [int(x) for x in lines[-1].replace(",", " ").split()]
+    except ValueError:
+        raise RuntimeError(f"expected ids, got: {lines[-1][:200]!r}")
 
 
 class KilndSide:
-    def __init__(self, kilnd, model, threads, timeout):
+    def __init__(self, kilnd, model, threads, timeout, exact=False):
         self.kilnd, self.model, self.threads, self.timeout = kilnd, model, threads, timeout
+        self.exact = exact
 
     def tokenize(self, text):
         return parse_ids(run([self.kilnd, "tokenize", "--model", self.model, "--special",
@@ -164,7 +227,8 @@ class KilndSide:
             out = run([self.kilnd, "generate", "--model", self.model,
                        "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(N_GEN),
                        "--temperature", "0", "--ids", "--dump-logits", f,
-                       "--threads", str(self.threads)], self.timeout)
+                       "--threads", str(self.threads)] + (["--exact"] if self.exact else []),
+                      self.timeout)
             if not os.path.exists(f):
                 raise RuntimeError("kilnd wrote no --dump-logits file")
             lg = np.fromfile(f, dtype="<f4")
@@ -197,6 +261,8 @@ def main(argv=None):
                     help="run the reference alone on one prompt and print its continuation")
     ap.add_argument("--calibrate", action="store_true",
                     help="compare the reference with its own 8-bit-activation emulation")
+    ap.add_argument("--exact", action="store_true",
+                    help="run kilnd with --exact (f32 activations) and tight tolerances")
     ap.add_argument("--only", default=None, help="comma-separated prompt names")
     a = ap.parse_args(argv)
 
@@ -228,8 +294,14 @@ def main(argv=None):
             print(f"parity: kilnd binary not found or not executable: {a.kilnd}")
             print(f"parity: 0 passed, {len(PROMPTS)} failed")
             return 1
-        side = KilndSide(a.kilnd, a.model, a.threads, a.timeout)
+        side = KilndSide(a.kilnd, a.model, a.threads, a.timeout, a.exact)
         label = "kilnd"
+        if a.exact:
+            # f32 activations: only the f16 KV cache (and summation order) differ
+            # from the reference; emulating f16 q/k/v alone gave max|Δ| 0.016,
+            # KL 2e-6 on the first prompt.
+            global LOGIT_REL_TOL, KL_TOL, NEAR_TIE
+            LOGIT_REL_TOL, KL_TOL, NEAR_TIE = EXACT_REL_TOL, EXACT_KL_TOL, EXACT_NEAR_TIE
 
     try:
         hf = ref.hf_tokenizer()
@@ -259,8 +331,8 @@ def main(argv=None):
         ref_ids, ref_lg, ref_steps = ref_llama.greedy(ref, ids, N_GEN, stop_ids=eog,
                                                       return_step_logits=True)
         lok, m, lwhy = compare_logits(ref_lg, got_lg)
-        iok, nt, iwhy = compare_ids(ref_ids, ref_steps, got_ids, eog)
-        near_ties += nt + int(bool(m.get("near_tie_top1")))
+        iok, nt, iwhy = compare_ids(ref, ids, ref_ids, ref_steps, got_ids, eog)
+        near_ties += max(nt, int(bool(m.get("near_tie_top1"))))
         ok = lok and iok
         passed += ok
         failed += not ok
