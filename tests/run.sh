@@ -38,6 +38,9 @@ done
 # The engine end to end: reference parity for the tokenizer and the forward pass.
 run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" \
   --corpus tests/data/tok_corpus.jsonl
+# --exact: f32 activations, held to the f32 reference tightly (all 32 ids equal);
+# default: the production 8-bit-activation path, within its stated tolerance.
+run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact
 run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
 
 # The CLI: a sanitized end-to-end generation, and clear errors on bad input.
