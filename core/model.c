@@ -336,9 +336,8 @@ static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
             for (int t = 0; t < j->n_tok; t++)
                 tmp[t * nr + r] = quant_dot(QT_F32, w->n_in, wrow, j->xq[m] + (size_t)t * j->xstride);
         }
-    } else if (j->n_tok == 1) /* decode: the row kernel streams weights with the least overhead */
-        quant_dot_rows(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], tmp);
-    else
+    } else /* one kernel for every batch size: a token's result never depends on its
+            * batch (quant_dot_tile computes each row x column pair the same way) */
         quant_dot_tile(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok,
                        tmp, (size_t)nr);
     if (j->bias[m])
