@@ -42,6 +42,9 @@ run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" 
 # default: the production 8-bit-activation path, within its stated tolerance.
 run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact
 run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
+# Small random models for what the default model does not use: NeoX RoPE, biases, a
+# separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
+run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 
 # The CLI: a sanitized end-to-end generation, and clear errors on bad input.
 run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""Small random GGUF models that exercise what the default model does not.
+
+  make_tiny_models.py OUTDIR      writes OUTDIR/tiny-llama-kquants.gguf and
+                                  OUTDIR/tiny-qwen2.gguf (deterministic; ~1 s)
+
+tiny-llama-kquants.gguf  arch "llama" (adjacent-pair RoPE), 2 layers, d 256,
+    4 heads / 2 KV heads (GQA) of 64, ffn 512, vocab 512, tied embeddings
+    (token_embd in Q6_K, no output.weight), F32 norms, no biases; the matrices
+    rotate through Q4_K, Q5_K, Q6_K, Q8_0, Q5_1 so that every type appears in
+    the q/k/v, o, gate/up and down positions across the two layers.
+tiny-qwen2.gguf  arch "qwen2" (NeoX RoPE, freq_base 1e6), 2 layers, d 192,
+    6 heads / 2 KV heads (group 3) of 32, ffn 512, vocab 512, F32 q/k/v biases,
+    a separate output.weight (F16), token_embd in BF16, F16/BF16 norm vectors;
+    the matrices are Q4_0, Q5_0, F16, BF16 and F32 (F32 on k/v only, for size).
+
+gguf.quants (the installed gguf package) can dequantize but not quantize the
+K-quants (Q4_K, Q5_K, Q6_K raise NotImplementedError), so this file packs those
+three itself, from the block layouts of the GGUF format, with a plain
+round-to-nearest quantizer.  Every packed matrix is checked by dequantizing it
+with gguf.quants.dequantize (the decoder the NumPy reference uses) and
+comparing with the original floats, so a packing mistake here fails loudly
+instead of showing up as a kilnd "mismatch".
+
+Tokenizer: a GPT-2 byte-level BPE vocab: the 256 byte characters, 254 merges
+learned (a few lines of BPE training) from a fixed English paragraph, then the
+control tokens <|endoftext|> (bos = eos, id 510) and <|im_end|> (511).
+"""
+import os
+import re
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+
+try:
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import dequantize, quantize
+except ImportError:  # pragma: no cover
+    sys.stderr.write("make_tiny_models: needs the 'gguf' package (tests/requirements.txt)\n")
+    raise
+
+N_VOCAB = 512
+SEED = 20240611
+
+# ---------------------------------------------------------------------------- K-quants
+# Block layouts (GGUF / ggml, QK_K = 256 elements per super-block):
+#   Q4_K 144 B: d f16, dmin f16, scales[12] (8 six-bit scales + 8 six-bit mins),
+#               qs[128] (4-bit);  w = d*sc[j]*q - dmin*m[j], 8 sub-blocks of 32
+#   Q5_K 176 B: d, dmin, scales[12], qh[32] (5th bits), qs[128]
+#   Q6_K 210 B: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8),
+#               d f16;  w = d*sc[j]*(q - 32), 16 sub-blocks of 16
+# 6-bit scale packing (Q4_K/Q5_K): sub-block j < 4: sc in scales[j] & 63,
+# min in scales[j+4] & 63; j >= 4: low 4 bits of sc / min in the low / high
+# nibble of scales[j+4], their top 2 bits in bits 6-7 of scales[j-4] / scales[j].
+# 4-bit data: 64 elements per 32 bytes; element l of sub-block 2c is the low
+# nibble of qs[32c + l], element l of sub-block 2c+1 the high nibble.  Q5_K's
+# fifth bit of those two elements is bit 2c / 2c+1 of qh[l].
+# Q6_K: in each half n (128 elements) element 32g + l (g = 0..3) has its low
+# nibble in ql[64n + l + 32*(g&1)] (low nibble for g < 2, high for g >= 2)
+# and its top 2 bits in bits 2g..2g+1 of qh[32n + l].
+
+
+def _f16(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def _pack_scales_k4(sc, mn):
+    """sc, mn: [B, 8] ints in 0..63 -> [B, 12] uint8."""
+    sc = sc.astype(np.uint8)
+    mn = mn.astype(np.uint8)
+    out = np.zeros((sc.shape[0], 12), np.uint8)
+    out[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mn[:, 4:8] & 0xF) << 4)
+    return out
+
+
+def _affine_k(blocks, qmax):
+    """Q4_K/Q5_K style: per sub-block of 32, w ~ d*sc*q - dmin*m, q in 0..qmax."""
+    B = blocks.shape[0]
+    sub = blocks.reshape(B, 8, 32).astype(np.float64)
+    lo = np.minimum(sub.min(axis=2), 0.0)
+    hi = np.maximum(sub.max(axis=2), 0.0)
+    scale = (hi - lo) / qmax
+    d = _f16(scale.max(axis=1) / 63.0)
+    dmin = _f16((-lo).max(axis=1) / 63.0)
+    d32, dm32 = d.astype(np.float64)[:, None], dmin.astype(np.float64)[:, None]
+    sc = np.clip(np.rint(np.divide(scale, d32, out=np.zeros_like(scale), where=d32 > 0)), 0, 63)
+    m = np.clip(np.rint(np.divide(-lo, dm32, out=np.zeros_like(lo), where=dm32 > 0)), 0, 63)
+    es, em = d32 * sc, dm32 * m
+    q = np.divide(sub + em[..., None], es[..., None], out=np.zeros_like(sub),
+                  where=es[..., None] > 0)
+    q = np.clip(np.rint(q), 0, qmax).astype(np.uint8)  # [B, 8, 32]
+    return d, dmin, _pack_scales_k4(sc, m), q
+
+
+def _nibbles(q):
+    """q: [B, 8, 32] (values < 16) -> qs [B, 128]."""
+    lo, hi = q[:, 0::2, :], q[:, 1::2, :]  # [B, 4, 32]: sub-blocks 2c, 2c+1
+    return ((lo & 0xF) | ((hi & 0xF) << 4)).reshape(q.shape[0], 128).astype(np.uint8)
+
+
+def _hdr(d, dmin):
+    return np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2)], 1)
+
+
+def quant_q4_k(blocks):
+    d, dmin, scales, q = _affine_k(blocks, 15)
+    return np.concatenate([_hdr(d, dmin), scales, _nibbles(q)], axis=1)
+
+
+def quant_q5_k(blocks):
+    d, dmin, scales, q = _affine_k(blocks, 31)
+    hbit = (q >> 4) & 1                               # [B, 8, 32]
+    qh = np.zeros((q.shape[0], 32), np.uint8)
+    for j in range(8):
+        qh |= (hbit[:, j, :] << j).astype(np.uint8)
+    return np.concatenate([_hdr(d, dmin), scales, qh, _nibbles(q & 0xF)], axis=1)
+
+
+def quant_q6_k(blocks):
+    B = blocks.shape[0]
+    sub = blocks.reshape(B, 16, 16).astype(np.float64)
+    scale = np.abs(sub).max(axis=2) / 31.0
+    d = _f16(scale.max(axis=1) / 127.0)
+    d32 = d.astype(np.float64)[:, None]
+    sc = np.clip(np.rint(np.divide(scale, d32, out=np.zeros_like(scale), where=d32 > 0)), 0, 127)
+    es = (d32 * sc)[..., None]
+    q = np.divide(sub, es, out=np.zeros_like(sub), where=es > 0)
+    q6 = (np.clip(np.rint(q), -32, 31) + 32).astype(np.uint8).reshape(B, 2, 4, 32)  # [B,n,g,l]
+    low, top = q6 & 0xF, q6 >> 4
+    ql = np.zeros((B, 2, 64), np.uint8)
+    ql[:, :, 0:32] = low[:, :, 0] | (low[:, :, 2] << 4)
+    ql[:, :, 32:64] = low[:, :, 1] | (low[:, :, 3] << 4)
+    qh = (top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6))
+    return np.concatenate([ql.reshape(B, 128), qh.reshape(B, 64).astype(np.uint8),
+                           sc.astype(np.int8).view(np.uint8), d.view(np.uint8).reshape(-1, 2)],
+                          axis=1)
+
+
+_KQUANT = {QT.Q4_K: (quant_q4_k, 144), QT.Q5_K: (quant_q5_k, 176), QT.Q6_K: (quant_q6_k, 210)}
+
+# Worst |dequant - x| / max|x| of each type on these Gaussian matrices, with margin:
+# a packing error gives O(1).
+_RT_TOL = {QT.F32: 0, QT.F16: 1e-3, QT.BF16: 5e-3, QT.Q8_0: 1e-2, QT.Q6_K: 5e-2,
+           QT.Q5_0: 5e-2, QT.Q5_1: 5e-2, QT.Q5_K: 6e-2, QT.Q4_0: 0.1, QT.Q4_1: 0.1,
+           QT.Q4_K: 0.12}
+
+
+def encode(x, qtype):
+    """x: float32 [rows, n] -> (array for GGUFWriter.add_tensor, raw_dtype)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if qtype == QT.F32:
+        data, raw = x, None
+    elif qtype == QT.F16:
+        data, raw = x.astype(np.float16), None
+    elif qtype in _KQUANT:
+        fn, nb = _KQUANT[qtype]
+        rows, n = x.shape
+        assert n % 256 == 0, f"{qtype.name} needs rows of a multiple of 256, got {n}"
+        data = fn(x.reshape(-1, 256)).reshape(rows, (n // 256) * nb)
+        raw = qtype
+    else:
+        data, raw = quantize(x, qtype), qtype
+    back = (dequantize(data, raw) if raw is not None else data.astype(np.float32)).reshape(x.shape)
+    err = float(np.abs(back - x).max()) / max(float(np.abs(x).max()), 1e-30)
+    if not err <= _RT_TOL[qtype]:
+        raise AssertionError(f"{qtype.name}: round trip through gguf.quants.dequantize has "
+                             f"relative error {err:.3g} > {_RT_TOL[qtype]} (packing bug)")
+    return data, raw
+
+
+# ---------------------------------------------------------------------------- tokenizer
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the small cat sleeps in the warm "
+    "sun. Hello there, hello world! Every morning the baker opens his shop at seven and "
+    "sells fresh bread, sweet rolls and hot coffee to the people of the town. Children "
+    "walk to school along the river, talking about games, stories and the weather. In "
+    "the evening the lights come on, music plays in the square and friends meet to share "
+    "a meal. Numbers like 1, 2, 3 and 42 appear in the text, as do words such as "
+    "model, token, layer, vector, matrix, attention, inference and engine. The engine "
+    "reads the model, computes the next token and writes it out; then it does it again, "
+    "one token at a time, until the answer is complete or the limit is reached. "
+    "Interesting things happen when the weather changes: the wind turns, the clouds "
+    "gather and rain falls on the fields, the gardens and the old stone houses."
+)
+
+
+def bytes_to_unicode():
+    """GPT-2's reversible byte -> printable character table."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def make_vocab(n_vocab=N_VOCAB, n_control=2):
+    """Byte symbols + BPE merges learned from _TEXT + control tokens."""
+    b2u = bytes_to_unicode()
+    base = [b2u[b] for b in range(256)]
+    words = Counter(re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", _TEXT))
+    seqs = {w: [b2u[b] for b in w.encode("utf-8")] for w in words}
+    vocab, merges = list(base), []
+    seen = set(vocab)
+    while len(vocab) < n_vocab - n_control:
+        pairs = Counter()
+        for w, c in words.items():
+            s = seqs[w]
+            for a, b in zip(s, s[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        # most frequent pair, ties broken by the pair text (deterministic)
+        (a, b), _ = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        new = a + b
+        merges.append(f"{a} {b}")
+        if new not in seen:
+            vocab.append(new)
+            seen.add(new)
+        for w in seqs:
+            s, out, i = seqs[w], [], 0
+            while i < len(s):
+                if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            seqs[w] = out
+    i = 0
+    while len(vocab) < n_vocab - n_control:  # text exhausted: unreachable filler tokens
+        vocab.append(f"<|unused{i}|>")
+        i += 1
+    types = [1] * len(vocab)
+    for s in ("<|endoftext|>", "<|im_end|>")[:n_control]:
+        vocab.append(s)
+        types.append(3)
+    assert len(vocab) == n_vocab and len(set(vocab)) == n_vocab
+    return vocab, types, merges
+
+
+# ---------------------------------------------------------------------------- models
+def _add_tokenizer(w, vocab, types, merges):
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(vocab)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    eos = vocab.index("<|endoftext|>")
+    w.add_bos_token_id(eos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+
+def _vec(w, name, x, kind):
+    x = np.asarray(x, dtype=np.float32)
+    if kind == "F32":
+        w.add_tensor(name, x)
+    elif kind == "F16":
+        w.add_tensor(name, x.astype(np.float16))
+    elif kind == "BF16":
+        w.add_tensor(name, quantize(x, QT.BF16), raw_dtype=QT.BF16)
+    else:
+        raise ValueError(kind)
+
+
+def _mat(w, name, x, qtype):
+    data, raw = encode(x, qtype)
+    if raw is None:
+        w.add_tensor(name, data)
+    else:
+        w.add_tensor(name, data, raw_dtype=raw)
+
+
+def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng):
+    d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
+    vocab, ttypes, merges = make_vocab()
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(os.path.splitext(os.path.basename(path))[0])
+    w.add_context_length(cfg["ctx"])
+    w.add_embedding_length(d)
+    w.add_block_count(L)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_freq_base(cfg["rope_base"])
+    w.add_layer_norm_rms_eps(cfg["eps"])
+    w.add_rope_dimension_count(hd)
+    _add_tokenizer(w, vocab, ttypes, merges)
+
+    def norm(n):  # norm weights around 1
+        return 1.0 + 0.2 * rng.standard_normal(n)
+
+    sig = cfg["sigma"]
+    # The embedding is comparable to what the layers add, so the (tied) logits are
+    # not dominated by the input token itself.
+    emb = cfg["embd_sigma"] * rng.standard_normal((N_VOCAB, d))
+    _mat(w, "token_embd.weight", emb, embd_type)
+    qd, kd = H * hd, Hkv * hd
+    for li in range(L):
+        t = types_for_layer(li)
+        p = f"blk.{li}."
+        _vec(w, p + "attn_norm.weight", norm(d), norm_kinds[0])
+        _mat(w, p + "attn_q.weight", sig * rng.standard_normal((qd, d)), t["q"])
+        _mat(w, p + "attn_k.weight", sig * rng.standard_normal((kd, d)), t["k"])
+        _mat(w, p + "attn_v.weight", sig * rng.standard_normal((kd, d)), t["v"])
+        if biases:
+            _vec(w, p + "attn_q.bias", 0.5 * rng.standard_normal(qd), "F32")
+            _vec(w, p + "attn_k.bias", 0.5 * rng.standard_normal(kd), "F32")
+            _vec(w, p + "attn_v.bias", 0.2 * rng.standard_normal(kd), "F32")
+        _mat(w, p + "attn_output.weight", sig * rng.standard_normal((d, qd)), t["o"])
+        _vec(w, p + "ffn_norm.weight", norm(d), norm_kinds[1])
+        _mat(w, p + "ffn_gate.weight", sig * rng.standard_normal((ffn, d)), t["gate"])
+        _mat(w, p + "ffn_up.weight", sig * rng.standard_normal((ffn, d)), t["up"])
+        _mat(w, p + "ffn_down.weight", sig * rng.standard_normal((d, ffn)), t["down"])
+    _vec(w, "output_norm.weight", norm(d), norm_kinds[2])
+    if out_type is not None:
+        _mat(w, "output.weight", cfg["out_sigma"] * rng.standard_normal((N_VOCAB, d)), out_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+LLAMA_TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q5_1)
+# qwen2: F32 only on the small k/v matrices to keep the file small
+QWEN2_LAYERS = (
+    dict(q=QT.Q4_0, k=QT.F32, v=QT.BF16, o=QT.F16, gate=QT.Q5_0, up=QT.Q4_0, down=QT.BF16),
+    dict(q=QT.Q5_0, k=QT.BF16, v=QT.F32, o=QT.Q4_0, gate=QT.F16, up=QT.Q5_0, down=QT.Q4_0),
+)
+
+
+def _rotating(types):
+    # layer l, role r -> types[(r + 2l) % n]: with 7 roles and 5 types, each type
+    # lands on at least two different roles over the two layers
+    return lambda li: {r: types[(i + 2 * li) % len(types)] for i, r in enumerate(ROLES)}
+
+
+MODELS = {
+    "tiny-llama-kquants.gguf": dict(
+        arch="llama",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=10000.0, eps=1e-5, sigma=0.08, embd_sigma=0.1, out_sigma=None),
+        types_for_layer=_rotating(LLAMA_TYPES), embd_type=QT.Q6_K, out_type=None,
+        norm_kinds=("F32", "F32", "F32"), biases=False),
+    "tiny-qwen2.gguf": dict(
+        arch="qwen2",
+        cfg=dict(d=192, layers=2, heads=6, kv_heads=2, head_dim=32, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-6, sigma=0.05, embd_sigma=0.3, out_sigma=0.1),
+        types_for_layer=lambda li: QWEN2_LAYERS[li], embd_type=QT.BF16, out_type=QT.F16,
+        norm_kinds=("F16", "BF16", "F16"), biases=True),
+}
+
+
+def make_all(outdir):
+    os.makedirs(outdir, exist_ok=True)
+    paths = []
+    for i, (name, spec) in enumerate(MODELS.items()):
+        rng = np.random.default_rng(SEED + i)
+        path = os.path.join(outdir, name)
+        tmp = path + ".tmp"
+        build(tmp, rng=rng, **spec)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write("usage: make_tiny_models.py OUTDIR\n")
+        return 2
+    t0 = time.time()
+    for p in make_all(argv[0]):
+        print(f"{p}: {os.path.getsize(p)} bytes")
+    sys.stderr.write(f"make_tiny_models: {time.time() - t0:.2f}s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
