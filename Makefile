@@ -18,33 +18,40 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c)))
+LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c)))
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 # ---------------------------------------------------------------- one build variant
-# $(1) variant dir, $(2) compiler, $(3) extra cflags, $(4) extra ldflags
+# $(1) variant dir, $(2) compiler, $(3) extra cflags, $(4) extra ldflags, $(5) deps toolchain
+# (the libraries built by `make deps`: inih, lwIP, mbedTLS, per toolchain)
 define variant
 $(1)_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/obj/%.o,$$(LIB_SRCS))
-$(BUILD)/$(1)/obj/%.o: %.c
+$(1)_DEPS := $(BUILD)/$(5)/deps
+$(BUILD)/$(1)/obj/%.o: %.c | $(BUILD)/$(5)/deps/.ok
 	@mkdir -p $$(@D)
-	$(2) $$(CFLAGS_BASE) $(3) $$(call simdflags,$$<) -c $$< -o $$@
+	$(2) $$(CFLAGS_BASE) -I$(BUILD)/$(5)/deps/include $(3) $$(call simdflags,$$<) -c $$< -o $$@
 $(BUILD)/$(1)/libkiln.a: $$($(1)_OBJS)
 	@rm -f $$@
 	ar rcs $$@ $$^
 $(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkiln.a
-	$(2) $(3) $$^ -o $$@ -lm -pthread $(4)
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib -linih -lm -pthread $(4)
 $(BUILD)/$(1)/tests/%: $(BUILD)/$(1)/obj/tests/unit/%.o $(BUILD)/$(1)/libkiln.a
 	@mkdir -p $$(@D)
-	$(2) $(3) $$^ -o $$@ -lm -pthread $(4)
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib -linih -lm -pthread $(4)
 $(1)_TESTS := $$(patsubst tests/unit/%.c,$(BUILD)/$(1)/tests/%,$$(TEST_SRCS))
 -include $$(shell find $(BUILD)/$(1)/obj -name '*.d' 2>/dev/null)
 endef
 
 SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-$(eval $(call variant,gnu,gcc,$(OPT),))
-$(eval $(call variant,asan,gcc,-O1 -g $(SAN),$(SAN)))
-$(eval $(call variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static))
+$(eval $(call variant,gnu,gcc,$(OPT),,gnu))
+$(eval $(call variant,asan,gcc,-O1 -g $(SAN),$(SAN),gnu))
+$(eval $(call variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static,musl))
+
+# The dependency libraries, built once per toolchain (scripts/deps.sh is cached).
+$(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
+	BUILD=$(BUILD) scripts/deps.sh
+	@touch $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok
 
 KILND := $(BUILD)/gnu/kilnd
 
@@ -85,10 +92,11 @@ $(VENV)/.ok: tests/requirements.txt
 # ---------------------------------------------------------------- fuzzers (clang libFuzzer)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 FUZZ_LIB_SRCS := $(LIB_SRCS)
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
-	clang -std=c11 -D_GNU_SOURCE -I. -O1 -g -fsanitize=fuzzer,address,undefined \
-	  $(AVX512_FLAGS) $< $(FUZZ_LIB_SRCS) -o $@ -lm -pthread
+	clang -std=c11 -D_GNU_SOURCE -I. -I$(BUILD)/gnu/deps/include -O1 -g \
+	  -fsanitize=fuzzer,address,undefined $(AVX512_FLAGS) $< $(FUZZ_LIB_SRCS) -o $@ \
+	  -L$(BUILD)/gnu/deps/lib -linih -lm -pthread
 fuzz: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus/$$n; \
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
