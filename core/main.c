@@ -12,6 +12,7 @@
 
 #include "core/backend.h"
 #include "core/chat.h"
+#include "core/cli_engine.h"
 #include "core/cli_tok.h"
 #include "core/model.h"
 #include "core/sampler.h"
@@ -155,6 +156,9 @@ static void usage(void) {
             "                          comparing with an f32 reference)\n"
             "  kilnd bench --model PATH [--threads N] [--prompt-tokens 512] [--gen-tokens 128]\n"
             "      [--repeat 3]\n"
+            "  kilnd bench-engine --model PATH [--requests N] [--concurrency C]\n"
+            "      [--prompt-tokens P | --prompt-file F] [--gen-tokens G] [--max-batch B]\n"
+            "      [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--json]\n"
             "  kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
             "  kilnd detokenize --model PATH --hex\n"
             "  kilnd version\n");
@@ -427,6 +431,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench-engine") == 0) return cli_bench_engine(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "detokenize") == 0) return cli_detokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

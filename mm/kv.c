@@ -39,26 +39,39 @@ static int blocks_for(const kv_pool *p, int n) {
 /* Byte offsets of every array inside the one allocation; the data comes first so it
  * gets the allocation's page alignment. Returns the total, 0 on overflow. */
 typedef struct {
-    size_t data, refcount, free_ids, scratch, hash, seqs, tables, total;
+    size_t data, refcount, free_ids, scratch, hash, parent, tok, lru_prev, lru_next, index;
+    size_t seqs, tables, seq_keys, total;
+    size_t index_cap; /* slots: power of two >= 2 * n_blocks */
 } kv_layout;
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 static size_t layout_of(const kv_config *c, kv_layout *l) {
-    size_t nb = (size_t)c->n_blocks, ms = (size_t)c->max_seqs, data, tables;
+    size_t nb = (size_t)c->n_blocks, ms = (size_t)c->max_seqs, data, tables, tok;
     size_t be = block_elems(c);
     if (be == 0 || __builtin_mul_overflow(nb, be * sizeof(uint16_t), &data) ||
         __builtin_mul_overflow(ms, (size_t)c->max_blocks_per_seq * sizeof(int32_t), &tables) ||
-        data > SIZE_MAX / 2 || tables > SIZE_MAX / 4 || nb > SIZE_MAX / 64 || ms > SIZE_MAX / 64)
+        __builtin_mul_overflow(nb, (size_t)c->block_size * sizeof(int32_t), &tok) ||
+        data > SIZE_MAX / 2 || tables > SIZE_MAX / 8 || tok > SIZE_MAX / 8 ||
+        nb > SIZE_MAX / 64 || ms > SIZE_MAX / 64)
         return 0;
+    size_t cap = 2;
+    while (cap < 2 * nb) cap *= 2; /* nb <= INT_MAX, so cap <= 2^32 */
     size_t off = 0;
     l->data = off, off = align_up(off + data, 64);
     l->refcount = off, off = align_up(off + nb * sizeof(int32_t), 64);
     l->free_ids = off, off = align_up(off + nb * sizeof(int32_t), 64);
     l->scratch = off, off = align_up(off + nb * sizeof(int32_t), 64);
     l->hash = off, off = align_up(off + nb * sizeof(uint64_t), 64);
+    l->parent = off, off = align_up(off + nb * sizeof(uint64_t), 64);
+    l->tok = off, off = align_up(off + tok, 64);
+    l->lru_prev = off, off = align_up(off + nb * sizeof(int32_t), 64);
+    l->lru_next = off, off = align_up(off + nb * sizeof(int32_t), 64);
+    l->index = off, off = align_up(off + cap * sizeof(int32_t), 64);
+    l->index_cap = cap;
     l->seqs = off, off = align_up(off + ms * sizeof(kv_seq), 64);
     l->tables = off, off = align_up(off + tables, 64);
+    l->seq_keys = off, off = align_up(off + 2 * tables, 64); /* u64 per page-table entry */
     if (off > SIZE_MAX / 2) return 0;
     l->total = off;
     return off;
@@ -98,15 +111,27 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     p->free_ids = (int32_t *)(mem + l.free_ids);
     p->scratch = (int32_t *)(mem + l.scratch);
     p->hash = (uint64_t *)(mem + l.hash);
+    p->parent = (uint64_t *)(mem + l.parent);
+    p->tok = (int32_t *)(mem + l.tok);
+    p->lru_prev = (int32_t *)(mem + l.lru_prev);
+    p->lru_next = (int32_t *)(mem + l.lru_next);
+    p->index = (int32_t *)(mem + l.index);
+    p->index_mask = l.index_cap - 1;
     p->seqs = (kv_seq *)(mem + l.seqs);
     p->tables = (int32_t *)(mem + l.tables);
+    p->seq_keys = (uint64_t *)(mem + l.seq_keys);
     /* An arena need not hand out zeroed memory (cuMemHostAlloc); the metadata must be. */
     memset(mem + l.refcount, 0, l.total - l.refcount);
 
     /* Pushed high to low so block 0 is handed out first: deterministic for tests. */
     for (int i = cfg->n_blocks - 1; i >= 0; i--) p->free_ids[p->n_free++] = i;
+    memset(p->lru_prev, 0xff, (size_t)cfg->n_blocks * sizeof(int32_t)); /* all -1 */
+    memset(p->lru_next, 0xff, (size_t)cfg->n_blocks * sizeof(int32_t));
+    memset(p->index, 0xff, l.index_cap * sizeof(int32_t));
+    p->lru_head = p->lru_tail = -1;
     for (int i = 0; i < cfg->max_seqs; i++) {
         p->seqs[i].blocks = p->tables + (size_t)i * (size_t)cfg->max_blocks_per_seq;
+        p->seqs[i].keys = p->seq_keys + (size_t)i * (size_t)cfg->max_blocks_per_seq;
         p->seqs[i].id = i;
     }
     return 0;
@@ -115,6 +140,110 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
 void kv_pool_free(kv_pool *p) {
     free(p->mem); /* arena memory goes with the arena */
     memset(p, 0, sizeof *p);
+}
+
+/* ---------------------------------------------------------------- keys */
+
+#define P1 0x9e3779b185ebca87ull
+#define P2 0xc2b2ae3d27d4eb4full
+#define P3 0x165667b19e3779f9ull
+#define P4 0x85ebca77c2b2ae63ull
+#define P5 0x27d4eb2f165667c5ull
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+uint64_t kv_block_key(uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = parent + P5 + (uint64_t)n * sizeof(int32_t);
+    int i = 0;
+    for (; i + 2 <= n; i += 2) { /* two ids per lane, by value: endian-independent */
+        uint64_t lane = (uint64_t)(uint32_t)tokens[i] | (uint64_t)(uint32_t)tokens[i + 1] << 32;
+        h ^= rotl64(lane * P2, 31) * P1;
+        h = rotl64(h, 27) * P1 + P4;
+    }
+    if (i < n) {
+        h ^= (uint64_t)(uint32_t)tokens[i] * P1;
+        h = rotl64(h, 23) * P2 + P3;
+    }
+    h ^= h >> 33, h *= P2, h ^= h >> 29, h *= P3, h ^= h >> 32;
+    return h ? h : 1; /* 0 marks "not indexed" */
+}
+
+/* ---------------------------------------------------------------- index */
+
+static int same_block(const kv_pool *p, int32_t b, uint64_t key, uint64_t parent,
+                      const int32_t *tokens) {
+    int bs = p->cfg.block_size;
+    return p->hash[b] == key && p->parent[b] == parent &&
+           memcmp(p->tok + (size_t)b * (size_t)bs, tokens, (size_t)bs * sizeof(int32_t)) == 0;
+}
+
+/* The indexed block with this key, parent and tokens, or -1. */
+static int32_t index_find(const kv_pool *p, uint64_t key, uint64_t parent, const int32_t *tokens) {
+    for (size_t i = key & p->index_mask;; i = (i + 1) & p->index_mask) {
+        int32_t b = p->index[i];
+        if (b < 0) return -1;
+        if (same_block(p, b, key, parent, tokens)) return b;
+    }
+}
+
+/* Index unindexed block b under (key, parent, tokens), which must not be indexed yet.
+ * The table has at least twice the slots of blocks, so an empty slot exists. */
+static void index_add(kv_pool *p, int32_t b, uint64_t key, uint64_t parent,
+                      const int32_t *tokens) {
+    assert(p->hash[b] == 0 && key != 0);
+    size_t i = key & p->index_mask;
+    while (p->index[i] >= 0) i = (i + 1) & p->index_mask;
+    p->index[i] = b;
+    p->hash[b] = key;
+    p->parent[b] = parent;
+    memcpy(p->tok + (size_t)b * (size_t)p->cfg.block_size, tokens,
+           (size_t)p->cfg.block_size * sizeof(int32_t));
+    p->n_indexed++;
+}
+
+/* Drop indexed block b: backward-shift deletion keeps every probe chain unbroken. */
+static void index_del(kv_pool *p, int32_t b) {
+    size_t m = p->index_mask, i = p->hash[b] & m;
+    assert(p->hash[b] != 0);
+    while (p->index[i] != b) {
+        assert(p->index[i] >= 0);
+        i = (i + 1) & m;
+    }
+    for (size_t j = i;;) {
+        j = (j + 1) & m;
+        int32_t e = p->index[j];
+        if (e < 0) break;
+        size_t home = p->hash[e] & m;
+        /* e may fill hole i unless its home lies cyclically in (i, j]. */
+        int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        p->index[i] = e;
+        i = j;
+    }
+    p->index[i] = -1;
+    p->hash[b] = 0;
+    p->n_indexed--;
+}
+
+/* ---------------------------------------------------------------- LRU */
+
+static void lru_push(kv_pool *p, int32_t b) { /* most recently used end */
+    p->lru_prev[b] = p->lru_tail;
+    p->lru_next[b] = -1;
+    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
+    else p->lru_head = b;
+    p->lru_tail = b;
+    p->n_lru++;
+}
+
+static void lru_unlink(kv_pool *p, int32_t b) {
+    int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
+    if (pr >= 0) p->lru_next[pr] = nx;
+    else p->lru_head = nx;
+    if (nx >= 0) p->lru_prev[nx] = pr;
+    else p->lru_tail = pr;
+    p->lru_prev[b] = p->lru_next[b] = -1;
+    p->n_lru--;
 }
 
 /* ---------------------------------------------------------------- blocks */
@@ -126,22 +255,43 @@ static int fail_hook_fires(kv_pool *p) {
     return 1;
 }
 
-/* A fresh block at refcount 1, or -1 when the pool is empty (or the hook fires). */
-static int32_t block_get(kv_pool *p) {
-    if (fail_hook_fires(p) || p->n_free == 0) return -1;
-    int32_t b = p->free_ids[--p->n_free];
-    assert(p->refcount[b] == 0);
+/* May n fresh blocks be taken? Counts n allocations against the fail hook, so the hook
+ * sees the same allocation numbers as taking them one by one; nothing is taken. */
+static int can_take(kv_pool *p, int n) {
+    if (n > p->n_free + p->n_lru) return 0;
+    for (int i = 0; i < n; i++)
+        if (fail_hook_fires(p)) return 0;
+    return 1;
+}
+
+/* A fresh block at refcount 1: the free stack first, else evict the LRU cached block.
+ * The caller made sure one exists (can_take). */
+static int32_t block_take(kv_pool *p) {
+    int32_t b;
+    if (p->n_free > 0) {
+        b = p->free_ids[--p->n_free];
+    } else {
+        b = p->lru_head;
+        assert(b >= 0);
+        lru_unlink(p, b);
+        index_del(p, b);
+        p->stats.evictions++;
+    }
+    assert(p->refcount[b] == 0 && p->hash[b] == 0);
     p->refcount[b] = 1;
-    p->hash[b] = 0;
     return b;
 }
 
 static void block_put(kv_pool *p, int32_t b) {
     assert(b >= 0 && b < p->cfg.n_blocks && p->refcount[b] > 0);
-    if (--p->refcount[b] == 0) p->free_ids[p->n_free++] = b;
+    if (--p->refcount[b] > 0) return;
+    if (p->hash[b]) lru_push(p, b); /* cached: kv_seq_match can still revive it */
+    else p->free_ids[p->n_free++] = b;
 }
 
-int kv_free_blocks(const kv_pool *p) { return p->n_free; }
+int kv_free_blocks(const kv_pool *p) { return p->n_free + p->n_lru; }
+
+int kv_cached_blocks(const kv_pool *p) { return p->n_lru; }
 
 int kv_refcount(const kv_pool *p, int32_t block) {
     if (block < 0 || block >= p->cfg.n_blocks) return -1;
@@ -167,6 +317,7 @@ kv_seq *kv_seq_new(kv_pool *p) {
         s->in_use = 1;
         s->n_blocks = 0;
         s->n_tokens = 0;
+        s->n_committed = 0;
         p->n_seqs_used++;
         return s;
     }
@@ -177,9 +328,10 @@ void kv_seq_release(kv_pool *p, kv_seq *s) {
     if (!s || !s->in_use) return;
     assert(s >= p->seqs && s < p->seqs + p->cfg.max_seqs);
     /* Last block first: a sequence released right after reserve leaves the free stack
-     * as it found it. */
+     * as it found it, and a cached sequence's tail is evicted before its head. */
     while (s->n_blocks > 0) block_put(p, s->blocks[--s->n_blocks]);
     s->n_tokens = 0;
+    s->n_committed = 0;
     s->in_use = 0;
     p->n_seqs_used--;
 }
@@ -190,18 +342,10 @@ int kv_seq_reserve(kv_pool *p, kv_seq *s, int n_tokens) {
     int need = blocks_for(p, n_tokens);
     if (need > p->cfg.max_blocks_per_seq) return -E2BIG;
     if (need <= s->n_blocks) return 0;
-    int have = s->n_blocks;
-    if (need - have > p->n_free) return -ENOMEM;
-    for (int i = have; i < need; i++) {
-        int32_t b = block_get(p);
-        if (b < 0) {
-            /* All or nothing: give back what this call took, newest first, which
-             * restores the free stack exactly. */
-            while (i > have) block_put(p, s->blocks[--i]);
-            return -ENOMEM;
-        }
-        s->blocks[i] = b;
-    }
+    /* All or nothing: the hook and the count are settled before anything is taken, so a
+     * failure leaves the pool, cache included, exactly as it was. */
+    if (!can_take(p, need - s->n_blocks)) return -ENOMEM;
+    for (int i = s->n_blocks; i < need; i++) s->blocks[i] = block_take(p);
     s->n_blocks = need;
     return 0;
 }
@@ -214,8 +358,10 @@ kv_seq *kv_seq_fork(kv_pool *p, const kv_seq *src) {
         s->blocks[i] = src->blocks[i];
         p->refcount[src->blocks[i]]++;
     }
+    memcpy(s->keys, src->keys, (size_t)src->n_committed * sizeof(uint64_t));
     s->n_blocks = src->n_blocks;
     s->n_tokens = src->n_tokens;
+    s->n_committed = src->n_committed;
     return s;
 }
 
@@ -224,13 +370,18 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
     if (pos < 0 || pos / p->cfg.block_size >= s->n_blocks) return -EINVAL;
     int i = pos / p->cfg.block_size;
     int32_t old = s->blocks[i];
-    if (p->refcount[old] <= 1) return 0;
-    int32_t b = block_get(p);
-    if (b < 0) return -ENOMEM;
-    memcpy(p->data + (size_t)b * p->block_elems, p->data + (size_t)old * p->block_elems,
-           p->block_elems * sizeof(uint16_t));
-    p->refcount[old]--; /* was shared, so it stays >= 1 */
-    s->blocks[i] = b;
+    if (p->refcount[old] <= 1) {
+        /* s's alone: written in place, so it must not stay in the index (invariant 1). */
+        if (p->hash[old]) index_del(p, old);
+    } else {
+        if (!can_take(p, 1)) return -ENOMEM;
+        int32_t b = block_take(p); /* never old: old is referenced, so not cached */
+        memcpy(p->data + (size_t)b * p->block_elems, p->data + (size_t)old * p->block_elems,
+               p->block_elems * sizeof(uint16_t));
+        p->refcount[old]--; /* was shared, so it stays >= 1 */
+        s->blocks[i] = b;   /* the copy is not indexed */
+    }
+    if (s->n_committed > i) s->n_committed = i; /* block i's tokens are changing */
     return 0;
 }
 
@@ -240,70 +391,173 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
     int keep = blocks_for(p, n_tokens);
     while (s->n_blocks > keep) block_put(p, s->blocks[--s->n_blocks]);
     if (n_tokens < s->n_tokens) s->n_tokens = n_tokens;
+    int full = s->n_tokens / p->cfg.block_size;
+    if (s->n_committed > full) s->n_committed = full;
+    /* A kept block past the last full one will be written again: out of the index if s
+     * is its only holder (a shared one is copied by kv_seq_cow before the write). */
+    for (int i = full; i < s->n_blocks; i++) {
+        int32_t b = s->blocks[i];
+        if (p->hash[b] && p->refcount[b] == 1) index_del(p, b);
+    }
     return 0;
+}
+
+/* ---------------------------------------------------------------- prefix cache */
+
+int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
+    assert(s && s->in_use);
+    if (!p->cfg.prefix_cache) return 0;
+    int bs = p->cfg.block_size;
+    if (n_tokens < 0 || (long long)n_tokens > (long long)s->n_blocks * bs) return -EINVAL;
+    if (s->n_tokens < n_tokens) s->n_tokens = n_tokens; /* declared written */
+    int full = n_tokens / bs, added = 0;
+    for (int i = s->n_committed; i < full; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)bs;
+        uint64_t parent = i ? s->keys[i - 1] : KV_KEY_SEED;
+        uint64_t key = kv_block_key(parent, t, bs);
+        int32_t b = s->blocks[i];
+        /* Index b unless it already is (shared with a sequence that committed it; kept
+         * as it is even if s now sees other tokens before it, since its contents belong
+         * to the prefix it was indexed under) or an identical block is. */
+        if (p->hash[b] == 0 && index_find(p, key, parent, t) < 0) index_add(p, b, key, parent, t);
+        s->keys[i] = key;
+        s->n_committed = i + 1;
+        added++;
+    }
+    return added;
+}
+
+int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
+    assert(s && s->in_use);
+    if (!p->cfg.prefix_cache) return 0;
+    if (n_tokens < 0 || s->n_blocks != 0) return -EINVAL;
+    int bs = p->cfg.block_size;
+    int max = n_tokens > 0 ? (n_tokens - 1) / bs : 0; /* leave the last token to compute */
+    if (max > p->cfg.max_blocks_per_seq) max = p->cfg.max_blocks_per_seq;
+    uint64_t parent = KV_KEY_SEED;
+    int i = 0;
+    for (; i < max; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)bs;
+        uint64_t key = kv_block_key(parent, t, bs);
+        int32_t b = index_find(p, key, parent, t);
+        if (b < 0) break;
+        if (p->refcount[b]++ == 0) lru_unlink(p, b); /* revived from the cache */
+        s->blocks[i] = b;
+        s->keys[i] = key;
+        parent = key;
+    }
+    s->n_blocks = s->n_committed = i;
+    s->n_tokens = i * bs;
+    p->stats.prefix_queries += (uint64_t)n_tokens;
+    p->stats.prefix_hits += (uint64_t)s->n_tokens;
+    return s->n_tokens;
 }
 
 /* ---------------------------------------------------------------- consistency */
 
+#define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -EFAULT)
+
 int kv_check(const kv_pool *p, char *err, size_t errlen) {
     const kv_config *c = &p->cfg;
-    int32_t *refs = p->scratch; /* page-table references per block, then free-list marks */
-    memset(refs, 0, (size_t)c->n_blocks * sizeof *refs);
+    int nb = c->n_blocks, bs = c->block_size;
+    int32_t *refs = p->scratch; /* page-table references per block, then list marks */
+    memset(refs, 0, (size_t)nb * sizeof *refs);
     int used = 0;
     for (int i = 0; i < c->max_seqs; i++) {
         const kv_seq *s = &p->seqs[i];
-        if (s->id != i || s->blocks != p->tables + (size_t)i * (size_t)c->max_blocks_per_seq) {
-            snprintf(err, errlen, "seq %d: id %d or page table pointer corrupted", i, s->id);
-            return -EFAULT;
-        }
+        if (s->id != i || s->blocks != p->tables + (size_t)i * (size_t)c->max_blocks_per_seq ||
+            s->keys != p->seq_keys + (size_t)i * (size_t)c->max_blocks_per_seq)
+            return FAIL("seq %d: id %d or page table pointers corrupted", i, s->id);
         if (!s->in_use) {
-            if (s->n_blocks || s->n_tokens) {
-                snprintf(err, errlen, "seq %d: free but holds %d blocks, %d tokens", i,
-                         s->n_blocks, s->n_tokens);
-                return -EFAULT;
-            }
+            if (s->n_blocks || s->n_tokens || s->n_committed)
+                return FAIL("seq %d: free but holds %d blocks, %d tokens, %d committed", i,
+                            s->n_blocks, s->n_tokens, s->n_committed);
             continue;
         }
         used++;
         if (s->n_blocks < 0 || s->n_blocks > c->max_blocks_per_seq || s->n_tokens < 0 ||
-            (long long)s->n_tokens > (long long)s->n_blocks * c->block_size) {
-            snprintf(err, errlen, "seq %d: n_blocks %d, n_tokens %d out of range", i,
-                     s->n_blocks, s->n_tokens);
-            return -EFAULT;
-        }
+            (long long)s->n_tokens > (long long)s->n_blocks * bs)
+            return FAIL("seq %d: n_blocks %d, n_tokens %d out of range", i, s->n_blocks,
+                        s->n_tokens);
+        if (s->n_committed < 0 || s->n_committed > s->n_tokens / bs)
+            return FAIL("seq %d: %d blocks committed, %d tokens written", i, s->n_committed,
+                        s->n_tokens);
+        for (int j = 0; j < s->n_committed; j++)
+            if (s->keys[j] == 0) return FAIL("seq %d: committed block %d has key 0", i, j);
         for (int j = 0; j < s->n_blocks; j++) {
             int32_t b = s->blocks[j];
-            if (b < 0 || b >= c->n_blocks) {
-                snprintf(err, errlen, "seq %d: page %d -> block %d out of range", i, j, b);
-                return -EFAULT;
-            }
+            if (b < 0 || b >= nb) return FAIL("seq %d: page %d -> block %d out of range", i, j, b);
             refs[b]++;
         }
     }
-    if (used != p->n_seqs_used) {
-        snprintf(err, errlen, "%d seqs in use, counter says %d", used, p->n_seqs_used);
-        return -EFAULT;
-    }
-    int n_zero = 0;
-    for (int b = 0; b < c->n_blocks; b++) {
-        if (p->refcount[b] != refs[b]) {
-            snprintf(err, errlen, "block %d: refcount %d, %d page-table references", b,
-                     p->refcount[b], refs[b]);
-            return -EFAULT;
-        }
+    if (used != p->n_seqs_used)
+        return FAIL("%d seqs in use, counter says %d", used, p->n_seqs_used);
+    int n_zero = 0, n_keyed = 0;
+    for (int b = 0; b < nb; b++) {
+        if (p->refcount[b] != refs[b])
+            return FAIL("block %d: refcount %d, %d page-table references", b, p->refcount[b],
+                        refs[b]);
         n_zero += refs[b] == 0;
+        n_keyed += p->hash[b] != 0;
     }
-    if (p->n_free < 0 || p->n_free != n_zero) {
-        snprintf(err, errlen, "free list holds %d, %d blocks at refcount 0", p->n_free, n_zero);
-        return -EFAULT;
-    }
+
+    /* Refcount-0 blocks: each on exactly one of the free stack and the LRU list. Marks:
+     * 0 unseen, -1 free stack, -2 LRU (refs[] is 0 for all of them by now). */
+    if (p->n_free < 0 || p->n_lru < 0 || p->n_free + p->n_lru != n_zero)
+        return FAIL("free stack %d + LRU %d, %d blocks at refcount 0", p->n_free, p->n_lru,
+                    n_zero);
     for (int k = 0; k < p->n_free; k++) {
         int32_t b = p->free_ids[k];
-        if (b < 0 || b >= c->n_blocks || p->refcount[b] != 0 || refs[b] != 0) {
-            snprintf(err, errlen, "free list[%d] = block %d: out of range, in use or twice", k, b);
-            return -EFAULT;
-        }
+        if (b < 0 || b >= nb || p->refcount[b] != 0 || refs[b] != 0)
+            return FAIL("free list[%d] = block %d: out of range, in use or twice", k, b);
+        if (p->hash[b]) return FAIL("free block %d is indexed", b);
         refs[b] = -1;
+    }
+    int n = 0;
+    for (int32_t b = p->lru_head, prev = -1; b != -1; prev = b, b = p->lru_next[b], n++) {
+        if (b < 0 || b >= nb || n >= p->n_lru)
+            return FAIL("LRU entry %d: block %d out of range, or the list is longer than %d", n,
+                        b, p->n_lru);
+        if (p->refcount[b] != 0 || refs[b] != 0)
+            return FAIL("LRU block %d: refcount %d, or on a list twice", b, p->refcount[b]);
+        if (!p->hash[b]) return FAIL("LRU block %d is not indexed", b);
+        if (p->lru_prev[b] != prev)
+            return FAIL("LRU block %d: prev %d, expected %d", b, p->lru_prev[b], prev);
+        if (p->lru_next[b] == -1 && p->lru_tail != b)
+            return FAIL("LRU ends at %d, tail says %d", b, p->lru_tail);
+        refs[b] = -2;
+    }
+    if (n != p->n_lru) return FAIL("LRU list holds %d, counter says %d", n, p->n_lru);
+    if ((p->lru_head == -1) != (p->lru_tail == -1))
+        return FAIL("LRU head %d, tail %d", p->lru_head, p->lru_tail);
+    for (int b = 0; b < nb; b++)
+        if (refs[b] != -2 && (p->lru_prev[b] != -1 || p->lru_next[b] != -1))
+            return FAIL("block %d is off the LRU but linked (%d, %d)", b, p->lru_prev[b],
+                        p->lru_next[b]);
+
+    /* The index: exactly the keyed blocks, once each, each found by its own lookup. */
+    memset(refs, 0, (size_t)nb * sizeof *refs);
+    int n_slots = 0;
+    for (size_t i = 0; i <= p->index_mask; i++) {
+        int32_t b = p->index[i];
+        if (b == -1) continue;
+        if (b < 0 || b >= nb) return FAIL("index slot %zu: block %d out of range", i, b);
+        if (!p->hash[b]) return FAIL("index slot %zu: block %d has no key", i, b);
+        if (refs[b]++) return FAIL("block %d indexed twice", b);
+        n_slots++;
+    }
+    if (n_slots != n_keyed || n_slots != p->n_indexed)
+        return FAIL("index holds %d, %d blocks keyed, counter says %d", n_slots, n_keyed,
+                    p->n_indexed);
+    for (int b = 0; b < nb; b++) {
+        if (!p->hash[b]) continue;
+        const int32_t *t = p->tok + (size_t)b * (size_t)bs;
+        if (p->hash[b] != kv_block_key(p->parent[b], t, bs))
+            return FAIL("block %d: stored key is not the key of its parent and tokens", b);
+        int32_t f = index_find(p, p->hash[b], p->parent[b], t);
+        if (f != b) return FAIL("block %d: its key %016llx finds block %d", b,
+                                (unsigned long long)p->hash[b], f);
     }
     return 0;
 }
+#undef FAIL

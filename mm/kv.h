@@ -1,13 +1,46 @@
-/* kv: the KV block pool, per-sequence page tables, refcounts and copy-on-write.
+/* kv: the KV block pool, per-sequence page tables, refcounts, copy-on-write and the
+ * prefix cache.
  *
  * Physical KV memory is n_blocks fixed-size blocks of block_size token slots each.
  * A sequence's page table maps logical block i (positions [i*block_size, (i+1)*block_size))
  * to a physical block id. Forks share blocks (refcount) and copy on write. Everything,
- * page tables included, is allocated at init; no call below allocates.
+ * page tables and the prefix index included, is allocated at init; no call below allocates.
  *
  * Block layout: [layer][K,V][kv_head][slot][head_dim] f16, so a block is contiguous and
  * copy-on-write is one memcpy. s->n_tokens is the caller's count of positions written:
- * kv_seq_reserve only makes capacity, the caller advances n_tokens after writing. */
+ * kv_seq_reserve only makes capacity, the caller advances n_tokens after writing.
+ *
+ * Prefix cache (cfg.prefix_cache != 0), vLLM-style automatic prefix caching:
+ *   - A full block's key is kv_block_key(parent key, its block_size token ids); block 0's
+ *     parent is KV_KEY_SEED, so a key names the whole token prefix up to the block's end.
+ *   - kv_seq_commit registers a sequence's full, written blocks in an open-addressing
+ *     index key -> block; kv_seq_match attaches indexed blocks to a new sequence. The
+ *     index stores each indexed block's parent key and token ids and compares them on
+ *     lookup, so a 64-bit key collision can never hand out the wrong block.
+ *   - A block whose refcount drops to 0 while indexed goes on an LRU list instead of the
+ *     free stack: still matchable. Allocation takes the free stack first, then evicts the
+ *     least recently used cached block (dropping it from the index). Releases and
+ *     truncations give blocks back last block first, so a sequence's tail is evicted
+ *     before its head (a head block evicted would strand the blocks chained after it).
+ *
+ * Block states (kv_check verifies them): free (refcount 0, not indexed, on the free
+ * stack) | cached (refcount 0, indexed, on the LRU list) | in use (refcount > 0, indexed
+ * or not). free + cached + in use = n_blocks; kv_free_blocks = free + cached.
+ *
+ * Invariants the prefix cache rests on:
+ *   1. An indexed block's contents never change: it holds exactly the KV of its token ids
+ *      under its prefix. Writes go through kv_seq_cow (call it before writing ANY position,
+ *      not only in shared blocks): a shared block is copied and the copy is not indexed;
+ *      an unshared indexed block is dropped from the index before the write.
+ *   2. Only full blocks are indexed. kv_seq_truncate into the middle of an indexed block
+ *      drops it from the index when s is its only holder; when shared, the next
+ *      kv_seq_cow copies it.
+ *   3. Identical blocks are indexed once: committing a block equal to an indexed one (same
+ *      key, parent, tokens) leaves that entry alone and this block unindexed; a block is
+ *      never deduplicated in place (page tables are not rewritten by commit).
+ *   4. Per sequence, blocks [0, n_committed) are full, written, and keys[0..n_committed)
+ *      chain their token ids (keys[n_committed-1] is the last committed key). Writing into
+ *      (kv_seq_cow) or truncating into a committed block rewinds n_committed to it. */
 #ifndef KILN_MM_KV_H
 #define KILN_MM_KV_H
 
@@ -22,7 +55,11 @@ typedef struct {
     int n_blocks;                       /* physical blocks in the pool */
     int max_seqs;                       /* page tables available */
     int max_blocks_per_seq;             /* page-table length = ceil(max_seq_len / block_size) */
+    int prefix_cache;                   /* 0: off (commit and match do nothing), else on */
 } kv_config;
+
+/* Parent key of a sequence's first block. */
+#define KV_KEY_SEED 0x6b696c6e2d6b7631ull /* "kiln-kv1" */
 
 typedef struct kv_seq {
     int32_t *blocks; /* [max_blocks_per_seq] physical block ids; [0, n_blocks) valid */
@@ -30,6 +67,8 @@ typedef struct kv_seq {
     int n_tokens;    /* positions written (the caller advances it) */
     int id;          /* index in the pool's seq table, stable */
     int in_use;
+    int n_committed; /* blocks [0, n_committed) registered by kv_seq_commit / kv_seq_match */
+    uint64_t *keys;  /* [max_blocks_per_seq] chained keys of the committed blocks */
 } kv_seq;
 
 typedef struct kv_pool {
@@ -40,11 +79,25 @@ typedef struct kv_pool {
     int32_t *refcount;  /* [n_blocks] page-table references */
     int32_t *free_ids;  /* [n_blocks] stack of free block ids, top at n_free-1 */
     int n_free;
-    uint64_t *hash;     /* [n_blocks] prefix-cache key, 0 = none (reserved, unused yet) */
+    uint64_t *hash;     /* [n_blocks] key of an indexed block; 0 = not indexed */
+    uint64_t *parent;   /* [n_blocks] parent key of an indexed block */
+    int32_t *tok;       /* [n_blocks][block_size] token ids of an indexed block */
+    int32_t *lru_prev, *lru_next; /* [n_blocks] LRU links, -1 = none (and off the list) */
+    int32_t lru_head, lru_tail;   /* least / most recently used cached block, -1 = empty */
+    int n_lru;          /* cached blocks (refcount 0, indexed) */
+    int32_t *index;     /* [index_mask+1] open addressing (linear probing): block id, -1 empty */
+    size_t index_mask;  /* capacity - 1; capacity = power of two >= 2 * n_blocks */
+    int n_indexed;
     kv_seq *seqs;       /* [max_seqs] */
     int32_t *tables;    /* [max_seqs][max_blocks_per_seq] page-table slab */
+    uint64_t *seq_keys; /* [max_seqs][max_blocks_per_seq] slab for kv_seq.keys */
     int32_t *scratch;   /* [n_blocks] for kv_check */
     int n_seqs_used;
+    struct {
+        uint64_t prefix_queries; /* prompt tokens looked up by kv_seq_match */
+        uint64_t prefix_hits;    /* of those, tokens reused */
+        uint64_t evictions;      /* cached blocks evicted to make room */
+    } stats;
     void *mem;          /* own allocation (arena NULL), else NULL */
     size_t mem_bytes;
     int fail_n, fail_sticky; /* test hook on block allocation */
@@ -57,20 +110,50 @@ void kv_pool_free(kv_pool *p); /* memory from an arena stays with the arena */
 size_t kv_pool_bytes(const kv_config *cfg);
 size_t kv_block_bytes(const kv_config *cfg); /* one block, all layers, K and V; 0 if invalid */
 
-kv_seq *kv_seq_new(kv_pool *p);             /* empty; NULL when no page table is free */
-void kv_seq_release(kv_pool *p, kv_seq *s); /* drops block refs; refcount-0 blocks are freed */
-/* Capacity for positions [0, n_tokens): 0; -ENOMEM leaving s unchanged; -E2BIG past
- * max_blocks_per_seq; -EINVAL for n_tokens < 0. Never shrinks, never touches n_tokens. */
+kv_seq *kv_seq_new(kv_pool *p); /* empty; NULL when no page table is free */
+/* Drops block refs, last block first; refcount-0 blocks are freed, or cached when indexed. */
+void kv_seq_release(kv_pool *p, kv_seq *s);
+/* Capacity for positions [0, n_tokens): 0; -ENOMEM leaving the pool unchanged; -E2BIG past
+ * max_blocks_per_seq; -EINVAL for n_tokens < 0. Never shrinks, never touches n_tokens.
+ * New blocks come from the free stack, then by evicting cached blocks (LRU first). */
 int kv_seq_reserve(kv_pool *p, kv_seq *s, int n_tokens);
-/* New page table sharing all of src's blocks (refcount++), n_tokens copied; NULL when
- * no page table is free. */
+/* New page table sharing all of src's blocks (refcount++), n_tokens and the committed
+ * keys copied; NULL when no page table is free. */
 kv_seq *kv_seq_fork(kv_pool *p, const kv_seq *src);
 /* Call before writing position pos: if its block is shared, copy it into a fresh block
- * and point s at it. 0, -ENOMEM (s unchanged), -EINVAL (pos not reserved). */
+ * (not indexed) and point s at it; if it is s's alone but indexed, drop it from the index.
+ * A write into a committed block rewinds s->n_committed to it. 0, -ENOMEM (s unchanged),
+ * -EINVAL (pos not reserved). Only the copy allocates. */
 int kv_seq_cow(kv_pool *p, kv_seq *s, int pos);
-/* Keep positions [0, n_tokens): blocks past the end are released, s->n_tokens becomes
- * min(n_tokens, s->n_tokens). 0 or -EINVAL. */
+/* Keep positions [0, n_tokens): blocks past the end are released (cached when indexed),
+ * s->n_tokens becomes min(n_tokens, s->n_tokens), n_committed at most the full blocks
+ * left; an indexed block cut in the middle and held by s alone leaves the index. 0 or
+ * -EINVAL. */
 int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens);
+
+/* ---- prefix cache: kv_seq_commit and kv_seq_match do nothing, return 0, when
+ * cfg.prefix_cache is 0 */
+
+/* Key of a full block: XXH64-style rounds (the XXH64 primes, one accumulator, seeded with
+ * parent, token ids packed two per 64-bit lane, XXH64's avalanche) over n token ids;
+ * never 0 (0 maps to 1), since 0 marks an unindexed block. Not bit-compatible with XXH64. */
+uint64_t kv_block_key(uint64_t parent, const int32_t *tokens, int n);
+/* Positions [0, n_tokens) of s have been written with these tokens; s->n_tokens is raised
+ * to n_tokens if lower (a caller that counts its own positions need not maintain it).
+ * Registers every full block in [s->n_committed, n_tokens / block_size): computes its key
+ * and indexes it unless an identical block (key, parent, tokens) already is; a block s
+ * shares that is already indexed stays as it is. Costs only the new blocks. Returns the
+ * number of blocks newly committed, or -EINVAL (n_tokens < 0 or past the reserved
+ * capacity). Never allocates, so it cannot fail for want of memory. */
+int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
+/* s must be empty (n_blocks == 0, else -EINVAL). Walks the full blocks of tokens[0,
+ * n_tokens), at most (n_tokens - 1) / block_size of them (the last prompt token is always
+ * left to compute, for its logits) and at most max_blocks_per_seq, chaining keys; attaches
+ * each indexed match in order (refcount++, a cached block leaves the LRU) and stops at the
+ * first miss. Sets s->n_tokens = s->n_blocks * block_size = the return value, the tokens
+ * reused, and s->n_committed to the blocks attached. Counts stats.prefix_queries
+ * (n_tokens) and stats.prefix_hits. Never allocates. */
+int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
 
 /* [block_size][head_dim] f16 slabs of one (block, layer, head). */
 static inline uint16_t *kv_k(const kv_pool *p, int32_t block, int layer, int head) {
@@ -82,10 +165,15 @@ static inline uint16_t *kv_v(const kv_pool *p, int32_t block, int layer, int hea
            (((size_t)layer * 2 + 1) * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
 }
 
-int kv_free_blocks(const kv_pool *p);
+int kv_free_blocks(const kv_pool *p);   /* allocatable: free + cached (evictable) blocks */
+int kv_cached_blocks(const kv_pool *p); /* refcount-0 blocks kept for the prefix cache (LRU) */
 int kv_refcount(const kv_pool *p, int32_t block);
-/* Consistency: refcounts equal page-table references, the free list holds exactly the
- * refcount-0 blocks once each, page tables are in range. 0, or -EFAULT with err set. */
+/* Consistency: refcounts equal page-table references, page tables are in range, every
+ * refcount-0 block is on exactly one of the free stack (not indexed) and the LRU list
+ * (indexed; links consistent both ways), in-use blocks are on neither; the index holds
+ * exactly the blocks with a key, each once, each stored key is kv_block_key of the stored
+ * parent and tokens, and a lookup of them finds that block; committed counts are in range. 0, or -EFAULT with
+ * err set. Costs O(n_blocks * block_size + index capacity): a debugging aid. */
 int kv_check(const kv_pool *p, char *err, size_t errlen);
 /* Test hooks: fail the nth block allocation from now (n <= 0 off); fail_from keeps
  * failing after it. */

@@ -1,10 +1,14 @@
 /* test_kv: the KV block pool. A shadow model remembers which tag each sequence wrote at
  * each position; randomized new/fork/append/overwrite/truncate/release sequences check
  * every sequence's data against it (so a write that leaks into a sibling through a
- * shared block is caught), with kv_check along the way; then OOM loops and exhaustion. */
+ * shared block is caught), with kv_check along the way; then OOM loops and exhaustion.
+ * The prefix cache runs the same randomized mix with tokens from a small alphabet
+ * (commit, match, LRU, eviction; cached blocks' data checked against the tokens they were
+ * indexed under), then deterministic prompt-reuse, COW/truncate, OOM and key tests. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mm/kv.h"
@@ -13,6 +17,10 @@
 static const kv_config CFG = {
     .n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .block_size = 4,
     .n_blocks = 48, .max_seqs = 8, .max_blocks_per_seq = 12,
+};
+static const kv_config CFG_P = { /* the same with the prefix cache on */
+    .n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .block_size = 4,
+    .n_blocks = 48, .max_seqs = 8, .max_blocks_per_seq = 12, .prefix_cache = 1,
 };
 #define MAX_POS 48 /* block_size * max_blocks_per_seq */
 
@@ -60,10 +68,11 @@ static void check_pool(const kv_pool *p, const char *when) {
 
 /* A snapshot to prove a failed call left everything as it was. */
 typedef struct {
-    int n_free, n_blocks, n_tokens;
+    int n_free, n_blocks, n_tokens, n_committed, n_lru, lru_head;
     int32_t blocks[MAX_POS];
-    int32_t refcount[64];
-    int32_t free_ids[64];
+    int32_t refcount[128];
+    int32_t free_ids[128];
+    uint64_t hash[128], evictions;
 } snap;
 
 static void take(const kv_pool *p, const kv_seq *s, snap *z) {
@@ -71,6 +80,11 @@ static void take(const kv_pool *p, const kv_seq *s, snap *z) {
     z->n_free = kv_free_blocks(p);
     z->n_blocks = s->n_blocks;
     z->n_tokens = s->n_tokens;
+    z->n_committed = s->n_committed;
+    z->n_lru = kv_cached_blocks(p);
+    z->lru_head = p->lru_head;
+    z->evictions = p->stats.evictions;
+    memcpy(z->hash, p->hash, (size_t)p->cfg.n_blocks * sizeof(uint64_t));
     memcpy(z->blocks, s->blocks, (size_t)s->n_blocks * sizeof(int32_t));
     memcpy(z->refcount, p->refcount, (size_t)p->cfg.n_blocks * sizeof(int32_t));
     memcpy(z->free_ids, p->free_ids, (size_t)p->n_free * sizeof(int32_t));
@@ -169,23 +183,109 @@ static void test_seqs(void) {
 
 /* ---------------------------------------------------------------- randomized */
 
-static void test_random(int n_ops, int check_every) {
+#define N_ALPHA 4 /* token alphabet of the prefix run: prefixes repeat */
+#define N_TMPL 3  /* prompt templates sequences follow, with deviations */
+
+/* Prefix run: a position's data is a function of (position, token), so a block reused
+ * through the cache can be checked against the tokens it was matched with. */
+static uint16_t tok_tag(int pos, int32_t tok) { return (uint16_t)(1 + pos * N_ALPHA + tok); }
+
+/* The pool's committed keys of s chain the test's tokens of s. */
+static int keys_ok(const kv_pool *p, const kv_seq *s, const int32_t *toks) {
+    uint64_t parent = KV_KEY_SEED;
+    for (int j = 0; j < s->n_committed; j++) {
+        uint64_t k = kv_block_key(parent, toks + j * p->cfg.block_size, p->cfg.block_size);
+        if (s->keys[j] != k) return 0;
+        parent = k;
+    }
+    return 1;
+}
+
+static void test_random(int n_ops, int check_every, int prefix) {
+    const kv_config *cfg = prefix ? &CFG_P : &CFG;
+    const int bs = cfg->block_size;
     kv_pool p;
-    CHECK(kv_pool_init(&p, &CFG, NULL) == 0, "init");
+    CHECK(kv_pool_init(&p, cfg, NULL) == 0, "init");
     static uint16_t shadow[8][MAX_POS]; /* tag written at each position, by seq id */
+    static int32_t toks[8][MAX_POS];    /* token at each position (prefix run) */
+    static int32_t tmpl[N_TMPL][MAX_POS];
+    static uint64_t rec_key[128];       /* key each block was indexed under, as seen here */
+    static int rec_depth[128];          /* its logical block number then */
+    int seq_tmpl[8] = {0};
+    memset(rec_key, 0, sizeof rec_key);
+    for (int t = 0; t < N_TMPL; t++)
+        for (int q = 0; q < MAX_POS; q++) tmpl[t][q] = (int32_t)rnd(N_ALPHA);
     uint16_t next_tag = 1;
-    int n_fail = 0, n_cow = 0, n_e2big = 0;
+    int n_fail = 0, n_cow = 0, n_e2big = 0, n_match = 0, n_hit_tok = 0, n_commit = 0;
+    int n_expect = 0; /* matches of a live sequence's prompt with blocks known indexed */
 
     for (int op = 0; op < n_ops; op++) {
-        kv_seq *s = &p.seqs[rnd((uint32_t)CFG.max_seqs)];
+        kv_seq *s = &p.seqs[rnd((uint32_t)cfg->max_seqs)];
         int r = (int)rnd(100);
         if (!s->in_use) {
-            if (r < 50) CHECK(kv_seq_new(&p) != NULL, "new with a free table");
-            continue;
+            if (r >= 50) continue;
+            kv_seq *t = kv_seq_new(&p);
+            CHECK(t != NULL, "new with a free table");
+            if (!prefix || r < 15 || !t) continue;
+            /* A prompt: a template with maybe one deviation, or a live sequence's tokens;
+             * match it, check the reused data, then prefill the rest and commit. */
+            int32_t prompt[MAX_POS];
+            int len = 1 + (int)rnd(MAX_POS), tp = (int)rnd(N_TMPL), expect = 0;
+            kv_seq *a = &p.seqs[rnd((uint32_t)cfg->max_seqs)];
+            if (r < 30 && a->in_use && a != t && a->n_tokens > 0) {
+                len = a->n_tokens;
+                memcpy(prompt, toks[a->id], (size_t)len * sizeof(int32_t));
+                tp = seq_tmpl[a->id];
+                /* Its leading committed blocks still indexed under its keys must match. */
+                int lim = (len - 1) / bs;
+                while (expect < a->n_committed && expect < lim &&
+                       p.hash[a->blocks[expect]] == a->keys[expect])
+                    expect++;
+            } else {
+                memcpy(prompt, tmpl[tp], sizeof prompt);
+                if (rnd(3) == 0) {
+                    int q = (int)rnd((uint32_t)len);
+                    prompt[q] = (prompt[q] + 1 + (int32_t)rnd(N_ALPHA - 1)) % N_ALPHA;
+                }
+            }
+            uint64_t q0 = p.stats.prefix_queries, h0 = p.stats.prefix_hits;
+            int m = kv_seq_match(&p, t, prompt, len);
+            CHECK(m >= 0 && m % bs == 0 && m <= (len - 1) / bs * bs, "match %d of %d", m, len);
+            CHECK(m >= expect * bs, "match %d, a live sequence has %d blocks indexed", m, expect);
+            n_expect += expect > 0;
+            CHECK(t->n_tokens == m && t->n_blocks == m / bs && t->n_committed == m / bs,
+                  "matched seq: %d tokens %d blocks %d committed", t->n_tokens, t->n_blocks,
+                  t->n_committed);
+            CHECK(p.stats.prefix_queries == q0 + (uint64_t)len &&
+                      p.stats.prefix_hits == h0 + (uint64_t)m, "match stats");
+            n_match += m > 0;
+            n_hit_tok += m;
+            memcpy(toks[t->id], prompt, sizeof prompt);
+            seq_tmpl[t->id] = tp;
+            for (int q = 0; q < m; q++) {
+                shadow[t->id][q] = tok_tag(q, prompt[q]);
+                CHECK(read_ok(&p, t, q, shadow[t->id][q]), "matched data at %d", q);
+            }
+            if (kv_seq_reserve(&p, t, len) == 0) {
+                for (int q = m; q < len; q++) {
+                    CHECK(kv_seq_cow(&p, t, q) == 0, "fresh blocks need no copy");
+                    write_pos(&p, t, q, shadow[t->id][q] = tok_tag(q, prompt[q]));
+                }
+                t->n_tokens = len;
+                CHECK(kv_seq_commit(&p, t, toks[t->id], len) == len / bs - m / bs, "commit");
+            }
+            goto committed;
         }
+        if (prefix && r >= 50 && r < 65 && rnd(4)) r = 20; /* fewer overwrites: deep chains */
+        if (prefix && r >= 70 && r < 85 && rnd(2)) r = 95;  /* fewer idle reservations */
         if (r < 10) { /* fork */
             kv_seq *f = kv_seq_fork(&p, s);
-            if (f) memcpy(shadow[f->id], shadow[s->id], sizeof shadow[0]);
+            if (f) {
+                memcpy(shadow[f->id], shadow[s->id], sizeof shadow[0]);
+                memcpy(toks[f->id], toks[s->id], sizeof toks[0]);
+                seq_tmpl[f->id] = seq_tmpl[s->id];
+                CHECK(f->n_committed == s->n_committed, "fork keeps the committed blocks");
+            }
         } else if (r < 50) { /* append k tokens: reserve, then cow + write each */
             int k = 1 + (int)rnd(6), n = s->n_tokens;
             snap z;
@@ -202,64 +302,133 @@ static void test_random(int n_ops, int check_every) {
                 n_fail++;
                 continue;
             }
-            CHECK(rc == 0 && s->n_blocks * CFG.block_size >= n + k, "reserve %d", rc);
+            CHECK(rc == 0 && s->n_blocks * bs >= n + k, "reserve %d", rc);
             for (int pos = n; pos < n + k; pos++) {
-                int32_t before = s->blocks[pos / CFG.block_size];
+                int32_t before = s->blocks[pos / bs];
                 if (kv_seq_cow(&p, s, pos) != 0) {
-                    CHECK(s->blocks[pos / CFG.block_size] == before, "failed cow moved page");
+                    CHECK(s->blocks[pos / bs] == before, "failed cow moved page");
                     n_fail++;
                     break;
                 }
-                n_cow += s->blocks[pos / CFG.block_size] != before;
-                write_pos(&p, s, pos, next_tag);
-                shadow[s->id][pos] = next_tag++;
+                n_cow += s->blocks[pos / bs] != before;
+                CHECK(!p.hash[s->blocks[pos / bs]], "writing into an indexed block");
+                if (prefix) {
+                    int32_t tk = rnd(32) ? tmpl[seq_tmpl[s->id]][pos] : (int32_t)rnd(N_ALPHA);
+                    toks[s->id][pos] = tk;
+                    write_pos(&p, s, pos, shadow[s->id][pos] = tok_tag(pos, tk));
+                } else {
+                    write_pos(&p, s, pos, next_tag);
+                    shadow[s->id][pos] = next_tag++;
+                }
                 s->n_tokens = pos + 1;
+            }
+            if (rnd(2)) {
+                int before = s->n_committed, rc2 = kv_seq_commit(&p, s, toks[s->id], s->n_tokens);
+                if (prefix) {
+                    CHECK(rc2 == s->n_tokens / bs - before && s->n_committed == s->n_tokens / bs,
+                          "commit %d: %d committed of %d tokens", rc2, s->n_committed,
+                          s->n_tokens);
+                    n_commit += rc2;
+                } else {
+                    CHECK(rc2 == 0 && s->n_committed == 0, "commit with the cache off");
+                }
             }
         } else if (r < 65 && s->n_tokens > 0) { /* overwrite a written position */
             int pos = (int)rnd((uint32_t)s->n_tokens);
-            int32_t old = s->blocks[pos / CFG.block_size];
-            int shared = kv_refcount(&p, old) > 1;
+            int32_t old = s->blocks[pos / bs];
+            int shared = kv_refcount(&p, old) > 1, was_indexed = p.hash[old] != 0;
             int rc = kv_seq_cow(&p, s, pos);
             if (rc == -ENOMEM) {
-                CHECK(shared && s->blocks[pos / CFG.block_size] == old, "cow ENOMEM");
+                CHECK(shared && s->blocks[pos / bs] == old, "cow ENOMEM");
                 n_fail++;
                 continue;
             }
             CHECK(rc == 0, "cow %d", rc);
+            CHECK(s->n_committed <= pos / bs, "cow rewinds the committed blocks");
+            CHECK(!p.hash[s->blocks[pos / bs]], "cow leaves the block to write unindexed");
             if (shared) {
                 n_cow++;
+                CHECK(!was_indexed || p.hash[old] != 0, "cow copy dropped the shared entry");
                 /* The copy holds everything the shared block held. */
-                int b0 = pos / CFG.block_size * CFG.block_size;
-                for (int q = b0; q < b0 + CFG.block_size && q < s->n_tokens; q++)
+                int b0 = pos / bs * bs;
+                for (int q = b0; q < b0 + bs && q < s->n_tokens; q++)
                     CHECK(read_ok(&p, s, q, shadow[s->id][q]), "cow lost pos %d", q);
             }
-            write_pos(&p, s, pos, next_tag);
-            shadow[s->id][pos] = next_tag++;
+            if (prefix) {
+                int32_t tk = (toks[s->id][pos] + 1 + (int32_t)rnd(N_ALPHA - 1)) % N_ALPHA;
+                toks[s->id][pos] = tk;
+                write_pos(&p, s, pos, shadow[s->id][pos] = tok_tag(pos, tk));
+            } else {
+                write_pos(&p, s, pos, next_tag);
+                shadow[s->id][pos] = next_tag++;
+            }
         } else if (r < 70) { /* truncate */
-            int n = (int)rnd((uint32_t)s->n_tokens + 1);
+            int n = (int)rnd((uint32_t)s->n_tokens + 1), c0 = s->n_committed;
             CHECK(kv_seq_truncate(&p, s, n) == 0, "truncate");
-            CHECK(s->n_tokens == n && s->n_blocks == (n + CFG.block_size - 1) / CFG.block_size,
+            CHECK(s->n_tokens == n && s->n_blocks == (n + bs - 1) / bs,
                   "truncate to %d: %d tokens %d blocks", n, s->n_tokens, s->n_blocks);
-        } else if (r < 88) { /* reserve ahead without writing */
+            CHECK(s->n_committed == (c0 < n / bs ? c0 : n / bs), "truncate: %d committed",
+                  s->n_committed);
+            if (n % bs && kv_refcount(&p, s->blocks[n / bs]) == 1)
+                CHECK(!p.hash[s->blocks[n / bs]], "a cut block of its own stays indexed");
+        } else if (r < 85) { /* reserve ahead without writing */
             int n = s->n_tokens + (int)rnd(12);
             int rc = kv_seq_reserve(&p, s, n);
             CHECK(rc == 0 || rc == -ENOMEM || (rc == -E2BIG && n > MAX_POS), "reserve %d", rc);
-        } else if (r < 92) { /* arm the fail hook: a later allocation fails */
+        } else if (r < 89) { /* arm the fail hook: a later allocation fails */
             kv_fail_after(&p, 1 + (int)rnd(8));
-        } else if (rnd(3) == 0) { /* release */
+        } else if (r < 92) { /* commit with the hook armed: commit never allocates */
+            kv_fail_from(&p, 1);
+            int rc = kv_seq_commit(&p, s, toks[s->id], s->n_tokens);
+            CHECK(rc >= 0, "commit under a sticky fail hook: %d", rc);
+            kv_fail_after(&p, 0);
+        } else if (prefix || rnd(3) == 0) { /* release */
             kv_seq_release(&p, s);
         }
+    committed:
+        if (prefix) /* remember where each newly indexed block sits, to check its data */
+            for (int i = 0; i < cfg->max_seqs; i++)
+                for (int j = 0; p.seqs[i].in_use && j < p.seqs[i].n_committed; j++) {
+                    int32_t b = p.seqs[i].blocks[j];
+                    if (p.hash[b] && p.hash[b] == p.seqs[i].keys[j] && rec_key[b] != p.hash[b])
+                        rec_key[b] = p.hash[b], rec_depth[b] = j;
+                }
         if (op % check_every == 0) {
             check_pool(&p, "random");
-            for (int i = 0; i < CFG.max_seqs; i++)
-                for (int q = 0; p.seqs[i].in_use && q < p.seqs[i].n_tokens; q++)
-                    CHECK(read_ok(&p, &p.seqs[i], q, shadow[i][q]), "seq %d pos %d", i, q);
+            for (int i = 0; i < cfg->max_seqs; i++) {
+                const kv_seq *q = &p.seqs[i];
+                for (int k = 0; q->in_use && k < q->n_tokens; k++)
+                    CHECK(read_ok(&p, q, k, shadow[i][k]), "seq %d pos %d", i, k);
+                if (q->in_use) CHECK(keys_ok(&p, q, toks[i]), "seq %d keys", i);
+            }
+            /* Every indexed block, cached or in use, holds its tokens' data. */
+            for (int32_t b = 0; prefix && b < cfg->n_blocks; b++) {
+                if (!p.hash[b]) continue;
+                CHECK(rec_key[b] == p.hash[b], "block %d indexed behind the test's back", b);
+                kv_seq view = {.blocks = &b, .n_blocks = 1};
+                for (int k = 0; k < bs; k++)
+                    CHECK(read_ok(&p, &view, k, tok_tag(rec_depth[b] * bs + k, p.tok[b * bs + k])),
+                          "indexed block %d slot %d", b, k);
+            }
         }
     }
     CHECK(n_fail > 10 && n_cow > 10 && n_e2big > 0, "coverage: %d ENOMEM, %d cow, %d E2BIG",
           n_fail, n_cow, n_e2big);
-    for (int i = 0; i < CFG.max_seqs; i++) kv_seq_release(&p, &p.seqs[i]);
-    CHECK(kv_free_blocks(&p) == CFG.n_blocks, "free %d after release all", kv_free_blocks(&p));
+    if (prefix) {
+        CHECK(n_match > 500 && n_hit_tok > 5000 && n_commit > 1000 && n_expect > 100 &&
+                  p.stats.evictions > 100,
+              "prefix coverage: %d matches, %d tokens reused, %d blocks committed, %d live "
+              "probes, %llu evictions", n_match, n_hit_tok, n_commit, n_expect,
+              (unsigned long long)p.stats.evictions);
+        printf("kv random prefix: %d matches, %d tokens reused, %d blocks committed, %d live "
+               "probes, %llu evictions, %d ENOMEM, %d cow\n", n_match, n_hit_tok, n_commit,
+               n_expect, (unsigned long long)p.stats.evictions, n_fail, n_cow);
+    } else {
+        CHECK(p.stats.prefix_queries == 0 && p.stats.evictions == 0 && kv_cached_blocks(&p) == 0,
+              "cache off: no queries, no cached blocks");
+    }
+    for (int i = 0; i < cfg->max_seqs; i++) kv_seq_release(&p, &p.seqs[i]);
+    CHECK(kv_free_blocks(&p) == cfg->n_blocks, "free %d after release all", kv_free_blocks(&p));
     check_pool(&p, "end");
     kv_pool_free(&p);
 }
@@ -362,10 +531,395 @@ static void test_arena(void) {
     mm_pool_free(&a);
 }
 
+/* ---------------------------------------------------------------- prefix cache */
+
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+static void test_block_key(void) {
+    int32_t a[16], b[16];
+    for (int i = 0; i < 16; i++) a[i] = b[i] = 1000 + i * 37;
+    uint64_t k = kv_block_key(KV_KEY_SEED, a, 16);
+    CHECK(k != 0 && k == kv_block_key(KV_KEY_SEED, b, 16), "deterministic");
+    CHECK(k != kv_block_key(KV_KEY_SEED + 1, a, 16), "parent matters");
+    CHECK(k != kv_block_key(KV_KEY_SEED, a, 15) &&
+              kv_block_key(KV_KEY_SEED, a, 15) != kv_block_key(KV_KEY_SEED, a, 14),
+          "length matters, odd lengths hash the tail");
+    int bits = 0, n = 0;
+    for (int i = 0; i < 16; i++)
+        for (int bit = 0; bit < 32; bit++, n++) { /* each input bit flips about half */
+            b[i] ^= (int32_t)(1u << bit);
+            uint64_t k2 = kv_block_key(KV_KEY_SEED, b, 16);
+            CHECK(k2 != k, "token %d bit %d changes the key", i, bit);
+            bits += __builtin_popcountll(k ^ k2);
+            b[i] = a[i];
+        }
+    CHECK(bits > n * 30 && bits < n * 34, "avalanche: %.2f bits of 64 flip", (double)bits / n);
+    int32_t sw[16];
+    memcpy(sw, a, sizeof sw);
+    sw[0] = a[1], sw[1] = a[0];
+    CHECK(kv_block_key(KV_KEY_SEED, sw, 16) != k, "order matters");
+    /* No collisions among 2^18 keys of dense, structured inputs, chained and not. */
+    enum { NK = 1 << 18 };
+    static uint64_t keys[NK];
+    uint64_t parent = KV_KEY_SEED;
+    for (int i = 0; i < NK; i++) {
+        int32_t t[4] = {i & 1, (i >> 1) & 1, i >> 2, 0};
+        keys[i] = kv_block_key(i % 3 ? parent : (uint64_t)i, t, 4);
+        parent = keys[i];
+    }
+    qsort(keys, NK, sizeof keys[0], cmp_u64);
+    int dup = 0;
+    for (int i = 1; i < NK; i++) dup += keys[i] == keys[i - 1];
+    CHECK(dup == 0 && keys[0] != 0, "%d duplicate keys", dup);
+}
+
+/* Small shape, 16-token blocks: the vLLM-sized scenario. */
+static const kv_config CFG_B = {
+    .n_layers = 1, .n_kv_heads = 1, .head_dim = 2, .block_size = 16,
+    .n_blocks = 80, .max_seqs = 4, .max_blocks_per_seq = 40, .prefix_cache = 1,
+};
+
+static uint16_t big_tag(int pos, int32_t tok) { return (uint16_t)(pos * 7 + tok * 3 + 1); }
+
+static void fill(kv_pool *p, kv_seq *s, const int32_t *t, int from, int to) {
+    for (int q = from; q < to; q++) {
+        CHECK(kv_seq_cow(p, s, q) == 0, "cow");
+        write_pos(p, s, q, big_tag(q, t[q]));
+    }
+    s->n_tokens = to;
+}
+
+static int data_ok(const kv_pool *p, const kv_seq *s, const int32_t *t, int n) {
+    for (int q = 0; q < n; q++)
+        if (!read_ok(p, s, q, big_tag(q, t[q]))) return 0;
+    return 1;
+}
+
+static void test_prefix_prompt(void) {
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &CFG_B, NULL) == 0, "init");
+    int32_t t[640];
+    for (int i = 0; i < 640; i++) t[i] = (int32_t)((i * 7919 + 13) % 32000);
+
+    /* Request 1: 512 tokens prefilled, committed, released: 32 blocks cached. */
+    kv_seq *a = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, a, t, 512) == 0 && a->n_blocks == 0, "cold cache");
+    CHECK(p.stats.prefix_queries == 512 && p.stats.prefix_hits == 0, "cold stats");
+    CHECK(kv_seq_reserve(&p, a, 512) == 0, "reserve");
+    fill(&p, a, t, 0, 500);
+    CHECK(kv_seq_commit(&p, a, t, 500) == 31 && a->n_committed == 31, "commit 31 full blocks");
+    CHECK(kv_seq_commit(&p, a, t, 513) == -EINVAL, "commit past the reserved capacity");
+    CHECK(kv_seq_commit(&p, a, t, -1) == -EINVAL, "commit -1");
+    fill(&p, a, t, 500, 512);
+    a->n_tokens = 500; /* a caller that does not maintain n_tokens: commit raises it */
+    CHECK(kv_seq_commit(&p, a, t, 512) == 1 && a->n_committed == 32 && a->n_tokens == 512,
+          "commit the new block only, n_tokens raised");
+    CHECK(kv_seq_commit(&p, a, t, 512) == 0, "commit again: nothing new");
+    CHECK(p.n_indexed == 32 && kv_cached_blocks(&p) == 0, "32 indexed, none cached");
+    check_pool(&p, "committed");
+    kv_seq_release(&p, a);
+    CHECK(kv_cached_blocks(&p) == 32 && kv_free_blocks(&p) == 80, "released: 32 cached, all free");
+    check_pool(&p, "cached");
+
+    /* Request 2: the same 512 tokens + 20: all 32 blocks reused, data intact. */
+    kv_seq *b = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, b, t, 532) == 512, "512 + 20 reuses 512");
+    CHECK(b->n_tokens == 512 && b->n_blocks == 32 && b->n_committed == 32, "matched seq");
+    CHECK(kv_cached_blocks(&p) == 0 && kv_free_blocks(&p) == 48, "revived off the LRU");
+    for (int i = 0; i < 32; i++) CHECK(kv_refcount(&p, b->blocks[i]) == 1, "ref %d", i);
+    CHECK(data_ok(&p, b, t, 512), "reused data");
+    CHECK(p.stats.prefix_queries == 1044 && p.stats.prefix_hits == 512, "stats");
+    check_pool(&p, "matched");
+    /* A concurrent identical request shares the blocks. */
+    kv_seq *c = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, c, t, 600) == 512, "shared match");
+    CHECK(kv_refcount(&p, c->blocks[5]) == 2 && c->blocks[5] == b->blocks[5], "shared blocks");
+    CHECK(kv_seq_match(&p, c, t, 600) == -EINVAL, "match on a non-empty seq");
+    /* b prefills its 20 tokens and commits: the partial block is not indexed. */
+    CHECK(kv_seq_reserve(&p, b, 532) == 0, "reserve the rest");
+    fill(&p, b, t, 512, 532);
+    CHECK(kv_seq_commit(&p, b, t, 532) == 1 && p.n_indexed == 33, "block 32 full, 33 partial");
+    CHECK(p.hash[b->blocks[33]] == 0, "partial block unindexed");
+    kv_seq_release(&p, c);
+    kv_seq_release(&p, b);
+    CHECK(kv_cached_blocks(&p) == 33 && kv_free_blocks(&p) == 80, "33 cached");
+    check_pool(&p, "released twice");
+
+    /* Exactly the 512-token prompt: the last token must be computed, so one block less. */
+    kv_seq *d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, t, 512) == 496, "whole prompt cached: 496 reused");
+    kv_seq_release(&p, d);
+    d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, t, 513) == 512, "513: 512 reused");
+    kv_seq_release(&p, d);
+    int lens[][2] = {{0, 0}, {1, 0}, {16, 0}, {17, 16}, {33, 32}, {544, 528}, {545, 528}};
+    for (int i = 0; i < 7; i++) {
+        d = kv_seq_new(&p);
+        int m = kv_seq_match(&p, d, t, lens[i][0]);
+        CHECK(m == lens[i][1], "prompt of %d reuses %d, expected %d", lens[i][0], m, lens[i][1]);
+        CHECK(data_ok(&p, d, t, m), "data of %d", lens[i][0]);
+        kv_seq_release(&p, d);
+    }
+    /* A different first token: every chained key differs. */
+    int32_t u[532];
+    memcpy(u, t, sizeof u);
+    u[0] = 31999;
+    d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, u, 532) == 0 && d->n_blocks == 0, "other first token: 0");
+    kv_seq_release(&p, d);
+    /* A different token in block 3: blocks 0-2 reused. */
+    memcpy(u, t, sizeof u);
+    u[3 * 16 + 5] ^= 1;
+    d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, u, 532) == 48, "divergence in block 3: 48 reused");
+    kv_seq_release(&p, d);
+    check_pool(&p, "probes");
+
+    /* Pressure: 47 free blocks then 2 evictions, taken from the tail of the prompt
+     * (released last block first), so the head stays matchable. */
+    CHECK(kv_cached_blocks(&p) == 33 && p.n_free == 47, "33 cached, 47 free: %d", p.n_free);
+    kv_seq *e = kv_seq_new(&p), *f = kv_seq_new(&p);
+    CHECK(kv_seq_reserve(&p, e, 40 * 16) == 0 && p.n_free == 7 && p.stats.evictions == 0,
+          "40 from the free stack");
+    CHECK(kv_seq_reserve(&p, f, 9 * 16) == 0 && p.stats.evictions == 2, "7 free + 2 evicted");
+    CHECK(kv_cached_blocks(&p) == 31 && kv_free_blocks(&p) == 31 && p.n_indexed == 31,
+          "31 left cached");
+    check_pool(&p, "evicted");
+    d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, t, 532) == 31 * 16, "the 31 head blocks still match");
+    CHECK(data_ok(&p, d, t, 31 * 16), "data after eviction");
+    kv_seq_release(&p, d);
+    snap z;
+    d = kv_seq_new(&p);
+    take(&p, d, &z);
+    CHECK(kv_seq_reserve(&p, d, 32 * 16) == -ENOMEM && same(&p, d, &z),
+          "32 with 31 evictable: all or nothing, nothing evicted");
+    kv_seq_release(&p, d);
+    CHECK(kv_seq_reserve(&p, f, 39 * 16) == 0 && kv_free_blocks(&p) == 1 &&
+              kv_cached_blocks(&p) == 1 && p.stats.evictions == 32,
+          "30 more: evicts all but one: %d free %d cached", kv_free_blocks(&p),
+          kv_cached_blocks(&p));
+    d = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, d, t, 532) == 16, "only block 0 left");
+    CHECK(kv_free_blocks(&p) == 0 && kv_cached_blocks(&p) == 0, "and it is in use again");
+    check_pool(&p, "drained");
+    kv_seq_release(&p, d);
+    kv_seq_release(&p, e);
+    kv_seq_release(&p, f);
+    CHECK(kv_free_blocks(&p) == 80, "all back: %d", kv_free_blocks(&p));
+    check_pool(&p, "end");
+    kv_pool_free(&p);
+}
+
+/* COW and truncate against indexed blocks; the cache off; kv_check catching damage. */
+static void test_prefix_cow(void) {
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &CFG_P, NULL) == 0, "init");
+    int32_t t[MAX_POS];
+    for (int i = 0; i < MAX_POS; i++) t[i] = i % 5;
+    kv_seq *a = kv_seq_new(&p);
+    CHECK(kv_seq_reserve(&p, a, 10) == 0, "reserve");
+    for (int q = 0; q < 10; q++) write_pos(&p, a, q, tok_tag(q, t[q]));
+    a->n_tokens = 10;
+    CHECK(kv_seq_commit(&p, a, t, 10) == 2, "2 full blocks committed");
+    int32_t a0 = a->blocks[0], a1 = a->blocks[1], a2 = a->blocks[2];
+    CHECK(p.hash[a0] && p.hash[a1] && !p.hash[a2], "full blocks indexed, partial not");
+    kv_seq *b = kv_seq_fork(&p, a);
+    CHECK(b && b->n_committed == 2 && b->keys[1] == a->keys[1], "fork keeps committed keys");
+
+    /* b rewrites a position in shared, indexed block 0: copied, copy unindexed. */
+    CHECK(kv_seq_cow(&p, b, 2) == 0 && b->blocks[0] != a0, "cow copies the shared block");
+    CHECK(p.hash[a0] && !p.hash[b->blocks[0]], "original stays indexed, copy is not");
+    CHECK(b->n_committed == 0 && a->n_committed == 2, "b rewound, a not");
+    for (int q = 0; q < 4; q++) CHECK(read_ok(&p, b, q, tok_tag(q, t[q])), "copied %d", q);
+    check_pool(&p, "cow shared indexed");
+    /* b's commit with its new token: block 0 indexed anew, block 1 is shared and stays. */
+    int32_t tb[MAX_POS];
+    memcpy(tb, t, sizeof tb);
+    tb[2] = 4;
+    write_pos(&p, b, 2, tok_tag(2, 4));
+    CHECK(kv_seq_commit(&p, b, tb, 10) == 2 && p.hash[b->blocks[0]] != 0, "b commits");
+    CHECK(p.hash[a1] == a->keys[1] && b->keys[1] != a->keys[1], "shared block keeps its key");
+    check_pool(&p, "b committed");
+
+    /* a truncates into block 1, which b still shares: it stays indexed; a's cow copies. */
+    CHECK(kv_seq_truncate(&p, a, 6) == 0 && a->n_committed == 1 && a->n_blocks == 2,
+          "truncate to 6");
+    CHECK(p.hash[a1] != 0 && kv_refcount(&p, a1) == 2, "shared cut block stays indexed");
+    CHECK(kv_refcount(&p, a2) == 1, "a's partial block now b's alone");
+    CHECK(kv_seq_cow(&p, a, 6) == 0 && a->blocks[1] != a1 && !p.hash[a->blocks[1]], "copy");
+    check_pool(&p, "truncate shared");
+    /* b truncates into block 1, now its alone: leaves the index in place, no copy. */
+    CHECK(kv_seq_truncate(&p, b, 5) == 0 && b->blocks[1] == a1 && !p.hash[a1] &&
+              b->n_committed == 1, "own cut block leaves the index");
+    check_pool(&p, "truncate own");
+    /* Unshared indexed block rewritten in place: dropped from the index, same block. */
+    CHECK(kv_seq_reserve(&p, b, 8) == 0, "reserve");
+    for (int q = 5; q < 8; q++) write_pos(&p, b, q, tok_tag(q, tb[q]));
+    b->n_tokens = 8;
+    CHECK(kv_seq_commit(&p, b, tb, 8) == 1 && p.hash[a1], "recommitted");
+    CHECK(kv_seq_cow(&p, b, 1) == 0 && !p.hash[b->blocks[0]] && b->n_committed == 0,
+          "in-place write unindexes block 0 and rewinds");
+    CHECK(p.hash[a1] != 0, "block 1 keeps its old-prefix entry");
+    check_pool(&p, "cow own indexed");
+
+    /* Truncate releasing indexed blocks puts them on the LRU, tail first. */
+    int32_t b1 = b->blocks[1];
+    CHECK(kv_seq_truncate(&p, b, 0) == 0 && b->n_blocks == 0, "truncate to 0");
+    CHECK(kv_cached_blocks(&p) == 1 && p.lru_head == b1, "indexed block 1 cached");
+    check_pool(&p, "truncate to LRU");
+    kv_seq_release(&p, a);
+    kv_seq_release(&p, b);
+    CHECK(kv_free_blocks(&p) == CFG_P.n_blocks, "all back");
+
+    /* kv_check sees damage; a stored-token mismatch (a collision, as lookup sees it) is
+     * never matched. */
+    check_pool(&p, "before damage");
+    char err[200];
+    int32_t c0 = p.lru_tail; /* a's block 0, released last */
+    CHECK(c0 == a0, "a's head block cached last");
+    uint64_t ko = p.hash[c0];
+    p.hash[c0] ^= 1;
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "wrong key caught");
+    p.hash[c0] = ko;
+    int32_t sv = p.tok[c0 * 4];
+    p.tok[c0 * 4] ^= 7;
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "wrong stored tokens caught");
+    kv_seq *m = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, m, t, 10) == 0, "a key hit with other tokens is a miss");
+    p.tok[c0 * 4] = sv;
+    kv_seq_release(&p, m);
+    uint64_t pa = p.parent[c0];
+    p.parent[c0] ^= 1;
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "wrong stored parent caught");
+    m = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, m, t, 10) == 0, "a key hit under another parent is a miss");
+    kv_seq_release(&p, m);
+    p.parent[c0] = pa;
+    m = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, m, t, 10) == 4, "repaired: block 0 matches");
+    kv_seq_release(&p, m);
+    int32_t pv = p.lru_prev[c0];
+    p.lru_prev[c0] = 3;
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "LRU link caught: %s", err);
+    p.lru_prev[c0] = pv;
+    p.hash[a2] = 5; /* a free block with a key */
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "keyed free block caught: %s", err);
+    p.hash[a2] = 0;
+    p.n_lru++;
+    CHECK(kv_check(&p, err, sizeof err) == -EFAULT, "LRU count caught: %s", err);
+    p.n_lru--;
+    check_pool(&p, "repaired");
+    kv_pool_free(&p);
+
+    /* Cache off: commit and match do nothing, indexed blocks never appear. */
+    CHECK(kv_pool_init(&p, &CFG, NULL) == 0, "init off");
+    a = kv_seq_new(&p);
+    CHECK(kv_seq_reserve(&p, a, 10) == 0, "reserve");
+    a->n_tokens = 10;
+    CHECK(kv_seq_commit(&p, a, t, 10) == 0 && a->n_committed == 0 && p.n_indexed == 0, "off");
+    kv_seq_release(&p, a);
+    a = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, a, t, 10) == 0 && p.stats.prefix_queries == 0, "match off");
+    CHECK(kv_cached_blocks(&p) == 0 && p.n_free == CFG.n_blocks, "nothing cached");
+    check_pool(&p, "off");
+    kv_pool_free(&p);
+}
+
+/* Fail hooks across a prefix scenario: every step either completes or fails leaving the
+ * pool consistent, match and commit never fail, and everything comes back. Even phases
+ * grow one prompt (reusing the last phase's blocks), odd phases run a distractor prompt
+ * that competes for the pool, so cached blocks get evicted. */
+static int prefix_scenario(kv_pool *p, const int32_t *t, const int32_t *u, kv_seq **ps,
+                           int *phase) {
+    int rc;
+    while (*phase < 6) {
+        if (!*ps && !(*ps = kv_seq_new(p))) return -ENOSPC;
+        kv_seq *s = *ps;
+        const int32_t *tk = *phase % 2 ? u : t;
+        int len = *phase % 2 ? 24 : 20 + 4 * *phase; /* 20, 24, 28, 24, 36, 24 */
+        if (s->n_blocks == 0) {
+            rc = kv_seq_match(p, s, tk, len);
+            if (rc < 0 || rc % 4 || rc > (len - 1) / 4 * 4) return -EPROTO;
+            for (int q = 0; q < rc; q++)
+                if (!read_ok(p, s, q, tok_tag(q, tk[q]))) return -EPROTO;
+        }
+        if ((rc = kv_seq_reserve(p, s, len)) != 0) return rc;
+        for (int q = s->n_tokens; q < len; q++) {
+            if ((rc = kv_seq_cow(p, s, q)) != 0) return rc;
+            write_pos(p, s, q, tok_tag(q, tk[q]));
+            s->n_tokens = q + 1;
+        }
+        if ((rc = kv_seq_commit(p, s, tk, len)) < 0) return rc;
+        if (*phase == 4) { /* a fork that rewrites a shared, indexed block: copies it */
+            kv_seq *f = kv_seq_fork(p, s);
+            if (!f) return -ENOSPC;
+            rc = kv_seq_cow(p, f, len - 1);
+            kv_seq_release(p, f);
+            if (rc) return rc;
+        }
+        kv_seq_release(p, s);
+        *ps = NULL;
+        ++*phase;
+    }
+    return 0;
+}
+
+static void test_prefix_oom(void) {
+    kv_config cfg = CFG_P;
+    cfg.n_blocks = 14; /* 11 after the blocker: the distractor forces evictions */
+    int32_t t[MAX_POS], u[MAX_POS];
+    for (int i = 0; i < MAX_POS; i++) t[i] = u[i] = (i * 3) % 4;
+    u[0] = 3;
+    for (int sticky = 0; sticky < 2; sticky++) {
+        int n, done = 0, n_failed = 0;
+        for (n = 1; n < 80 && !done; n++) {
+            kv_pool p;
+            CHECK(kv_pool_init(&p, &cfg, NULL) == 0, "init");
+            kv_seq *blocker = kv_seq_new(&p); /* holds 3 blocks throughout */
+            CHECK(kv_seq_reserve(&p, blocker, 12) == 0, "blocker");
+            kv_seq *s = NULL;
+            int phase = 0;
+            if (sticky) kv_fail_from(&p, n);
+            else kv_fail_after(&p, n);
+            int rc = prefix_scenario(&p, t, u, &s, &phase);
+            CHECK(rc == 0 || rc == -ENOMEM, "n=%d: rc %d", n, rc);
+            check_pool(&p, "after a failed prefix step");
+            done = rc == 0;
+            if (rc == -ENOMEM) {
+                n_failed++;
+                /* Retry the same request: one failure finishes; sticky fails again. */
+                rc = prefix_scenario(&p, t, u, &s, &phase);
+                CHECK(sticky ? rc == -ENOMEM : rc == 0, "n=%d: retry: %d", n, rc);
+                check_pool(&p, "after the prefix retry");
+            }
+            kv_fail_after(&p, 0);
+            if (!done) CHECK(prefix_scenario(&p, t, u, &s, &phase) == 0, "n=%d: finish", n);
+            CHECK(p.stats.evictions > 0 && p.stats.prefix_hits > 0, "n=%d: evicts and reuses", n);
+            kv_seq_release(&p, s);
+            kv_seq_release(&p, blocker);
+            CHECK(kv_free_blocks(&p) == cfg.n_blocks, "n=%d leak: %d free", n,
+                  kv_free_blocks(&p));
+            check_pool(&p, "after prefix release");
+            kv_pool_free(&p);
+        }
+        CHECK(done && n_failed >= 10, "prefix OOM loop: %d failing rounds", n_failed);
+        if (!sticky) printf("kv prefix OOM loop: %d allocations\n", n_failed);
+    }
+}
+
 int main(void) {
     test_layout();
     test_seqs();
-    test_random(20000, 7);
+    test_random(20000, 7, 0);
+    test_random(40000, 7, 1);
+    test_block_key();
+    test_prefix_prompt();
+    test_prefix_cow();
+    test_prefix_oom();
     test_oom_loop();
     test_exhaustion();
     test_arena();

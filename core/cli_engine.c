@@ -1,0 +1,314 @@
+/* cli_engine: `kilnd bench-engine`, the offline driver. Requests go through the real
+ * scheduler (continuous batching, chunked prefill, prefix cache, preemption) without
+ * the network; it reports aggregate throughput and latency percentiles.
+ *
+ *   kilnd bench-engine --model PATH [--threads N] [--requests N] [--concurrency C]
+ *       [--prompt-tokens P | --prompt-file FILE] [--gen-tokens G] [--max-batch B]
+ *       [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--json]
+ *
+ * C requests are kept in flight until N have been sent (closed loop, like a load
+ * generator with C users). Synthetic prompts are token ids spread over the
+ * vocabulary; with --prompt-file each line is a prompt (tokenized, cycled). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/cli_engine.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+#include "mm/kv.h"
+#include "sched/engine.h"
+#include "sched/loop.h"
+
+typedef struct {
+    const char *model, *prompt_file;
+    int threads, requests, concurrency, prompt_tokens, gen_tokens;
+    int max_batch, max_batched_tokens, kv_blocks, prefix, json;
+} be_opts;
+
+typedef struct {
+    double t_submit, t_last;
+    int n_tok;
+    int done;
+} be_req;
+
+typedef struct {
+    be_req *reqs;
+    double *ttft;   /* [requests] */
+    double *itl;    /* [requests * gen_tokens] gaps between consecutive tokens */
+    int n_ttft, n_itl, cap_itl;
+    int64_t tokens;
+    int finished, failed;
+} be_run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static be_run *g_run; /* the callbacks' view of the run (one run per process) */
+
+static void on_token(void *ud, int64_t id, int sample, int32_t tok, const char *t, int len,
+                     float lp) {
+    (void)id, (void)sample, (void)t, (void)len, (void)lp;
+    be_req *r = ud;
+    if (tok < 0) return;
+    double now = now_s();
+    if (r->n_tok == 0) g_run->ttft[g_run->n_ttft++] = now - r->t_submit;
+    else if (g_run->n_itl < g_run->cap_itl) g_run->itl[g_run->n_itl++] = now - r->t_last;
+    r->t_last = now;
+    r->n_tok++;
+    g_run->tokens++;
+}
+
+static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u,
+                      const char *msg) {
+    (void)id, (void)sample, (void)u;
+    be_req *r = ud;
+    r->done = 1;
+    g_run->finished++;
+    if (reason == EF_ERROR) {
+        g_run->failed++;
+        fprintf(stderr, "kilnd: request failed: %s\n", msg ? msg : "?");
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p) {
+    if (n == 0) return 0.0;
+    int i = (int)(p / 100.0 * (n - 1) + 0.5);
+    return v[i];
+}
+
+static int parse(int argc, char **argv, be_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    o->requests = 32, o->concurrency = 32, o->prompt_tokens = 128, o->gen_tokens = 128;
+    o->max_batch = 32, o->max_batched_tokens = 512, o->prefix = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int *ip = NULL;
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!v) { fprintf(stderr, "kilnd: %s needs a value\n", a); return -1; }
+        i++;
+        if (!strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
+        else if (!strcmp(a, "--threads")) ip = &o->threads;
+        else if (!strcmp(a, "--requests")) ip = &o->requests;
+        else if (!strcmp(a, "--concurrency")) ip = &o->concurrency;
+        else if (!strcmp(a, "--prompt-tokens")) ip = &o->prompt_tokens;
+        else if (!strcmp(a, "--gen-tokens")) ip = &o->gen_tokens;
+        else if (!strcmp(a, "--max-batch")) ip = &o->max_batch;
+        else if (!strcmp(a, "--max-batched-tokens")) ip = &o->max_batched_tokens;
+        else if (!strcmp(a, "--kv-blocks")) ip = &o->kv_blocks;
+        else if (!strcmp(a, "--prefix-caching")) ip = &o->prefix;
+        else { fprintf(stderr, "kilnd: unknown flag '%s'\n", a); return -1; }
+        if (ip) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*end || x < 0 || x > 1000000) { fprintf(stderr, "kilnd: bad value for %s: '%s'\n", a, v); return -1; }
+            *ip = (int)x;
+        }
+    }
+    if (!o->model) { fprintf(stderr, "kilnd: --model PATH is required\n"); return -1; }
+    if (o->threads < 1 || o->requests < 1 || o->concurrency < 1 || o->prompt_tokens < 1 ||
+        o->gen_tokens < 1 || o->max_batch < 1 || o->max_batched_tokens < o->max_batch) {
+        fprintf(stderr, "kilnd: bench-engine sizes must be positive (max-batched-tokens >= max-batch)\n");
+        return -1;
+    }
+    if (o->concurrency > o->requests) o->concurrency = o->requests;
+    return 0;
+}
+
+/* Prompts: from a file (one per line, tokenized) or synthetic. */
+typedef struct {
+    int32_t *toks;
+    int *off, *len;
+    int n;
+} be_prompts;
+
+static int load_prompts(const be_opts *o, const tok_t *tok, int n_vocab, be_prompts *p) {
+    memset(p, 0, sizeof *p);
+    if (!o->prompt_file) {
+        p->n = 1;
+        p->toks = malloc((size_t)o->prompt_tokens * o->requests * sizeof(int32_t));
+        p->off = malloc(sizeof(int)), p->len = malloc(sizeof(int));
+        if (!p->toks || !p->off || !p->len) return -1;
+        p->off[0] = 0, p->len[0] = o->prompt_tokens;
+        /* each request gets its own ids so the prefix cache does not flatter the result */
+        for (int i = 0; i < o->prompt_tokens * o->requests; i++)
+            p->toks[i] = (int32_t)(1000 + (7919u * (unsigned)i) % (unsigned)(n_vocab - 1000));
+        return 0;
+    }
+    FILE *f = fopen(o->prompt_file, "r");
+    if (!f) { fprintf(stderr, "kilnd: cannot open %s: %s\n", o->prompt_file, strerror(errno)); return -1; }
+    char line[65536];
+    size_t cap = 1 << 16, used = 0;
+    int ncap = 64;
+    p->toks = malloc(cap * sizeof(int32_t));
+    p->off = malloc((size_t)ncap * sizeof(int)), p->len = malloc((size_t)ncap * sizeof(int));
+    while (p->toks && p->off && p->len && fgets(line, sizeof line, f)) {
+        size_t l = strcspn(line, "\n");
+        if (l == 0) continue;
+        if (used + l + 2 > cap) { cap = (used + l + 2) * 2; p->toks = realloc(p->toks, cap * sizeof(int32_t)); }
+        if (p->n == ncap) { ncap *= 2; p->off = realloc(p->off, (size_t)ncap * sizeof(int)); p->len = realloc(p->len, (size_t)ncap * sizeof(int)); }
+        if (!p->toks || !p->off || !p->len) break;
+        int k = tok_encode(tok, line, l, 0, p->toks + used, (int)(cap - used));
+        if (k <= 0) continue;
+        p->off[p->n] = (int)used, p->len[p->n] = k, p->n++;
+        used += (size_t)k;
+    }
+    fclose(f);
+    if (p->n == 0) { fprintf(stderr, "kilnd: no prompts in %s\n", o->prompt_file); return -1; }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ driving on the loop */
+
+/* The engine runs on the cooperative loop as the server will: a step is submitted and
+ * the loop sleeps in epoll until the backend's eventfd says it finished. */
+typedef struct {
+    engine *eng;
+    backend *be;
+    const be_opts *o;
+    const be_prompts *pr;
+    be_run *run;
+    loop_t *lp;
+    int sent, err;
+} drv;
+
+/* Keep `concurrency` requests in flight, then start a step if none is running. */
+static void kick(drv *d) {
+    const be_opts *o = d->o;
+    char err[256];
+    while (d->sent < o->requests && d->sent - d->run->finished < o->concurrency) {
+        eng_params ep = {0};
+        int pi = d->sent % d->pr->n;
+        ep.prompt = d->pr->toks + (o->prompt_file ? d->pr->off[pi] : d->sent * o->prompt_tokens);
+        ep.n_prompt = o->prompt_file ? d->pr->len[pi] : o->prompt_tokens;
+        ep.n = 1, ep.ud = &d->run->reqs[d->sent], ep.ignore_eog = 1;
+        sampler_params_default(&ep.sp);
+        ep.sp.temperature = 0.0f;
+        ep.sp.max_tokens = o->gen_tokens;
+        d->run->reqs[d->sent].t_submit = now_s();
+        if (eng_submit(d->eng, &ep, err, sizeof err) < 0) {
+            fprintf(stderr, "kilnd: %s\n", err);
+            d->err = 1;
+            break;
+        }
+        d->sent++;
+    }
+    if (d->err || eng_busy(d->eng)) {
+        if (d->err) loop_stop(d->lp);
+        return;
+    }
+    int r = eng_step_begin(d->eng);
+    if (r < 0 || (r == 0 && eng_pending(d->eng))) {
+        fprintf(stderr, "kilnd: the engine cannot schedule the waiting requests\n");
+        d->err = 1;
+    }
+    if (r <= 0) loop_stop(d->lp); /* done, or stuck */
+}
+
+static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
+    (void)l, (void)fd, (void)mask;
+    drv *d = ud;
+    if (d->be->ops->poll(d->be) == 0) return; /* a stale wakeup */
+    if (eng_step_end(d->eng) < 0) d->err = 1;
+    kick(d);
+}
+
+int cli_bench_engine(int argc, char **argv) {
+    be_opts o;
+    if (parse(argc, argv, &o) < 0) return 2;
+    char err[512];
+    static model m;
+    static tok_t tok;
+    if (model_load(&m, o.model, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return 1; }
+    if (tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); model_free(&m); return 1; }
+    be_prompts pr;
+    int rc = 1;
+    kv_pool kv;
+    int kv_ok = 0;
+    backend *be = NULL;
+    engine *eng = NULL;
+    be_run run = {0};
+    if (load_prompts(&o, &tok, m.cfg.n_vocab, &pr) < 0) goto out;
+    int longest = 0;
+    for (int i = 0; i < pr.n; i++) longest = pr.len[i] > longest ? pr.len[i] : longest;
+    int seq_len = longest + o.gen_tokens + 1;
+    kv_config kc = {0};
+    model_kv_shape(&m, &kc);
+    kc.block_size = 16;
+    kc.max_seqs = o.concurrency;
+    kc.max_blocks_per_seq = (seq_len + 15) / 16;
+    kc.n_blocks = o.kv_blocks ? o.kv_blocks : kc.max_blocks_per_seq * o.concurrency;
+    kc.prefix_cache = o.prefix;
+    if (kv_pool_init(&kv, &kc, NULL) < 0) { fprintf(stderr, "kilnd: cannot allocate the KV pool\n"); goto out; }
+    kv_ok = 1;
+    backend_cpu_config bc = {o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0};
+    if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+    eng_config ec = {o.max_batch, o.max_batched_tokens, seq_len, o.concurrency, o.concurrency, o.prefix};
+    eng_callbacks cb = {on_token, on_finish};
+    if (!(eng = eng_new(&ec, &m, &tok, &kv, be, &cb, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+    run.reqs = calloc((size_t)o.requests, sizeof *run.reqs);
+    run.ttft = calloc((size_t)o.requests, sizeof *run.ttft);
+    run.cap_itl = o.requests * o.gen_tokens;
+    run.itl = calloc((size_t)run.cap_itl, sizeof *run.itl);
+    if (!run.reqs || !run.ttft || !run.itl) goto out;
+    g_run = &run;
+
+    drv d = {eng, be, &o, &pr, &run, NULL, 0, 0};
+    if (!(d.lp = loop_new(1024, 16)) || loop_fd_add(d.lp, be->ops->event_fd(be), LOOP_READ, on_step_done, &d) < 0) {
+        fprintf(stderr, "kilnd: cannot set up the event loop\n");
+        if (d.lp) loop_free(d.lp);
+        goto out;
+    }
+    double t0 = now_s();
+    kick(&d);
+    int lr = d.err ? 0 : loop_run(d.lp);
+    loop_free(d.lp);
+    if (lr < 0 || d.err || run.failed) goto out;
+    double el = now_s() - t0;
+    eng_stats st;
+    eng_get_stats(eng, &st);
+    qsort(run.ttft, (size_t)run.n_ttft, sizeof(double), cmp_d);
+    qsort(run.itl, (size_t)run.n_itl, sizeof(double), cmp_d);
+    double tps = run.tokens / el;
+    if (o.json)
+        printf("{\"requests\":%d,\"concurrency\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
+               "\"threads\":%d,\"elapsed_s\":%.3f,\"output_tok_s\":%.1f,\"req_s\":%.3f,"
+               "\"ttft_p50_ms\":%.1f,\"ttft_p90_ms\":%.1f,\"ttft_p99_ms\":%.1f,"
+               "\"itl_p50_ms\":%.2f,\"itl_p99_ms\":%.2f,\"steps\":%lld,\"preemptions\":%lld}\n",
+               o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, el, tps,
+               o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
+               pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
+               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions);
+    else
+        printf("bench-engine: requests=%d concurrency=%d prompt=%d gen=%d threads=%d: "
+               "output_tok_s=%.1f req_s=%.2f ttft_ms p50=%.1f p90=%.1f p99=%.1f "
+               "itl_ms p50=%.2f p99=%.2f steps=%lld preemptions=%lld\n",
+               o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, tps,
+               o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
+               pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
+               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions);
+    rc = 0;
+out:
+    eng_free(eng);
+    if (be) be->ops->destroy(be);
+    if (kv_ok) kv_pool_free(&kv);
+    free(run.reqs), free(run.ttft), free(run.itl);
+    free(pr.toks), free(pr.off), free(pr.len);
+    tok_free(&tok);
+    model_free(&m);
+    return rc;
+}

@@ -1,0 +1,552 @@
+/* engine: request lifecycle, continuous batching, chunked prefill, preemption. */
+#include "sched/engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ENG_MAX_N 8       /* parallel samples per request */
+/* Text scratch: a decoded piece (≤ TOK_STREAM_CAP), then what the stop-string matcher
+ * releases from it (≤ the piece + its held-back bytes), then a flush. */
+#define ENG_TEXT_CAP(tok) (2 * TOK_STREAM_CAP(tok) + 4 * STOPPER_MAX_LEN)
+
+enum { SQ_FREE = 0, SQ_WAIT, SQ_RUN, SQ_PARKED };
+
+typedef struct eng_req eng_req;
+
+/* One sequence: a token list (prompt, then what it generated) of which the first
+ * n_computed positions have K/V in its page table. */
+typedef struct {
+    eng_req *req;
+    int sample;
+    int state;          /* SQ_* */
+    kv_seq *kv;         /* NULL unless running */
+    int32_t *toks;      /* [max_seq_len] */
+    int n_toks, n_computed, n_gen, max_gen;
+    sampler smp;
+    int smp_ok;
+    stopper st;
+    tok_stream ts;
+    uint64_t order;     /* admission order of the request: youngest = largest */
+    int in_step;        /* tokens of this sequence in the step in flight */
+    int logit_row;      /* its row of logits in that step, or -1 */
+    int64_t last_step;  /* step of its previous token */
+    int seen_cache;     /* cached_tokens recorded (first admission only) */
+    eng_usage usage;
+} eng_seq;
+
+struct eng_req {
+    int64_t id;
+    int n, n_live, forked, cancelled, ignore_eog;
+    eng_seq *seqs[ENG_MAX_N];
+    void *ud;
+    double t_arrival;
+};
+
+struct engine {
+    eng_config cfg;
+    const model *m;
+    const tok_t *tok;
+    kv_pool *kv;
+    backend *be;
+    eng_callbacks cb;
+    eng_seq *seqs;          /* [max_seqs] */
+    int32_t *tok_slab;      /* [max_seqs][max_seq_len] */
+    eng_req *reqs;          /* [max_queued_requests] */
+    int64_t next_id;
+    uint64_t next_order;
+    int64_t step;
+    int busy;
+    /* the step in flight */
+    int32_t *b_tokens, *b_pos; /* [max_batched_tokens] */
+    kv_seq **b_seq;            /* [max_batched_tokens] */
+    int32_t *b_rows;           /* [max_batch_size] */
+    eng_seq **b_members;       /* [max_batch_size] sequences in the step */
+    eng_seq **cand;            /* [max_seqs] scratch for ordering */
+    int b_n_tok, b_n_seq, b_n_logit;
+    model_batch batch;
+    float *scratch;            /* [n_vocab] logits the sampler may modify */
+    char *text;                /* [TOK_STREAM_CAP] */
+    eng_stats stats;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool *kv,
+                backend *be, const eng_callbacks *cb, char *err, size_t errlen) {
+    if (cfg->max_batch_size < 1 || cfg->max_batched_tokens < cfg->max_batch_size ||
+        kv->cfg.max_seqs < cfg->max_seqs ||
+        cfg->max_seq_len < 2 || cfg->max_seqs < 1 || cfg->max_queued_requests < 1) {
+        snprintf(err, errlen, "engine: invalid limits (batch %d, tokens %d, seq_len %d, seqs %d)",
+                 cfg->max_batch_size, cfg->max_batched_tokens, cfg->max_seq_len, cfg->max_seqs);
+        return NULL;
+    }
+    engine *e = calloc(1, sizeof *e);
+    if (!e) goto oom;
+    e->cfg = *cfg, e->m = m, e->tok = tok, e->kv = kv, e->be = be, e->cb = *cb;
+    e->next_id = 1;
+    size_t ms = (size_t)cfg->max_seqs, bt = (size_t)cfg->max_batched_tokens;
+    e->seqs = calloc(ms, sizeof *e->seqs);
+    e->tok_slab = malloc(ms * (size_t)cfg->max_seq_len * sizeof(int32_t));
+    e->reqs = calloc((size_t)cfg->max_queued_requests, sizeof *e->reqs);
+    e->b_tokens = malloc(bt * sizeof(int32_t));
+    e->b_pos = malloc(bt * sizeof(int32_t));
+    e->b_seq = malloc(bt * sizeof(kv_seq *));
+    e->b_rows = malloc((size_t)cfg->max_batch_size * sizeof(int32_t));
+    e->b_members = malloc((size_t)cfg->max_batch_size * sizeof(eng_seq *));
+    e->cand = malloc(ms * sizeof(eng_seq *));
+    e->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    e->text = malloc((size_t)ENG_TEXT_CAP(tok));
+    if (!e->seqs || !e->tok_slab || !e->reqs || !e->b_tokens || !e->b_pos || !e->b_seq ||
+        !e->b_rows || !e->b_members || !e->cand || !e->scratch || !e->text)
+        goto oom;
+    for (size_t i = 0; i < ms; i++) e->seqs[i].toks = e->tok_slab + i * (size_t)cfg->max_seq_len;
+    return e;
+oom:
+    snprintf(err, errlen, "engine: out of memory for %d sequences of %d tokens", cfg->max_seqs,
+             cfg->max_seq_len);
+    eng_free(e);
+    return NULL;
+}
+
+void eng_free(engine *e) {
+    if (!e) return;
+    if (e->busy) e->be->ops->wait(e->be);
+    for (int i = 0; e->seqs && i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->kv) kv_seq_release(e->kv, s->kv);
+        if (s->smp_ok) sampler_free(&s->smp);
+    }
+    free(e->seqs), free(e->tok_slab), free(e->reqs), free(e->b_tokens), free(e->b_pos);
+    free(e->b_seq), free(e->b_rows), free(e->b_members), free(e->cand), free(e->scratch), free(e->text);
+    free(e);
+}
+
+/* ------------------------------------------------------------------ submit / cancel */
+
+static eng_seq *seq_slot(engine *e) {
+    for (int i = 0; i < e->cfg.max_seqs; i++)
+        if (e->seqs[i].state == SQ_FREE) return &e->seqs[i];
+    return NULL;
+}
+
+static int free_seq_slots(const engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) n += e->seqs[i].state == SQ_FREE;
+    return n;
+}
+
+static int check_params(const engine *e, const eng_params *p, char *err, size_t errlen) {
+    int pool_tokens = e->kv->cfg.n_blocks * e->kv->cfg.block_size;
+    if (!p->prompt || p->n_prompt < 1) {
+        snprintf(err, errlen, "the prompt is empty");
+        return -EINVAL;
+    }
+    if (p->n < 1 || p->n > ENG_MAX_N) {
+        snprintf(err, errlen, "n = %d: must be 1..%d", p->n, ENG_MAX_N);
+        return -EINVAL;
+    }
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= e->m->cfg.n_vocab) {
+            snprintf(err, errlen, "prompt token %d is out of range", p->prompt[i]);
+            return -EINVAL;
+        }
+    if (p->n_prompt >= e->cfg.max_seq_len) {
+        snprintf(err, errlen, "prompt of %d tokens exceeds max_seq_len %d (prompt + output)",
+                 p->n_prompt, e->cfg.max_seq_len);
+        return -E2BIG;
+    }
+    if (p->n_prompt + 1 > pool_tokens) {
+        snprintf(err, errlen, "prompt of %d tokens does not fit the KV pool (%d tokens)",
+                 p->n_prompt, pool_tokens);
+        return -E2BIG;
+    }
+    return 0;
+}
+
+/* The output budget: max_tokens, the sequence limit, and what the whole pool holds. */
+static int output_budget(const engine *e, const eng_params *p) {
+    int pool_tokens = e->kv->cfg.n_blocks * e->kv->cfg.block_size;
+    int lim = e->cfg.max_seq_len < pool_tokens ? e->cfg.max_seq_len : pool_tokens;
+    int room = lim - p->n_prompt;
+    return p->sp.max_tokens > 0 && p->sp.max_tokens < room ? p->sp.max_tokens : room;
+}
+
+static int init_seq(engine *e, eng_seq *s, eng_req *r, int sample, const eng_params *p) {
+    int32_t *toks = s->toks; /* the slab row survives the reset */
+    memset(s, 0, sizeof *s);
+    s->toks = toks;
+    s->req = r, s->sample = sample;
+    s->n_toks = p->n_prompt;
+    memcpy(s->toks, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    s->max_gen = output_budget(e, p);
+    sampler_params sp = p->sp;
+    sp.max_tokens = 0; /* the engine counts the output itself */
+    if (sp.seed) sp.seed += (uint64_t)sample;
+    if (sampler_init(&s->smp, &sp, e->m->cfg.n_vocab) < 0) return -EINVAL;
+    s->smp_ok = 1;
+    for (int i = 0; i < p->n_prompt; i++) sampler_accept(&s->smp, p->prompt[i], 1);
+    if (stopper_init(&s->st, p->stops, p->n_stops) < 0) return -EINVAL;
+    tok_stream_init(&s->ts, e->tok, 0);
+    s->order = e->next_order;
+    s->logit_row = -1;
+    s->usage.prompt_tokens = p->n_prompt;
+    s->usage.first_step = -1;
+    s->state = sample == 0 ? SQ_WAIT : SQ_PARKED; /* samples > 0 wait for the fork */
+    return 0;
+}
+
+static void release_seq(engine *e, eng_seq *s) {
+    if (s->kv) kv_seq_release(e->kv, s->kv);
+    if (s->smp_ok) sampler_free(&s->smp);
+    int32_t *toks = s->toks;
+    memset(s, 0, sizeof *s);
+    s->toks = toks;
+}
+
+int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
+    int rc = check_params(e, p, err, errlen);
+    if (rc < 0) return rc;
+    eng_req *r = NULL;
+    for (int i = 0; i < e->cfg.max_queued_requests && !r; i++)
+        if (!e->reqs[i].id) r = &e->reqs[i];
+    if (!r || free_seq_slots(e) < p->n) {
+        snprintf(err, errlen, "the engine is full (%d requests, %d sequences)",
+                 e->cfg.max_queued_requests, e->cfg.max_seqs);
+        return -EAGAIN;
+    }
+    memset(r, 0, sizeof *r);
+    r->id = e->next_id++, r->n = p->n, r->ud = p->ud, r->t_arrival = now_s();
+    r->ignore_eog = p->ignore_eog;
+    e->next_order++;
+    for (int i = 0; i < p->n; i++) {
+        eng_seq *s = seq_slot(e);
+        r->seqs[i] = s;
+        s->state = SQ_PARKED; /* claim the slot before the next seq_slot() */
+        if (init_seq(e, s, r, i, p) < 0) {
+            for (int j = 0; j <= i; j++) release_seq(e, r->seqs[j]);
+            memset(r, 0, sizeof *r);
+            snprintf(err, errlen, "invalid sampling parameters or stop strings");
+            return -EINVAL;
+        }
+    }
+    r->n_live = p->n;
+    e->stats.prompt_tokens += p->n_prompt;
+    return r->id;
+}
+
+static eng_req *find_req(engine *e, int64_t id) {
+    for (int i = 0; i < e->cfg.max_queued_requests; i++)
+        if (e->reqs[i].id == id) return &e->reqs[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ finishing */
+
+static void emit(engine *e, eng_seq *s, int32_t tok, const char *text, int len, float lp) {
+    if (e->cb.on_token) e->cb.on_token(s->req->ud, s->req->id, s->sample, tok, text, len, lp);
+}
+
+static void finish_seq(engine *e, eng_seq *s, int reason, const char *msg) {
+    eng_req *r = s->req;
+    if (reason != EF_CANCELLED && reason != EF_ERROR) { /* let held-back text out */
+        int k = tok_stream_flush(&s->ts, e->text, TOK_STREAM_CAP(e->tok));
+        int stopped = 0;
+        if (k < 0) k = 0;
+        size_t cap = (size_t)ENG_TEXT_CAP(e->tok) - (size_t)k;
+        size_t n = k > 0 ? stopper_feed(&s->st, e->text, (size_t)k, e->text + k, cap, &stopped) : 0;
+        if (!stopped) n += stopper_flush(&s->st, e->text + k + n, cap - n);
+        if (n > 0) emit(e, s, -1, e->text + k, (int)n, 0.0f);
+    }
+    if (s->kv && e->cfg.prefix_caching) kv_seq_commit(e->kv, s->kv, s->toks, s->n_computed);
+    s->usage.completion_tokens = s->n_gen;
+    s->usage.e2e_s = now_s() - r->t_arrival;
+    eng_usage u = s->usage;
+    int sample = s->sample;
+    release_seq(e, s);
+    r->seqs[sample] = NULL;
+    if (e->cb.on_finish) e->cb.on_finish(r->ud, r->id, sample, reason, &u, msg);
+    if (--r->n_live == 0) memset(r, 0, sizeof *r);
+}
+
+int eng_cancel(engine *e, int64_t id) {
+    eng_req *r = find_req(e, id);
+    if (!r) return -ENOENT;
+    r->cancelled = 1;
+    for (int i = 0; i < r->n && r->id == id; i++) {
+        eng_seq *s = r->seqs[i];
+        if (s && !s->in_step) finish_seq(e, s, EF_CANCELLED, "cancelled");
+    }
+    return 0; /* sequences in the step in flight finish when it completes */
+}
+
+/* ------------------------------------------------------------------ building a step */
+
+/* Live sequences of a state, oldest request first (insertion sort: tens of entries). */
+static int collect(engine *e, int state, eng_seq **out) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->state != state) continue;
+        int j = n++;
+        while (j > 0 && (out[j - 1]->order > s->order ||
+                         (out[j - 1]->order == s->order && out[j - 1]->sample > s->sample))) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = s;
+    }
+    return n;
+}
+
+static void preempt(engine *e, eng_seq *s) {
+    kv_seq_release(e->kv, s->kv);
+    s->kv = NULL;
+    s->n_computed = 0;
+    s->state = SQ_WAIT;
+    s->usage.preemptions++;
+    e->stats.preemptions++;
+}
+
+/* The youngest running sequence not in the step being built, or NULL. */
+static eng_seq *victim(engine *e) {
+    eng_seq *v = NULL;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->state != SQ_RUN || s->in_step) continue;
+        if (!v || s->order > v->order || (s->order == v->order && s->sample > v->sample)) v = s;
+    }
+    return v;
+}
+
+/* Capacity for positions [0, upto) and a private block at n_computed (forks share
+ * their last partial block). May preempt younger sequences, or s itself when it is
+ * the youngest (then returns -1 and s is waiting again). */
+static int make_room(engine *e, eng_seq *s, int upto, int may_preempt) {
+    for (;;) {
+        int r = kv_seq_reserve(e->kv, s->kv, upto);
+        if (r == 0) r = kv_seq_cow(e->kv, s->kv, s->n_computed);
+        if (r == 0) return 0;
+        if (r != -ENOMEM || !may_preempt) return -1;
+        eng_seq *v = victim(e);
+        if (!v || v == s || v->order < s->order || (v->order == s->order && v->sample < s->sample)) {
+            if (s->state == SQ_RUN) preempt(e, s); /* s is the youngest: it yields */
+            return -1;
+        }
+        preempt(e, v);
+    }
+}
+
+static void add_to_step(engine *e, eng_seq *s, int n, int want_logits) {
+    for (int i = 0; i < n; i++) {
+        int t = e->b_n_tok++;
+        e->b_tokens[t] = s->toks[s->n_computed + i];
+        e->b_pos[t] = s->n_computed + i;
+        e->b_seq[t] = s->kv;
+    }
+    s->in_step = n;
+    s->logit_row = -1;
+    if (want_logits) {
+        s->logit_row = e->b_n_logit;
+        e->b_rows[e->b_n_logit++] = e->b_n_tok - 1;
+    }
+    e->b_members[e->b_n_seq++] = s;
+}
+
+/* Admit a waiting sequence: a page table, the cached prefix if any. */
+static int admit(engine *e, eng_seq *s) {
+    s->kv = kv_seq_new(e->kv);
+    if (!s->kv) return -1;
+    s->n_computed = 0;
+    if (e->cfg.prefix_caching) {
+        int hit = kv_seq_match(e->kv, s->kv, s->toks, s->n_toks);
+        if (hit > 0) s->n_computed = hit;
+        if (!s->seen_cache) s->usage.cached_tokens = hit > 0 ? hit : 0;
+        e->stats.prefix_queries += s->n_toks;
+        e->stats.prefix_hits += hit > 0 ? hit : 0;
+    }
+    s->seen_cache = 1;
+    s->state = SQ_RUN;
+    return 0;
+}
+
+int eng_step_begin(engine *e) {
+    if (e->busy) return -EBUSY;
+    e->b_n_tok = e->b_n_seq = e->b_n_logit = 0;
+    int budget = e->cfg.max_batched_tokens, max_seq = e->cfg.max_batch_size;
+    eng_seq **c = e->cand;
+
+    /* 1. running decodes (one token left to compute), oldest first */
+    int n = collect(e, SQ_RUN, c);
+    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
+        eng_seq *s = c[i];
+        if (s->state != SQ_RUN || s->n_toks - s->n_computed != 1) continue;
+        if (make_room(e, s, s->n_computed + 1, 1) < 0) continue;
+        add_to_step(e, s, 1, 1);
+    }
+    /* 2. running prefills (admitted, several tokens left): the next chunk each */
+    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
+        eng_seq *s = c[i];
+        int left = s->n_toks - s->n_computed;
+        if (s->state != SQ_RUN || s->in_step || left <= 1) continue;
+        int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
+        if (make_room(e, s, s->n_computed + chunk, 1) < 0) continue;
+        add_to_step(e, s, chunk, chunk == left);
+    }
+    /* 3. waiting sequences, oldest first; they never preempt running ones, and a
+     * sequence that does not fit stops admission (first come, first served) */
+    n = collect(e, SQ_WAIT, c);
+    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
+        eng_seq *s = c[i];
+        if (admit(e, s) < 0) break;
+        int left = s->n_toks - s->n_computed;
+        int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
+        if (make_room(e, s, s->n_computed + chunk, 0) < 0) {
+            kv_seq_release(e->kv, s->kv);
+            s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT;
+            break;
+        }
+        add_to_step(e, s, chunk, chunk == left);
+    }
+    if (e->b_n_tok == 0) return 0;
+    e->batch = (model_batch){e->b_n_tok, e->b_tokens, e->b_pos, (kv_seq *const *)e->b_seq,
+                             e->b_n_logit, e->b_rows};
+    int r = e->be->ops->submit(e->be, &e->batch);
+    if (r < 0) {
+        for (int i = 0; i < e->b_n_seq; i++) e->b_members[i]->in_step = 0;
+        return r;
+    }
+    e->busy = 1;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ finishing a step */
+
+/* Give the parked samples of s's request their own page tables sharing s's blocks. */
+static void fork_samples(engine *e, eng_seq *s) {
+    eng_req *r = s->req;
+    r->forked = 1;
+    for (int i = 1; i < r->n; i++) {
+        eng_seq *f = r->seqs[i];
+        if (!f || f->state != SQ_PARKED) continue;
+        memcpy(f->toks, s->toks, (size_t)s->n_toks * sizeof(int32_t));
+        f->n_toks = s->n_toks;
+        f->usage.cached_tokens = s->usage.cached_tokens;
+        f->seen_cache = 1;
+        f->kv = kv_seq_fork(e->kv, s->kv);
+        if (f->kv) {
+            f->n_computed = s->n_computed;
+            f->state = SQ_RUN;
+            f->logit_row = s->logit_row; /* samples from the same logits below */
+        } else {
+            f->state = SQ_WAIT; /* no page table free: it recomputes the prompt later */
+        }
+    }
+}
+
+/* Sample the next token of s from its logits row, stream it, retire s if done. */
+static void advance(engine *e, eng_seq *s, const float *logits) {
+    const int nv = e->m->cfg.n_vocab;
+    memcpy(e->scratch, logits, (size_t)nv * sizeof(float));
+    float lp = 0.0f;
+    int32_t tok = sampler_sample(&s->smp, e->scratch, &lp);
+    sampler_accept(&s->smp, tok, 0);
+    s->toks[s->n_toks++] = tok;
+    s->n_gen++;
+    e->stats.generation_tokens++;
+    if (s->usage.first_step < 0) {
+        s->usage.first_step = e->step;
+        s->usage.ttft_s = now_s() - s->req->t_arrival;
+    } else if (e->step - s->last_step > s->usage.max_step_gap) {
+        s->usage.max_step_gap = (int)(e->step - s->last_step);
+    }
+    s->last_step = e->step;
+    if (tok_is_eog(e->tok, tok) && !s->req->ignore_eog) {
+        finish_seq(e, s, EF_STOP, NULL);
+        return;
+    }
+    int k = tok_stream_push(&s->ts, tok, e->text, TOK_STREAM_CAP(e->tok));
+    int stopped = 0;
+    size_t out = 0;
+    char *o = e->text + (k > 0 ? k : 0);
+    if (k > 0)
+        out = stopper_feed(&s->st, e->text, (size_t)k, o,
+                           (size_t)ENG_TEXT_CAP(e->tok) - (size_t)k, &stopped);
+    emit(e, s, tok, o, (int)out, lp);
+    if (stopped) finish_seq(e, s, EF_STOP, NULL);
+    else if (s->n_gen >= s->max_gen || s->n_toks >= e->cfg.max_seq_len)
+        finish_seq(e, s, EF_LENGTH, NULL);
+}
+
+int eng_step_end(engine *e) {
+    if (!e->busy) return 0;
+    int r = e->be->ops->wait(e->be);
+    e->busy = 0;
+    e->step++;
+    e->stats.steps++;
+    const float *lg = r > 0 ? e->be->ops->logits(e->be) : NULL;
+    const int nv = e->m->cfg.n_vocab;
+    for (int i = 0; i < e->b_n_seq; i++) {
+        eng_seq *s = e->b_members[i];
+        int did = s->in_step;
+        s->in_step = 0;
+        if (!lg) {
+            finish_seq(e, s, EF_ERROR, e->be->err);
+            continue;
+        }
+        s->n_computed += did;
+        if (e->cfg.prefix_caching) kv_seq_commit(e->kv, s->kv, s->toks, s->n_computed);
+        if (s->req->cancelled) {
+            finish_seq(e, s, EF_CANCELLED, "cancelled");
+            continue;
+        }
+        if (s->logit_row < 0) continue;
+        const float *row = lg + (size_t)s->logit_row * nv;
+        eng_req *rq = s->req;
+        if (rq->n > 1 && !rq->forked && s->sample == 0) {
+            fork_samples(e, s);
+            for (int j = 1; j < rq->n; j++) /* the forks sample from the same row */
+                if (rq->seqs[j] && rq->seqs[j]->state == SQ_RUN && rq->seqs[j]->n_gen == 0)
+                    advance(e, rq->seqs[j], row);
+        }
+        advance(e, s, row);
+    }
+    return r < 0 ? r : 0;
+}
+
+/* ------------------------------------------------------------------ driving */
+
+int eng_busy(const engine *e) { return e->busy; }
+
+int eng_pending(const engine *e) {
+    for (int i = 0; i < e->cfg.max_seqs; i++)
+        if (e->seqs[i].state != SQ_FREE) return 1;
+    return 0;
+}
+
+int eng_run_sync(engine *e) {
+    while (eng_pending(e)) {
+        int r = eng_step_begin(e);
+        if (r < 0) return r;
+        if (r == 0) return -EDEADLK; /* work left that can never be scheduled */
+        if ((r = eng_step_end(e)) < 0) return r;
+    }
+    return 0;
+}
+
+void eng_get_stats(const engine *e, eng_stats *st) {
+    *st = e->stats;
+    st->running = st->waiting = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        st->running += e->seqs[i].state == SQ_RUN;
+        st->waiting += e->seqs[i].state == SQ_WAIT || e->seqs[i].state == SQ_PARKED;
+    }
+}

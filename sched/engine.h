@@ -1,0 +1,105 @@
+/* engine: the request lifecycle and iteration-level (continuous) batching.
+ *
+ * Every step takes the running decodes first, then prefill chunks of waiting or
+ * partially computed sequences, within max_batch_size sequences and
+ * max_batched_tokens tokens, so a long prompt never stalls running streams for more
+ * than one chunk. Each sequence is a token list plus how much of it has KV computed;
+ * decode is the case of one token left. When the KV pool runs out, the youngest
+ * sequence is preempted (its blocks freed, recomputed later), never dropped. n > 1
+ * samples fork the prompt's page table (copy-on-write). Kernels give each token the
+ * same arithmetic whatever its batch, so greedy output does not depend on what else
+ * runs (batch invariance), on prefix-cache hits or on preemption.
+ *
+ * The engine is driven by eng_step_begin (build and submit a step; returns at once)
+ * and eng_step_end (after the backend finished: sample, stream, retire). It is used
+ * from one thread (the loop's). Memory for sequences is carved at eng_new. */
+#ifndef KILN_ENGINE_H
+#define KILN_ENGINE_H
+
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/sampler.h"
+#include "core/tokenizer.h"
+#include "mm/kv.h"
+
+typedef struct {
+    int max_batch_size;      /* sequences per step */
+    int max_batched_tokens;  /* tokens per step: decodes + prefill chunks */
+    int max_seq_len;         /* prompt + output, per sequence */
+    int max_seqs;            /* live sequences (all requests, all samples) */
+    int max_queued_requests; /* requests waiting or running */
+    int prefix_caching;      /* reuse cached full blocks of identical prefixes */
+} eng_config;
+
+enum eng_finish { EF_STOP = 0, EF_LENGTH, EF_CANCELLED, EF_ERROR };
+
+typedef struct {
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;     /* prompt tokens taken from the prefix cache */
+    int preemptions;
+    double ttft_s;         /* arrival to first token */
+    double e2e_s;          /* arrival to finish */
+    int64_t first_step;    /* engine step that produced the first token */
+    int max_step_gap;      /* most steps between two consecutive tokens */
+} eng_usage;
+
+typedef struct {
+    /* token id, its text now safe to show (may be empty: held back for UTF-8 or a
+     * possible stop string), and its logprob; token -1 carries only text released
+     * at the end */
+    void (*on_token)(void *ud, int64_t req, int sample, int32_t token, const char *text,
+                     int len, float logprob);
+    /* once per sample; reason is enum eng_finish; msg explains EF_ERROR */
+    void (*on_finish)(void *ud, int64_t req, int sample, int reason, const eng_usage *u,
+                      const char *msg);
+} eng_callbacks;
+
+typedef struct {
+    const int32_t *prompt; /* copied at submit */
+    int n_prompt;
+    sampler_params sp;     /* sp.max_tokens bounds the output (capped by max_seq_len) */
+    int n;                 /* parallel samples (1..8); sample i uses seed sp.seed + i */
+    const char *const *stops; /* stop strings (not emitted) */
+    int n_stops;
+    void *ud;              /* passed to the callbacks */
+    int ignore_eog;        /* benchmarks: generate max_tokens whatever the model says */
+} eng_params;
+
+typedef struct engine engine;
+
+typedef struct {
+    int64_t steps, preemptions, prompt_tokens, generation_tokens;
+    int64_t prefix_queries, prefix_hits; /* tokens looked up / reused */
+    int running, waiting;                /* sequences */
+} eng_stats;
+
+/* The KV pool must have been initialised for this model; the backend runs steps of up
+ * to max_batched_tokens tokens and max_batch_size logit rows. NULL with err set. */
+engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool *kv,
+                backend *be, const eng_callbacks *cb, char *err, size_t errlen);
+void eng_free(engine *e);
+
+/* Queue a request: its id (> 0), or negative with err set: -EINVAL (bad params),
+ * -E2BIG (prompt ≥ max_seq_len, or larger than the whole KV pool), -EAGAIN (queue
+ * full). */
+int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen);
+/* Cancel: every sample finishes with EF_CANCELLED; blocks are freed now, or when the
+ * step in flight that uses them completes. 0 or -ENOENT. */
+int eng_cancel(engine *e, int64_t id);
+
+/* Build and submit the next step: 1 submitted, 0 nothing to do, negative on error. */
+int eng_step_begin(engine *e);
+/* After the backend reported completion (poll/wait): sample, stream, retire. */
+int eng_step_end(engine *e);
+/* True while a step is in flight. */
+int eng_busy(const engine *e);
+/* Anything left to run (waiting or running sequences)? */
+int eng_pending(const engine *e);
+/* Run steps until nothing is pending, blocking on the backend (tests, offline use). */
+int eng_run_sync(engine *e);
+
+void eng_get_stats(const engine *e, eng_stats *st);
+
+#endif

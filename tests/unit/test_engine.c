@@ -1,0 +1,374 @@
+/* test_engine: the scheduler's promises.
+ *
+ * Part A runs the engine over a fake backend that computes no model: it writes each
+ * token's id into its KV slot and derives the next token from a hash of everything
+ * the sequence's page table holds, so any paging fault (a wrong block, a missed
+ * copy-on-write, a bad prefix-cache hit, a lost preemption) changes the output. It
+ * checks batch invariance and page accounting over 10,000 randomized requests.
+ * Part B runs the real model (MODEL): batch invariance among 31 other requests with
+ * prefix caching on and off and with forced preemption, the prefix-cache reuse of a
+ * 512-token prefix, and the stall bound of a 2,000-token prompt arriving among 16
+ * decoding streams, counted in steps. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/backend.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+#include "mm/kv.h"
+#include "sched/engine.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SLOW 1 /* sanitizer builds run fewer and shorter requests on the real model */
+#else
+#define SLOW 0
+#endif
+
+#define MAX_REQ 64
+#define MAX_N 4
+#define MAX_OUT 64
+
+/* ------------------------------------------------------------------ fake backend */
+
+typedef struct {
+    backend be;
+    const kv_pool *kv;
+    int n_vocab;
+    int32_t eog;
+    float *logits; /* [max_logits][n_vocab] */
+} fake_backend;
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int pos) {
+    int bs = kv->cfg.block_size;
+    return kv_k(kv, s->blocks[pos / bs], 0, 0) + (size_t)(pos % bs) * kv->cfg.head_dim;
+}
+
+static int fake_submit(backend *be, const model_batch *b) {
+    fake_backend *f = (fake_backend *)be;
+    for (int t = 0; t < b->n_tokens; t++) /* "write the KV": the token id */
+        *fake_slot(f->kv, b->seq[t], b->pos[t]) = (uint16_t)b->tokens[t];
+    for (int i = 0; i < b->n_logits; i++) { /* "attend": hash the whole context */
+        int t = b->logit_rows[i];
+        uint64_t h = 1;
+        for (int p = 0; p <= b->pos[t]; p++) h = mix(h, *fake_slot(f->kv, b->seq[t], p));
+        float *lg = f->logits + (size_t)i * f->n_vocab;
+        for (int v = 0; v < f->n_vocab; v++) lg[v] = (float)((h >> (v % 48)) & 7) * 0.01f;
+        int32_t best = (int32_t)(100 + h % 20000);
+        if (h % 29 == 0) best = f->eog;      /* some sequences end early */
+        lg[best] = 5.0f;
+        lg[(best + 1) % f->n_vocab] = 4.8f;  /* a close runner-up for sampling */
+    }
+    return 0;
+}
+static int fake_wait(backend *be) { (void)be; return 1; }
+static int fake_fd(backend *be) { (void)be; return -1; }
+static const float *fake_logits(backend *be) { return ((fake_backend *)be)->logits; }
+static void fake_destroy(backend *be) { (void)be; }
+static const backend_ops fake_ops = {"fake", fake_submit, fake_wait, fake_wait, fake_fd,
+                                     fake_logits, fake_destroy};
+
+/* ------------------------------------------------------------------ results */
+
+typedef struct {
+    int32_t out[MAX_N][MAX_OUT];
+    int n_out[MAX_N];
+    int finished[MAX_N];
+    int reason[MAX_N];
+    eng_usage usage[MAX_N];
+} req_result;
+
+static void on_token(void *ud, int64_t req, int sample, int32_t tok, const char *text, int len,
+                     float lp) {
+    (void)req, (void)text, (void)len, (void)lp;
+    req_result *r = ud;
+    if (tok >= 0 && r->n_out[sample] < MAX_OUT) r->out[sample][r->n_out[sample]++] = tok;
+}
+
+static void on_finish(void *ud, int64_t req, int sample, int reason, const eng_usage *u,
+                      const char *msg) {
+    (void)req, (void)msg;
+    req_result *r = ud;
+    r->finished[sample]++;
+    r->reason[sample] = reason;
+    r->usage[sample] = *u;
+}
+
+/* ------------------------------------------------------------------ a rig */
+
+typedef struct {
+    kv_pool kv;
+    backend *be;
+    fake_backend fake;
+    engine *eng;
+    int is_fake;
+} rig;
+
+static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int max_seqs,
+                    int max_seq_len, int batch, int tokens, int prefix, int fake) {
+    char err[256];
+    memset(g, 0, sizeof *g);
+    kv_config kc = {0};
+    model_kv_shape(m, &kc);
+    kc.block_size = 16;
+    kc.n_blocks = n_blocks;
+    kc.max_seqs = max_seqs;
+    kc.max_blocks_per_seq = (max_seq_len + 15) / 16;
+    kc.prefix_cache = prefix;
+    if (kv_pool_init(&g->kv, &kc, NULL) < 0) return -1;
+    g->is_fake = fake;
+    if (fake) {
+        g->fake.be.ops = &fake_ops;
+        g->fake.kv = &g->kv;
+        g->fake.n_vocab = m->cfg.n_vocab;
+        g->fake.eog = tok_eos(tok);
+        g->fake.logits = malloc((size_t)batch * m->cfg.n_vocab * sizeof(float));
+        g->be = &g->fake.be;
+    } else {
+        backend_cpu_config bc = {2, tokens, batch, max_seq_len, 0};
+        g->be = backend_cpu_new(m, &g->kv, &bc, err, sizeof err);
+        if (!g->be) {
+            fprintf(stderr, "backend: %s\n", err);
+            return -1;
+        }
+    }
+    eng_config ec = {batch, tokens, max_seq_len, max_seqs, 1024, prefix};
+    eng_callbacks cb = {on_token, on_finish};
+    g->eng = eng_new(&ec, m, tok, &g->kv, g->be, &cb, err, sizeof err);
+    if (!g->eng) fprintf(stderr, "eng_new: %s\n", err);
+    return g->eng ? 0 : -1;
+}
+
+static void rig_close(rig *g) {
+    eng_free(g->eng);
+    if (g->is_fake) free(g->fake.logits);
+    else g->be->ops->destroy(g->be);
+    kv_pool_free(&g->kv);
+}
+
+static int pool_ok(rig *g, const char *what) {
+    char err[256] = "";
+    int c = kv_check(&g->kv, err, sizeof err);
+    CHECK(c == 0, "%s: kv_check: %s", what, err);
+    CHECK(kv_free_blocks(&g->kv) == g->kv.cfg.n_blocks, "%s: %d of %d blocks free", what,
+          kv_free_blocks(&g->kv), g->kv.cfg.n_blocks);
+    return c == 0;
+}
+
+/* ------------------------------------------------------------------ workloads */
+
+static uint64_t rng_state = 12345;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+typedef struct {
+    int32_t toks[2100];
+    int n;
+} prompt;
+
+static void make_prompt(prompt *p, int n, uint32_t seed) {
+    p->n = n;
+    for (int i = 0; i < n; i++) p->toks[i] = (int32_t)(200 + (seed * 2654435761u + i * 40503u) % 15000);
+}
+
+static int64_t submit(rig *g, const prompt *p, int max_tokens, int n, float temp,
+                      req_result *res) {
+    char err[256];
+    eng_params ep = {0};
+    ep.prompt = p->toks, ep.n_prompt = p->n, ep.n = n, ep.ud = res;
+    sampler_params_default(&ep.sp);
+    ep.sp.temperature = temp;
+    ep.sp.seed = 1234;
+    ep.sp.max_tokens = max_tokens;
+    int64_t id = eng_submit(g->eng, &ep, err, sizeof err);
+    if (id < 0) fprintf(stderr, "submit: %s\n", err);
+    return id;
+}
+
+static int same_outputs(const req_result *a, const req_result *b, int n) {
+    for (int s = 0; s < n; s++)
+        if (a->n_out[s] != b->n_out[s] ||
+            memcmp(a->out[s], b->out[s], sizeof(int32_t) * (size_t)a->n_out[s]))
+            return 0;
+    return 1;
+}
+
+/* Each request alone, then all together in configurations that change batching,
+ * caching and paging; every request's greedy tokens must not change. */
+static void invariance(const model *m, const tok_t *tok, int fake, int n_req, int n_alone,
+                       int max_len, int max_tokens, int small_pool) {
+    static prompt P[MAX_REQ];
+    static req_result alone[MAX_REQ], together[MAX_REQ];
+    const char *kind = fake ? "fake" : "model";
+    for (int i = 0; i < n_req; i++) make_prompt(&P[i], 1 + (int)((i * 37u + 5) % (unsigned)max_len), 77u + (uint32_t)i);
+    rig g;
+    memset(alone, 0, sizeof alone);
+    if (rig_open(&g, m, tok, 256, 64, 1024, 32, 256, 0, fake) < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i < n_alone; i++) { /* the first n_alone requests, one at a time */
+        submit(&g, &P[i], max_tokens, 1, 0.0f, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: alone %d", kind, i);
+    }
+    pool_ok(&g, "alone");
+    rig_close(&g);
+    /* batch of 32 (prefix cache on, off), and a pool too small for all the requests at
+     * once, which forces preemption */
+    const struct { int blocks, prefix; const char *name; } cfgs[] = {
+        {256, 1, "batched, prefix cache"}, {256, 0, "batched"}, {small_pool, 1, "small pool"}};
+    for (int c = 0; c < 3; c++) {
+        memset(together, 0, sizeof together);
+        if (rig_open(&g, m, tok, cfgs[c].blocks, 64, 1024, 32, 256, cfgs[c].prefix, fake) < 0) {
+            CHECK(0, "rig");
+            return;
+        }
+        for (int i = 0; i < n_req; i++) submit(&g, &P[i], max_tokens, 1, 0.0f, &together[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: %s run", kind, cfgs[c].name);
+        int same = 0, pre = 0;
+        for (int i = 0; i < n_req; i++) {
+            if (i < n_alone) same += same_outputs(&alone[i], &together[i], 1);
+            pre += together[i].usage[0].preemptions;
+            CHECK(together[i].finished[0] == 1, "%s: request %d finished %d times", kind, i,
+                  together[i].finished[0]);
+        }
+        CHECK(same == n_alone, "%s, %s: %d of %d requests identical to running alone", kind,
+              cfgs[c].name, same, n_alone);
+        if (c == 2) CHECK(pre > 0, "%s: the small pool preempted nothing", kind);
+        printf("%s invariance (%s, %d requests): %d/%d identical to alone, %d preemptions\n",
+               kind, cfgs[c].name, n_req, same, n_alone, pre);
+        pool_ok(&g, cfgs[c].name);
+        rig_close(&g);
+    }
+}
+
+/* 10,000 requests of random shapes through a small pool: random cancels, n > 1,
+ * preemptions. Every sample finishes exactly once and every block comes back. */
+static void accounting(const model *m, const tok_t *tok) {
+    enum { TOTAL = 10000, INFLIGHT = 48 };
+    static req_result res[INFLIGHT];
+    static prompt P[INFLIGHT];
+    int64_t ids[INFLIGHT] = {0};
+    int n_of[INFLIGHT] = {0};
+    rig g;
+    if (rig_open(&g, m, tok, 64, 96, 512, 16, 128, 1, 1) < 0) { CHECK(0, "rig"); return; }
+    int submitted = 0, done = 0, cancels = 0, bad = 0;
+    eng_stats st;
+    while (done < TOTAL) {
+        for (int k = 0; k < INFLIGHT && submitted < TOTAL; k++) { /* refill free slots */
+            if (ids[k] || rnd() % 4) continue;
+            memset(&res[k], 0, sizeof res[k]);
+            make_prompt(&P[k], 1 + (int)(rnd() % 200), rnd() % 50); /* shared prefixes */
+            n_of[k] = rnd() % 8 == 0 ? 2 + (int)(rnd() % 3) : 1;
+            ids[k] = submit(&g, &P[k], 1 + (int)(rnd() % 40), n_of[k], n_of[k] > 1 ? 0.8f : 0.0f, &res[k]);
+            if (ids[k] < 0) { ids[k] = 0; continue; }
+            submitted++;
+        }
+        for (int k = 0; k < INFLIGHT; k++)
+            if (ids[k] && rnd() % 64 == 0) {
+                eng_cancel(g.eng, ids[k]);
+                cancels++;
+            }
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+        for (int k = 0; k < INFLIGHT; k++) { /* retire finished requests */
+            if (!ids[k]) continue;
+            int fin = 0;
+            for (int s = 0; s < n_of[k]; s++) {
+                fin += res[k].finished[s] > 0;
+                bad += res[k].finished[s] > 1;
+            }
+            if (fin == n_of[k]) ids[k] = 0, done++;
+        }
+        if (submitted == TOTAL && !eng_pending(g.eng) && done < TOTAL) break;
+    }
+    eng_get_stats(g.eng, &st);
+    CHECK(done == TOTAL, "accounting: %d of %d requests finished", done, TOTAL);
+    CHECK(bad == 0, "accounting: %d samples finished more than once", bad);
+    CHECK(st.preemptions > 0, "accounting: no preemption happened");
+    printf("accounting: %d requests, %d cancels, %lld preemptions, %lld steps, prefix hits %lld/%lld tokens\n",
+           done, cancels, (long long)st.preemptions, (long long)st.steps,
+           (long long)st.prefix_hits, (long long)st.prefix_queries);
+    pool_ok(&g, "accounting");
+    rig_close(&g);
+}
+
+/* A 512-token prefix computed once is reused by the next request. */
+static void prefix_reuse(const model *m, const tok_t *tok) {
+    static prompt a, b;
+    static req_result ra, rb;
+    make_prompt(&a, 512, 9);
+    make_prompt(&b, 532, 9); /* the same 512 tokens, then 20 more */
+    rig g;
+    if (rig_open(&g, m, tok, 128, 8, 1024, 8, 256, 1, 0) < 0) { CHECK(0, "rig"); return; }
+    memset(&ra, 0, sizeof ra), memset(&rb, 0, sizeof rb);
+    submit(&g, &a, 1, 1, 0.0f, &ra);
+    CHECK(eng_run_sync(g.eng) == 0, "prefix: first");
+    submit(&g, &b, 1, 1, 0.0f, &rb);
+    CHECK(eng_run_sync(g.eng) == 0, "prefix: second");
+    int cached = rb.usage[0].cached_tokens;
+    CHECK(ra.usage[0].cached_tokens == 0, "prefix: the first request found %d cached", ra.usage[0].cached_tokens);
+    CHECK(512 - cached <= 51, "prefix: the second request recomputed %d of 512 shared tokens", 512 - cached);
+    printf("prefix cache: second request reused %d of 512 shared tokens\n", cached);
+    pool_ok(&g, "prefix");
+    rig_close(&g);
+}
+
+/* 16 streams decode; a long prompt arrives; no stream waits more than 2 steps. */
+static void stall_bound(const model *m, const tok_t *tok, int long_len) {
+    static prompt p[17];
+    static req_result r[17];
+    rig g;
+    memset(r, 0, sizeof r);
+    if (rig_open(&g, m, tok, 64 + (long_len + 64) / 16, 32, long_len + 64, 32, 256, 0, 0) < 0) {
+        CHECK(0, "rig");
+        return;
+    }
+    for (int i = 0; i < 16; i++) {
+        make_prompt(&p[i], 8 + i, 500u + (uint32_t)i);
+        submit(&g, &p[i], 40, 1, 0.0f, &r[i]);
+    }
+    for (int s = 0; s < 3; s++) /* all 16 prefilled and decoding */
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    make_prompt(&p[16], long_len, 4242);
+    submit(&g, &p[16], 4, 1, 0.0f, &r[16]);
+    CHECK(eng_run_sync(g.eng) == 0, "stall: run");
+    int worst = 0;
+    for (int i = 0; i < 16; i++)
+        if (r[i].usage[0].max_step_gap > worst) worst = r[i].usage[0].max_step_gap;
+    CHECK(worst <= 2, "stall: a stream waited %d steps between tokens", worst);
+    CHECK(r[16].usage[0].first_step >= 3 + long_len / 256,
+          "stall: the long prompt was not chunked (first token at step %lld)",
+          (long long)r[16].usage[0].first_step);
+    printf("stall bound: %d-token prompt among 16 streams: worst gap %d step(s), its first token at step %lld\n",
+           long_len, worst, (long long)r[16].usage[0].first_step);
+    pool_ok(&g, "stall");
+    rig_close(&g);
+}
+
+int main(void) {
+    const char *path = getenv("MODEL") ? getenv("MODEL") : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    static model m;
+    static tok_t tok;
+    char err[512];
+    if (model_load(&m, path, err, sizeof err) < 0 || tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) {
+        fprintf(stderr, "test_engine: cannot load %s: %s\n", path, err);
+        return 1;
+    }
+    invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
+    accounting(&m, &tok);
+    /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
+     * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
+    invariance(&m, &tok, 0, SLOW ? 8 : 32, SLOW ? 3 : 8, SLOW ? 48 : 96, SLOW ? 6 : 12,
+               SLOW ? 12 : 40);
+    prefix_reuse(&m, &tok);
+    stall_bound(&m, &tok, SLOW ? 600 : 2000);
+    tok_free(&tok);
+    model_free(&m);
+    return check_done("engine");
+}
