@@ -51,7 +51,9 @@ float quant_dot(uint32_t type, int64_t n, const void *w, const void *xq);
 void quant_dot_rows(uint32_t type, int64_t n, const void *w, size_t wstride, int nr,
                     const void *xq, float *out);
 /* Batched micro kernel (prefill): nr weight rows x nc activation rows (row stride
- * xstride bytes): out[c*ostride + r] = dot(w + r*wstride, xq + c*xstride). */
+ * xstride bytes): out[c*ostride + r] = dot(w + r*wstride, xq + c*xstride). Batch
+ * invariant: each out value is bit-identical to quant_dot (and quant_dot_rows) of
+ * that pair at the same SIMD level, whatever nr, nc and the pair's place in the tile. */
 void quant_dot_tile(uint32_t type, int64_t n, const void *w, size_t wstride, int nr,
                     const void *xq, size_t xstride, int nc, float *out, size_t ostride);
 

@@ -1,88 +1,150 @@
 /* quant_avx512: AVX-512 (F/BW/VL/DQ) + VNNI. The quant_x86.h kernels rebuilt with
  * vpdpbusd in place of maddubs+madd and 4x4 tiles (32 vector registers), plus a
- * 512-bit Q4_1 x Q8_1 row kernel (the default model's layers) doing two blocks per
- * vpdpbusd. */
+ * 512-bit Q4_1 x Q8_1 tile kernel (the default model's layers) doing two blocks per
+ * vpdpbusd, used for dot, rows and tile alike. */
 #define QX_VNNI 1
 #include "core/quant_x86.h"
 
 /* ---------------------------------------------------------------- Q4_1 x Q8_1, 512-bit */
 
-/* Two blocks per iteration. The weights' 2x16 packed bytes become
- * [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (elements b0 0-15, b1 0-15, b0 16-31,
- * b1 16-31); the activations are permuted once per block pair to the same order and
- * shared by the R rows. dpbusd dword lanes 0-3 and 8-11 belong to block 0, 4-7 and
- * 12-15 to block 1, which is how the scale vector is laid out. */
-QX_INLINE void q41_rows512(const int R, int64_t nb, const uint8_t *w, size_t ws,
-                           const uint8_t *x, float *out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* R weight rows x C activation rows, two blocks per vpdpbusd. The weights' 2x16 packed
+ * bytes become [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (elements b0 0-15, b1 0-15,
+ * b0 16-31, b1 16-31); each activation row is permuted once per block pair to the same
+ * order and shared by the R rows. dpbusd dword lanes 0-3 and 8-11 belong to block 0,
+ * 4-7 and 12-15 to block 1, which is how the scale vector is laid out.
+ *
+ * Batch invariance: every (row, column) pair goes through the same operations in the
+ * same order whatever R, C and its place in the tile (so dot, rows and tile agree bit
+ * for bit, and a token's result does not depend on its batch). Scales: per block pair
+ * [d0, m0, d1, m1] * [dx0, sx0, dx1, sx1] lane by lane; with C > 1 the C columns'
+ * [dx, sx] sit in 128-bit lane c of one vector and a row's [d, m] is broadcast, so one
+ * 512-bit multiply and add serve all columns (a lane's product is the same IEEE
+ * operation whatever the vector width). Lanes 0/2 are the blocks' scales (permuted
+ * to the dpbusd layout), lanes 1/3 the min terms, summed in macc. An odd block count
+ * ends with one more pass whose second block is zero (adding exact zeros). */
+QX_INLINE __m512i q41_xload(const uint8_t *p, int two) {
     const __m512i xperm = _mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7);
-    const __m512i sperm = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
-    __m512 acc[4];
-    __m128 macc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), macc[r] = _mm_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const blk_q8_1 *xb = (const blk_q8_1 *)x + i;
-        __m512i xv = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xb[0].qs)),
-            _mm256_loadu_si256((const __m256i *)xb[1].qs), 1);
-        xv = _mm512_permutexvar_epi64(xperm, xv);
-        int xh0, xh1;
-        memcpy(&xh0, &xb[0], 4);
-        memcpy(&xh1, &xb[1], 4);
-        __m128 xds = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(xh0), xh1, 1));
-        for (int r = 0; r < R; r++) {
-            const blk_q4_1 *wb = (const blk_q4_1 *)(w + r * ws) + i;
-            /* Decode streams each weight once: fetch the same spot of the next group of
-             * R rows (contiguous after these) so memory latency overlaps compute. */
-            _mm_prefetch((const char *)wb + R * ws, _MM_HINT_T0);
-            int wh0, wh1;
-            memcpy(&wh0, &wb[0], 4);
-            memcpy(&wh1, &wb[1], 4);
-            /* [d0, m0, d1, m1] * [dx0, sx0, dx1, sx1] */
-            __m128 prod = _mm_mul_ps(_mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(wh0), wh1, 1)), xds);
-            __m256i q = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)wb[0].qs)),
-                _mm_loadu_si128((const __m128i *)wb[1].qs), 1);
-            __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-            wq = _mm512_and_si512(wq, m4);
-            __m512 fi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv));
-            __m512 sc = _mm512_permutexvar_ps(sperm, _mm512_castps128_ps512(prod));
-            acc[r] = _mm512_fmadd_ps(fi, sc, acc[r]);
-            macc[r] = _mm_add_ps(macc[r], prod);
-        }
+    __m256i b1 = two ? _mm256_loadu_si256((const __m256i *)(p + sizeof(blk_q8_1) + 4))
+                     : _mm256_setzero_si256();
+    __m512i v = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 4))), b1, 1);
+    return _mm512_permutexvar_epi64(xperm, v);
+}
+/* The f16 pairs (d, m or d, s) of blocks i and i+1 (0 when !two) as one int64. */
+QX_INLINE __m128i q41_hpair(const uint8_t *p, size_t stride, int two) {
+    int h0, h1 = 0;
+    memcpy(&h0, p, 4);
+    if (two) memcpy(&h1, p + stride, 4);
+    return _mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1);
+}
+
+/* One block pair (two = 1) or a last odd block (two = 0) of R rows x C columns. */
+QX_INLINE void q41_step(const int R, const int C, const int two, const uint8_t *w,
+                        size_t ws, const uint8_t *x, size_t xs, __m512 acc[4][4],
+                        __m512 macc[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t wb = sizeof(blk_q4_1), xb = sizeof(blk_q8_1);
+    __m512i xv[4];
+    __m512 xds;
+    QX_UNROLL for (int c = 0; c < C; c++) xv[c] = q41_xload(x + c * xs, two);
+    if (C == 1) {
+        xds = _mm512_castps128_ps512(_mm_cvtph_ps(q41_hpair(x, xb, two)));
+    } else {
+        __m128i z = _mm_setzero_si128();
+        __m128i h01 = _mm_unpacklo_epi64(q41_hpair(x, xb, two), q41_hpair(x + xs, xb, two));
+        __m128i h23 = _mm_unpacklo_epi64(C > 2 ? q41_hpair(x + 2 * xs, xb, two) : z,
+                                         C > 3 ? q41_hpair(x + 3 * xs, xb, two) : z);
+        xds = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h01), h23, 1));
     }
-    for (int r = 0; r < R; r++) {
-        /* min terms sit in lanes 1 and 3 */
-        __m128 m = _mm_add_ps(macc[r], _mm_movehl_ps(macc[r], macc[r]));
-        float s = _mm512_reduce_add_ps(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(m));
-        if (i < nb) { /* odd block count: the last block with the 256-bit kernel */
-            float t;
-            qx_tile_rc(QX_Q4_1, 1, 1, 1, w + r * ws + i * sizeof(blk_q4_1), 0,
-                       x + i * sizeof(blk_q8_1), 0, &t, 0);
-            s += t;
+    QX_UNROLL for (int r = 0; r < R; r++) {
+        const uint8_t *p = w + r * ws;
+        /* Decode streams each weight once: fetch the same spot of the next group of R
+         * rows (contiguous after these) so memory latency overlaps compute. */
+        _mm_prefetch((const char *)p + R * ws, _MM_HINT_T0);
+        __m128 wdm = _mm_cvtph_ps(q41_hpair(p, wb, two));
+        __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(p + wb + 4)) : _mm_setzero_si128();
+        __m256i q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4))), q1, 1);
+        __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        wq = _mm512_and_si512(wq, m4);
+        __m512 prod;
+        if (C == 1) {
+            __m128 p1 = _mm_mul_ps(wdm, _mm512_castps512_ps128(xds));
+            macc[r] = _mm512_castps128_ps512(_mm_add_ps(_mm512_castps512_ps128(macc[r]), p1));
+            prod = _mm512_castps128_ps512(p1);
+        } else {
+            prod = _mm512_mul_ps(_mm512_broadcast_f32x4(wdm), xds);
+            macc[r] = _mm512_add_ps(macc[r], prod);
         }
-        out[r] = s;
+        QX_UNROLL for (int c = 0; c < C; c++) {
+            const __m512i sperm = _mm512_add_epi32(
+                _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2),
+                _mm512_set1_epi32(4 * c));
+            __m512 fi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xv[c]));
+            acc[r][c] = _mm512_fmadd_ps(fi, _mm512_permutexvar_ps(sperm, prod), acc[r][c]);
+        }
     }
 }
 
+QX_INLINE void q41_tile_rc(const int R, const int C, int64_t nb, const uint8_t *w,
+                           size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+    const size_t wb = sizeof(blk_q4_1), xb = sizeof(blk_q8_1);
+    __m512 acc[4][4], macc[4];
+    QX_UNROLL for (int r = 0; r < R; r++) {
+        macc[r] = _mm512_setzero_ps();
+        QX_UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) q41_step(R, C, 1, w + i * wb, ws, x + i * xb, xs, acc, macc);
+    if (i < nb) q41_step(R, C, 0, w + i * wb, ws, x + i * xb, xs, acc, macc);
+    QX_UNROLL for (int r = 0; r < R; r++) {
+        float m[16];
+        if (C == 1) _mm_storeu_ps(m, _mm512_castps512_ps128(macc[r]));
+        else _mm512_storeu_ps(m, macc[r]);
+        /* min terms sit in lanes 4c+1 and 4c+3 */
+        QX_UNROLL for (int c = 0; c < C; c++)
+            out[c * os + r] = _mm512_reduce_add_ps(acc[r][c]) + (m[4 * c + 1] + m[4 * c + 3]);
+    }
+}
+
+/* Tiles of 4 rows x 4 columns (16 zmm accumulators, 4 for the min terms, 4 activation
+ * vectors: a few spill to L1, still the fastest shape here), then the edges. Decode
+ * (nc = 1) runs 4-row x 1 tiles, whose prefetch reaches 4 rows ahead. */
+QX_INLINE void q41_cols512(const int C, int64_t nb, const uint8_t *w, size_t ws, int nr,
+                           const uint8_t *x, size_t xs, float *out, size_t os) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) q41_tile_rc(4, C, nb, w + r * ws, ws, x, xs, out + r, os);
+    for (; r + 2 <= nr; r += 2) q41_tile_rc(2, C, nb, w + r * ws, ws, x, xs, out + r, os);
+    for (; r < nr; r++) q41_tile_rc(1, C, nb, w + r * ws, ws, x, xs, out + r, os);
+}
+
+static void q41_tile512(int64_t n, const void *w, size_t ws, int nr, const void *x,
+                        size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QK4;
+    const uint8_t *X = x;
+    int c = 0;
+    for (; c + 4 <= nc; c += 4) q41_cols512(4, nb, w, ws, nr, X + c * xs, xs, out + c * os, os);
+    switch (nc - c) {
+    case 3: q41_cols512(3, nb, w, ws, nr, X + c * xs, xs, out + c * os, os); break;
+    case 2: q41_cols512(2, nb, w, ws, nr, X + c * xs, xs, out + c * os, os); break;
+    case 1: q41_cols512(1, nb, w, ws, nr, X + c * xs, xs, out + c * os, os); break;
+    }
+}
+static void q41_rows512(int64_t n, const void *w, size_t ws, int nr, const void *x,
+                        float *out) {
+    q41_cols512(1, n / QK4, w, ws, nr, x, 0, out, 0);
+}
 static float q41_dot512(int64_t n, const void *w, const void *x) {
     float o;
-    q41_rows512(1, n / QK4, w, 0, x, &o);
+    q41_tile_rc(1, 1, n / QK4, w, 0, x, 0, &o, 0);
     return o;
-}
-static void q41_dot_rows512(int64_t n, const void *w, size_t ws, int nr, const void *x,
-                            float *out) {
-    const uint8_t *W = w;
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) q41_rows512(4, n / QK4, W + r * ws, ws, x, out + r);
-    for (; r < nr; r++) q41_rows512(1, n / QK4, W + r * ws, ws, x, out + r);
 }
 
 void quant_register_avx512(quant_kernels k[QT_COUNT]) {
     qx_register(k);
+    /* dot, rows and tile are one kernel: the same result for a (row, column) pair
+     * whichever is called and whatever the tile shape */
     k[QT_Q4_1].dot = q41_dot512;
-    k[QT_Q4_1].rows = q41_dot_rows512;
-    /* the 256-bit 4x4 tile stays for batches: it reuses each weight load 4 times */
-    k[QT_Q4_1].tile = qx_q4_1_tile;
+    k[QT_Q4_1].rows = q41_rows512;
+    k[QT_Q4_1].tile = q41_tile512;
 }

@@ -52,12 +52,17 @@ typedef void (*qk_tile_fn)(int64_t n, const void *w, size_t wstride, int nr,
                            size_t ostride);
 
 /* One row per type and SIMD level. A NULL entry at a level means "use the level below"
- * (the table is filled bottom-up, so after setup no entry is NULL). */
+ * (the table is filled bottom-up, so after setup no entry is NULL).
+ * Batch invariance: at one level, dot, rows and tile must give the same bits for a
+ * (weight row, activation row) pair whatever nr, nc and the pair's place in the tile
+ * (same operations in the same order), so a sequence's output does not depend on its
+ * batch. A level that brings a rows or tile kernel builds them on the same per-pair
+ * arithmetic as its dot (tests/unit/test_quant.c checks it: "batch invariance"). */
 typedef struct {
     qk_dequant_fn dequant;
     qk_quant_fn quantize;
     qk_dot_fn dot;
-    qk_rows_fn rows;   /* NULL at every level: generic loop over dot */
+    qk_rows_fn rows;   /* NULL: generic loop over dot */
     qk_tile_fn tile;   /* NULL: generic loop over rows */
 } quant_kernels;
 

@@ -298,6 +298,44 @@ static void accounting(const model *m, const tok_t *tok) {
     rig_close(&g);
 }
 
+/* n = 3 samples fork the prompt's page table; sample i (seed + i) must produce what a
+ * single request seeded seed + i produces: the forks' copy-on-write keeps them apart. */
+static void forks(const model *m, const tok_t *tok, int fake) {
+    static prompt p;
+    static req_result multi, single[3];
+    make_prompt(&p, 40, 31); /* 40 tokens: the last block is partial and shared */
+    rig g;
+    if (rig_open(&g, m, tok, 64, 16, 256, 8, 128, 1, fake) < 0) { CHECK(0, "rig"); return; }
+    memset(&multi, 0, sizeof multi), memset(single, 0, sizeof single);
+    char err[256];
+    for (int i = 0; i < 4; i++) {
+        eng_params ep = {0};
+        ep.prompt = p.toks, ep.n_prompt = p.n, ep.n = i == 0 ? 3 : 1;
+        ep.ud = i == 0 ? &multi : &single[i - 1];
+        sampler_params_default(&ep.sp);
+        ep.sp.temperature = 1.0f;
+        ep.sp.seed = 1000 + (uint64_t)(i == 0 ? 0 : i - 1);
+        ep.sp.max_tokens = 24;
+        CHECK(eng_submit(g.eng, &ep, err, sizeof err) > 0, "forks: submit: %s", err);
+        CHECK(eng_run_sync(g.eng) == 0, "forks: run");
+    }
+    int differ = 0;
+    for (int s = 0; s < 3; s++) {
+        req_result one = {0};
+        memcpy(one.out[0], multi.out[s], sizeof one.out[0]);
+        one.n_out[0] = multi.n_out[s];
+        CHECK(same_outputs(&one, &single[s], 1), "%s forks: sample %d differs from its single run",
+              fake ? "fake" : "model", s);
+        CHECK(multi.finished[s] == 1, "forks: sample %d finished %d times", s, multi.finished[s]);
+        differ += s > 0 && !same_outputs(&multi, &one, 1);
+    }
+    CHECK(differ > 0, "forks: all samples identical (seeds not applied?)");
+    printf("%s forks: 3 samples equal their single-request runs, %d differ from sample 0\n",
+           fake ? "fake" : "model", differ);
+    pool_ok(&g, "forks");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -362,6 +400,8 @@ int main(void) {
     }
     invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
     accounting(&m, &tok);
+    forks(&m, &tok, 1);
+    forks(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
     invariance(&m, &tok, 0, SLOW ? 8 : 32, SLOW ? 3 : 8, SLOW ? 48 : 96, SLOW ? 6 : 12,

@@ -237,6 +237,71 @@ static void test_type_level(uint32_t type, int64_t n, int level) {
     free(f), free(a), free(b), free(tw), free(tx), free(w), free(x), free(xr);
 }
 
+/* Batch invariance: the value for a (row, column) pair must not depend on how many
+ * rows and columns share the call nor on the pair's place in the tile (a sequence's
+ * output is then bit-identical alone or in a batch). quant_dot_tile with every
+ * nr, nc in 1..9 at every (r, c), quant_dot_rows with every nr and quant_dot all equal,
+ * bit for bit, quant_dot_tile of that one pair. */
+static void test_batch_invariance(uint32_t type, int64_t n, int level) {
+    enum { N = 9 };
+    const quant_traits *t = quant_traits_of(type);
+    uint32_t dt = t->dot_type;
+    size_t rs = quant_row_size(type, n), xs = quant_row_size(dt, n);
+    size_t wstride = rs + 16, xstride = xs + 48, ostride = N + 2;
+    float *f = malloc((size_t)n * 4);
+    unsigned char *w = calloc(N, wstride), *x = calloc(N, xstride);
+    float one[N][N], tile[N * (N + 2)], rows[N];
+    for (int r = 0; r < N; r++) {
+        fill(f, n, 0.05f);
+        quant_quantize_ref(type, f, w + r * wstride, n);
+    }
+    for (int c = 0; c < N; c++) {
+        fill(f, n, 1.0f);
+        quant_quantize(dt, f, x + c * xstride, n);
+    }
+    for (int c = 0; c < N; c++)
+        for (int r = 0; r < N; r++)
+            quant_dot_tile(type, n, w + r * wstride, wstride, 1, x + c * xstride, xstride, 1,
+                           &one[c][r], 1);
+    int bad = 0;
+    for (int c = 0; c < N; c++)
+        for (int r = 0; r < N; r++) {
+            float d = quant_dot(type, n, w + r * wstride, x + c * xstride);
+            bad += memcmp(&d, &one[c][r], sizeof d) != 0;
+        }
+    CHECK(bad == 0, "batch invariance: L%d %s n=%lld: %d dots differ from the 1x1 tile",
+          level, t->name, (long long)n, bad);
+    for (int nr = 1; nr <= N; nr++) {
+        bad = 0;
+        for (int c = 0; c < N; c++) {
+            quant_dot_rows(type, n, w, wstride, nr, x + c * xstride, rows);
+            for (int r = 0; r < nr; r++) bad += memcmp(&rows[r], &one[c][r], sizeof(float)) != 0;
+        }
+        CHECK(bad == 0, "batch invariance: L%d %s n=%lld rows nr=%d: %d differ from the 1x1 tile",
+              level, t->name, (long long)n, nr, bad);
+    }
+    for (int nc = 1; nc <= N; nc++)
+        for (int nr = 1; nr <= N; nr++) {
+            /* start the tile at row/column 9-nr, 9-nc too, so every pair is seen at
+             * several positions */
+            for (int off = 0; off < 2; off++) {
+                int r0 = off ? N - nr : 0, c0 = off ? N - nc : 0;
+                memset(tile, 0, sizeof tile);
+                quant_dot_tile(type, n, w + r0 * wstride, wstride, nr, x + c0 * xstride,
+                               xstride, nc, tile, ostride);
+                bad = 0;
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < nr; r++)
+                        bad += memcmp(&tile[c * ostride + r], &one[c0 + c][r0 + r],
+                                      sizeof(float)) != 0;
+                CHECK(bad == 0, "batch invariance: L%d %s n=%lld tile %dx%d at (%d,%d): %d "
+                      "differ from the 1x1 tile", level, t->name, (long long)n, nr, nc, r0, c0,
+                      bad);
+            }
+        }
+    free(f), free(w), free(x);
+}
+
 static void test_levels(void) {
     int max = quant_simd_max();
     for (int level = QS_SCALAR; level <= max; level++) {
@@ -251,6 +316,14 @@ static void test_levels(void) {
                 if (blk == 1) n = sizes[s] * 32 + (s & 1); /* F32/F16/BF16: odd n too */
                 if (blk == 256 && s >= 5) n = sizes[s] / 8 * blk;
                 test_type_level(all_types[ti], n, level);
+            }
+            /* even and odd block counts (the 512-bit Q4_1 kernel pairs blocks) */
+            int64_t bsizes[] = {1, 2, 3, 18, 19, 48, 49};
+            for (int s = 0; s < 7; s++) {
+                int64_t n = bsizes[s] * blk;
+                if (blk == 1) n = bsizes[s] * 32 + (s & 1);
+                if (blk == 256 && s >= 3) n = (bsizes[s] / 8 + (s & 1)) * blk;
+                test_batch_invariance(all_types[ti], n, level);
             }
         }
         printf("quant: level %d: %d checks, %d failed\n", level,
@@ -297,8 +370,68 @@ static void bench_one(uint32_t type, int64_t n, int level) {
     free(f), free(w), free(x);
 }
 
+/* Decode and prefill as the forward pass runs them: quant_dot_tile on 16-row chunks
+ * (model.c's MM_CHUNK). Decode (nc = 1) streams 4096-row matrices through a 64 MiB
+ * buffer, twice the L3 here, so weights come from memory as in a real step; prefill
+ * (nc = 64) reuses one 4096-row matrix. Prints ns per weight row (per row x column for
+ * prefill) and, for decode, the weight bandwidth. */
+static void bench_tile(uint32_t type, int64_t n, int level) {
+    enum { MROWS = 4096, CHUNK = 16, NCP = 64 };
+    uint32_t dt = quant_traits_of(type)->dot_type;
+    size_t rs = quant_row_size(type, n), xs = quant_row_size(dt, n);
+    int nmat = (int)((64u << 20) / (rs * MROWS)) + 1;
+    size_t total = (size_t)nmat * MROWS;
+    float *f = malloc((size_t)n * 4), *out = malloc(sizeof(float) * MROWS * NCP);
+    unsigned char *w = malloc(rs * total), *x = malloc(xs * NCP);
+    for (int r = 0; r < 64; r++) {
+        fill(f, n, 0.05f);
+        quant_quantize_ref(type, f, w + r * rs, n);
+    }
+    for (size_t r = 64; r < total; r++) memcpy(w + r * rs, w + (r % 64) * rs, rs);
+    quant_set_simd(level);
+    for (int c = 0; c < NCP; c++) {
+        fill(f, n, 1.0f);
+        quant_quantize(dt, f, x + c * xs, n);
+    }
+    double best_dec = 1e30, best_rows = 1e30, best_pre = 1e30;
+    for (int it = 0; it < 20; it++) {
+        double t0 = now_ns();
+        for (size_t r = 0; r < total; r += CHUNK)
+            quant_dot_tile(type, n, w + r * rs, rs, CHUNK, x, xs, 1, out + r % MROWS, CHUNK);
+        double t1 = now_ns();
+        for (size_t r = 0; r < total; r += CHUNK)
+            quant_dot_rows(type, n, w + r * rs, rs, CHUNK, x, out + r % MROWS);
+        double t2 = now_ns();
+        if (t1 - t0 < best_dec) best_dec = t1 - t0;
+        if (t2 - t1 < best_rows) best_rows = t2 - t1;
+    }
+    for (int it = 0; it < 30; it++) {
+        double t0 = now_ns();
+        for (int r = 0; r < MROWS; r += CHUNK)
+            quant_dot_tile(type, n, w + (size_t)r * rs, rs, CHUNK, x, xs, NCP, out + (size_t)r * NCP,
+                           CHUNK);
+        double t1 = now_ns();
+        if (t1 - t0 < best_pre) best_pre = t1 - t0;
+    }
+    printf("bench L%d %-5s n=%-5lld decode tile %6.1f ns/row (%5.1f GB/s)  rows %6.1f ns/row"
+           "   prefill nc=%d %6.2f ns/row/col\n", level, quant_traits_of(type)->name,
+           (long long)n, best_dec / total, rs * total / best_dec, best_rows / total, NCP,
+           best_pre / MROWS / NCP);
+    free(f), free(out), free(w), free(x);
+}
+
 static void bench(void) {
     int max = quant_simd_max();
+    uint32_t ttypes[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0};
+    for (size_t i = 0; i < sizeof ttypes / sizeof ttypes[0]; i++)
+        for (int level = QS_AVX2; level <= max; level++) {
+            bench_tile(ttypes[i], 576, level);
+            bench_tile(ttypes[i], 1536, level);
+        }
+    if (getenv("QUANT_BENCH_TILE_ONLY")) {
+        quant_set_simd(max);
+        return;
+    }
     uint32_t types[] = {QT_Q4_1, QT_Q8_0, QT_F32, QT_F16, QT_Q4_0, QT_Q5_0, QT_Q5_1,
                         QT_Q4_K, QT_Q5_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
