@@ -112,6 +112,7 @@ run: tools model $(KILND)
 
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
+	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
 
 clean:
 	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz
