@@ -5,7 +5,11 @@
  *   kilnd bench-engine --model PATH [--threads N] [--requests N] [--concurrency C]
  *       [--prompt-tokens P | --prompt-file FILE] [--gen-tokens G] [--max-batch B]
  *       [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--json]
+ *       [--config kiln.ini]
  *
+ * --config takes the model and the engine knobs from kiln.ini ([model] path,
+ * [engine] threads, block_size, kv_pool_mb, max_batch_size, max_batched_tokens,
+ * prefix_caching); flags given after it override them.
  * C requests are kept in flight until N have been sent (closed loop, like a load
  * generator with C users). Synthetic prompts are token ids spread over the
  * vocabulary; with --prompt-file each line is a prompt (tokenized, cycled). */
@@ -18,6 +22,7 @@
 
 #include "core/backend.h"
 #include "core/cli_engine.h"
+#include "core/config.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
@@ -28,6 +33,8 @@ typedef struct {
     const char *model, *prompt_file;
     int threads, requests, concurrency, prompt_tokens, gen_tokens;
     int max_batch, max_batched_tokens, kv_blocks, prefix, json;
+    int block_size, kv_pool_mb;
+    kiln_config cfg; /* --config: where model points */
 } be_opts;
 
 typedef struct {
@@ -93,14 +100,28 @@ static int parse(int argc, char **argv, be_opts *o) {
     memset(o, 0, sizeof *o);
     o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o->requests = 32, o->concurrency = 32, o->prompt_tokens = 128, o->gen_tokens = 128;
-    o->max_batch = 32, o->max_batched_tokens = 512, o->prefix = 1;
+    o->max_batch = 32, o->max_batched_tokens = 512, o->prefix = 1, o->block_size = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *ip = NULL;
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
         if (!v) { fprintf(stderr, "kilnd: %s needs a value\n", a); return -1; }
         i++;
-        if (!strcmp(a, "--model")) o->model = v;
+        if (!strcmp(a, "--config")) {
+            char err[512];
+            cfg_defaults(&o->cfg);
+            if (cfg_load_file(&o->cfg, v, err, sizeof err) < 0) {
+                fprintf(stderr, "kilnd: %s\n", err);
+                return -1;
+            }
+            o->model = o->cfg.model.path;
+            if (o->cfg.engine.threads > 0) o->threads = o->cfg.engine.threads;
+            o->block_size = o->cfg.engine.block_size;
+            o->kv_pool_mb = o->cfg.engine.kv_pool_mb;
+            o->max_batch = o->cfg.engine.max_batch_size;
+            o->max_batched_tokens = o->cfg.engine.max_batched_tokens;
+            o->prefix = o->cfg.engine.prefix_caching;
+        } else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
         else if (!strcmp(a, "--threads")) ip = &o->threads;
         else if (!strcmp(a, "--requests")) ip = &o->requests;
@@ -248,10 +269,12 @@ int cli_bench_engine(int argc, char **argv) {
     int seq_len = longest + o.gen_tokens + 1;
     kv_config kc = {0};
     model_kv_shape(&m, &kc);
-    kc.block_size = 16;
+    kc.block_size = o.block_size;
     kc.max_seqs = o.concurrency;
-    kc.max_blocks_per_seq = (seq_len + 15) / 16;
+    kc.max_blocks_per_seq = (seq_len + o.block_size - 1) / o.block_size;
     kc.n_blocks = o.kv_blocks ? o.kv_blocks : kc.max_blocks_per_seq * o.concurrency;
+    if (!o.kv_blocks && o.kv_pool_mb > 0) /* the configured pool size, in whole blocks */
+        kc.n_blocks = (int)(((size_t)o.kv_pool_mb << 20) / kv_block_bytes(&kc));
     kc.prefix_cache = o.prefix;
     if (kv_pool_init(&kv, &kc, NULL) < 0) { fprintf(stderr, "kilnd: cannot allocate the KV pool\n"); goto out; }
     kv_ok = 1;

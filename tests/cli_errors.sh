@@ -20,4 +20,9 @@ expect "exceeds the context" "$kilnd" generate --model "$model" --prompt hi --ct
 expect "prompt-ids" "$kilnd" generate --model "$model" --prompt-ids 1,x,3
 expect "prompt-ids" "$kilnd" generate --model "$model" --prompt-ids 99999999
 expect "unknown command" "$kilnd" frobnicate
+printf '[engine]\nmax_batch_size = 0\n' >"$tmp/bad.ini"
+expect "max_batch_size = 0: must be" "$kilnd" bench-engine --config "$tmp/bad.ini"
+printf '[engine]\nthreads = 2\nbogus_knob = 1\n' >"$tmp/typo.ini"
+expect "bogus_knob" "$kilnd" bench-engine --config "$tmp/typo.ini"
+expect "cannot open\|no such file" "$kilnd" bench-engine --config "$tmp/none.ini"
 exit $bad
