@@ -4,27 +4,29 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define THR_SPIN_ROUNDS 200000 /* ≈ a few ms of spinning before a worker sleeps */
-/* next_task rests at THR_IDLE between jobs, so a worker that wakes late for a finished
- * job claims an index past any n_tasks and returns; a claim below it belongs to the
- * current job, whose fn/ctx/n_tasks were published before next_task was reset. */
-#define THR_IDLE (1 << 30)
+/* A claim is one fetch_add on a 64-bit word holding (n_tasks << 32 | next index), so
+ * a thread learns from a single atomic read both its index and whether it is valid
+ * for the job it belongs to. Between jobs the word is 0 (n_tasks 0): a worker that
+ * wakes late claims nothing. A separate n_tasks field would let a late claim of the
+ * previous job be checked against the next job's size and run a task twice. */
+#define THR_CLAIM(n) ((uint64_t)(uint32_t)(n) << 32)
 
 struct thr_pool {
     int n_threads;
     pthread_t *workers;       /* [n_threads - 1] */
     _Atomic unsigned gen;     /* bumped for each job; workers wait on it */
-    _Atomic int next_task;    /* next task index to hand out */
+    _Atomic uint64_t next;    /* THR_CLAIM(n_tasks) + next task index */
     _Atomic int done_tasks;   /* tasks finished in the current job */
     _Atomic int sleepers;     /* workers in futex wait: the caller must wake them */
     _Atomic int stop;
     thr_fn fn;
     void *ctx;
-    int n_tasks;
 };
 
 static void cpu_relax(void) {
@@ -44,9 +46,11 @@ static void futex_wake_all(_Atomic unsigned *addr) {
 /* Take tasks until none are left. */
 static void run_tasks(thr_pool *p) {
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_acq_rel);
-        if (t >= p->n_tasks) return;
-        p->fn(p->ctx, t, p->n_tasks);
+        uint64_t v = atomic_fetch_add_explicit(&p->next, 1, memory_order_acq_rel);
+        uint32_t t = (uint32_t)v, n = (uint32_t)(v >> 32);
+        if (t >= n) return;
+        /* a valid claim keeps its job running, so fn and ctx are still this job's */
+        p->fn(p->ctx, (int)t, (int)n);
         atomic_fetch_add_explicit(&p->done_tasks, 1, memory_order_release);
     }
 }
@@ -80,7 +84,7 @@ thr_pool *thr_pool_new(int n_threads) {
     thr_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n_threads = n_threads;
-    atomic_init(&p->next_task, THR_IDLE);
+    atomic_init(&p->next, 0);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers) {
         free(p);
@@ -120,12 +124,11 @@ void thr_run(thr_pool *p, thr_fn fn, void *ctx, int n_tasks) {
     }
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
     atomic_store_explicit(&p->done_tasks, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->next_task, 0, memory_order_release);
+    atomic_store_explicit(&p->next, THR_CLAIM(n_tasks), memory_order_release);
     atomic_fetch_add(&p->gen, 1); /* seq_cst: pairs with the sleepers check in workers */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
     run_tasks(p);
     while (atomic_load_explicit(&p->done_tasks, memory_order_acquire) < n_tasks) cpu_relax();
-    atomic_store_explicit(&p->next_task, THR_IDLE, memory_order_release);
+    atomic_store_explicit(&p->next, 0, memory_order_release);
 }
