@@ -280,7 +280,9 @@ int cli_bench_engine(int argc, char **argv) {
     kv_ok = 1;
     backend_cpu_config bc = {o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0};
     if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
-    eng_config ec = {o.max_batch, o.max_batched_tokens, seq_len, o.concurrency, o.concurrency, o.prefix};
+    eng_config ec = {.max_batch_size = o.max_batch, .max_batched_tokens = o.max_batched_tokens,
+                     .max_seq_len = seq_len, .max_seqs = o.concurrency,
+                     .max_queued_requests = o.concurrency, .prefix_caching = o.prefix};
     eng_callbacks cb = {on_token, on_finish};
     if (!(eng = eng_new(&ec, &m, &tok, &kv, be, &cb, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     run.reqs = calloc((size_t)o.requests, sizeof *run.reqs);

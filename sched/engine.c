@@ -144,6 +144,16 @@ static int free_seq_slots(const engine *e) {
     return n;
 }
 
+/* Tokens still to compute for waiting sequences (each request's prompt counted once). */
+static int queued_tokens(const engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if (s->state == SQ_WAIT) n += s->n_toks - s->n_computed;
+    }
+    return n;
+}
+
 static int check_params(const engine *e, const eng_params *p, char *err, size_t errlen) {
     int pool_tokens = e->kv->cfg.n_blocks * e->kv->cfg.block_size;
     if (!p->prompt || p->n_prompt < 1) {
@@ -221,6 +231,12 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
     if (!r || free_seq_slots(e) < p->n) {
         snprintf(err, errlen, "the engine is full (%d requests, %d sequences)",
                  e->cfg.max_queued_requests, e->cfg.max_seqs);
+        return -EAGAIN;
+    }
+    int queued = queued_tokens(e);
+    if (e->cfg.max_queued_tokens > 0 && queued + p->n_prompt > e->cfg.max_queued_tokens) {
+        snprintf(err, errlen, "the queue holds %d prompt tokens; %d more exceed max_queued_tokens %d",
+                 queued, p->n_prompt, e->cfg.max_queued_tokens);
         return -EAGAIN;
     }
     memset(r, 0, sizeof *r);

@@ -29,6 +29,7 @@ typedef struct {
     int max_seq_len;         /* prompt + output, per sequence */
     int max_seqs;            /* live sequences (all requests, all samples) */
     int max_queued_requests; /* requests waiting or running */
+    int max_queued_tokens;   /* prompt tokens of waiting sequences; 0: no limit */
     int prefix_caching;      /* reuse cached full blocks of identical prefixes */
 } eng_config;
 
@@ -83,7 +84,7 @@ void eng_free(engine *e);
 
 /* Queue a request: its id (> 0), or negative with err set: -EINVAL (bad params),
  * -E2BIG (prompt ≥ max_seq_len, or larger than the whole KV pool), -EAGAIN (queue
- * full). */
+ * full: max_queued_requests, max_seqs or max_queued_tokens). */
 int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen);
 /* Cancel: every sample finishes with EF_CANCELLED; blocks are freed now, or when the
  * step in flight that uses them completes. 0 or -ENOENT. */

@@ -34,6 +34,9 @@ from collections import Counter
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ref_llama import bytes_to_unicode  # noqa: E402  (GPT-2 byte table, one copy)
+
 try:
     import gguf
     from gguf import GGMLQuantizationType as QT
@@ -187,19 +190,6 @@ _TEXT = (
     "Interesting things happen when the weather changes: the wind turns, the clouds "
     "gather and rain falls on the fields, the gardens and the old stone houses."
 )
-
-
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def make_vocab(n_vocab=N_VOCAB, n_control=2):

@@ -53,7 +53,7 @@ NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "stablelm",
               "gptneox", "falcon", "olmo2", "starcoder2", "exaone"}
 
 
-def _bytes_to_unicode():
+def bytes_to_unicode():
     """GPT-2's reversible byte <-> printable-unicode table."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + \
         list(range(0xAE, 0xFF + 1))
@@ -67,7 +67,7 @@ def _bytes_to_unicode():
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
-_BYTE_DECODER = {v: k for k, v in _bytes_to_unicode().items()}
+_BYTE_DECODER = {v: k for k, v in bytes_to_unicode().items()}
 
 
 def _field(reader, key, default=None):

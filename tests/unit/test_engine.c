@@ -139,7 +139,9 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
             return -1;
         }
     }
-    eng_config ec = {batch, tokens, max_seq_len, max_seqs, 1024, prefix};
+    eng_config ec = {.max_batch_size = batch, .max_batched_tokens = tokens,
+                     .max_seq_len = max_seq_len, .max_seqs = max_seqs,
+                     .max_queued_requests = 1024, .prefix_caching = prefix};
     eng_callbacks cb = {on_token, on_finish};
     g->eng = eng_new(&ec, m, tok, &g->kv, g->be, &cb, err, sizeof err);
     if (!g->eng) fprintf(stderr, "eng_new: %s\n", err);
@@ -336,6 +338,37 @@ static void forks(const model *m, const tok_t *tok, int fake) {
     rig_close(&g);
 }
 
+/* Admission: the queue limits and max_seq_len give clear errors and lose nothing. */
+static void admission(const model *m, const tok_t *tok) {
+    static prompt p;
+    static req_result r[8];
+    char err[256];
+    rig g;
+    if (rig_open(&g, m, tok, 64, 16, 256, 8, 64, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    eng_free(g.eng);
+    eng_config ec = {.max_batch_size = 8, .max_batched_tokens = 64, .max_seq_len = 256,
+                     .max_seqs = 16, .max_queued_requests = 4, .max_queued_tokens = 250};
+    eng_callbacks cb = {on_token, on_finish};
+    g.eng = eng_new(&ec, m, tok, &g.kv, g.be, &cb, err, sizeof err);
+    memset(r, 0, sizeof r);
+    make_prompt(&p, 100, 5);
+    CHECK(submit(&g, &p, 4, 1, 0.0f, &r[0]) > 0, "admission: first");
+    CHECK(submit(&g, &p, 4, 1, 0.0f, &r[1]) > 0, "admission: second");
+    eng_params ep = {0};
+    ep.prompt = p.toks, ep.n_prompt = p.n, ep.n = 1, ep.ud = &r[2];
+    sampler_params_default(&ep.sp);
+    CHECK(eng_submit(g.eng, &ep, err, sizeof err) == -EAGAIN && strstr(err, "max_queued_tokens"),
+          "admission: 300 queued tokens passed a limit of 250 (%s)", err);
+    make_prompt(&p, 300, 5);
+    ep.n_prompt = p.n;
+    CHECK(eng_submit(g.eng, &ep, err, sizeof err) == -E2BIG && strstr(err, "max_seq_len"),
+          "admission: a 300-token prompt passed max_seq_len 256 (%s)", err);
+    CHECK(eng_run_sync(g.eng) == 0, "admission: run");
+    CHECK(r[0].finished[0] == 1 && r[1].finished[0] == 1, "admission: accepted requests finished");
+    pool_ok(&g, "admission");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -401,6 +434,7 @@ int main(void) {
     invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
     accounting(&m, &tok);
     forks(&m, &tok, 1);
+    admission(&m, &tok);
     forks(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
