@@ -9,7 +9,9 @@
  *
  * --config takes the model and the engine knobs from kiln.ini ([model] path,
  * [engine] threads, block_size, kv_pool_mb, max_batch_size, max_batched_tokens,
- * prefix_caching); flags given after it override them.
+ * prefix_caching, max_queued_tokens); flags given after it override them. The
+ * driver keeps exactly `concurrency` requests queued, so it sets max_queued_requests
+ * to that.
  * C requests are kept in flight until N have been sent (closed loop, like a load
  * generator with C users). Synthetic prompts are token ids spread over the
  * vocabulary; with --prompt-file each line is a prompt (tokenized, cycled). */
@@ -33,7 +35,7 @@ typedef struct {
     const char *model, *prompt_file;
     int threads, requests, concurrency, prompt_tokens, gen_tokens;
     int max_batch, max_batched_tokens, kv_blocks, prefix, json;
-    int block_size, kv_pool_mb;
+    int block_size, kv_pool_mb, max_queued_tokens;
     kiln_config cfg; /* --config: where model points */
 } be_opts;
 
@@ -121,6 +123,7 @@ static int parse(int argc, char **argv, be_opts *o) {
             o->max_batch = o->cfg.engine.max_batch_size;
             o->max_batched_tokens = o->cfg.engine.max_batched_tokens;
             o->prefix = o->cfg.engine.prefix_caching;
+            o->max_queued_tokens = o->cfg.engine.max_queued_tokens;
         } else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
         else if (!strcmp(a, "--threads")) ip = &o->threads;
@@ -282,7 +285,8 @@ int cli_bench_engine(int argc, char **argv) {
     if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     eng_config ec = {.max_batch_size = o.max_batch, .max_batched_tokens = o.max_batched_tokens,
                      .max_seq_len = seq_len, .max_seqs = o.concurrency,
-                     .max_queued_requests = o.concurrency, .prefix_caching = o.prefix};
+                     .max_queued_requests = o.concurrency, .prefix_caching = o.prefix,
+                     .max_queued_tokens = o.max_queued_tokens};
     eng_callbacks cb = {on_token, on_finish};
     if (!(eng = eng_new(&ec, &m, &tok, &kv, be, &cb, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     run.reqs = calloc((size_t)o.requests, sizeof *run.reqs);

@@ -39,7 +39,7 @@ typedef struct {
 
 struct eng_req {
     int64_t id;
-    int n, n_live, forked, cancelled, ignore_eog;
+    int n, n_live, forked, cancelled, ignore_eog, logprobs;
     eng_seq *seqs[ENG_MAX_N];
     void *ud;
     double t_arrival;
@@ -242,6 +242,7 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     r->id = e->next_id++, r->n = p->n, r->ud = p->ud, r->t_arrival = now_s();
     r->ignore_eog = p->ignore_eog;
+    r->logprobs = p->logprobs;
     e->next_order++;
     for (int i = 0; i < p->n; i++) {
         eng_seq *s = seq_slot(e);
@@ -473,7 +474,7 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
     const int nv = e->m->cfg.n_vocab;
     memcpy(e->scratch, logits, (size_t)nv * sizeof(float));
     float lp = 0.0f;
-    int32_t tok = sampler_sample(&s->smp, e->scratch, &lp);
+    int32_t tok = sampler_sample(&s->smp, e->scratch, s->req->logprobs ? &lp : NULL);
     sampler_accept(&s->smp, tok, 0);
     s->toks[s->n_toks++] = tok;
     s->n_gen++;

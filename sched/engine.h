@@ -66,6 +66,8 @@ typedef struct {
     int n_stops;
     void *ud;              /* passed to the callbacks */
     int ignore_eog;        /* benchmarks: generate max_tokens whatever the model says */
+    int logprobs;          /* report each token's logprob (a log-softmax over the
+                            * vocabulary per token: skipped, and reported as 0, when off) */
 } eng_params;
 
 typedef struct engine engine;
