@@ -274,6 +274,9 @@ static void emit(engine *e, eng_seq *s, int32_t tok, const char *text, int len, 
 
 static void finish_seq(engine *e, eng_seq *s, int reason, const char *msg) {
     eng_req *r = s->req;
+    if (s->sample == 0 && !r->forked) /* samples waiting for a fork that will not come */
+        for (int i = 1; i < r->n; i++)
+            if (r->seqs[i] && r->seqs[i]->state == SQ_PARKED) finish_seq(e, r->seqs[i], reason, msg);
     if (reason != EF_CANCELLED && reason != EF_ERROR) { /* let held-back text out */
         int k = tok_stream_flush(&s->ts, e->text, TOK_STREAM_CAP(e->tok));
         int stopped = 0;

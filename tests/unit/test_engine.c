@@ -38,6 +38,7 @@ typedef struct {
     const kv_pool *kv;
     int n_vocab;
     int32_t eog;
+    int fail_next;  /* the next step fails (a device error) */
     float *logits; /* [max_logits][n_vocab] */
 } fake_backend;
 
@@ -68,7 +69,13 @@ static int fake_submit(backend *be, const model_batch *b) {
     }
     return 0;
 }
-static int fake_wait(backend *be) { (void)be; return 1; }
+static int fake_wait(backend *be) {
+    fake_backend *f = (fake_backend *)be;
+    if (!f->fail_next) return 1;
+    f->fail_next = 0;
+    snprintf(be->err, sizeof be->err, "fake device error");
+    return -EIO;
+}
 static int fake_fd(backend *be) { (void)be; return -1; }
 static const float *fake_logits(backend *be) { return ((fake_backend *)be)->logits; }
 static void fake_destroy(backend *be) { (void)be; }
@@ -359,6 +366,18 @@ static void admission(const model *m, const tok_t *tok) {
     sampler_params_default(&ep.sp);
     CHECK(eng_submit(g.eng, &ep, err, sizeof err) == -EAGAIN && strstr(err, "max_queued_tokens"),
           "admission: 300 queued tokens passed a limit of 250 (%s)", err);
+    /* a failing step ends every sample of its requests, forks not yet made included */
+    static req_result rf;
+    memset(&rf, 0, sizeof rf);
+    CHECK(eng_run_sync(g.eng) == 0, "admission: drain");
+    make_prompt(&p, 20, 6);
+    CHECK(submit(&g, &p, 4, 3, 0.7f, &rf) > 0, "admission: n=3");
+    g.fake.fail_next = 1;
+    CHECK(eng_run_sync(g.eng) < 0, "admission: the failed step was not reported");
+    CHECK(!eng_pending(g.eng), "admission: samples left behind after a failed step");
+    for (int s = 0; s < 3; s++)
+        CHECK(rf.finished[s] == 1 && rf.reason[s] == EF_ERROR, "admission: sample %d finished %d times, reason %d",
+              s, rf.finished[s], rf.reason[s]);
     make_prompt(&p, 300, 5);
     ep.n_prompt = p.n;
     CHECK(eng_submit(g.eng, &ep, err, sizeof err) == -E2BIG && strstr(err, "max_seq_len"),
