@@ -101,7 +101,7 @@ $(BUILD)/fuzz/obj/%.o: %.c | $(BUILD)/gnu/deps/.ok
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link $(FUZZ_SAN) $(call simdflags,$<) -c $< -o $@
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) $< $(FUZZ_OBJS) -o $@ \
+	clang $(filter-out -MMD -MP,$(FUZZ_CFLAGS)) -fsanitize=fuzzer $(FUZZ_SAN) $< $(FUZZ_OBJS) -o $@ \
 	  -L$(BUILD)/gnu/deps/lib -linih -lm -pthread
 -include $(shell find $(BUILD)/fuzz/obj -name '*.d' 2>/dev/null)
 fuzz: $(FUZZ_BINS)

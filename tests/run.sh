@@ -25,12 +25,16 @@ run() {
 run "ref/quant-vectors" "$PY" tests/ref/quant_vectors.py
 
 # Unit tests, plain and under ASan+UBSan.
-for t in "$BUILD"/gnu/tests/test_*; do run "unit/$(basename "$t")" "$t"; done
-for t in "$BUILD"/asan/tests/test_*; do run "asan/$(basename "$t")" "$t"; done
+# (one per source file, so a stale binary of a removed test never runs)
+for src in tests/unit/test_*.c; do
+  t=$(basename "$src" .c); run "unit/$t" "$BUILD/gnu/tests/$t"; done
+for src in tests/unit/test_*.c; do
+  t=$(basename "$src" .c); run "asan/$t" "$BUILD/asan/tests/$t"; done
 
 # Fuzz targets: replay the kept corpus, then fuzz briefly (bounded in time).
-for f in "$BUILD"/fuzz/fuzz_*; do
-  n=$(basename "$f"); c=tests/fuzz/corpus/$n; mkdir -p "$c" "$BUILD/fuzz/work/$n"
+for src in tests/fuzz/fuzz_*.c; do
+  n=$(basename "$src" .c); f=$BUILD/fuzz/$n; c=tests/fuzz/corpus/$n
+  mkdir -p "$c" "$BUILD/fuzz/work/$n"
   run "fuzz/$n" "$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=4096 \
     -print_final_stats=1 "$BUILD/fuzz/work/$n" "$c"
 done
