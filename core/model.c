@@ -13,6 +13,8 @@
 #include "core/threads.h"
 
 #define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4 */
+#define MM_CHUNK_WIDE 64 /* for the vocabulary-wide output matrix: longer runs of each
+                          * token's logits per store (its rows are 196 KB apart) */
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
 #define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
 
@@ -320,6 +322,7 @@ typedef struct {
     float *out[3];
     int ostride[3];      /* floats between tokens in out */
     int chunks[3];       /* tasks per matrix */
+    int rows[3];         /* weight rows per task */
     int epi;
     int n_tok;
     size_t xstride;
@@ -351,22 +354,29 @@ static void mm_task(void *ctx, int task, int n_tasks) {
     float tmp[2][MM_CHUNK * 512];
     int m = 0;
     while (task >= j->chunks[m]) task -= j->chunks[m++];
-    int r0 = task * MM_CHUNK, n_out = j->w[m]->n_out;
-    int nr = n_out - r0 < MM_CHUNK ? n_out - r0 : MM_CHUNK;
-    for (int t0 = 0; t0 < j->n_tok; t0 += 512) {
-        mm_job part = *j; /* token tiles of 512 keep tmp on the stack */
-        part.n_tok = j->n_tok - t0 < 512 ? j->n_tok - t0 : 512;
+    int rows = j->rows[m], r0 = task * rows, n_out = j->w[m]->n_out;
+    int nr = n_out - r0 < rows ? n_out - r0 : rows;
+    int tile = (int)(sizeof tmp[0] / sizeof(float)) / rows; /* tokens per pass */
+    for (int t0 = 0; t0 < j->n_tok; t0 += tile) {
+        mm_job part = *j; /* token tiles keep tmp on the stack */
+        part.n_tok = j->n_tok - t0 < tile ? j->n_tok - t0 : tile;
         for (int i = 0; i < j->n_mats; i++) part.xq[i] = j->xq[i] + (size_t)t0 * j->xstride;
+        float *o0 = j->out[m] + (size_t)t0 * j->ostride[m] + r0;
+        if (j->epi == EPI_STORE && !j->bias[m] && !j->exact) { /* straight into out */
+            const model_mat *w = j->w[m];
+            quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes,
+                           w->row_bytes, nr, part.xq[m], j->xstride, part.n_tok, o0,
+                           (size_t)j->ostride[m]);
+            continue;
+        }
         mm_rows(&part, m, r0, nr, tmp[0]);
         if (j->epi == EPI_SWIGLU) mm_rows(&part, 1, r0, nr, tmp[1]);
         for (int t = 0; t < part.n_tok; t++) {
-            float *o = j->out[m] + (size_t)(t0 + t) * j->ostride[m] + r0;
+            float *o = o0 + (size_t)t * j->ostride[m];
             const float *a = tmp[0] + t * nr, *u = tmp[1] + t * nr;
-            for (int r = 0; r < nr; r++) {
-                if (j->epi == EPI_STORE) o[r] = a[r];
-                else if (j->epi == EPI_ADD) o[r] += a[r];
-                else o[r] = silu(a[r]) * u[r];
-            }
+            if (j->epi == EPI_STORE) for (int r = 0; r < nr; r++) o[r] = a[r];
+            else if (j->epi == EPI_ADD) for (int r = 0; r < nr; r++) o[r] += a[r];
+            else for (int r = 0; r < nr; r++) o[r] = silu(a[r]) * u[r];
         }
     }
 }
@@ -397,7 +407,8 @@ static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, 
         j.bias[i] = bias ? bias[i] : NULL;
         j.out[i] = out[i];
         j.ostride[i] = ostride[i];
-        j.chunks[i] = (epi == EPI_SWIGLU && i == 1) ? 0 : (w[i]->n_out + MM_CHUNK - 1) / MM_CHUNK;
+        j.rows[i] = w[i]->n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK;
+        j.chunks[i] = (epi == EPI_SWIGLU && i == 1) ? 0 : (w[i]->n_out + j.rows[i] - 1) / j.rows[i];
         total += j.chunks[i];
     }
     if (tp) thr_run(tp, mm_task, &j, total);
