@@ -42,7 +42,6 @@ typedef struct {
 typedef struct {
     double t_submit, t_last;
     int n_tok;
-    int done;
 } be_req;
 
 typedef struct {
@@ -78,8 +77,7 @@ static void on_token(void *ud, int64_t id, int sample, int32_t tok, const char *
 static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u,
                       const char *msg) {
     (void)id, (void)sample, (void)u;
-    be_req *r = ud;
-    r->done = 1;
+    (void)ud;
     g_run->finished++;
     if (reason == EF_ERROR) {
         g_run->failed++;

@@ -29,7 +29,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ------------------------------------------------------------------ the engine */
+/* ------------------------------------------------------------------ one request, no scheduler */
 
 /* Everything one generation needs: the model, the tokenizer, the pinned arena holding
  * the KV pool, and a backend. */
@@ -43,9 +43,9 @@ typedef struct {
     int32_t *positions; /* [chunk] step scratch */
     kv_seq **seqs;      /* [chunk] */
     int loaded_tok, loaded_kv;
-} engine;
+} runner;
 
-static void engine_close(engine *e) {
+static void runner_close(runner *e) {
     if (e->be) e->be->ops->destroy(e->be);
     if (e->loaded_kv) kv_pool_free(&e->kv);
     mm_pool_free(&e->arena);
@@ -57,7 +57,7 @@ static void engine_close(engine *e) {
 }
 
 /* Map the model and build its tokenizer. */
-static int engine_load(engine *e, const char *path) {
+static int runner_load(runner *e, const char *path) {
     char err[512];
     memset(e, 0, sizeof *e);
     if (model_load(&e->m, path, err, sizeof err) < 0) {
@@ -66,7 +66,7 @@ static int engine_load(engine *e, const char *path) {
     }
     if (tok_init_gguf(&e->tok, &e->m.gguf, err, sizeof err) < 0) {
         fprintf(stderr, "kilnd: tokenizer: %s\n", err);
-        engine_close(e);
+        runner_close(e);
         return -1;
     }
     e->loaded_tok = 1;
@@ -75,7 +75,7 @@ static int engine_load(engine *e, const char *path) {
 
 /* Carve the arena, the KV pool for one sequence of up to ctx positions, and start the
  * backend with prefill steps of up to chunk tokens. */
-static int engine_start(engine *e, int threads, int ctx, int chunk, int exact) {
+static int runner_start(runner *e, int threads, int ctx, int chunk, int exact) {
     char err[512];
     kv_config kc = {0};
     model_kv_shape(&e->m, &kc);
@@ -109,7 +109,7 @@ static int engine_start(engine *e, int threads, int ctx, int chunk, int exact) {
 
 /* Run n tokens of seq starting at position pos in steps of e->chunk; returns the logits
  * of the last token (owned by the backend) or NULL. */
-static const float *engine_feed(engine *e, kv_seq *seq, const int32_t *toks, int n, int pos) {
+static const float *runner_feed(runner *e, kv_seq *seq, const int32_t *toks, int n, int pos) {
     int32_t *positions = e->positions;
     kv_seq **seqs = e->seqs;
     for (int i = 0; i < n; i += e->chunk) {
@@ -221,7 +221,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
 /* ------------------------------------------------------------------ prompt */
 
 /* Token ids of the prompt: explicit ids, or the text (chat-formatted when asked). */
-static int build_prompt(const engine *e, const opts *o, int32_t **out) {
+static int build_prompt(const runner *e, const opts *o, int32_t **out) {
     if (o->prompt_ids) {
         size_t n = strlen(o->prompt_ids) / 2 + 2;
         int32_t *ids = malloc(n * sizeof *ids);
@@ -296,8 +296,8 @@ static int emit_text(stopper *st, const char *piece, int n) {
 static int cmd_generate(int argc, char **argv) {
     opts o;
     if (parse_opts(argc, argv, &o) < 0) { usage(); return 2; }
-    engine e;
-    if (engine_load(&e, o.model) < 0) return 1;
+    runner e;
+    if (runner_load(&e, o.model) < 0) return 1;
     int ctx = o.ctx > 0 ? o.ctx : e.m.cfg.n_ctx_train;
     int32_t *prompt = NULL;
     int n_prompt = build_prompt(&e, &o, &prompt);
@@ -314,7 +314,7 @@ static int cmd_generate(int argc, char **argv) {
         goto out;
     }
     /* The KV pool holds exactly this request: the prompt and what it may generate. */
-    if (engine_start(&e, o.threads, total, o.chunk, o.exact) < 0) goto out;
+    if (runner_start(&e, o.threads, total, o.chunk, o.exact) < 0) goto out;
     if (sampler_init(&smp, &o.sp, e.m.cfg.n_vocab) < 0) { fprintf(stderr, "kilnd: bad sampling parameters\n"); goto out; }
     smp_ok = 1;
     for (int i = 0; i < n_prompt; i++) sampler_accept(&smp, prompt[i], 1);
@@ -327,7 +327,7 @@ static int cmd_generate(int argc, char **argv) {
     if (!seq || kv_seq_reserve(&e.kv, seq, total) < 0) { fprintf(stderr, "kilnd: KV pool too small\n"); goto out; }
 
     double t0 = now_s();
-    const float *lg = engine_feed(&e, seq, prompt, n_prompt, 0);
+    const float *lg = runner_feed(&e, seq, prompt, n_prompt, 0);
     if (!lg) goto out;
     double t1 = now_s();
     if (o.dump_logits && write_logits(o.dump_logits, lg, e.m.cfg.n_vocab) < 0) goto out;
@@ -352,7 +352,7 @@ static int cmd_generate(int argc, char **argv) {
             if (k > 0 && emit_text(&st, piece, k)) { reason = "stop"; stopped = 1; break; }
         }
         if (n_gen == o.max_tokens) break;
-        lg = engine_feed(&e, seq, &id, 1, n_prompt + n_gen - 1);
+        lg = runner_feed(&e, seq, &id, 1, n_prompt + n_gen - 1);
         if (!lg) goto out_free;
     }
     if (!o.ids && !stopped) {
@@ -376,7 +376,7 @@ out:
     if (seq) kv_seq_release(&e.kv, seq);
     if (smp_ok) sampler_free(&smp);
     free(prompt);
-    engine_close(&e);
+    runner_close(&e);
     return rc;
 }
 
@@ -390,14 +390,14 @@ static int cmd_bench(int argc, char **argv) {
     if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.repeat < 1) { fprintf(stderr, "kilnd: bad bench sizes\n"); return 2; }
     int ctx = o.prompt_tokens + o.gen_tokens;
     if (o.chunk < o.prompt_tokens) o.chunk = o.prompt_tokens > 4096 ? 4096 : o.prompt_tokens;
-    engine e;
-    if (engine_load(&e, o.model) < 0) return 1;
-    if (engine_start(&e, o.threads, ctx, o.chunk, o.exact) < 0) {
-        engine_close(&e);
+    runner e;
+    if (runner_load(&e, o.model) < 0) return 1;
+    if (runner_start(&e, o.threads, ctx, o.chunk, o.exact) < 0) {
+        runner_close(&e);
         return 1;
     }
     int32_t *toks = malloc((size_t)ctx * sizeof *toks);
-    if (!toks) { engine_close(&e); return 1; }
+    if (!toks) { runner_close(&e); return 1; }
     for (int i = 0; i < ctx; i++) toks[i] = (int32_t)((1000 + 7919u * (unsigned)i) % (unsigned)e.m.cfg.n_vocab);
     double best_pp = 0, best_tg = 0;
     int rc = 0;
@@ -405,10 +405,10 @@ static int cmd_bench(int argc, char **argv) {
         kv_seq *seq = kv_seq_new(&e.kv);
         if (!seq || kv_seq_reserve(&e.kv, seq, ctx) < 0) { rc = 1; break; }
         double t0 = now_s();
-        if (!engine_feed(&e, seq, toks, o.prompt_tokens, 0)) rc = 1;
+        if (!runner_feed(&e, seq, toks, o.prompt_tokens, 0)) rc = 1;
         double t1 = now_s();
         for (int i = 0; i < o.gen_tokens && rc == 0; i++)
-            if (!engine_feed(&e, seq, toks + o.prompt_tokens + i, 1, o.prompt_tokens + i)) rc = 1;
+            if (!runner_feed(&e, seq, toks + o.prompt_tokens + i, 1, o.prompt_tokens + i)) rc = 1;
         double t2 = now_s();
         kv_seq_release(&e.kv, seq);
         double pp = o.prompt_tokens / (t1 - t0), tg = o.gen_tokens / (t2 - t1);
@@ -420,7 +420,7 @@ static int cmd_bench(int argc, char **argv) {
         printf("bench: threads=%d prompt_tokens=%d gen_tokens=%d prefill_tok_s=%.1f decode_tok_s=%.1f\n",
                o.threads, o.prompt_tokens, o.gen_tokens, best_pp, best_tg);
     free(toks);
-    engine_close(&e);
+    runner_close(&e);
     return rc;
 }
 

@@ -481,7 +481,7 @@ static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
     for (int t = 0; t < b->n_tokens; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.n_vocab)
             return fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
-        if (b->pos[t] < 0 || b->pos[t] >= b->seq[t]->n_blocks * bs)
+        if (b->pos[t] < 0 || b->pos[t] >= s->max_ctx || b->pos[t] >= b->seq[t]->n_blocks * bs)
             return fail(err, en, -EINVAL, "forward: position %d has no KV block reserved",
                         b->pos[t]);
     }
