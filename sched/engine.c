@@ -40,6 +40,7 @@ typedef struct {
 struct eng_req {
     int64_t id;
     int n, n_live, forked, cancelled, ignore_eog, logprobs;
+    int paused;          /* eng_pause: not scheduled; keeps its blocks unless preempted */
     eng_seq *seqs[ENG_MAX_N];
     void *ud;
     double t_arrival;
@@ -308,6 +309,13 @@ int eng_cancel(engine *e, int64_t id) {
     return 0; /* sequences in the step in flight finish when it completes */
 }
 
+int eng_pause(engine *e, int64_t id, int paused) {
+    eng_req *r = find_req(e, id);
+    if (!r) return -ENOENT;
+    r->paused = paused != 0;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ building a step */
 
 /* Live sequences of a state, oldest request first (insertion sort: tens of entries). */
@@ -408,7 +416,7 @@ int eng_step_begin(engine *e) {
     int n = collect(e, SQ_RUN, c);
     for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
         eng_seq *s = c[i];
-        if (s->state != SQ_RUN || s->n_toks - s->n_computed != 1) continue;
+        if (s->state != SQ_RUN || s->req->paused || s->n_toks - s->n_computed != 1) continue;
         if (make_room(e, s, s->n_computed + 1, 1) < 0) continue;
         add_to_step(e, s, 1, 1);
     }
@@ -416,7 +424,7 @@ int eng_step_begin(engine *e) {
     for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
         eng_seq *s = c[i];
         int left = s->n_toks - s->n_computed;
-        if (s->state != SQ_RUN || s->in_step || left <= 1) continue;
+        if (s->state != SQ_RUN || s->req->paused || s->in_step || left <= 1) continue;
         int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
         if (make_room(e, s, s->n_computed + chunk, 1) < 0) continue;
         add_to_step(e, s, chunk, chunk == left);
@@ -426,6 +434,7 @@ int eng_step_begin(engine *e) {
     n = collect(e, SQ_WAIT, c);
     for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
         eng_seq *s = c[i];
+        if (s->req->paused) continue;
         if (admit(e, s) < 0) break;
         int left = s->n_toks - s->n_computed;
         int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;

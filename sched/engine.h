@@ -92,13 +92,18 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen);
  * step in flight that uses them completes. 0 or -ENOENT. */
 int eng_cancel(engine *e, int64_t id);
 
+/* Pause (1) or resume (0) a request: a paused request is not scheduled (a slow reader
+ * must not make the server buffer its output without bound); it keeps its KV blocks,
+ * though as the youngest it may still be preempted for others. 0 or -ENOENT. */
+int eng_pause(engine *e, int64_t id, int paused);
+
 /* Build and submit the next step: 1 submitted, 0 nothing to do, negative on error. */
 int eng_step_begin(engine *e);
 /* After the backend reported completion (poll/wait): sample, stream, retire. */
 int eng_step_end(engine *e);
 /* True while a step is in flight. */
 int eng_busy(const engine *e);
-/* Anything left to run (waiting or running sequences)? */
+/* Anything left to run (waiting or running sequences, paused ones included)? */
 int eng_pending(const engine *e);
 /* Run steps until nothing is pending, blocking on the backend (tests, offline use). */
 int eng_run_sync(engine *e);

@@ -388,6 +388,37 @@ static void admission(const model *m, const tok_t *tok) {
     rig_close(&g);
 }
 
+/* A paused request gets no steps while another runs to the end; resumed, it finishes
+ * with the same tokens it would have produced alone (a slow reader changes nothing but
+ * timing). */
+static void pausing(const model *m, const tok_t *tok) {
+    static prompt pa, pb;
+    static req_result ra, rb, alone;
+    rig g;
+    if (rig_open(&g, m, tok, 64, 8, 256, 8, 64, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    make_prompt(&pa, 30, 71), make_prompt(&pb, 40, 72);
+    memset(&ra, 0, sizeof ra), memset(&rb, 0, sizeof rb), memset(&alone, 0, sizeof alone);
+    submit(&g, &pa, 12, 1, 0.0f, &alone);
+    CHECK(eng_run_sync(g.eng) == 0, "pause: alone");
+    int64_t a = submit(&g, &pa, 12, 1, 0.0f, &ra);
+    submit(&g, &pb, 12, 1, 0.0f, &rb);
+    for (int i = 0; i < 3; i++) /* a has prefilled and produced a token or two */
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    int before = ra.n_out[0];
+    CHECK(before > 0, "pause: a produced nothing before the pause");
+    CHECK(eng_pause(g.eng, a, 1) == 0 && eng_pause(g.eng, 999999, 1) == -ENOENT, "pause: eng_pause");
+    int steps = 0;
+    while (eng_step_begin(g.eng) == 1) eng_step_end(g.eng), steps++;
+    CHECK(rb.finished[0] == 1, "pause: the other request did not finish while a was paused");
+    CHECK(ra.n_out[0] == before && !ra.finished[0], "pause: a ran while paused (%d -> %d tokens)",
+          before, ra.n_out[0]);
+    CHECK(eng_pending(g.eng), "pause: a paused request is still pending");
+    CHECK(eng_pause(g.eng, a, 0) == 0 && eng_run_sync(g.eng) == 0, "pause: resume");
+    CHECK(ra.finished[0] == 1 && same_outputs(&ra, &alone, 1), "pause: output changed by the pause");
+    pool_ok(&g, "pause");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -454,6 +485,7 @@ int main(void) {
     accounting(&m, &tok);
     forks(&m, &tok, 1);
     admission(&m, &tok);
+    pausing(&m, &tok);
     forks(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
