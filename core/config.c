@@ -82,6 +82,12 @@ static const cfg_key keys[] = {
     INT("net", "idle_timeout_ms", net.idle_timeout_ms, 1000, 86400000, 0, 1),
     INT("net", "handshake_timeout_ms", net.handshake_timeout_ms, 100, 300000, 0, 1),
     INT("net", "max_line_bytes", net.max_line_bytes, 4096, 67108864, F_SIZE, 1),
+    INT("net", "max_requests_per_conn", net.max_requests_per_conn, 1, 4096, 0, 1),
+    INT("net", "max_output_bytes", net.max_output_bytes, 16384, 1073741824, F_SIZE, 1),
+    STR("net", "interface", net.interface, 0),
+    STR("net", "address", net.address, F_REQ),
+    STR("net", "gateway", net.gateway, 0),
+    STR("net", "mac", net.mac, 0),
     ENUM("log", "level", log.level, levels),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -120,6 +126,10 @@ void cfg_defaults(kiln_config *c) {
     c->net.idle_timeout_ms = 300000;
     c->net.handshake_timeout_ms = 10000;
     c->net.max_line_bytes = 1048576;
+    c->net.max_requests_per_conn = 64;
+    c->net.max_output_bytes = 1048576;
+    strcpy(c->net.interface, "eth0");
+    strcpy(c->net.address, "dhcp");
     c->log.level = CFG_LOG_INFO;
 }
 
@@ -494,6 +504,30 @@ static void rule_prefix(const vctx *v, const char *sec, const char *a, const cha
         return -EINVAL;                                                                 \
     } while (0)
 
+/* a.b.c.d, with "/len" (0..32) when with_len; no leading zeros beyond "0". */
+static int ipv4_ok(const char *s, int with_len) {
+    for (int part = 0; part < 4; part++) {
+        int v = 0, digits = 0;
+        while (isdigit((unsigned char)*s) && digits < 4) v = v * 10 + (*s++ - '0'), digits++;
+        if (!digits || digits > 3 || v > 255) return 0;
+        if (part < 3 && *s++ != '.') return 0;
+    }
+    if (!with_len) return *s == 0;
+    if (*s++ != '/') return 0;
+    int len = 0, digits = 0;
+    while (isdigit((unsigned char)*s) && digits < 3) len = len * 10 + (*s++ - '0'), digits++;
+    return digits && !*s && len <= 32;
+}
+
+static int mac_ok(const char *s) {
+    for (int i = 0; i < 6; i++) {
+        if (!isxdigit((unsigned char)s[0]) || !isxdigit((unsigned char)s[1])) return 0;
+        s += 2;
+        if (i < 5 && *s++ != ':') return 0;
+    }
+    return *s == 0;
+}
+
 static int validate(const kiln_config *c, const vctx *v) {
     /* Every field in range first: loads and cfg_set keep them so, a hand-built struct may not. */
     char buf[CFG_STR_MAX + 1];
@@ -532,6 +566,19 @@ static int validate(const kiln_config *c, const vctx *v) {
     if (hto > ito)
         RULE("net", "handshake_timeout_ms", "idle_timeout_ms",
              "[net] handshake_timeout_ms = %d: must be <= idle_timeout_ms (%d)", hto, ito);
+    if (strcmp(c->net.address, "dhcp") && !ipv4_ok(c->net.address, 1))
+        RULE("net", "address", "address",
+             "[net] address = %.64s: must be dhcp or an IPv4 address with its prefix length, "
+             "e.g. 10.0.0.2/24", c->net.address);
+    if (c->net.gateway[0] && !ipv4_ok(c->net.gateway, 0))
+        RULE("net", "gateway", "gateway", "[net] gateway = %.64s: must be empty or an IPv4 address",
+             c->net.gateway);
+    if (c->net.mac[0] && !mac_ok(c->net.mac))
+        RULE("net", "mac", "mac", "[net] mac = %.64s: must be empty or six hex bytes, "
+             "e.g. 02:00:00:00:00:01", c->net.mac);
+    if (c->net.driver != CFG_DRIVER_HOST && !c->net.interface[0])
+        RULE("net", "interface", "driver", "[net] interface: must be set for driver = %s",
+             drivers[c->net.driver]);
     if (c->net.metrics_port == c->net.listen_port)
         RULE("net", "metrics_port", "listen",
              "[net] metrics_port = %d: must differ from the listen port (%s:%d)",

@@ -54,6 +54,13 @@ typedef struct kiln_config {
         char tokens_file[CFG_STR_MAX + 1];
         int max_connections, idle_timeout_ms, handshake_timeout_ms;
         int max_line_bytes;          /* longest protocol line */
+        int max_requests_per_conn;   /* requests in flight per connection */
+        int max_output_bytes;        /* unsent output per connection before its
+                                      * requests pause */
+        char interface[CFG_STR_MAX + 1]; /* tap / packet: the device */
+        char address[CFG_STR_MAX + 1];   /* tap / packet: "dhcp" or a.b.c.d/len */
+        char gateway[CFG_STR_MAX + 1];   /* "" or a.b.c.d */
+        char mac[CFG_STR_MAX + 1];       /* "" or aa:bb:cc:dd:ee:ff */
     } net;
     struct {
         int level;                   /* CFG_LOG_* */

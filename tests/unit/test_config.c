@@ -295,6 +295,14 @@ static void test_cross(void) {
     CHECK(load(&A, "[net]\nhandshake_timeout_ms = 2000\nidle_timeout_ms = 2000\n") == 0, "%s", err);
     LOAD_FAILS("[net]\nlisten = 127.0.0.1:9100\n", "[net] metrics_port = 9100: must differ from the listen port");
     LOAD_FAILS("[net]\nmetrics_port = 8443\n", "<string>:2: [net] metrics_port = 8443");
+    CHECK(load(&A, "[net]\naddress = 10.0.0.2/24\ngateway = 10.0.0.1\nmac = 02:00:aB:00:00:01\n") == 0,
+          "static address: %s", err);
+    LOAD_FAILS("[net]\naddress = 10.0.0.2\n", "<string>:2: [net] address = 10.0.0.2: must be dhcp or");
+    LOAD_FAILS("[net]\naddress = 10.0.0.256/24\n", "[net] address = 10.0.0.256/24");
+    LOAD_FAILS("[net]\naddress = 10.0.0.1/33\n", "[net] address = 10.0.0.1/33");
+    LOAD_FAILS("[net]\ngateway = 10.0.0\n", "[net] gateway = 10.0.0: must be empty or");
+    LOAD_FAILS("[net]\nmac = 02:00:00:00:00\n", "[net] mac = 02:00:00:00:00: must be empty or six");
+    LOAD_FAILS("[net]\ndriver = tap\ninterface =\n", "[net] interface: must be set for driver = tap");
     /* A failed load leaves the struct alone. */
     cfg_defaults(&B);
     kiln_config before = B;
