@@ -1,0 +1,943 @@
+/* test_tls: net/tls and net/tls_certs. Development certificates into a temporary
+ * directory; a tls_server over them; an mbedTLS client written here. The two talk
+ * through a pair of in-memory ring buffers of small capacity, so every WANT_READ and
+ * WANT_WRITE path runs, and both sides are stepped by hand (no threads, no sockets).
+ *
+ * Covers: TLS 1.3 and forced TLS 1.2 (AEAD suites, a client offering CBC only is
+ * refused), EC and RSA server keys, 1 MiB each way through 7-byte and 4 KiB pipes,
+ * close_notify and EOF, plaintext garbage, mTLS (required, optional, wrong CA), the
+ * SANs from `hosts`, bad server configurations, and tls_certs_create's keep / force /
+ * fill-in rules and file modes. */
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <mbedtls/ctr_drbg.h>
+#include <mbedtls/entropy.h>
+#include <mbedtls/error.h>
+#include <mbedtls/pk.h>
+#include <mbedtls/ssl.h>
+#include <mbedtls/ssl_ciphersuites.h>
+#include <mbedtls/x509_crt.h>
+
+#include "net/tls.h"
+#include "tests/unit/check.h"
+
+static char err[512];
+static char dir1[64], dir2[64], path[256];
+static mbedtls_entropy_context entropy;
+static mbedtls_ctr_drbg_context drbg;
+
+static const char *p1(const char *name) {
+    snprintf(path, sizeof path, "%s/%s", dir1, name);
+    return path;
+}
+
+/* A self-signed RSA-2048 certificate for localhost (valid until 2126) and its key:
+ * RSA key generation at test time would cost seconds. Made with
+ * openssl req -x509 -newkey rsa:2048 -nodes -days 36500 -subj /CN=localhost
+ *     -addext subjectAltName=DNS:localhost */
+static const char rsa_crt[] =
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIDITCCAgmgAwIBAgIUHZZcWZZiD8pze5U1CYQTfy596acwDQYJKoZIhvcNAQEL\n"
+    "BQAwFDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyOTIxMTcwMFoYDzIxMjYx\n"
+    "MTA1MjExNzAwWjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwggEiMA0GCSqGSIb3DQEB\n"
+    "AQUAA4IBDwAwggEKAoIBAQCcH63X4ZjTgkLCO9/T0l+7bxjchv/UZFL3L3Oo1rmk\n"
+    "FOKOZ/78Nut5c2QdvlppCINmROEDHhsH1P1MfdiCPAdEPguI+LkPyc1CnT6ES+8O\n"
+    "BP22DrunwO4H303iaB4ThCpvZWbtC7QCgQtNUehAMAOhSOm61RkPdQKYwm4Vy9fw\n"
+    "op/dTVTB6swrh1wQOv91fas13DgW7bKYDpcRDl8DrSlckM/9InT6lu6J9okFvB9o\n"
+    "ZtL0F+6+KHWhuYQzigJa7z3arcBtlvTN+I+TwCuDJnq07erwnxLRDlHqc4SilyU4\n"
+    "CBTDBgvr3lCyNoAccgLtskklVeatMfe60jdbA8lsPiMRAgMBAAGjaTBnMB0GA1Ud\n"
+    "DgQWBBQ6ClY/6u64Ci7gZOav9NWhoiOm3zAfBgNVHSMEGDAWgBQ6ClY/6u64Ci7g\n"
+    "ZOav9NWhoiOm3zAPBgNVHRMBAf8EBTADAQH/MBQGA1UdEQQNMAuCCWxvY2FsaG9z\n"
+    "dDANBgkqhkiG9w0BAQsFAAOCAQEAj/qnerf3sC3PS6iQsC2Ipxb4m3E3uLfq9Pq/\n"
+    "70F+q3wJG0E8v2flqx/Aq8mvEt9upDX+n5q/8GtwH8kA4ZNyqy87K5whxEe4Ysi0\n"
+    "WC2d82+mUJm30hxNxgZN0QAK2dnhTs5XiUw/vm7nfpbgYeoEq5KhpvD0a7eGp70j\n"
+    "KeZVdOTY9X8A/KeDIdREDYEs6xtYXph/cvz/RLvsn0ehgB5Co+a3Gw6ukSfLknFo\n"
+    "WmuHwdDZn0xIP5qcIP0olXKS8jCRT1TF4vP5tSPpFLZ1MbMzn750Knmi9BvA7L/A\n"
+    "JdJixmwahJruds7/xLfLJl8szgsmcGKejkxZfeQ0uZOA6ehqNw==\n"
+    "-----END CERTIFICATE-----\n";
+static const char rsa_key[] =
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQCcH63X4ZjTgkLC\n"
+    "O9/T0l+7bxjchv/UZFL3L3Oo1rmkFOKOZ/78Nut5c2QdvlppCINmROEDHhsH1P1M\n"
+    "fdiCPAdEPguI+LkPyc1CnT6ES+8OBP22DrunwO4H303iaB4ThCpvZWbtC7QCgQtN\n"
+    "UehAMAOhSOm61RkPdQKYwm4Vy9fwop/dTVTB6swrh1wQOv91fas13DgW7bKYDpcR\n"
+    "Dl8DrSlckM/9InT6lu6J9okFvB9oZtL0F+6+KHWhuYQzigJa7z3arcBtlvTN+I+T\n"
+    "wCuDJnq07erwnxLRDlHqc4SilyU4CBTDBgvr3lCyNoAccgLtskklVeatMfe60jdb\n"
+    "A8lsPiMRAgMBAAECggEAE0z/St8C67MA2c5ZH3C0kRFs+2ZdHj7A2voszESvco96\n"
+    "aqyEo12Owtb3G4460x1QUUZWovIH2XIFVn2AVKljJJafCnHlPwRtsbyKzAQvK4aG\n"
+    "bwlnPZfmVWbP1BuXDEackGTy0n9N47lcUlS756OH71p6OrS5gmWuyn/O6DbpHUBs\n"
+    "FzrlAMQyUIw0gaFfmi3qsslWqUyi42uezU8GhmNE2n9qxSQEm56pQAWo+8bS953u\n"
+    "A0vyBDT/3YDBUFdqRa3t2fz6oLcl2opXlAcJ2sMzqa0f13wUux/zYXCXBhZTlxjX\n"
+    "3dGo1iOQ3+tpjrkvP4lINQcHhpZW1SeT91DLxTQ8uQKBgQDP1oSPWbU0NYcAJ0ay\n"
+    "0MQa/oFVSMWmOf/gn7LtsIK/wi/JUGjnm0l95G21RA45Od024jciQq6SHj/jELLh\n"
+    "argYJefoAeHCKEkh7a85HL4lID6VZJYVYMS7sHoROy+83JjEm83AoVAlYIjWn/F7\n"
+    "CTDctPp5YNakpIcHAq5B7OOgmwKBgQDATVdUfVdue2NZ5JkCBnA68edCBNd4PP2k\n"
+    "p+Y4+V+FCWcdqOiDdlQMRcQysTERI9RRJVfg46bBHrlNr1yDK7zxw1gvEdpGX6jq\n"
+    "YexcckE0H4+gOTCbIihk0+qmEHgZ41oc0Yse/5gfM7cYMstKYb1nLxoA3ndWg/xp\n"
+    "0tf9u+S3wwKBgCH2JsEZ4o8+c+nlgRr1HCZhEhcyhgGMlrBIyD8oyaS2AYL+3bWC\n"
+    "3XZx3i9xiHV3bBtsyZ+Sj94WjU/4SZKmEqD3iLaToCVO2exuX2SQus1sQG2++vtR\n"
+    "TbRxuPCZ4EoXLetqnits8KC67oFLr3TwYoieFhPBbDGJJPtTR9BD+kojAoGBAK4g\n"
+    "mjZANP4urjzEuSPTTqahSqVGGxGeMJJ7EgV/EVY2uG9r9fasG9jtB4ZbWjHJ/sPn\n"
+    "i5ZwrRtrxaEpbBy+ax2DpAMjKEHW9u4c81iWgKJA/d24S2H94RPDrFLo0MeoTX2Q\n"
+    "5GeSS13dhypbPCdDL60SQnqM9wSZCOON7tSr4aPfAoGAepVoN91ta5yKHgfCvfGq\n"
+    "pjL/QAOjGQOAuZHQZ3vKrMLjrfr8V+r4Pd+90HTP6cBnEFI61c8bEjA5LIXM6jcw\n"
+    "/O1FqCxqZ7XEbGsDnoy5TDy71nshg9VL9X+dExWl4d3sL+XsFgDeaM7zCM/H+UFn\n"
+    "57cPam/rR8BsUppTFemXtGQ=\n"
+    "-----END PRIVATE KEY-----\n";
+
+/* ---------------------------------------------------------------- the pipe */
+
+typedef struct {
+    unsigned char data[4096];
+    size_t cap, head, len; /* cap: the pipe's capacity, 1..4096 */
+    int closed;            /* the writer is gone: empty means end of stream */
+    size_t moved;          /* bytes written, for progress detection */
+} ring;
+
+static ssize_t ring_read(ring *r, void *buf, size_t cap) {
+    if (r->len == 0)
+        return r->closed ? 0 : -EAGAIN;
+    size_t n = 0;
+    unsigned char *b = buf;
+    while (n < cap && r->len) {
+        b[n++] = r->data[r->head];
+        r->head = (r->head + 1) % r->cap;
+        r->len--;
+    }
+    return (ssize_t)n;
+}
+
+static ssize_t ring_write(ring *r, const void *buf, size_t len) {
+    if (r->closed)
+        return -EPIPE;
+    if (r->len == r->cap)
+        return -EAGAIN;
+    size_t n = 0;
+    const unsigned char *b = buf;
+    while (n < len && r->len < r->cap) {
+        r->data[(r->head + r->len) % r->cap] = b[n++];
+        r->len++;
+    }
+    r->moved += n;
+    return (ssize_t)n;
+}
+
+typedef struct {
+    ring c2s, s2c;
+    /* the client */
+    mbedtls_ssl_config conf;
+    mbedtls_ssl_context ssl;
+    mbedtls_x509_crt ca, crt;
+    mbedtls_pk_context key;
+    int suites[2];
+    size_t cw_pending;
+    /* the server's session */
+    tls_conn *sv;
+} pair;
+
+static ssize_t srv_read(void *ctx, void *buf, size_t cap) {
+    return ring_read(&((pair *)ctx)->c2s, buf, cap);
+}
+static ssize_t srv_write(void *ctx, const void *buf, size_t len) {
+    return ring_write(&((pair *)ctx)->s2c, buf, len);
+}
+static int cli_send(void *ctx, const unsigned char *buf, size_t len) {
+    ssize_t n = ring_write(&((pair *)ctx)->c2s, buf, len);
+    return n == -EAGAIN ? MBEDTLS_ERR_SSL_WANT_WRITE : n < 0 ? MBEDTLS_ERR_SSL_INTERNAL_ERROR
+                                                               : (int)n;
+}
+static int cli_recv(void *ctx, unsigned char *buf, size_t len) {
+    ssize_t n = ring_read(&((pair *)ctx)->s2c, buf, len);
+    return n == -EAGAIN ? MBEDTLS_ERR_SSL_WANT_READ : (int)n;
+}
+
+typedef struct {
+    const char *ca;        /* trust anchor file (default: dir1/ca.crt) */
+    const char *crt, *key; /* client certificate, or none */
+    const char *host;      /* default "localhost" */
+    int tls12;             /* force TLS 1.2 */
+    int suite;             /* offer only this suite */
+    size_t cap;            /* pipe capacity */
+} copts;
+
+static int pair_open(pair *p, tls_server *s, const copts *o) {
+    memset(p, 0, sizeof *p);
+    p->c2s.cap = p->s2c.cap = o->cap ? o->cap : 4096;
+    mbedtls_ssl_config_init(&p->conf);
+    mbedtls_ssl_init(&p->ssl);
+    mbedtls_x509_crt_init(&p->ca);
+    mbedtls_x509_crt_init(&p->crt);
+    mbedtls_pk_init(&p->key);
+    int r = mbedtls_ssl_config_defaults(&p->conf, MBEDTLS_SSL_IS_CLIENT,
+                                        MBEDTLS_SSL_TRANSPORT_STREAM,
+                                        MBEDTLS_SSL_PRESET_DEFAULT);
+    if (!r)
+        r = mbedtls_x509_crt_parse_file(&p->ca, o->ca ? o->ca : p1("ca.crt"));
+    if (r)
+        return r;
+    mbedtls_ssl_conf_rng(&p->conf, mbedtls_ctr_drbg_random, &drbg);
+    mbedtls_ssl_conf_ca_chain(&p->conf, &p->ca, NULL);
+    mbedtls_ssl_conf_authmode(&p->conf, MBEDTLS_SSL_VERIFY_REQUIRED);
+    if (o->tls12)
+        mbedtls_ssl_conf_max_tls_version(&p->conf, MBEDTLS_SSL_VERSION_TLS1_2);
+    if (o->suite) {
+        p->suites[0] = o->suite;
+        mbedtls_ssl_conf_ciphersuites(&p->conf, p->suites);
+    }
+    if (o->crt) {
+        if ((r = mbedtls_x509_crt_parse_file(&p->crt, o->crt)) ||
+            (r = mbedtls_pk_parse_keyfile(&p->key, o->key, NULL, mbedtls_ctr_drbg_random,
+                                          &drbg)) ||
+            (r = mbedtls_ssl_conf_own_cert(&p->conf, &p->crt, &p->key)))
+            return r;
+    }
+    if ((r = mbedtls_ssl_setup(&p->ssl, &p->conf)) ||
+        (r = mbedtls_ssl_set_hostname(&p->ssl, o->host ? o->host : "localhost")))
+        return r;
+    mbedtls_ssl_set_bio(&p->ssl, p, cli_send, cli_recv, NULL);
+    tls_bio bio = {p, srv_read, srv_write};
+    p->sv = tls_conn_new(s, &bio, err, sizeof err);
+    return p->sv ? 0 : -1;
+}
+
+static void pair_close(pair *p) {
+    tls_conn_free(p->sv);
+    mbedtls_ssl_free(&p->ssl);
+    mbedtls_ssl_config_free(&p->conf);
+    mbedtls_x509_crt_free(&p->ca);
+    mbedtls_x509_crt_free(&p->crt);
+    mbedtls_pk_free(&p->key);
+}
+
+static int want(int r) {
+    return r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE;
+}
+
+typedef struct {
+    int srv;   /* tls_handshake's last result */
+    int cli;   /* the client's: 0 done, 1 in progress, < 0 failed */
+    int steps; /* rounds taken */
+} hs_result;
+
+/* Steps both sides until both are done, one failed and the other can get no further,
+ * or nothing moves. */
+static hs_result handshake(pair *p) {
+    hs_result h = {0, 1, 0};
+    int idle = 0;
+    while (h.steps < 100000 && idle < 3) {
+        size_t moved = p->c2s.moved + p->s2c.moved;
+        int before_srv = h.srv, before_cli = h.cli;
+        h.steps++;
+        if (h.cli == 1) {
+            int r = mbedtls_ssl_handshake(&p->ssl);
+            h.cli = r == 0 ? 0 : want(r) ? 1 : r;
+        }
+        if (h.srv == 0)
+            h.srv = tls_handshake(p->sv);
+        if (h.srv == 1 && h.cli == 0)
+            break;
+        if (h.srv < 0 && h.cli != 1)
+            break;
+        idle = (moved == p->c2s.moved + p->s2c.moved && before_srv == h.srv &&
+                before_cli == h.cli) ? idle + 1 : 0;
+    }
+    return h;
+}
+
+static int is_aead(const char *suite) {
+    return strstr(suite, "GCM") || strstr(suite, "CHACHA20-POLY1305");
+}
+
+/* ---------------------------------------------------------------- data */
+
+static unsigned char pattern(size_t i, unsigned seed) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    return (unsigned char)(x >> 13 ^ x);
+}
+
+static long srv_write_again; /* tls_write's -EAGAIN answers, to see the retry path run */
+
+/* total bytes each way at once; verifies every byte. 0 on success. */
+static int transfer(pair *p, size_t total, size_t srv_chunk) {
+    static unsigned char out_c[1 << 20], out_s[1 << 20], buf[20000];
+    if (total > sizeof out_c)
+        return -1;
+    for (size_t i = 0; i < total; i++) {
+        out_c[i] = pattern(i, 1);
+        out_s[i] = pattern(i, 2);
+    }
+    size_t cs = 0, cr = 0, ss = 0, sr = 0;
+    long idle = 0, rounds = 0;
+    while ((cs < total || cr < total || ss < total || sr < total) && idle < 5) {
+        size_t before = cs + cr + ss + sr + p->c2s.moved + p->s2c.moved;
+        rounds++;
+        if (cs < total) { /* the client keeps the same-length-after-WANT rule itself */
+            size_t n = p->cw_pending ? p->cw_pending : total - cs;
+            int r = mbedtls_ssl_write(&p->ssl, out_c + cs, n);
+            if (r > 0) {
+                cs += (size_t)r;
+                p->cw_pending = 0;
+            } else if (want(r)) {
+                p->cw_pending = n;
+            } else {
+                fprintf(stderr, "client write %d\n", r);
+                return -2;
+            }
+        }
+        for (;;) { /* the server reads until -EAGAIN */
+            ssize_t n = tls_read(p->sv, buf, srv_chunk);
+            if (n == -EAGAIN)
+                break;
+            if (n <= 0) {
+                fprintf(stderr, "server read %zd: %s\n", n, tls_error(p->sv));
+                return -3;
+            }
+            for (ssize_t i = 0; i < n; i++)
+                if (buf[i] != pattern(sr + (size_t)i, 1)) {
+                    fprintf(stderr, "server got a bad byte at %zu\n", sr + (size_t)i);
+                    return -4;
+                }
+            sr += (size_t)n;
+        }
+        if (ss < total) {
+            ssize_t n = tls_write(p->sv, out_s + ss, total - ss);
+            if (n > 0)
+                ss += (size_t)n;
+            else if (n == -EAGAIN)
+                srv_write_again++;
+            else {
+                fprintf(stderr, "server write %zd: %s\n", n, tls_error(p->sv));
+                return -5;
+            }
+        }
+        for (;;) {
+            int n = mbedtls_ssl_read(&p->ssl, buf, sizeof buf);
+            if (want(n))
+                break;
+            if (n <= 0) {
+                fprintf(stderr, "client read %d\n", n);
+                return -6;
+            }
+            for (int i = 0; i < n; i++)
+                if (buf[i] != pattern(cr + (size_t)i, 2)) {
+                    fprintf(stderr, "client got a bad byte at %zu\n", cr + (size_t)i);
+                    return -7;
+                }
+            cr += (size_t)n;
+        }
+        idle = before == cs + cr + ss + sr + p->c2s.moved + p->s2c.moved ? idle + 1 : 0;
+    }
+    if (cs != total || cr != total || ss != total || sr != total) {
+        fprintf(stderr, "stalled: cs %zu cr %zu ss %zu sr %zu after %ld rounds\n", cs, cr, ss,
+                sr, rounds);
+        return -8;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static tls_server *server(const char *cert, const char *key, const char *ca, int require) {
+    char c[256], k[256], a[256];
+    snprintf(c, sizeof c, "%s", cert);
+    snprintf(k, sizeof k, "%s", key);
+    snprintf(a, sizeof a, "%s", ca ? ca : "");
+    tls_config cfg = {c, k, a, require};
+    err[0] = '\0';
+    return tls_server_new(&cfg, err, sizeof err);
+}
+
+static char crt1[256], key1[256], ca1[256], ccrt1[256], ckey1[256], ccrt2[256], ckey2[256];
+
+static void test_basic(tls_server *s) {
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    CHECK(!strcmp(tls_error(p.sv), ""), "fresh error '%s'", tls_error(p.sv));
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "TLS 1.3 handshake srv %d cli %d: %s", h.srv, h.cli,
+          tls_error(p.sv));
+    CHECK(!strcmp(tls_version(p.sv), "TLSv1.3"), "version %s", tls_version(p.sv));
+    CHECK(!strncmp(tls_suite(p.sv), "TLS1-3-", 7) && is_aead(tls_suite(p.sv)), "suite %s",
+          tls_suite(p.sv));
+    CHECK(tls_handshake(p.sv) == 1, "handshake again");
+    char cn[80];
+    CHECK(tls_peer_cn(p.sv, cn, sizeof cn) == -ENOENT, "no client cert, no CN");
+    CHECK(transfer(&p, 1 << 20, 4096) == 0, "1 MiB each way, 4 KiB pipe");
+
+    /* The client's close_notify: reads say 0, and keep saying it. */
+    int r;
+    while ((r = mbedtls_ssl_close_notify(&p.ssl)) && want(r)) {
+        char b[16];
+        (void)tls_read(p.sv, b, sizeof b);
+    }
+    CHECK(r == 0, "client close_notify %d", r);
+    char b[64];
+    ssize_t n = tls_read(p.sv, b, sizeof b);
+    CHECK(n == 0, "read after close_notify %zd: %s", n, tls_error(p.sv));
+    CHECK(tls_read(p.sv, b, sizeof b) == 0, "read after close_notify, again");
+    /* Ours goes out too, and the client sees it. */
+    int c = 0;
+    for (int i = 0; i < 100 && (c = tls_close_notify(p.sv)) == 0; i++) {
+        unsigned char d[16];
+        (void)mbedtls_ssl_read(&p.ssl, d, sizeof d);
+    }
+    CHECK(c == 1, "tls_close_notify %d: %s", c, tls_error(p.sv));
+    CHECK(tls_close_notify(p.sv) == 1, "close_notify twice");
+    unsigned char d[16];
+    r = mbedtls_ssl_read(&p.ssl, d, sizeof d);
+    CHECK(r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY, "client saw %d", r);
+    CHECK(tls_write(p.sv, "x", 1) < 0, "write after close_notify");
+    pair_close(&p);
+}
+
+static void test_tiny_pipe(tls_server *s) {
+    pair p;
+    copts o = {.cap = 7};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "7-byte pipe handshake srv %d cli %d: %s", h.srv, h.cli,
+          tls_error(p.sv));
+    srv_write_again = 0;
+    CHECK(transfer(&p, 1 << 20, 1000) == 0, "1 MiB each way, 7-byte pipe");
+    CHECK(srv_write_again > 1000, "write retries %ld", srv_write_again);
+    /* After -EAGAIN, a retry must offer at least what it offered before. */
+    static unsigned char big[10000], rb[4096];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = pattern(i, 4);
+    CHECK(tls_write(p.sv, big, sizeof big) == -EAGAIN, "7-byte pipe: -EAGAIN");
+    CHECK(tls_write(p.sv, big, 5) == -EINVAL && strstr(tls_error(p.sv), "retry"), "short retry '%s'",
+          tls_error(p.sv));
+    ssize_t w = -EAGAIN;
+    size_t got = 0;
+    int bad = 0;
+    for (int i = 0; i < 100000 && got < sizeof big; i++) {
+        if (w == -EAGAIN)
+            w = tls_write(p.sv, big, sizeof big);
+        int n = mbedtls_ssl_read(&p.ssl, rb, sizeof rb);
+        for (int j = 0; j < n; j++)
+            bad += got + (size_t)j >= sizeof big || rb[j] != pattern(got + (size_t)j, 4);
+        if (n > 0)
+            got += (size_t)n;
+    }
+    CHECK(w == (ssize_t)sizeof big && got == sizeof big && !bad, "retried write %zd got %zu bad %d",
+          w, got, bad);
+    /* End of stream without close_notify, after the handshake: 0 too. */
+    p.c2s.closed = 1;
+    char b[64];
+    ssize_t n = tls_read(p.sv, b, sizeof b);
+    CHECK(n == 0, "read at EOF %zd: %s", n, tls_error(p.sv));
+    pair_close(&p);
+
+    /* One byte at a time. */
+    o.cap = 1;
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "1-byte pipe handshake srv %d cli %d: %s", h.srv, h.cli,
+          tls_error(p.sv));
+    CHECK(transfer(&p, 50000, 333) == 0, "50 KB each way, 1-byte pipe");
+    pair_close(&p);
+}
+
+static void test_tls12(tls_server *s) {
+    pair p;
+    copts o = {.tls12 = 1, .cap = 100};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "TLS 1.2 handshake srv %d cli %d: %s", h.srv, h.cli,
+          tls_error(p.sv));
+    CHECK(!strcmp(tls_version(p.sv), "TLSv1.2"), "version %s", tls_version(p.sv));
+    CHECK(is_aead(tls_suite(p.sv)) && strstr(tls_suite(p.sv), "ECDHE-ECDSA"), "suite %s",
+          tls_suite(p.sv));
+    CHECK(transfer(&p, 100000, 4096) == 0, "TLS 1.2 data");
+    pair_close(&p);
+
+    /* A client that offers CBC only finds nothing in common. */
+    o.suite = MBEDTLS_TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256;
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    h = handshake(&p);
+    CHECK(h.srv < 0 && h.cli < 0, "CBC-only client srv %d cli %d", h.srv, h.cli);
+    CHECK(strstr(tls_error(p.sv), "handshake: "), "error '%s'", tls_error(p.sv));
+    pair_close(&p);
+
+    /* Each TLS 1.2 AEAD suite the server lists works when it is the only one offered. */
+    static const int suites[] = {MBEDTLS_TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                                 MBEDTLS_TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256};
+    for (size_t i = 0; i < 2; i++) {
+        o.suite = suites[i];
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "suite %s: srv %d cli %d: %s",
+              mbedtls_ssl_get_ciphersuite_name(suites[i]), h.srv, h.cli, tls_error(p.sv));
+        CHECK(!strcmp(tls_suite(p.sv), mbedtls_ssl_get_ciphersuite_name(suites[i])), "%s",
+              tls_suite(p.sv));
+        pair_close(&p);
+    }
+    /* And the TLS 1.3 ones. */
+    static const int suites13[] = {MBEDTLS_TLS1_3_AES_256_GCM_SHA384,
+                                   MBEDTLS_TLS1_3_CHACHA20_POLY1305_SHA256};
+    for (size_t i = 0; i < 2; i++) {
+        copts o13 = {.suite = suites13[i]};
+        CHECK(pair_open(&p, s, &o13) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+              "suite %s: srv %d cli %d: %s", mbedtls_ssl_get_ciphersuite_name(suites13[i]),
+              h.srv, h.cli, tls_error(p.sv));
+        CHECK(!strcmp(tls_suite(p.sv), mbedtls_ssl_get_ciphersuite_name(suites13[i])), "%s",
+              tls_suite(p.sv));
+        pair_close(&p);
+    }
+}
+
+/* A TLS 1.2 client asks to renegotiate while the server has a record half-sent. The
+ * server refuses by alert, and mbedTLS flushes the queued record first, inside
+ * tls_read: the retried tls_write must then report the bytes as taken without sending
+ * them again. */
+static void test_reneg(tls_server *s) {
+    pair p;
+    copts o = {.tls12 = 1, .cap = 4096};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    mbedtls_ssl_conf_renegotiation(&p.conf, MBEDTLS_SSL_RENEGOTIATION_ENABLED);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "handshake srv %d cli %d", h.srv, h.cli);
+    static unsigned char big[9000], b[8192];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = pattern(i, 3);
+    CHECK(tls_write(p.sv, big, 3000) == 3000, "first record");
+    CHECK(tls_write(p.sv, big + 3000, 3000) == -EAGAIN, "second record half-sent");
+    size_t got = 0;
+    int bad = 0, n;
+    while ((n = mbedtls_ssl_read(&p.ssl, b, sizeof b)) > 0) {
+        for (int j = 0; j < n; j++)
+            bad += got + (size_t)j >= sizeof big || b[j] != pattern(got + (size_t)j, 3);
+        got += (size_t)n;
+    }
+    CHECK(got == 3000 && p.s2c.len == 0, "client drained: %zu", got);
+    n = mbedtls_ssl_renegotiate(&p.ssl);
+    CHECK(want(n), "renegotiate %d", n);
+    char sb[64];
+    CHECK(tls_read(p.sv, sb, sizeof sb) == -EAGAIN, "server read: %s", tls_error(p.sv));
+    CHECK(tls_write(p.sv, big + 3000, 3000) == 3000, "retry reports the record taken");
+    ssize_t w = -EAGAIN;
+    for (int i = 0; i < 1000 && got < sizeof big + 100; i++) {
+        if (w == -EAGAIN)
+            w = tls_write(p.sv, big + 6000, 3000);
+        n = mbedtls_ssl_read(&p.ssl, b, sizeof b);
+        if (n > 0) {
+            for (int j = 0; j < n; j++)
+                bad += got + (size_t)j >= sizeof big || b[j] != pattern(got + (size_t)j, 3);
+            got += (size_t)n;
+        } else if (!want(n)) {
+            break;
+        }
+    }
+    CHECK(w == 3000 && got == sizeof big && bad == 0, "after renegotiation: w %zd got %zu bad %d",
+          w, got, bad);
+    pair_close(&p);
+
+    /* The refusal alert itself stuck in a full pipe, with no record of ours queued: a
+     * write must flush the alert first, not claim its bytes were sent with it. A
+     * 35-byte record fills the 64-byte pipe exactly (29 bytes of GCM overhead). */
+    copts o2 = {.tls12 = 1, .cap = 64, .suite = MBEDTLS_TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256};
+    CHECK(pair_open(&p, s, &o2) == 0, "open: %s", err);
+    p.c2s.cap = 4096; /* the ClientHello must get through whole */
+    mbedtls_ssl_conf_renegotiation(&p.conf, MBEDTLS_SSL_RENEGOTIATION_ENABLED);
+    h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "handshake srv %d cli %d", h.srv, h.cli);
+    n = mbedtls_ssl_renegotiate(&p.ssl);
+    CHECK(want(n) || n == MBEDTLS_ERR_SSL_WAITING_SERVER_HELLO_RENEGO, "renegotiate %d", n);
+    CHECK(tls_write(p.sv, big, 35) == 35 && p.s2c.len == 64, "pipe full: %zu", p.s2c.len);
+    CHECK(tls_read(p.sv, sb, sizeof sb) == -EAGAIN, "server read: %s", tls_error(p.sv));
+    CHECK(tls_write(p.sv, big + 35, 35) == -EAGAIN, "alert first");
+    got = 0;
+    bad = 0;
+    w = -EAGAIN;
+    for (int i = 0; i < 1000 && got < 70; i++) {
+        if (w == -EAGAIN)
+            w = tls_write(p.sv, big + 35, 35);
+        bad += tls_read(p.sv, sb, sizeof sb) != -EAGAIN; /* nothing for it to read */
+        n = mbedtls_ssl_read(&p.ssl, b, sizeof b);
+        if (n > 0) {
+            for (int j = 0; j < n; j++)
+                bad += got + (size_t)j >= 70 || b[j] != pattern(got + (size_t)j, 3);
+            got += (size_t)n;
+        } else if (!want(n)) {
+            fprintf(stderr, "client read %d\n", n);
+            break;
+        }
+    }
+    CHECK(w == 35 && got == 70 && bad == 0, "alert then data: w %zd got %zu bad %d", w, got, bad);
+    pair_close(&p);
+}
+
+static void garbage(tls_server *s, const char *text, size_t cap) {
+    pair p;
+    copts o = {.cap = cap};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    ssize_t w = ring_write(&p.c2s, text, strlen(text));
+    CHECK(w > 0, "garbage in");
+    int r = tls_handshake(p.sv);
+    CHECK(r < 0 && r != -EAGAIN, "garbage '%s' (pipe %zu): %d", text, cap, r);
+    CHECK(strstr(tls_error(p.sv), "not TLS"), "error '%s'", tls_error(p.sv));
+    CHECK(tls_handshake(p.sv) == r, "failure sticks");
+    char b[8];
+    CHECK(tls_read(p.sv, b, sizeof b) == r && tls_write(p.sv, "x", 1) == r, "io after failure");
+    pair_close(&p);
+}
+
+static void test_garbage(tls_server *s) {
+    garbage(s, "GET / HTTP/1.0\r\n\r\n", 4096);
+    garbage(s, "HELLO kiln/1\n", 4096);
+    garbage(s, "HELLO kiln/1\n", 1);
+    garbage(s, "hi", 4096);
+
+    /* End of stream in the middle of the handshake: an error, not "closed". */
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    int r = mbedtls_ssl_handshake(&p.ssl); /* the ClientHello goes out */
+    CHECK(want(r), "client hello %d", r);
+    p.c2s.closed = 1;
+    int h = 0;
+    for (int i = 0; i < 10 && h == 0; i++)
+        h = tls_handshake(p.sv);
+    CHECK(h < 0 && strstr(tls_error(p.sv), "closed"), "EOF in handshake %d '%s'", h,
+          tls_error(p.sv));
+    pair_close(&p);
+
+    /* A BIO error is reported with its errno. */
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    p.s2c.closed = 1; /* the server's writes fail with EPIPE */
+    for (int i = 0; i < 3; i++)
+        (void)mbedtls_ssl_handshake(&p.ssl);
+    h = 0;
+    for (int i = 0; i < 10 && h == 0; i++)
+        h = tls_handshake(p.sv);
+    CHECK(h == -EPIPE && strstr(tls_error(p.sv), "write"), "BIO error %d '%s'", h,
+          tls_error(p.sv));
+    pair_close(&p);
+}
+
+static void test_mtls(void) {
+    /* Required. */
+    tls_server *s = server(crt1, key1, ca1, 1);
+    CHECK(s, "mTLS server: %s", err);
+    if (!s)
+        return;
+    pair p;
+    for (int v12 = 0; v12 < 2; v12++) {
+        copts none = {.tls12 = v12};
+        CHECK(pair_open(&p, s, &none) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv < 0 && strstr(tls_error(p.sv), "client"), "no cert, required (1.%d): %d '%s'",
+              3 - v12, h.srv, tls_error(p.sv));
+        pair_close(&p);
+
+        copts good = {.crt = ccrt1, .key = ckey1, .tls12 = v12, .cap = 64};
+        CHECK(pair_open(&p, s, &good) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "client cert (1.%d): srv %d cli %d '%s'", 3 - v12, h.srv,
+              h.cli, tls_error(p.sv));
+        char cn[80] = "";
+        int n = tls_peer_cn(p.sv, cn, sizeof cn);
+        CHECK(n == 11 && !strcmp(cn, "kiln-client"), "peer CN %d '%s'", n, cn);
+        CHECK(tls_peer_cn(p.sv, cn, 11) == -ERANGE, "CN into a short buffer");
+        CHECK(transfer(&p, 20000, 4096) == 0, "mTLS data");
+        pair_close(&p);
+
+        copts other = {.crt = ccrt2, .key = ckey2, .tls12 = v12};
+        CHECK(pair_open(&p, s, &other) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == -EACCES && strstr(tls_error(p.sv), "trusted"),
+              "other CA, required (1.%d): %d '%s'", 3 - v12, h.srv, tls_error(p.sv));
+        pair_close(&p);
+    }
+    tls_server_free(s);
+
+    /* Optional: none is fine, a bad one is not. */
+    s = server(crt1, key1, ca1, 0);
+    CHECK(s, "optional mTLS server: %s", err);
+    if (!s)
+        return;
+    for (int v12 = 0; v12 < 2; v12++) {
+        copts none = {.tls12 = v12};
+        CHECK(pair_open(&p, s, &none) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        char cn[80];
+        CHECK(h.srv == 1 && h.cli == 0, "no cert, optional (1.%d): %d '%s'", 3 - v12, h.srv,
+              tls_error(p.sv));
+        CHECK(tls_peer_cn(p.sv, cn, sizeof cn) == -ENOENT, "no CN");
+        pair_close(&p);
+
+        copts good = {.crt = ccrt1, .key = ckey1, .tls12 = v12};
+        CHECK(pair_open(&p, s, &good) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == 1 && tls_peer_cn(p.sv, cn, sizeof cn) == 11 && !strcmp(cn, "kiln-client"),
+              "good cert, optional (1.%d): %d '%s'", 3 - v12, h.srv, tls_error(p.sv));
+        pair_close(&p);
+
+        copts other = {.crt = ccrt2, .key = ckey2, .tls12 = v12};
+        CHECK(pair_open(&p, s, &other) == 0, "open: %s", err);
+        h = handshake(&p);
+        CHECK(h.srv == -EACCES && strstr(tls_error(p.sv), "client certificate rejected"),
+              "other CA, optional (1.%d): %d '%s'", 3 - v12, h.srv, tls_error(p.sv));
+        CHECK(tls_peer_cn(p.sv, cn, sizeof cn) == -ENOENT, "no CN from a rejected cert");
+        pair_close(&p);
+    }
+    tls_server_free(s);
+}
+
+static void test_server_errors(void) {
+    tls_server *s = server(crt1, ckey1, NULL, 0);
+    CHECK(!s && strstr(err, "does not match") && strstr(err, "client.key"),
+          "mismatched key: '%s'", err);
+    tls_server_free(s);
+    char missing[256];
+    snprintf(missing, sizeof missing, "%s/nope.crt", dir1);
+    s = server(missing, key1, NULL, 0);
+    CHECK(!s && strstr(err, missing) && strstr(err, "No such file"), "missing cert: '%s'", err);
+    s = server(crt1, missing, NULL, 0);
+    CHECK(!s && strstr(err, missing), "missing key: '%s'", err);
+    s = server(crt1, key1, missing, 1);
+    CHECK(!s && strstr(err, missing), "missing client CA: '%s'", err);
+    s = server(key1, key1, NULL, 0); /* a key where the certificate should be */
+    CHECK(!s && strstr(err, "server.key") && strstr(err, "certificate"), "key as cert: '%s'", err);
+    s = server(crt1, crt1, NULL, 0);
+    CHECK(!s && strstr(err, "key") && strstr(err, "server.crt"), "cert as key: '%s'", err);
+    tls_config empty = {"", "", NULL, 0};
+    s = tls_server_new(&empty, err, sizeof err);
+    CHECK(!s && err[0], "empty config: '%s'", err);
+}
+
+static void test_rsa(void) {
+    char c[256], k[256];
+    snprintf(c, sizeof c, "%s/rsa.crt", dir2);
+    snprintf(k, sizeof k, "%s/rsa.key", dir2);
+    FILE *f = fopen(c, "w");
+    fputs(rsa_crt, f);
+    fclose(f);
+    f = fopen(k, "w");
+    fputs(rsa_key, f);
+    fclose(f);
+    tls_server *s = server(c, k, NULL, 0);
+    CHECK(s, "RSA server: %s", err);
+    if (!s)
+        return;
+    for (int v12 = 0; v12 < 2; v12++) {
+        pair p;
+        copts o = {.ca = c, .tls12 = v12, .cap = 300};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "RSA (1.%d): srv %d cli %d '%s'", 3 - v12, h.srv, h.cli,
+              tls_error(p.sv));
+        CHECK(is_aead(tls_suite(p.sv)) && (!v12 || strstr(tls_suite(p.sv), "ECDHE-RSA")),
+              "RSA suite %s", tls_suite(p.sv));
+        CHECK(transfer(&p, 30000, 4096) == 0, "RSA data");
+        pair_close(&p);
+    }
+    tls_server_free(s);
+}
+
+static void test_hosts(void) {
+    /* dir2 was made with hosts "kiln.local, 10.1.2.3": its server certificate matches
+     * those, and not some other name. */
+    char c[256], k[256], a[256];
+    snprintf(c, sizeof c, "%s/server.crt", dir2);
+    snprintf(k, sizeof k, "%s/server.key", dir2);
+    snprintf(a, sizeof a, "%s/ca.crt", dir2);
+    tls_server *s = server(c, k, NULL, 0);
+    CHECK(s, "dir2 server: %s", err);
+    if (!s)
+        return;
+    static const char *const ok[] = {"kiln.local", "KILN.local", "10.1.2.3", "127.0.0.1",
+                                     "localhost", "::1"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        pair p;
+        copts o = {.ca = a, .host = ok[i]};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "host %s: srv %d cli %d", ok[i], h.srv, h.cli);
+        pair_close(&p);
+    }
+    pair p;
+    copts o = {.ca = a, .host = "other.example"};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.cli == MBEDTLS_ERR_X509_CERT_VERIFY_FAILED, "wrong host: cli %d", h.cli);
+    pair_close(&p);
+    /* dir1's CA does not vouch for dir2's server. */
+    copts o2 = {.host = "localhost"};
+    CHECK(pair_open(&p, s, &o2) == 0, "open: %s", err);
+    h = handshake(&p);
+    CHECK(h.cli == MBEDTLS_ERR_X509_CERT_VERIFY_FAILED, "wrong CA: cli %d", h.cli);
+    pair_close(&p);
+    tls_server_free(s);
+}
+
+static int slurp(const char *file, char *buf, size_t cap) {
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return (int)n;
+}
+
+static void test_certs_files(void) {
+    struct stat st;
+    CHECK(stat(dir1, &st) == 0 && (st.st_mode & 0777) == 0700, "dir mode %o", st.st_mode & 0777);
+    static const char *const keys[] = {"ca.key", "server.key", "client.key"};
+    static const char *const crts[] = {"ca.crt", "server.crt", "client.crt"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(stat(p1(keys[i]), &st) == 0 && (st.st_mode & 0777) == 0600, "%s mode %o", keys[i],
+              st.st_mode & 0777);
+        CHECK(stat(p1(crts[i]), &st) == 0 && (st.st_mode & 0777) == 0644, "%s mode %o", crts[i],
+              st.st_mode & 0777);
+    }
+    /* A nested directory is created whole. */
+    char nested[128];
+    snprintf(nested, sizeof nested, "%s/a/b", dir2);
+    CHECK(tls_certs_create(nested, NULL, 0, err, sizeof err) == 0, "nested: %s", err);
+    snprintf(path, sizeof path, "%s/client.key", nested);
+    CHECK(access(path, R_OK) == 0, "nested files");
+
+    /* force=0 keeps everything. */
+    static char before[8192], after[8192];
+    CHECK(slurp(p1("ca.crt"), before, sizeof before) > 0, "read ca.crt");
+    CHECK(tls_certs_create(dir1, "", 0, err, sizeof err) == 0, "again: %s", err);
+    CHECK(slurp(p1("ca.crt"), after, sizeof after) > 0 && !strcmp(before, after), "ca.crt kept");
+    static char srv_before[8192];
+    slurp(p1("server.crt"), srv_before, sizeof srv_before);
+
+    /* A missing client pair is issued by the CA that is there. */
+    unlink(p1("client.crt"));
+    unlink(p1("client.key"));
+    CHECK(tls_certs_create(dir1, NULL, 0, err, sizeof err) == 0, "fill in: %s", err);
+    CHECK(slurp(p1("ca.crt"), after, sizeof after) > 0 && !strcmp(before, after), "CA kept");
+    CHECK(slurp(p1("server.crt"), after, sizeof after) > 0 && !strcmp(srv_before, after),
+          "server kept");
+    tls_server *s = server(crt1, key1, ca1, 1);
+    CHECK(s, "server: %s", err);
+    if (s) {
+        pair p;
+        copts o = {.crt = ccrt1, .key = ckey1};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "new client cert: srv %d cli %d '%s'", h.srv, h.cli,
+              tls_error(p.sv));
+        pair_close(&p);
+        tls_server_free(s);
+    }
+
+    /* Half a pair is refused, not guessed at. */
+    unlink(p1("client.crt"));
+    int r = tls_certs_create(dir1, NULL, 0, err, sizeof err);
+    CHECK(r == -EEXIST && strstr(err, "client.key"), "half pair %d '%s'", r, err);
+    /* With both leaf pairs there the CA key is not needed (moved offline, say). */
+    snprintf(path, sizeof path, "%s/ca.key", nested);
+    unlink(path);
+    r = tls_certs_create(nested, NULL, 0, err, sizeof err);
+    CHECK(r == 0 && access(path, F_OK) != 0, "no CA key needed %d '%s'", r, err);
+    /* But a leaf cannot be issued without it... */
+    snprintf(path, sizeof path, "%s/client.crt", nested);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/client.key", nested);
+    unlink(path);
+    r = tls_certs_create(nested, NULL, 0, err, sizeof err);
+    CHECK(r == -EEXIST && strstr(err, "ca.crt") && strstr(err, "ca.key"), "half CA %d '%s'", r,
+          err);
+    /* ...nor by a new CA beside leaves the old one signed. */
+    snprintf(path, sizeof path, "%s/ca.crt", nested);
+    unlink(path);
+    r = tls_certs_create(nested, NULL, 0, err, sizeof err);
+    CHECK(r == -EEXIST && strstr(err, "server.crt") && strstr(err, "CA"), "leaves without CA %d '%s'",
+          r, err);
+    /* force makes a new set. */
+    CHECK(tls_certs_create(dir1, NULL, 1, err, sizeof err) == 0, "force: %s", err);
+    CHECK(slurp(p1("ca.crt"), after, sizeof after) > 0 && strcmp(before, after), "ca.crt new");
+    CHECK(access(p1("client.crt"), R_OK) == 0, "client.crt back");
+
+    /* Bad host names are refused before anything is written. */
+    char d3[128];
+    snprintf(d3, sizeof d3, "%s/bad", dir2);
+    r = tls_certs_create(d3, "ok.example,bad_name!", 0, err, sizeof err);
+    CHECK(r == -EINVAL && strstr(err, "bad_name!"), "bad host %d '%s'", r, err);
+    CHECK(access(d3, F_OK) != 0, "nothing made for a bad host");
+    r = tls_certs_create(d3, "-x.example", 0, err, sizeof err);
+    CHECK(r == -EINVAL, "leading hyphen %d", r);
+    r = tls_certs_create("", NULL, 0, err, sizeof err);
+    CHECK(r == -EINVAL && err[0], "no dir %d", r);
+    /* No temporary files left behind: the directory holds the six files. */
+    DIR *d = opendir(dir1);
+    int files = 0, dots = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            *(e->d_name[0] == '.' ? &dots : &files) += 1;
+    if (d)
+        closedir(d);
+    CHECK(files == 6 && dots == 0, "dir1 holds %d files and %d temporaries", files, dots);
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+int main(void) {
+    mbedtls_entropy_init(&entropy);
+    mbedtls_ctr_drbg_init(&drbg);
+    if (mbedtls_ctr_drbg_seed(&drbg, mbedtls_entropy_func, &entropy, NULL, 0)) {
+        fprintf(stderr, "drbg seed failed\n");
+        return 1;
+    }
+    snprintf(dir1, sizeof dir1, "/tmp/test_tls.XXXXXX");
+    snprintf(dir2, sizeof dir2, "/tmp/test_tls.XXXXXX");
+    if (!mkdtemp(dir1) || !mkdtemp(dir2)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    /* mkdtemp made them; tls_certs_create must cope with a directory that exists. */
+    chmod(dir1, 0700);
+    int r = tls_certs_create(dir1, NULL, 0, err, sizeof err);
+    CHECK(r == 0, "certs: %d %s", r, err);
+    r = tls_certs_create(dir2, "kiln.local, 10.1.2.3", 0, err, sizeof err);
+    CHECK(r == 0, "certs 2: %d %s", r, err);
+    snprintf(crt1, sizeof crt1, "%s/server.crt", dir1);
+    snprintf(key1, sizeof key1, "%s/server.key", dir1);
+    snprintf(ca1, sizeof ca1, "%s/ca.crt", dir1);
+    snprintf(ccrt1, sizeof ccrt1, "%s/client.crt", dir1);
+    snprintf(ckey1, sizeof ckey1, "%s/client.key", dir1);
+    snprintf(ccrt2, sizeof ccrt2, "%s/client.crt", dir2);
+    snprintf(ckey2, sizeof ckey2, "%s/client.key", dir2);
+
+    tls_server *s = server(crt1, key1, NULL, 0);
+    CHECK(s, "server: %s", err);
+    if (s) {
+        test_basic(s);
+        test_tiny_pipe(s);
+        test_tls12(s);
+        test_reneg(s);
+        test_garbage(s);
+        tls_server_free(s);
+    }
+    test_mtls();
+    test_server_errors();
+    test_rsa();
+    test_hosts();
+    test_certs_files();
+
+    nftw(dir1, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(dir2, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    mbedtls_ctr_drbg_free(&drbg);
+    mbedtls_entropy_free(&entropy);
+    return check_done("test_tls");
+}
