@@ -18,17 +18,20 @@
 #define LWIP_NETCONN                0
 #define LWIP_ALTCP                  0
 
-/* ---- memory: own heap + pools, 8-byte aligned on 64-bit */
+/* ---- memory: own heap + pools, 8-byte aligned on 64-bit. Sized for 64 client
+ * connections plus a metrics listener, each with a full send buffer (tcp_write copies into
+ * the heap) and a full receive window of unread data (pool pbufs) at once; past that,
+ * tcp_write answers ERR_MEM (backpressure) and the drivers drop frames (retransmitted). */
 #define MEM_LIBC_MALLOC             0
 #define MEMP_MEM_MALLOC             0
 #define MEM_ALIGNMENT               8
-#define MEM_SIZE                    (2 * 1024 * 1024) /* bytes: PBUF_RAM (tcp_write copies) */
+#define MEM_SIZE                    (6 * 1024 * 1024) /* bytes: PBUF_RAM (tcp_write copies) */
 #define MEMP_NUM_PBUF               64     /* PBUF_ROM/REF */
 #define MEMP_NUM_UDP_PCB            4      /* DHCP, spare */
-#define MEMP_NUM_TCP_PCB            64     /* concurrent connections */
-#define MEMP_NUM_TCP_PCB_LISTEN     4
-#define MEMP_NUM_TCP_SEG            512    /* queued segments, all connections */
-#define PBUF_POOL_SIZE              256    /* receive pbufs of PBUF_POOL_BUFSIZE */
+#define MEMP_NUM_TCP_PCB            160    /* connections, closing ones and TIME_WAIT */
+#define MEMP_NUM_TCP_PCB_LISTEN     8
+#define MEMP_NUM_TCP_SEG            4096   /* queued segments, all connections */
+#define PBUF_POOL_SIZE              2048   /* receive pbufs of PBUF_POOL_BUFSIZE */
 
 /* ---- protocols */
 #define LWIP_ETHERNET               1
@@ -63,9 +66,12 @@
 #define TCP_SND_QUEUELEN            ((4 * TCP_SND_BUF) / TCP_MSS)
 #define TCP_QUEUE_OOSEQ             1
 #define TCP_LISTEN_BACKLOG          1
-#define TCP_DEFAULT_LISTEN_BACKLOG  16
+#define TCP_DEFAULT_LISTEN_BACKLOG  128    /* handshakes in progress per listener */
 #define LWIP_TCP_KEEPALIVE          1
-#define LWIP_WND_SCALE              0
+#define LWIP_WND_SCALE              0    /* net_lwip.c relies on it: queued input < 64 KiB */
+#define SO_REUSE                    1    /* a listener can be re-made over TIME_WAIT pcbs */
+/* lwIP's own ISN is a counter (predictable); use a random one per connection. */
+#define LWIP_HOOK_TCP_ISN(lip, lport, rip, rport) ((u32_t)kiln_lwip_rand())
 
 /* ---- checksums in software (the drivers complete offloaded ones) */
 #define CHECKSUM_GEN_IP             1

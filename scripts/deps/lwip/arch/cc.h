@@ -1,12 +1,13 @@
 /* arch/cc.h: lwIP port header for kiln (Linux userland and the image, gcc or musl-gcc).
  *
- * Provisional: scripts/deps.sh installs it into build/<toolchain>/deps/include/ next to
- * lwipopts.h; the network server may replace both (liblwip.a is rebuilt when they change).
+ * scripts/deps.sh installs it into build/<toolchain>/deps/include/ next to lwipopts.h
+ * (liblwip.a is rebuilt when either changes).
  *
- * A program that links liblwip.a (NO_SYS=1) provides two functions:
+ * A program that links liblwip.a (NO_SYS=1) provides two functions (net/net_lwip.c does):
  *   u32_t    sys_now(void);         monotonic milliseconds (declared in lwip/sys.h)
- *   uint32_t kiln_lwip_rand(void);  random 32 bits (getrandom-backed), used for TCP ISNs,
- *                                   ephemeral ports, DHCP xids and IPv6 ND timers
+ *   uint32_t kiln_lwip_rand(void);  random 32 bits (getrandom-backed), used for TCP ISNs
+ *                                   (LWIP_HOOK_TCP_ISN in lwipopts.h), ephemeral ports,
+ *                                   DHCP xids and IPv6 MLD timers
  */
 #ifndef KILN_LWIP_ARCH_CC_H
 #define KILN_LWIP_ARCH_CC_H
@@ -17,6 +18,12 @@
 #ifndef BYTE_ORDER
 #define BYTE_ORDER LITTLE_ENDIAN
 #endif
+
+/* libc has htons & co.: lwIP must not redefine them as macros, or <arpa/inet.h> and lwIP
+ * headers could not meet in one file. lwIP's own lwip_htons & co. become builtins. */
+#define LWIP_DONT_PROVIDE_BYTEORDER_FUNCTIONS 1
+#define lwip_htons(x) ((u16_t)__builtin_bswap16((u16_t)(x)))
+#define lwip_htonl(x) ((u32_t)__builtin_bswap32((u32_t)(x)))
 
 uint32_t kiln_lwip_rand(void);
 #define LWIP_RAND() ((u32_t)kiln_lwip_rand())

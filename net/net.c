@@ -1,0 +1,64 @@
+/* net: the public net_* calls, dispatched to the transport the stack was made with
+ * (net_host.c: kernel sockets; net_lwip.c: lwIP over a TAP or AF_PACKET device). */
+#include "net/net.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+#include "core/config.h"
+#include "net/netif.h"
+
+net_stack *net_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {
+    if (errlen) err[0] = '\0';
+    if (!l || !cfg) {
+        snprintf(err, errlen, "net: no loop or config");
+        return NULL;
+    }
+    switch (cfg->driver) {
+    case CFG_DRIVER_HOST: return net_host_new(l, cfg, err, errlen);
+    case CFG_DRIVER_TAP:
+    case CFG_DRIVER_PACKET: return net_lwip_new(l, cfg, err, errlen);
+    default:
+        snprintf(err, errlen, "net: unknown driver %d", cfg->driver);
+        return NULL;
+    }
+}
+
+void net_free(net_stack *s) {
+    if (s) s->t->free(s);
+}
+
+int net_listen(net_stack *s, const char *host, int port, net_accept_fn fn, void *ud,
+               char *err, size_t errlen) {
+    if (errlen) err[0] = '\0';
+    if (!fn || port <= 0 || port > 65535) {
+        snprintf(err, errlen, "net: listen: bad port %d or no accept function", port);
+        return -EINVAL;
+    }
+    return s->t->listen(s, host ? host : "0.0.0.0", port, fn, ud, err, errlen);
+}
+
+ssize_t net_read(net_conn *c, void *buf, size_t cap) { return c->t->read(c, buf, cap); }
+
+ssize_t net_write(net_conn *c, const void *buf, size_t len) {
+    if (len == 0) return 0;
+    return c->t->write(c, buf, len);
+}
+
+void net_close(net_conn *c) {
+    if (c) c->t->close(c);
+}
+
+void net_abort(net_conn *c) {
+    if (c) c->t->abort(c);
+}
+
+int net_peer(const net_conn *c, char *buf, size_t cap) { return c->t->peer(c, buf, cap); }
+
+int net_address(const net_stack *s, char *buf, size_t cap) {
+    return s->t->address(s, buf, cap);
+}
+
+int net_open_conns(const net_stack *s) { return s->t->open_conns(s); }
+
+const char *net_driver_name(const net_stack *s) { return s->driver_name; }

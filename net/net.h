@@ -1,0 +1,88 @@
+/* net: byte-stream connections over two transports behind one interface.
+ *
+ *   host    the machine's kernel TCP through non-blocking sockets: a workstation, no
+ *           root (net.driver = host).
+ *   tap     lwIP 2.2.1 (raw API, NO_SYS=1) over a TAP device (/dev/net/tun).
+ *   packet  lwIP over an AF_PACKET socket bound to an existing interface (the
+ *           appliance's NIC), with PACKET_VNET_HDR: partial checksums are completed in
+ *           software, GSO-sized frames are accepted, GRO is turned off on the interface.
+ *
+ * Everything runs on the cooperative loop (sched/loop.h) and nothing blocks. The
+ * transport holds no application buffers: net_write takes what the send window
+ * (kernel socket buffer, or lwIP's tcp_sndbuf) has room for and the caller keeps the
+ * rest; net_read hands out what arrived, and lwIP's receive window only reopens as the
+ * caller reads, so a reader that stops reading stops its sender (backpressure both
+ * ways).
+ *
+ * Callbacks never run from inside a net_* call: events are delivered from the loop, so
+ * a callback may read, write, close or abort any connection, its own included. After
+ * net_close or net_abort a connection gets no more callbacks and the pointer is dead
+ * to the caller. */
+#ifndef KILN_NET_H
+#define KILN_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sched/loop.h"
+
+typedef struct net_stack net_stack;
+typedef struct net_conn net_conn;
+
+typedef struct {
+    /* Bytes, EOF or an error can be read: call net_read until it returns -EAGAIN. */
+    void (*readable)(void *ud);
+    /* Send space opened after a net_write that took less than it was given. */
+    void (*writable)(void *ud);
+    /* The connection failed (reset, timeout, transport error: err < 0, a negative errno).
+     * The conn is freed after this returns; do not call net_* on it again. */
+    void (*closed)(void *ud, int err);
+} net_conn_ops;
+
+/* A new connection on a listener: return 0 with *ops and *ud set to take it, or a
+ * negative errno to refuse it (the transport resets it). */
+typedef int (*net_accept_fn)(void *lud, net_conn *c, const net_conn_ops **ops, void **ud);
+
+typedef struct {
+    int driver;            /* CFG_DRIVER_HOST / _TAP / _PACKET (core/config.h) */
+    const char *ifname;    /* tap: device to create or attach to; packet: the interface */
+    const char *address;   /* lwIP IPv4: "dhcp" or "a.b.c.d/len" */
+    const char *gateway;   /* lwIP IPv4 default gateway, "" for none */
+    const char *mac;       /* "aa:bb:cc:dd:ee:ff", or "" (tap: random locally
+                            * administered; packet: the interface's own) */
+    const char *hostname;  /* sent with DHCP */
+    int max_conns;         /* connections open at once over all listeners */
+} net_config;
+
+/* Bring up the transport (for lwIP: open the device, start the stack, configure the
+ * address; IPv6 link-local always). NULL with err set. */
+net_stack *net_new(loop_t *l, const net_config *cfg, char *err, size_t errlen);
+/* Aborts every open connection (no callbacks) and releases the device. */
+void net_free(net_stack *s);
+
+/* Listen on host:port ("0.0.0.0" for all addresses; lwIP ignores host other than its
+ * own address). 0 or a negative errno with err set. */
+int net_listen(net_stack *s, const char *host, int port, net_accept_fn fn, void *ud,
+               char *err, size_t errlen);
+
+/* > 0 bytes read, 0 end of stream (the peer sent FIN), -EAGAIN nothing yet, or another
+ * negative errno (the connection is broken; close or abort it). */
+ssize_t net_read(net_conn *c, void *buf, size_t cap);
+/* Bytes taken (1..len), -EAGAIN when no space (writable fires later), or another
+ * negative errno. len 0 returns 0. */
+ssize_t net_write(net_conn *c, const void *buf, size_t len);
+/* Graceful: what was written is still delivered, then FIN; the conn is freed by the
+ * transport when done (or after a bounded linger). */
+void net_close(net_conn *c);
+/* At once: RST, queued data dropped. */
+void net_abort(net_conn *c);
+/* "a.b.c.d:port" of the peer; the length written, or a negative errno. */
+int net_peer(const net_conn *c, char *buf, size_t cap);
+
+/* The IPv4 address in use ("a.b.c.d", "" while DHCP has none); 0 or -ENOSPC. */
+int net_address(const net_stack *s, char *buf, size_t cap);
+int net_open_conns(const net_stack *s);
+const char *net_driver_name(const net_stack *s);
+
+#endif

@@ -1,0 +1,447 @@
+/* net_host: the host transport, the kernel's TCP through non-blocking sockets on the
+ * loop (see net.h).
+ *
+ * The loop is level-triggered but readable and writable are edge-like promises (a
+ * reader that stops before -EAGAIN is applying backpressure and must not be woken over
+ * and over), so a direction is watched only while it is wanted: read from accept, and
+ * again once net_read returned -EAGAIN; write after net_write took less than it was
+ * given. Interest is dropped lazily, after the callback, so a reader that drains costs
+ * no epoll_ctl at all.
+ *
+ * net_close lingers: shutdown(SHUT_WR) and discard input until the peer's FIN (or
+ * NET_LINGER_MS), because close() with unread input makes the kernel send RST, which can
+ * destroy the response the peer has not read yet. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/netif.h"
+
+#define HOST_MAX_LISTEN 8
+#define HOST_ACCEPT_BATCH 64
+#define HOST_TICK_MS 200       /* linger deadlines, paused listeners */
+#define HOST_PAUSE_MS 100      /* a listener that hit EMFILE waits this long */
+#define HOST_DRAIN_ROUNDS 16   /* recv calls per event while lingering */
+
+typedef struct host_stack host_stack;
+typedef struct host_conn host_conn;
+
+typedef struct {
+    host_stack *s;
+    int fd;
+    net_accept_fn fn;
+    void *ud;
+    int64_t paused_until; /* ms; 0 when watching */
+    char host[64];
+} host_listener;
+
+struct host_stack {
+    struct net_stack base;
+    loop_t *l;
+    int max_conns, nconns;
+    host_listener *ls[HOST_MAX_LISTEN];
+    int nls;
+    host_conn *conns;    /* every conn, lingering ones included */
+    host_conn *cb_conn;  /* whose callback runs now; cleared if that conn is freed */
+    int64_t tick;        /* maintenance timer id, 0 when not running */
+    char scratch[16384]; /* where lingering input is discarded */
+};
+
+struct host_conn {
+    struct net_conn base;
+    host_stack *s;
+    int fd;
+    const net_conn_ops *ops;
+    void *ud;
+    int read_armed, want_write, eof, err, lingering;
+    int64_t linger_deadline;
+    host_conn *prev, *next;
+    char peer[64];
+};
+
+static const net_transport host_transport;
+
+/* ---------------------------------------------------------------- helpers */
+
+static void conn_unlink_free(host_conn *c) {
+    host_stack *s = c->s;
+    if (s->cb_conn == c) s->cb_conn = NULL;
+    if (c->fd >= 0) {
+        loop_fd_del(s->l, c->fd, LOOP_READ | LOOP_WRITE);
+        close(c->fd);
+    }
+    if (c->prev) c->prev->next = c->next;
+    else s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->nconns--;
+    free(c);
+}
+
+/* RST instead of FIN: what close() does when told not to linger. */
+static void conn_reset_free(host_conn *c) {
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    if (c->fd >= 0) setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    conn_unlink_free(c);
+}
+
+static void conn_ev(loop_t *l, int fd, void *ud, int mask);
+static void accept_ev(loop_t *l, int fd, void *ud, int mask);
+
+/* Watch exactly the wanted directions; with add_only, only add what is missing (the
+ * lazy half: unwanted ones are dropped after the next callback). */
+static int conn_interest(host_conn *c, int add_only) {
+    int want = (c->read_armed ? LOOP_READ : 0) | (c->want_write ? LOOP_WRITE : 0);
+    if (c->lingering) want = LOOP_READ;
+    int have = loop_fd_mask(c->s->l, c->fd);
+    if (!add_only && (have & ~want)) loop_fd_del(c->s->l, c->fd, have & ~want);
+    if (want & ~have) return loop_fd_add(c->s->l, c->fd, want & ~have, conn_ev, c);
+    return 0;
+}
+
+static int64_t tick_fn(loop_t *l, int64_t id, void *ud);
+
+static void tick_start(host_stack *s) {
+    if (s->tick > 0) return;
+    int64_t id = loop_timer_add(s->l, HOST_TICK_MS, tick_fn, s);
+    if (id > 0) s->tick = id;
+}
+
+static int format_peer(const struct sockaddr_storage *sa, char *buf, size_t cap) {
+    char a[INET6_ADDRSTRLEN];
+    int n;
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, a, sizeof a);
+        n = snprintf(buf, cap, "%s:%u", a, ntohs(in->sin_port));
+    } else if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, a, sizeof a);
+        n = snprintf(buf, cap, "[%s]:%u", a, ntohs(in6->sin6_port));
+    } else {
+        n = snprintf(buf, cap, "?");
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- lingering close */
+
+/* Discards input; frees the conn at the peer's FIN or an error. 1 when freed. */
+static int linger_drain(host_conn *c) {
+    for (int i = 0; i < HOST_DRAIN_ROUNDS; i++) {
+        ssize_t n = recv(c->fd, c->s->scratch, sizeof c->s->scratch, 0);
+        if (n > 0) continue;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        conn_unlink_free(c); /* FIN or error: nothing left to wait for */
+        return 1;
+    }
+    return 0;
+}
+
+static int64_t tick_fn(loop_t *l, int64_t id, void *ud) {
+    (void)id;
+    host_stack *s = ud;
+    int64_t now = loop_now_ms();
+    int busy = 0;
+    for (host_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->lingering) continue;
+        if (now >= c->linger_deadline) conn_unlink_free(c);
+        else busy = 1;
+    }
+    for (int i = 0; i < s->nls; i++) {
+        host_listener *lis = s->ls[i];
+        if (!lis->paused_until) continue;
+        if (now >= lis->paused_until &&
+            loop_fd_add(l, lis->fd, LOOP_READ, accept_ev, lis) == 0)
+            lis->paused_until = 0;
+        else
+            busy = 1;
+    }
+    if (busy) return HOST_TICK_MS;
+    s->tick = 0;
+    return LOOP_NOMORE;
+}
+
+/* ---------------------------------------------------------------- events */
+
+static void conn_ev(loop_t *l, int fd, void *ud, int mask) {
+    (void)l;
+    (void)fd;
+    host_conn *c = ud;
+    host_stack *s = c->s;
+    if (c->lingering) {
+        linger_drain(c);
+        return;
+    }
+    s->cb_conn = c;
+    if ((mask & LOOP_READ) && c->read_armed && c->ops) {
+        c->read_armed = 0;
+        c->ops->readable(c->ud);
+        if (s->cb_conn != c) return; /* closed or aborted from the callback */
+    }
+    if ((mask & LOOP_WRITE) && c->want_write && c->ops) {
+        c->want_write = 0;
+        c->ops->writable(c->ud);
+        if (s->cb_conn != c) return;
+    }
+    s->cb_conn = NULL;
+    if (conn_interest(c, 0) < 0 && c->ops) {
+        /* Cannot watch the fd any more: the conn would hang, so report it failed. */
+        const net_conn_ops *ops = c->ops;
+        void *cud = c->ud;
+        c->ops = NULL;
+        ops->closed(cud, -EIO);
+        conn_reset_free(c);
+    }
+}
+
+static void accept_ev(loop_t *l, int fd, void *ud, int mask) {
+    (void)mask;
+    host_listener *lis = ud;
+    host_stack *s = lis->s;
+    for (int i = 0; i < HOST_ACCEPT_BATCH; i++) {
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        int cfd = accept4(fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* Level-triggered: the pending connection would wake us at once again. */
+                loop_fd_del(l, fd, LOOP_READ);
+                lis->paused_until = loop_now_ms() + HOST_PAUSE_MS;
+                tick_start(s);
+                return;
+            }
+            continue; /* ECONNABORTED and the like: that one is gone, try the next */
+        }
+        if (s->nconns >= s->max_conns) {
+            close(cfd);
+            continue;
+        }
+        host_conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(cfd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        c->base.t = &host_transport;
+        c->s = s;
+        c->fd = cfd;
+        c->read_armed = 1;
+        format_peer(&sa, c->peer, sizeof c->peer);
+        c->next = s->conns;
+        if (s->conns) s->conns->prev = c;
+        s->conns = c;
+        s->nconns++;
+
+        const net_conn_ops *ops = NULL;
+        void *cud = NULL;
+        s->cb_conn = c;
+        int rc = lis->fn(lis->ud, &c->base, &ops, &cud);
+        if (s->cb_conn != c) continue;
+        s->cb_conn = NULL;
+        if (rc < 0 || !ops) {
+            conn_reset_free(c);
+            continue;
+        }
+        c->ops = ops;
+        c->ud = cud;
+        if (conn_interest(c, 1) < 0) {
+            c->ops = NULL;
+            ops->closed(cud, -EMFILE); /* the loop has no room for this fd */
+            conn_reset_free(c);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- transport */
+
+static void host_free(net_stack *bs) {
+    host_stack *s = (host_stack *)bs;
+    while (s->conns) conn_reset_free(s->conns);
+    for (int i = 0; i < s->nls; i++) {
+        loop_fd_del(s->l, s->ls[i]->fd, LOOP_READ);
+        close(s->ls[i]->fd);
+        free(s->ls[i]);
+    }
+    if (s->tick > 0) loop_timer_del(s->l, s->tick);
+    free(s);
+}
+
+static int host_listen(net_stack *bs, const char *host, int port, net_accept_fn fn,
+                       void *ud, char *err, size_t errlen) {
+    host_stack *s = (host_stack *)bs;
+    if (s->nls == HOST_MAX_LISTEN) {
+        snprintf(err, errlen, "net: listen %s:%d: at most %d listeners", host, port,
+                 HOST_MAX_LISTEN);
+        return -ENOSPC;
+    }
+    struct sockaddr_storage sa = {0};
+    socklen_t sl;
+    struct sockaddr_in *in = (struct sockaddr_in *)&sa;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&sa;
+    if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+        in->sin_family = AF_INET;
+        in->sin_port = htons((uint16_t)port);
+        sl = sizeof *in;
+    } else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        sl = sizeof *in6;
+    } else {
+        snprintf(err, errlen, "net: listen: '%s' is not an IPv4 or IPv6 address", host);
+        return -EINVAL;
+    }
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "net: socket: %s", strerror(e));
+        return -e;
+    }
+    int one = 1, rc;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    const char *what = "bind";
+    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || (what = "listen", listen(fd, 511) < 0)) {
+        rc = -errno;
+        snprintf(err, errlen, "net: %s %s:%d: %s", what, host, port, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    host_listener *lis = calloc(1, sizeof *lis);
+    if (!lis) {
+        close(fd);
+        snprintf(err, errlen, "net: listen: out of memory");
+        return -ENOMEM;
+    }
+    *lis = (host_listener){.s = s, .fd = fd, .fn = fn, .ud = ud};
+    snprintf(lis->host, sizeof lis->host, "%s", host);
+    if ((rc = loop_fd_add(s->l, fd, LOOP_READ, accept_ev, lis)) < 0) {
+        snprintf(err, errlen, "net: listen %s:%d: loop: %s", host, port, strerror(-rc));
+        close(fd);
+        free(lis);
+        return rc;
+    }
+    s->ls[s->nls++] = lis;
+    return 0;
+}
+
+static ssize_t host_read(net_conn *bc, void *buf, size_t cap) {
+    host_conn *c = (host_conn *)bc;
+    if (c->err) return c->err;
+    if (c->eof) return 0;
+    if (cap == 0) return -EINVAL;
+    for (;;) {
+        ssize_t n = recv(c->fd, buf, cap, 0);
+        if (n > 0) return n;
+        if (n == 0) {
+            c->eof = 1;
+            return 0;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            c->read_armed = 1;
+            int rc = conn_interest(c, 1);
+            return rc < 0 ? rc : -EAGAIN;
+        }
+        c->err = -errno;
+        return c->err;
+    }
+}
+
+static ssize_t host_write(net_conn *bc, const void *buf, size_t len) {
+    host_conn *c = (host_conn *)bc;
+    if (c->err) return c->err;
+    for (;;) {
+        ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            c->err = -errno;
+            return c->err;
+        }
+        if (n < 0 || (size_t)n < len) {
+            c->want_write = 1;
+            int rc = conn_interest(c, 1);
+            if (rc < 0) return rc;
+        }
+        return n < 0 ? -EAGAIN : n;
+    }
+}
+
+static void host_close(net_conn *bc) {
+    host_conn *c = (host_conn *)bc;
+    host_stack *s = c->s;
+    if (s->cb_conn == c) s->cb_conn = NULL;
+    c->ops = NULL;
+    if (c->eof || c->err) {
+        conn_unlink_free(c);
+        return;
+    }
+    if (shutdown(c->fd, SHUT_WR) < 0) {
+        conn_unlink_free(c);
+        return;
+    }
+    c->lingering = 1;
+    c->linger_deadline = loop_now_ms() + NET_LINGER_MS;
+    if (linger_drain(c)) return;
+    if (conn_interest(c, 0) < 0) {
+        conn_unlink_free(c);
+        return;
+    }
+    tick_start(s);
+}
+
+static void host_abort(net_conn *bc) { conn_reset_free((host_conn *)bc); }
+
+static int host_peer(const net_conn *bc, char *buf, size_t cap) {
+    const host_conn *c = (const host_conn *)bc;
+    size_t n = strlen(c->peer);
+    if (n + 1 > cap) return -ENOSPC;
+    memcpy(buf, c->peer, n + 1);
+    return (int)n;
+}
+
+static int host_address(const net_stack *bs, char *buf, size_t cap) {
+    const host_stack *s = (const host_stack *)bs;
+    const char *a = s->nls ? s->ls[0]->host : "";
+    size_t n = strlen(a);
+    if (n + 1 > cap) return -ENOSPC;
+    memcpy(buf, a, n + 1);
+    return 0;
+}
+
+static int host_open_conns(const net_stack *bs) { return ((const host_stack *)bs)->nconns; }
+
+static const net_transport host_transport = {
+    .name = "host",
+    .free = host_free,
+    .listen = host_listen,
+    .read = host_read,
+    .write = host_write,
+    .close = host_close,
+    .abort = host_abort,
+    .peer = host_peer,
+    .address = host_address,
+    .open_conns = host_open_conns,
+};
+
+net_stack *net_host_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {
+    host_stack *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "net: out of memory");
+        return NULL;
+    }
+    s->base.t = &host_transport;
+    s->base.driver_name = "host";
+    s->l = l;
+    s->max_conns = cfg->max_conns > 0 ? cfg->max_conns : INT_MAX;
+    return &s->base;
+}

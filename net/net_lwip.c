@@ -1,0 +1,828 @@
+/* net_lwip: the lwIP transport (raw API, NO_SYS=1) over a frame device (netif_tap.c,
+ * netif_packet.c), driven from the loop (see net.h).
+ *
+ * lwIP is one global stack, so there is at most one lwIP net_stack at a time and its
+ * object is static (a dispatch task still queued on the loop after net_free then finds
+ * it inactive instead of freed memory).
+ *
+ * lwIP's callbacks (accept, recv, sent, err, poll) run inside lwIP, sometimes inside our
+ * own calls into it, so they only record state on the conn and queue it for the
+ * dispatch task; the user's callbacks run from there, where they may call anything.
+ *
+ * Ownership of a pcb: ours from accept until the err callback (lwIP freed it: never
+ * touched again), tcp_abort, or a successful tcp_close with every callback cleared
+ * first (lwIP finishes the close alone). net_close first shuts down only our sending
+ * side and keeps discarding input until the peer's FIN, because lwIP (like the kernel)
+ * answers data arriving after a full close with RST, which could destroy a response the
+ * peer has not read yet; after NET_LINGER_MS it aborts. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "lwip/dhcp.h"
+#include "lwip/etharp.h"
+#include "lwip/ethip6.h"
+#include "lwip/init.h"
+#include "lwip/ip_addr.h"
+#include "lwip/netif.h"
+#include "lwip/pbuf.h"
+#include "lwip/tcp.h"
+#include "lwip/timeouts.h"
+#include "netif/ethernet.h"
+
+#include "core/config.h"
+#include "net/netif.h"
+
+/* net_read hands out the queued chain whose tot_len is a u16: without window scaling the
+ * peer can never have more than TCP_WND (< 64 KiB) unread by us in flight. */
+#if LWIP_WND_SCALE || TCP_WND > 0xffff
+#error "net_lwip.c needs LWIP_WND_SCALE 0 and TCP_WND <= 0xffff"
+#endif
+
+#define LW_MAX_LISTEN MEMP_NUM_TCP_PCB_LISTEN
+#define LW_POLL_TICKS 2          /* lwIP poll callback every 2 x 500 ms */
+#define LW_TIMER_MAX_MS 100      /* longest sleep between sys_check_timeouts */
+#define LW_DISPATCH_BUDGET 4096  /* events per dispatch task before yielding */
+
+/* ---------------------------------------------------------------- lwIP port */
+
+u32_t sys_now(void) { return (u32_t)loop_now_ms(); }
+
+uint32_t kiln_lwip_rand(void) {
+    /* Batched: lwIP draws one per connection (ISN), port and DHCP transaction. */
+    static uint32_t pool[64];
+    static size_t left;
+    if (left == 0) {
+        size_t got = 0;
+        while (got < sizeof pool) {
+            ssize_t n = getrandom((char *)pool + got, sizeof pool - got, 0);
+            if (n > 0) got += (size_t)n;
+            else if (n < 0 && errno == EINTR) continue;
+            else break;
+        }
+        if (got < sizeof pool) {
+            /* No getrandom (ancient kernel): a clock-seeded splitmix, better than none. */
+            static uint64_t x;
+            x ^= (uint64_t)loop_now_us() * 0x9e3779b97f4a7c15ull;
+            for (size_t i = 0; i < sizeof pool / sizeof pool[0]; i++) {
+                uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                pool[i] = (uint32_t)(z ^ (z >> 31));
+            }
+        }
+        left = sizeof pool / sizeof pool[0];
+    }
+    return pool[--left];
+}
+
+/* ---------------------------------------------------------------- state */
+
+enum { ST_ACCEPTING, ST_OPEN, ST_CLOSING };
+enum { EV_ACCEPT = 1, EV_READ = 2, EV_WRITE = 4, EV_CLOSED = 8 };
+
+typedef struct lw_stack lw_stack;
+typedef struct lw_conn lw_conn;
+
+typedef struct {
+    lw_stack *s;
+    struct tcp_pcb *pcb;
+    net_accept_fn fn;
+    void *ud;
+} lw_listener;
+
+struct lw_stack {
+    struct net_stack base;
+    int active;
+    loop_t *l;
+    netif_dev dev;
+    int dev_open, dev_watched;
+    struct netif nif;
+    int nif_added, dhcp;
+    int64_t timer;
+    int max_conns, nconns;
+    lw_listener ls[LW_MAX_LISTEN];
+    int nls;
+    lw_conn *conns;                /* every conn object */
+    lw_conn *pend_head, *pend_tail; /* conns with events for the dispatch task */
+    int dispatching;               /* suppresses task posts while the task runs */
+    int posted;                    /* a dispatch task is queued */
+    int mem_blocked;               /* conns whose tcp_write failed for lwIP memory */
+    int mem_wake;                  /* data was acked (memory freed): wake those */
+    lw_conn *cb_conn;              /* whose user callback runs now; cleared if freed */
+    char hostname[64];
+};
+
+struct lw_conn {
+    struct net_conn base;
+    lw_stack *s;
+    struct tcp_pcb *pcb; /* NULL once lwIP freed it or we handed it back */
+    lw_listener *lis;
+    int state;
+    const net_conn_ops *ops;
+    void *ud;
+    struct pbuf *rx;     /* received, not yet read (tcp_recved when read) */
+    int fin;             /* the peer's FIN came (after rx) */
+    int err;             /* negative errno once the pcb failed */
+    int read_armed, want_write, mem_blocked, shut_tx;
+    int events, pending;
+    int64_t deadline;    /* ST_CLOSING: abort after this (ms) */
+    lw_conn *prev, *next, *pprev, *pnext;
+    char peer[64];
+};
+
+static lw_stack the_stack;
+static int lwip_ready;
+
+static const net_transport lwip_transport;
+
+/* ---------------------------------------------------------------- helpers */
+
+static int lw_errno(err_t e) {
+    switch (e) {
+    case ERR_OK: return 0;
+    case ERR_MEM: return -ENOMEM;
+    case ERR_BUF: return -ENOBUFS;
+    case ERR_TIMEOUT: return -ETIMEDOUT;
+    case ERR_RTE: return -EHOSTUNREACH;
+    case ERR_INPROGRESS: return -EINPROGRESS;
+    case ERR_VAL: return -EINVAL;
+    case ERR_WOULDBLOCK: return -EAGAIN;
+    case ERR_USE: return -EADDRINUSE;
+    case ERR_ALREADY: return -EALREADY;
+    case ERR_ISCONN: return -EISCONN;
+    case ERR_CONN: return -ENOTCONN;
+    case ERR_IF: return -ENETDOWN;
+    case ERR_ABRT: return -ECONNABORTED;
+    case ERR_RST: return -ECONNRESET;
+    case ERR_CLSD: return -ENOTCONN;
+    case ERR_ARG: return -EINVAL;
+    default: return -EIO;
+    }
+}
+
+static void dispatch_task(loop_t *l, void *ud);
+
+static void schedule(lw_stack *s) {
+    if (s->posted || s->dispatching) return;
+    /* A full task ring: the timer or the next frame retries (see after_lwip). */
+    if (loop_task_post(s->l, dispatch_task, s) == 0) s->posted = 1;
+}
+
+static void pend_unlink(lw_conn *c) {
+    lw_stack *s = c->s;
+    if (!c->pending) return;
+    if (c->pprev) c->pprev->pnext = c->pnext;
+    else s->pend_head = c->pnext;
+    if (c->pnext) c->pnext->pprev = c->pprev;
+    else s->pend_tail = c->pprev;
+    c->pprev = c->pnext = NULL;
+    c->pending = 0;
+}
+
+static void post(lw_conn *c, int ev) {
+    lw_stack *s = c->s;
+    c->events |= ev;
+    if (!c->pending) {
+        c->pending = 1;
+        c->pnext = NULL;
+        c->pprev = s->pend_tail;
+        if (s->pend_tail) s->pend_tail->pnext = c;
+        else s->pend_head = c;
+        s->pend_tail = c;
+    }
+    schedule(s);
+}
+
+static void set_mem_blocked(lw_conn *c, int on) {
+    if (c->mem_blocked == on) return;
+    c->mem_blocked = on;
+    c->s->mem_blocked += on ? 1 : -1;
+}
+
+/* Frees the conn object (never the pcb: the caller has dealt with it). */
+static void conn_free(lw_conn *c) {
+    lw_stack *s = c->s;
+    if (s->cb_conn == c) s->cb_conn = NULL;
+    pend_unlink(c);
+    set_mem_blocked(c, 0);
+    if (c->rx) pbuf_free(c->rx);
+    if (c->prev) c->prev->next = c->next;
+    else s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->nconns--;
+    free(c);
+}
+
+static void pcb_detach(struct tcp_pcb *pcb) {
+    tcp_arg(pcb, NULL);
+    tcp_recv(pcb, NULL);
+    tcp_sent(pcb, NULL);
+    tcp_err(pcb, NULL);
+    tcp_poll(pcb, NULL, 0);
+}
+
+/* RST and forget. tcp_abort would call our err callback: detach first. */
+static void conn_abort_free(lw_conn *c) {
+    if (c->pcb) {
+        struct tcp_pcb *pcb = c->pcb;
+        c->pcb = NULL;
+        pcb_detach(pcb);
+        tcp_abort(pcb);
+    }
+    conn_free(c);
+}
+
+static int has_room(struct tcp_pcb *pcb) {
+    if (tcp_sndqueuelen(pcb) >= TCP_SND_QUEUELEN) return 0;
+    return tcp_sndbuf(pcb) >= TCP_MSS || (!pcb->unsent && !pcb->unacked && tcp_sndbuf(pcb));
+}
+
+/* ---------------------------------------------------------------- closing */
+
+static err_t lw_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err);
+static err_t lw_poll(void *arg, struct tcp_pcb *pcb);
+static void lw_err(void *arg, err_t err);
+
+/* One step of a user's net_close. Returns ERR_ABRT when it aborted the pcb (so an lwIP
+ * callback calling it must return ERR_ABRT), else ERR_OK; the conn may be freed. */
+static err_t close_step(lw_conn *c) {
+    struct tcp_pcb *pcb = c->pcb;
+    if (c->fin) {
+        /* The peer is done sending: a full close cannot meet later data. */
+        pcb_detach(pcb);
+        if (tcp_close(pcb) == ERR_OK) {
+            c->pcb = NULL;
+            conn_free(c);
+            return ERR_OK;
+        }
+        tcp_arg(pcb, c); /* out of memory for the FIN: lw_poll retries */
+        tcp_recv(pcb, lw_recv);
+        tcp_err(pcb, lw_err);
+        tcp_poll(pcb, lw_poll, LW_POLL_TICKS);
+        return ERR_OK;
+    }
+    if (!c->shut_tx && tcp_shutdown(pcb, 0, 1) == ERR_OK) c->shut_tx = 1;
+    return ERR_OK;
+}
+
+/* ---------------------------------------------------------------- lwIP callbacks */
+
+static err_t lw_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err) {
+    lw_conn *c = arg;
+    if (!c) { /* cannot happen: recv is cleared with arg; behave like tcp_recv_null */
+        if (p) {
+            tcp_recved(pcb, p->tot_len);
+            pbuf_free(p);
+        }
+        return ERR_OK;
+    }
+    if (!p) {
+        c->fin = 1;
+        if (c->state == ST_CLOSING) return close_step(c);
+        if (c->read_armed) post(c, EV_READ);
+        return ERR_OK;
+    }
+    if (err != ERR_OK || c->state == ST_CLOSING) { /* closing: discard */
+        tcp_recved(pcb, p->tot_len);
+        pbuf_free(p);
+        return ERR_OK;
+    }
+    if (c->rx) pbuf_cat(c->rx, p);
+    else c->rx = p;
+    if (c->read_armed) post(c, EV_READ);
+    return ERR_OK;
+}
+
+static err_t lw_sent(void *arg, struct tcp_pcb *pcb, u16_t len) {
+    (void)len;
+    lw_conn *c = arg;
+    if (!c) return ERR_OK;
+    if (c->s->mem_blocked) {
+        c->s->mem_wake = 1;
+        schedule(c->s);
+    }
+    if (c->state != ST_CLOSING && c->want_write && has_room(pcb)) post(c, EV_WRITE);
+    return ERR_OK;
+}
+
+static void lw_err(void *arg, err_t err) {
+    lw_conn *c = arg;
+    if (!c) return;
+    c->pcb = NULL; /* already freed by lwIP */
+    if (c->state != ST_OPEN) { /* closing, or never shown to the user */
+        conn_free(c);
+        return;
+    }
+    c->err = lw_errno(err);
+    if (!c->err) c->err = -EIO;
+    set_mem_blocked(c, 0);
+    post(c, EV_CLOSED);
+}
+
+static err_t lw_poll(void *arg, struct tcp_pcb *pcb) {
+    lw_conn *c = arg;
+    if (!c) return ERR_OK;
+    if (c->state == ST_CLOSING) {
+        if (loop_now_ms() >= c->deadline) {
+            conn_abort_free(c);
+            return ERR_ABRT;
+        }
+        return close_step(c);
+    }
+    /* Fallback wakeup: memory may have been freed by pcbs that have no sent callback. */
+    if (c->state == ST_OPEN && (c->want_write || c->mem_blocked) && has_room(pcb)) {
+        set_mem_blocked(c, 0);
+        post(c, EV_WRITE);
+    }
+    return ERR_OK;
+}
+
+static err_t lw_accept(void *arg, struct tcp_pcb *pcb, err_t err) {
+    lw_listener *lis = arg;
+    lw_stack *s = lis->s;
+    /* Any error return makes lwIP abort (RST) the new pcb. */
+    if (err != ERR_OK || !pcb || !s->active) return ERR_VAL;
+    if (s->nconns >= s->max_conns) return ERR_VAL;
+    lw_conn *c = calloc(1, sizeof *c);
+    if (!c) return ERR_MEM;
+    c->base.t = &lwip_transport;
+    c->s = s;
+    c->pcb = pcb;
+    c->lis = lis;
+    c->state = ST_ACCEPTING;
+    c->read_armed = 1;
+    char a[IPADDR_STRLEN_MAX];
+    ipaddr_ntoa_r(&pcb->remote_ip, a, sizeof a);
+    snprintf(c->peer, sizeof c->peer, IP_IS_V6(&pcb->remote_ip) ? "[%s]:%u" : "%s:%u", a,
+             (unsigned)pcb->remote_port);
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    tcp_arg(pcb, c);
+    tcp_recv(pcb, lw_recv);
+    tcp_sent(pcb, lw_sent);
+    tcp_err(pcb, lw_err);
+    tcp_poll(pcb, lw_poll, LW_POLL_TICKS);
+    tcp_nagle_disable(pcb); /* like TCP_NODELAY on the host transport */
+    post(c, EV_ACCEPT);
+    return ERR_OK;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static void run_event(lw_stack *s, lw_conn *c, int ev) {
+    s->cb_conn = c;
+    switch (ev) {
+    case EV_ACCEPT: {
+        const net_conn_ops *ops = NULL;
+        void *ud = NULL;
+        int rc = c->lis->fn(c->lis->ud, &c->base, &ops, &ud);
+        if (s->cb_conn != c) return; /* closed or aborted from inside */
+        if (rc < 0 || !ops) {
+            conn_abort_free(c);
+            return;
+        }
+        c->ops = ops;
+        c->ud = ud;
+        c->state = ST_OPEN;
+        break;
+    }
+    case EV_READ:
+        c->read_armed = 0;
+        c->ops->readable(c->ud);
+        break;
+    case EV_WRITE:
+        if (!c->want_write) break;
+        c->want_write = 0;
+        set_mem_blocked(c, 0);
+        c->ops->writable(c->ud);
+        break;
+    case EV_CLOSED:
+        c->ops->closed(c->ud, c->err);
+        if (s->cb_conn == c) conn_free(c);
+        break;
+    }
+    if (s->cb_conn == c) s->cb_conn = NULL;
+}
+
+static void dispatch_task(loop_t *l, void *ud) {
+    (void)l;
+    lw_stack *s = ud;
+    s->posted = 0;
+    if (!s->active) return;
+    s->dispatching = 1;
+    if (s->mem_wake) {
+        s->mem_wake = 0;
+        for (lw_conn *c = s->conns; c && s->mem_blocked; c = c->next) {
+            if (!c->mem_blocked) continue;
+            set_mem_blocked(c, 0);
+            if (c->want_write && c->state == ST_OPEN) post(c, EV_WRITE);
+        }
+    }
+    for (int budget = LW_DISPATCH_BUDGET; s->pend_head && budget > 0; budget--) {
+        lw_conn *c = s->pend_head;
+        int ev = c->events & EV_ACCEPT   ? EV_ACCEPT
+                 : c->events & EV_READ  ? EV_READ
+                 : c->events & EV_WRITE ? EV_WRITE
+                                        : EV_CLOSED;
+        c->events &= ~ev;
+        if (!c->events) pend_unlink(c);
+        /* An event for a state the conn has left (a read event for a closing conn)
+         * has nobody to go to. */
+        if (ev != EV_ACCEPT && c->state != ST_OPEN) continue;
+        if (ev == EV_ACCEPT && c->state != ST_ACCEPTING) continue;
+        run_event(s, c, ev);
+        if (!s->active) return; /* net_free from a callback */
+    }
+    s->dispatching = 0;
+    if (s->pend_head || s->mem_wake) schedule(s);
+}
+
+/* After lwIP ran (frames in, timers): lwIP's out-of-order queues give back pool pbufs
+ * when asked, and a dispatch the full task ring refused is retried. */
+static void after_lwip(lw_stack *s) {
+    PBUF_CHECK_FREE_OOSEQ();
+    if (s->pend_head || s->mem_wake) schedule(s);
+}
+
+/* ---------------------------------------------------------------- device and timers */
+
+int netif_input_frame(netif_dev *d, struct netif *nif, const void *frame, size_t len) {
+    /* A pbuf chain holds at most 64 KiB - 1; the peer never sends a GSO frame that large
+     * into our (unscaled) window. */
+    if (len > 0xffff) {
+        d->rx_drops++;
+        return -EMSGSIZE;
+    }
+    struct pbuf *p = pbuf_alloc(PBUF_RAW, (u16_t)len, PBUF_POOL);
+    if (!p) { /* pool empty: like a frame lost on the wire */
+        d->rx_drops++;
+        return -ENOMEM;
+    }
+    pbuf_take(p, frame, (u16_t)len);
+    if (nif->input(p, nif) != ERR_OK) {
+        pbuf_free(p);
+        d->rx_drops++;
+        return -EIO;
+    }
+    d->rx_frames++;
+    return 0;
+}
+
+static void dev_ev(loop_t *l, int fd, void *ud, int mask) {
+    (void)l;
+    (void)fd;
+    (void)mask;
+    lw_stack *s = ud;
+    s->dev.rx(&s->dev, &s->nif, NETIF_RX_BATCH);
+    after_lwip(s);
+}
+
+static int64_t lw_timer(loop_t *l, int64_t id, void *ud) {
+    (void)l;
+    (void)id;
+    lw_stack *s = ud;
+    sys_check_timeouts();
+    after_lwip(s);
+    u32_t t = sys_timeouts_sleeptime();
+    return t > LW_TIMER_MAX_MS ? LW_TIMER_MAX_MS : (int64_t)t;
+}
+
+static err_t nif_linkoutput(struct netif *nif, struct pbuf *p) {
+    lw_stack *s = nif->state;
+    /* A frame the device cannot take now is dropped like one lost on the wire (the
+     * device counted it): TCP retransmits, ARP and ND retry. */
+    s->dev.tx(&s->dev, p);
+    return ERR_OK;
+}
+
+static err_t nif_init(struct netif *nif) {
+    lw_stack *s = nif->state;
+    nif->name[0] = 'k';
+    nif->name[1] = 'n';
+    nif->output = etharp_output;
+    nif->output_ip6 = ethip6_output;
+    nif->linkoutput = nif_linkoutput;
+    nif->mtu = (u16_t)(s->dev.mtu > 0 && s->dev.mtu < 65535 ? s->dev.mtu : 1500);
+    nif->hwaddr_len = 6;
+    memcpy(nif->hwaddr, s->dev.lwip_mac, 6);
+    nif->flags = NETIF_FLAG_BROADCAST | NETIF_FLAG_ETHARP | NETIF_FLAG_ETHERNET |
+                 NETIF_FLAG_MLD6;
+    return ERR_OK;
+}
+
+/* ---------------------------------------------------------------- config parsing */
+
+static int parse_mac(const char *str, unsigned char mac[6]) {
+    unsigned v[6];
+    char tail;
+    if (sscanf(str, "%2x:%2x:%2x:%2x:%2x:%2x%c", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+               &tail) != 6 ||
+        strlen(str) != 17)
+        return -EINVAL;
+    for (int i = 0; i < 6; i++) mac[i] = (unsigned char)v[i];
+    if (mac[0] & 1) return -EINVAL; /* multicast: no unicast address */
+    return 0;
+}
+
+static int parse_ip4(const char *str, ip4_addr_t *a) {
+    struct in_addr in;
+    if (inet_pton(AF_INET, str, &in) != 1) return -EINVAL;
+    ip4_addr_set_u32(a, in.s_addr);
+    return 0;
+}
+
+/* "a.b.c.d/len" -> address and netmask. */
+static int parse_cidr(const char *str, ip4_addr_t *a, ip4_addr_t *mask) {
+    char buf[32];
+    const char *slash = strchr(str, '/');
+    if (!slash || (size_t)(slash - str) >= sizeof buf) return -EINVAL;
+    memcpy(buf, str, (size_t)(slash - str));
+    buf[slash - str] = '\0';
+    if (parse_ip4(buf, a) < 0) return -EINVAL;
+    char *end;
+    long len = strtol(slash + 1, &end, 10);
+    if (end == slash + 1 || *end || len < 1 || len > 32) return -EINVAL;
+    uint32_t m = len == 32 ? 0xffffffffu : ~(0xffffffffu >> len);
+    ip4_addr_set_u32(mask, htonl(m));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- transport */
+
+static void lwip_free(net_stack *bs) {
+    lw_stack *s = (lw_stack *)bs;
+    while (s->conns) conn_abort_free(s->conns);
+    for (int i = 0; i < s->nls; i++) {
+        tcp_arg(s->ls[i].pcb, NULL);
+        tcp_accept(s->ls[i].pcb, NULL);
+        tcp_close(s->ls[i].pcb); /* a listen pcb closes at once */
+    }
+    s->nls = 0;
+    if (s->nif_added) {
+        if (s->dhcp) {
+            dhcp_stop(&s->nif);
+            dhcp_cleanup(&s->nif);
+        }
+        netif_set_down(&s->nif);
+        netif_remove(&s->nif);
+    }
+    if (s->timer > 0) loop_timer_del(s->l, s->timer);
+    if (s->dev_watched) loop_fd_del(s->l, s->dev.fd, LOOP_READ);
+    if (s->dev_open) s->dev.close(&s->dev);
+    s->active = 0;
+}
+
+static int lwip_listen(net_stack *bs, const char *host, int port, net_accept_fn fn,
+                       void *ud, char *err, size_t errlen) {
+    lw_stack *s = (lw_stack *)bs;
+    (void)host; /* one interface: always every address of it (it may change by DHCP) */
+    if (s->nls == LW_MAX_LISTEN) {
+        snprintf(err, errlen, "net: listen :%d: at most %d listeners", port, LW_MAX_LISTEN);
+        return -ENOSPC;
+    }
+    struct tcp_pcb *pcb = tcp_new_ip_type(IPADDR_TYPE_ANY);
+    if (!pcb) {
+        snprintf(err, errlen, "net: listen :%d: lwIP out of pcbs", port);
+        return -ENOMEM;
+    }
+    ip_set_option(pcb, SOF_REUSEADDR);
+    err_t e = tcp_bind(pcb, IP_ANY_TYPE, (u16_t)port);
+    if (e != ERR_OK) {
+        tcp_close(pcb);
+        snprintf(err, errlen, "net: listen :%d: bind: %s", port, strerror(-lw_errno(e)));
+        return lw_errno(e);
+    }
+    struct tcp_pcb *lpcb = tcp_listen_with_backlog_and_err(pcb, TCP_DEFAULT_LISTEN_BACKLOG, &e);
+    if (!lpcb) {
+        tcp_close(pcb);
+        snprintf(err, errlen, "net: listen :%d: %s", port, strerror(-lw_errno(e)));
+        return lw_errno(e);
+    }
+    lw_listener *lis = &s->ls[s->nls++];
+    *lis = (lw_listener){.s = s, .pcb = lpcb, .fn = fn, .ud = ud};
+    tcp_arg(lpcb, lis);
+    tcp_accept(lpcb, lw_accept);
+    return 0;
+}
+
+static ssize_t lwip_read(net_conn *bc, void *buf, size_t cap) {
+    lw_conn *c = (lw_conn *)bc;
+    if (cap == 0) return -EINVAL;
+    if (c->rx) {
+        u16_t n = c->rx->tot_len;
+        if (cap < n) n = (u16_t)cap;
+        pbuf_copy_partial(c->rx, buf, n, 0);
+        c->rx = pbuf_free_header(c->rx, n);
+        if (c->pcb) tcp_recved(c->pcb, n); /* reopens the window only as we read */
+        return n;
+    }
+    if (c->err) return c->err;
+    if (c->fin) return 0;
+    if (!c->pcb) return -ENOTCONN;
+    c->read_armed = 1;
+    return -EAGAIN;
+}
+
+static ssize_t lwip_write(net_conn *bc, const void *buf, size_t len) {
+    lw_conn *c = (lw_conn *)bc;
+    if (c->err) return c->err;
+    if (!c->pcb || c->state == ST_CLOSING) return -ENOTCONN;
+    struct tcp_pcb *pcb = c->pcb;
+    size_t room = tcp_sndqueuelen(pcb) >= TCP_SND_QUEUELEN ? 0 : tcp_sndbuf(pcb);
+    size_t n = len < room ? len : room;
+    if (n > 0xffff) n = 0xffff;
+    err_t e = ERR_MEM;
+    if (n) {
+        e = tcp_write(pcb, buf, (u16_t)n, TCP_WRITE_FLAG_COPY);
+        /* Short of segments or heap for all of it: a single segment may still fit. */
+        if (e == ERR_MEM && n > TCP_MSS) {
+            n = TCP_MSS;
+            e = tcp_write(pcb, buf, (u16_t)n, TCP_WRITE_FLAG_COPY);
+        }
+    }
+    if (e == ERR_OK) {
+        tcp_output(pcb);
+        set_mem_blocked(c, 0);
+        if (n < len) c->want_write = 1;
+        return (ssize_t)n;
+    }
+    if (e == ERR_MEM) {
+        /* Window or queue full: tcp_sent fires as acks come. Heap or segment pool
+         * empty: that is freed by any connection's acks, so all wakers are asked. */
+        c->want_write = 1;
+        if (room) set_mem_blocked(c, 1);
+        tcp_output(pcb);
+        return -EAGAIN;
+    }
+    return lw_errno(e);
+}
+
+static void lwip_close(net_conn *bc) {
+    lw_conn *c = (lw_conn *)bc;
+    lw_stack *s = c->s;
+    if (s->cb_conn == c) s->cb_conn = NULL;
+    pend_unlink(c);
+    c->events = 0;
+    c->ops = NULL;
+    set_mem_blocked(c, 0);
+    if (!c->pcb) {
+        conn_free(c);
+        return;
+    }
+    if (c->rx) { /* unread input is dropped, but counted as read: no RST for it */
+        u16_t n = c->rx->tot_len;
+        pbuf_free(c->rx);
+        c->rx = NULL;
+        tcp_recved(c->pcb, n);
+    }
+    c->state = ST_CLOSING;
+    c->deadline = loop_now_ms() + NET_LINGER_MS;
+    tcp_sent(c->pcb, NULL);
+    close_step(c);
+}
+
+static void lwip_abort(net_conn *bc) { conn_abort_free((lw_conn *)bc); }
+
+static int lwip_peer(const net_conn *bc, char *buf, size_t cap) {
+    const lw_conn *c = (const lw_conn *)bc;
+    size_t n = strlen(c->peer);
+    if (n + 1 > cap) return -ENOSPC;
+    memcpy(buf, c->peer, n + 1);
+    return (int)n;
+}
+
+static int lwip_address(const net_stack *bs, char *buf, size_t cap) {
+    const lw_stack *s = (const lw_stack *)bs;
+    char a[IP4ADDR_STRLEN_MAX] = "";
+    const ip4_addr_t *ip = netif_ip4_addr(&s->nif);
+    if (s->nif_added && !ip4_addr_isany(ip)) ip4addr_ntoa_r(ip, a, sizeof a);
+    size_t n = strlen(a);
+    if (n + 1 > cap) return -ENOSPC;
+    memcpy(buf, a, n + 1);
+    return 0;
+}
+
+static int lwip_open_conns(const net_stack *bs) { return ((const lw_stack *)bs)->nconns; }
+
+static const net_transport lwip_transport = {
+    .name = "lwip",
+    .free = lwip_free,
+    .listen = lwip_listen,
+    .read = lwip_read,
+    .write = lwip_write,
+    .close = lwip_close,
+    .abort = lwip_abort,
+    .peer = lwip_peer,
+    .address = lwip_address,
+    .open_conns = lwip_open_conns,
+};
+
+net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {
+    lw_stack *s = &the_stack;
+    if (s->active) {
+        snprintf(err, errlen, "net: lwIP is already running (one stack per process)");
+        return NULL;
+    }
+    const char *drv = cfg->driver == CFG_DRIVER_TAP ? "tap" : "packet";
+    const char *ifname = cfg->ifname ? cfg->ifname : "";
+    const char *address = cfg->address ? cfg->address : "";
+    ip4_addr_t ip, mask, gw;
+    ip4_addr_set_zero(&ip);
+    ip4_addr_set_zero(&mask);
+    ip4_addr_set_zero(&gw);
+    int dhcp = strcmp(address, "dhcp") == 0;
+    if (!dhcp && parse_cidr(address, &ip, &mask) < 0) {
+        snprintf(err, errlen, "net: address '%s': want \"dhcp\" or a.b.c.d/len", address);
+        return NULL;
+    }
+    if (cfg->gateway && cfg->gateway[0] && parse_ip4(cfg->gateway, &gw) < 0) {
+        snprintf(err, errlen, "net: gateway '%s': want a.b.c.d", cfg->gateway);
+        return NULL;
+    }
+    unsigned char mac[6];
+    int have_mac = cfg->mac && cfg->mac[0];
+    if (have_mac && parse_mac(cfg->mac, mac) < 0) {
+        snprintf(err, errlen, "net: mac '%s': want a unicast aa:bb:cc:dd:ee:ff", cfg->mac);
+        return NULL;
+    }
+    if (!ifname[0]) {
+        snprintf(err, errlen, "net: %s: no interface name", drv);
+        return NULL;
+    }
+
+    memset(s, 0, sizeof *s);
+    s->base.t = &lwip_transport;
+    s->base.driver_name = drv;
+    s->l = l;
+    s->max_conns = cfg->max_conns > 0 ? cfg->max_conns : MEMP_NUM_TCP_PCB;
+    s->dhcp = dhcp;
+    snprintf(s->hostname, sizeof s->hostname, "%s",
+             cfg->hostname && cfg->hostname[0] ? cfg->hostname : "kiln");
+
+    char warn[256] = "";
+    int rc;
+    if (cfg->driver == CFG_DRIVER_TAP) {
+        rc = netif_tap_open(&s->dev, ifname, err, errlen);
+        if (rc == 0) {
+            if (have_mac) {
+                memcpy(s->dev.lwip_mac, mac, 6);
+            } else {
+                /* Random, locally administered, unicast: the TAP's own MAC is the
+                 * kernel's end of the wire, not ours. */
+                for (int i = 0; i < 6; i++) s->dev.lwip_mac[i] = (unsigned char)kiln_lwip_rand();
+                s->dev.lwip_mac[0] = (unsigned char)((s->dev.lwip_mac[0] & 0xfe) | 0x02);
+            }
+        }
+    } else {
+        rc = netif_packet_open(&s->dev, ifname, have_mac ? mac : NULL, err, errlen, warn,
+                               sizeof warn);
+    }
+    if (rc < 0) return NULL;
+    s->dev_open = 1;
+    s->active = 1;
+
+    if (!lwip_ready) {
+        lwip_init();
+        lwip_ready = 1;
+    }
+    if (!netif_add(&s->nif, &ip, &mask, &gw, s, nif_init, ethernet_input)) {
+        snprintf(err, errlen, "net: %s %s: lwIP refused the interface", drv, ifname);
+        lwip_free(&s->base);
+        return NULL;
+    }
+    s->nif_added = 1;
+    netif_set_hostname(&s->nif, s->hostname);
+    netif_set_default(&s->nif);
+    netif_create_ip6_linklocal_address(&s->nif, 1);
+    netif_set_ip6_autoconfig_enabled(&s->nif, 1);
+    netif_set_up(&s->nif);
+    netif_set_link_up(&s->nif);
+    if (dhcp && dhcp_start(&s->nif) != ERR_OK) {
+        snprintf(err, errlen, "net: %s %s: DHCP could not start", drv, ifname);
+        lwip_free(&s->base);
+        return NULL;
+    }
+
+    if ((rc = loop_fd_add(l, s->dev.fd, LOOP_READ, dev_ev, s)) < 0) {
+        snprintf(err, errlen, "net: %s %s: loop: %s", drv, ifname, strerror(-rc));
+        lwip_free(&s->base);
+        return NULL;
+    }
+    s->dev_watched = 1;
+    int64_t id = loop_timer_add(l, 0, lw_timer, s);
+    if (id < 0) {
+        snprintf(err, errlen, "net: %s %s: loop timer: %s", drv, ifname, strerror((int)-id));
+        lwip_free(&s->base);
+        return NULL;
+    }
+    s->timer = id;
+    if (errlen) snprintf(err, errlen, "%s", warn); /* a warning for the caller to log */
+    return &s->base;
+}
