@@ -7,7 +7,6 @@ SHELL := /bin/bash
 
 BUILD   ?= build
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
-PROMPT  ?= Why is the sky blue? Answer in two sentences.
 THREADS ?= $(shell nproc)
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -I. -pthread -MMD -MP
@@ -18,9 +17,14 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c)))
+LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c net/*.c)))
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+# Test programs that are not unit tests (e.g. the transport echo server of tests/net/).
+TOOL_SRCS := $(sort $(wildcard tests/net/*.c))
+# The dependency libraries (scripts/deps.sh), in link order; static, so a program
+# takes only what it uses.
+DEP_LIBS  := -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih
 
 # ---------------------------------------------------------------- one build variant
 # $(1) variant dir, $(2) compiler, $(3) extra cflags, $(4) extra ldflags, $(5) deps toolchain
@@ -35,11 +39,15 @@ $(BUILD)/$(1)/libkiln.a: $$($(1)_OBJS)
 	@rm -f $$@
 	ar rcs $$@ $$^
 $(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkiln.a
-	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib -linih -lm -pthread $(4)
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
+$(BUILD)/$(1)/tests/net/%: $(BUILD)/$(1)/obj/tests/net/%.o $(BUILD)/$(1)/libkiln.a
+	@mkdir -p $$(@D)
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
 $(BUILD)/$(1)/tests/%: $(BUILD)/$(1)/obj/tests/unit/%.o $(BUILD)/$(1)/libkiln.a
 	@mkdir -p $$(@D)
-	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib -linih -lm -pthread $(4)
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
 $(1)_TESTS := $$(patsubst tests/unit/%.c,$(BUILD)/$(1)/tests/%,$$(TEST_SRCS))
+$(1)_TOOLS := $$(patsubst tests/net/%.c,$(BUILD)/$(1)/tests/net/%,$$(TOOL_SRCS))
 -include $$(shell find $(BUILD)/$(1)/obj -name '*.d' 2>/dev/null)
 endef
 
@@ -56,7 +64,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 KILND := $(BUILD)/gnu/kilnd
 
 .PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean
-all: $(KILND) $(gnu_TESTS)
+all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS)
 kilnd: $(KILND)
 
 # The image's kilnd: static musl. musl-gcc cannot see <linux/*.h>; give it the uapi headers.
@@ -102,20 +110,20 @@ $(BUILD)/fuzz/obj/%.o: %.c | $(BUILD)/gnu/deps/.ok
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
 	clang $(filter-out -MMD -MP,$(FUZZ_CFLAGS)) -fsanitize=fuzzer $(FUZZ_SAN) $< $(FUZZ_OBJS) -o $@ \
-	  -L$(BUILD)/gnu/deps/lib -linih -lm -pthread
+	  -L$(BUILD)/gnu/deps/lib $(DEP_LIBS) -lm -pthread
 -include $(shell find $(BUILD)/fuzz/obj -name '*.d' 2>/dev/null)
 fuzz: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/corpus/$$n; \
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
 	$(MAKE) musl
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 
 # ---------------------------------------------------------------- run and bench
 run: tools model $(KILND)
-	$(KILND) generate --model $(MODEL) --chat --threads $(THREADS) --max-tokens 128 --prompt "$(PROMPT)"
+	KILND=$(KILND) MODEL=$(MODEL) THREADS=$(THREADS) scripts/run.sh
 
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh

@@ -1,5 +1,7 @@
-/* kilnd: the kiln engine. Until the server exists, its subcommands run the engine core
- * from the command line:
+/* kilnd: the kiln engine. `kilnd serve` is the appliance's main job (core/cli_serve.c);
+ * the other subcommands run the engine core from the command line:
+ *   kilnd serve [--config kiln.ini] [--set section.key=value]...
+ *   kilnd certs --dir DIR
  *   kilnd generate --model PATH --prompt TEXT [--chat] [sampling flags]
  *   kilnd bench    --model PATH [--threads N] [--prompt-tokens N] [--gen-tokens N]
  *   kilnd tokenize / detokenize --model PATH ...   (see core/cli_tok.c) */
@@ -13,6 +15,7 @@
 #include "core/backend.h"
 #include "core/chat.h"
 #include "core/cli_engine.h"
+#include "core/cli_serve.h"
 #include "core/cli_tok.h"
 #include "core/model.h"
 #include "core/sampler.h"
@@ -142,6 +145,10 @@ static void usage(void) {
     fprintf(stderr,
             "kilnd " KILN_VERSION " - the kiln inference engine\n"
             "usage:\n"
+            "  kilnd serve [--config kiln.ini] [--model PATH] [--threads N]\n"
+            "      [--set section.key=value]...   serve the line protocol over TLS\n"
+            "  kilnd certs --dir DIR [--hosts h1,h2] [--force]\n"
+            "      development CA, server and client certificates\n"
             "  kilnd generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
             "      --chat              wrap the prompt in the model's chat template\n"
             "      --system TEXT       system message (with --chat)\n"
@@ -429,6 +436,8 @@ static int cmd_bench(int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc < 2) { usage(); return 2; }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "serve") == 0) return cli_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "certs") == 0) return cli_certs(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "bench-engine") == 0) return cli_bench_engine(argc - 1, argv + 1);

@@ -57,6 +57,20 @@ run "cli/musl-generate" "$BUILD/musl/kilnd" generate --model "$MODEL" --max-toke
   --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
 
+# The network: the transports alone (an echo server over host sockets, lwIP on a TAP
+# device in a namespace, lwIP over AF_PACKET on a veth pair), then `kilnd serve` end to
+# end over each: TLS 1.3 clients (Python ssl, openssl s_client), the protocol's verbs
+# and limits, /metrics. The appliance's static musl kilnd takes the AF_PACKET run.
+run "net/transport-echo" tests/net/echo.sh "$BUILD"
+run "net/serve-host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host all
+run "net/serve-tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap all
+run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl/kilnd" \
+  tests/net/serve.sh packet basic
+run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
+# every check again under ASan+UBSan (LeakSanitizer at exit): sessions, TLS and lwIP
+run "net/serve-tap-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" \
+  tests/net/serve.sh tap all
+
 echo
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed"

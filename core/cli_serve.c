@@ -1,0 +1,218 @@
+/* cli_serve: `kilnd serve` (the appliance's main job) and `kilnd certs`.
+ *
+ *   kilnd serve [--config kiln.ini] [--model PATH] [--threads N] [--set section.key=value]...
+ *   kilnd certs --dir DIR [--hosts h1,h2] [--force]
+ *
+ * serve loads the model, carves the KV pool, starts the CPU backend, brings up the
+ * transport ([net] driver) and the server, prints one line "kilnd: serving ..." on
+ * stdout once it accepts connections, and runs the loop until SIGTERM/SIGINT (drain:
+ * running requests finish, a second signal stops at once) or an admin's RESTART
+ * (exit status 75, for the supervisor). */
+#include "core/cli_serve.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+#include "mm/kv.h"
+#include "mm/pool.h"
+#include "net/net.h"
+#include "net/server.h"
+#include "net/tls.h"
+#include "sched/loop.h"
+
+static int parse(int argc, char **argv, kiln_config *c, int *threads) {
+    char err[512];
+    cfg_defaults(c);
+    *threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { fprintf(stderr, "kilnd: %s needs a value\n", a); return -1; }
+        i++;
+        if (!strcmp(a, "--config")) {
+            if (cfg_load_file(c, v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
+        } else if (!strcmp(a, "--model")) {
+            if (cfg_set(c, "model", "path", v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
+        } else if (!strcmp(a, "--threads")) {
+            if (cfg_set(c, "engine", "threads", v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
+        } else if (!strcmp(a, "--set")) {
+            char sec[32];
+            const char *dot = strchr(v, '.'), *eq = strchr(v, '=');
+            if (!dot || !eq || dot > eq || (size_t)(dot - v) >= sizeof sec) {
+                fprintf(stderr, "kilnd: --set wants section.key=value, not '%s'\n", v);
+                return -1;
+            }
+            char key[64];
+            if ((size_t)(eq - dot - 1) >= sizeof key) { fprintf(stderr, "kilnd: --set: key too long\n"); return -1; }
+            memcpy(sec, v, (size_t)(dot - v)), sec[dot - v] = 0;
+            memcpy(key, dot + 1, (size_t)(eq - dot - 1)), key[eq - dot - 1] = 0;
+            if (cfg_set(c, sec, key, eq + 1, err, sizeof err) < 0) { fprintf(stderr, "kilnd: --set: %s\n", err); return -1; }
+        } else {
+            fprintf(stderr, "kilnd: unknown flag '%s'\n", a);
+            return -1;
+        }
+    }
+    if (cfg_validate(c, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
+    *threads = c->engine.threads > 0 ? c->engine.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (*threads < 1) *threads = 1;
+    return 0;
+}
+
+/* The model's own name (general.name), else the file's base name. */
+static void model_name(const model *m, const char *path, char *out, size_t cap) {
+    gguf_str s;
+    if (gguf_get_str(&m->gguf, "general.name", &s) == 0 && s.len > 0) {
+        snprintf(out, cap, "%.*s", (int)(s.len < cap ? s.len : cap - 1), s.ptr);
+        return;
+    }
+    const char *b = strrchr(path, '/');
+    snprintf(out, cap, "%.200s", b ? b + 1 : path);
+}
+
+/* SIGTERM/SIGINT through a signalfd on the loop: the first drains, the second stops. */
+typedef struct {
+    srv *s;
+    loop_t *l;
+    int fd, count;
+} sig_watch;
+
+static void on_signal(loop_t *l, int fd, void *ud, int mask) {
+    (void)mask;
+    sig_watch *w = ud;
+    struct signalfd_siginfo si;
+    while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (w->count++ == 0) {
+            fprintf(stderr, "kilnd: signal %u: draining (again to stop now)\n", si.ssi_signo);
+            srv_drain(w->s, 0);
+        } else {
+            loop_stop(l);
+        }
+    }
+}
+
+int cli_serve(int argc, char **argv) {
+    static kiln_config c;
+    int threads;
+    if (parse(argc, argv, &c, &threads) < 0) return 2;
+    /* Blocked before any thread starts (the backend's workers inherit the mask), so
+     * the signals reach only the signalfd. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    char err[512];
+    static model m;
+    static tok_t tok;
+    if (model_load(&m, c.model.path, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return 1; }
+    int rc = 1, tok_ok = 0, kv_ok = 0;
+    mm_pool arena = {0};
+    kv_pool kv;
+    backend *be = NULL;
+    loop_t *l = NULL;
+    net_stack *net = NULL;
+    srv *s = NULL;
+    sig_watch sw = {0};
+    sw.fd = -1;
+    if (tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) { fprintf(stderr, "kilnd: tokenizer: %s\n", err); goto out; }
+    tok_ok = 1;
+
+    /* the KV pool: [engine] kv_pool_mb, or room for max_batch_size full sequences */
+    kv_config kc = {0};
+    model_kv_shape(&m, &kc);
+    kc.block_size = c.engine.block_size;
+    kc.n_blocks = kc.max_seqs = kc.max_blocks_per_seq = 1; /* for kv_block_bytes' checks */
+    size_t block_bytes = kv_block_bytes(&kc), pool_bytes = 0;
+    if (cfg_check_model(&c, m.cfg.n_ctx_train, block_bytes / (size_t)kc.block_size, &pool_bytes, err,
+                        sizeof err) < 0) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        goto out;
+    }
+    int max_seq_len = c.engine.max_seq_len;
+    kc.max_seqs = c.engine.max_queued_requests;
+    kc.max_blocks_per_seq = (max_seq_len + kc.block_size - 1) / kc.block_size;
+    kc.n_blocks = (int)(pool_bytes / block_bytes);
+    kc.prefix_cache = c.engine.prefix_caching;
+    int r = mm_pool_init(&arena, kv_pool_bytes(&kc), NULL);
+    if (r == 0) r = kv_pool_init(&kv, &kc, &arena);
+    if (r < 0) {
+        fprintf(stderr, "kilnd: cannot allocate the KV pool (%zu MiB): %s\n", pool_bytes >> 20, strerror(-r));
+        goto out;
+    }
+    kv_ok = 1;
+    if (!arena.locked) fprintf(stderr, "kilnd: warning: the KV pool is not pinned (mlock failed; RLIMIT_MEMLOCK)\n");
+    backend_cpu_config bc = {threads, c.engine.max_batched_tokens, c.engine.max_batch_size, max_seq_len, 0};
+    if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+
+    if (!(l = loop_new(c.net.max_connections * 2 + 256, 64))) { fprintf(stderr, "kilnd: cannot create the event loop\n"); goto out; }
+    char host[64];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    net_config nc = {c.net.driver, c.net.interface, c.net.address, c.net.gateway, c.net.mac, host,
+                     c.net.max_connections + 64};
+    if (!(net = net_new(l, &nc, err, sizeof err))) { fprintf(stderr, "kilnd: network: %s\n", err); goto out; }
+    char name[256];
+    model_name(&m, c.model.path, name, sizeof name);
+    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len};
+    if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+
+    sw.s = s, sw.l = l;
+    sw.fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sw.fd < 0 || loop_fd_add(l, sw.fd, LOOP_READ, on_signal, &sw) < 0) {
+        fprintf(stderr, "kilnd: cannot watch signals: %s\n", strerror(errno));
+        goto out;
+    }
+    char addr[64] = "";
+    net_address(net, addr, sizeof addr);
+    if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
+    printf("kilnd: serving %s on %s %s:%d (TLS)", name, net_driver_name(net), addr, c.net.listen_port);
+    if (c.net.metrics_port) printf(", metrics http://%s:%d/metrics", addr, c.net.metrics_port);
+    printf("\n");
+    fflush(stdout);
+    r = loop_run(l);
+    rc = r < 0 ? 1 : srv_exit_code(s);
+    fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
+out:
+    srv_free(s);
+    if (sw.fd >= 0) {
+        if (l) loop_fd_del(l, sw.fd, LOOP_READ);
+        close(sw.fd);
+    }
+    net_free(net);
+    if (l) loop_free(l);
+    if (be) be->ops->destroy(be);
+    if (kv_ok) kv_pool_free(&kv);
+    mm_pool_free(&arena);
+    if (tok_ok) tok_free(&tok);
+    model_free(&m);
+    return rc;
+}
+
+int cli_certs(int argc, char **argv) {
+    const char *dir = NULL, *hosts = "";
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--force")) { force = 1; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "kilnd: %s needs a value\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--dir")) dir = argv[++i];
+        else if (!strcmp(argv[i], "--hosts")) hosts = argv[++i];
+        else { fprintf(stderr, "kilnd: unknown flag '%s'\n", argv[i]); return 2; }
+    }
+    if (!dir) { fprintf(stderr, "kilnd: certs needs --dir DIR\n"); return 2; }
+    char err[512];
+    if (tls_certs_create(dir, hosts, force, err, sizeof err) < 0) {
+        fprintf(stderr, "kilnd: certs: %s\n", err);
+        return 1;
+    }
+    printf("kilnd: development CA and certificates in %s (ca.crt, server.crt/key, client.crt/key)\n", dir);
+    return 0;
+}

@@ -1,0 +1,52 @@
+/* server: kilnd serving the line protocol (docs/PROTOCOL.md) and HTTP /metrics.
+ *
+ * One cooperative loop carries everything: the transport (net.h) hands bytes to a
+ * session, TLS (tls.h) decrypts them, a line becomes a request (proto.h) that the
+ * engine schedules; each token the engine streams becomes a TOK line in the session's
+ * output buffer, flushed through TLS as the transport takes it. A session's unsent
+ * output is bounded: past [net] max_output_bytes its requests pause (eng_pause) until
+ * the client reads, so a slow reader costs memory for its own bounded buffer only.
+ * A disconnect cancels its requests; their KV blocks return to the pool.
+ *
+ * The server owns the engine (created over the caller's model, tokenizer, KV pool and
+ * backend) and drives it: a step is submitted whenever work is pending and none runs;
+ * the backend's event fd says when it finished. */
+#ifndef KILN_SERVER_H
+#define KILN_SERVER_H
+
+#include <stddef.h>
+
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+#include "mm/kv.h"
+#include "net/net.h"
+#include "sched/loop.h"
+
+typedef struct srv srv;
+
+typedef struct {
+    const kiln_config *cfg;
+    loop_t *loop;
+    net_stack *net;
+    const model *m;
+    const tok_t *tok;
+    kv_pool *kv;
+    backend *be;
+    const char *model_name;
+    int max_seq_len; /* in force: the config's, capped by the model's context */
+} srv_env;
+
+/* Loads the TLS files and the tokens file, creates the engine, registers the
+ * listeners ([net] listen, metrics_port) and the backend's event fd. NULL with err. */
+srv *srv_new(const srv_env *env, char *err, size_t errlen);
+/* Cancels what runs (waiting for a step in flight), closes every connection. */
+void srv_free(srv *s);
+
+/* Stop taking requests; once none is left, stop the loop. restart: the exit asks the
+ * supervisor for a restart (srv_exit_code 75) rather than a stop (0). */
+void srv_drain(srv *s, int restart);
+int srv_exit_code(const srv *s);
+
+#endif

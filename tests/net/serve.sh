@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# serve.sh: `kilnd serve` end to end over one transport, with tests/net/serve_client.py.
+#
+#   tests/net/serve.sh host|tap|packet [all|basic|mtls]  (BUILD, MODEL, KILND from the environment)
+#
+# host:   kernel sockets on 127.0.0.1.
+# tap:    lwIP on a TAP device in a network namespace this script creates; the client
+#         runs in the same namespace against lwIP's address.
+# packet: lwIP over AF_PACKET on one end of a veth pair (its own namespace, no kernel
+#         address); the client is in a second namespace on the other end, whose
+#         offloads are left on (checksum-partial and GSO frames reach lwIP).
+# The namespaces and kilnd are removed on exit whatever happens. Needs root for tap and
+# packet. Everything is bounded in time.
+set -euo pipefail
+MODE=${1:?usage: serve.sh host|tap|packet [all|basic]}
+CHECKS=${2:-all}
+BUILD=${BUILD:-build}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+KILND=${KILND:-$BUILD/gnu/kilnd}
+HERE=$(cd "$(dirname "$0")" && pwd)
+W=$BUILD/test-net/$MODE
+rm -rf "$W"; mkdir -p "$W"
+W=$(cd "$W" && pwd)
+KILND=$(cd "$(dirname "$KILND")" && pwd)/$(basename "$KILND")
+MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+
+NS_S="" NS_C="" PID=""
+cleanup() {
+  [ -n "$PID" ] && kill "$PID" 2>/dev/null && sleep 0.2 && kill -9 "$PID" 2>/dev/null
+  [ -n "$NS_S" ] && ip netns del "$NS_S" 2>/dev/null
+  [ -n "$NS_C" ] && [ "$NS_C" != "$NS_S" ] && ip netns del "$NS_C" 2>/dev/null
+  true
+}
+trap cleanup EXIT
+
+# ---- certificates, tokens, the expected greedy text
+"$KILND" certs --dir "$W/tls" >/dev/null
+UTOK=user-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+ATOK=admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+printf '# role token\nuser %s\nadmin %s\n' "$UTOK" "$ATOK" >"$W/tokens.txt"
+PROMPT="What is the capital of France? Answer in one sentence."
+MAXT=24
+timeout 120 "$KILND" generate --model "$MODEL" --chat --temperature 0 --max-tokens $MAXT --threads 2 \
+  --prompt "$PROMPT" >"$W/generate.out" 2>"$W/generate.err"
+python3 - "$W" "$PROMPT" $MAXT <<'EOF'
+import json, sys
+w, prompt, maxt = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(w + "/generate.out", encoding="utf-8").read()
+assert text.endswith("\n")
+json.dump({"prompt": prompt, "max_tokens": maxt, "text": text[:-1]}, open(w + "/expect.json", "w"))
+EOF
+
+# ---- the network
+PORT=8443 MPORT=9100 HOST=127.0.0.1 RUN_S=() RUN_C=()
+case $MODE in
+host)
+  PORT=$((20000 + RANDOM % 20000)); MPORT=$((PORT + 1))
+  NET="driver = host" ;;
+tap)
+  NS_S=kiln-t$$; NS_C=$NS_S
+  ip netns add "$NS_S"
+  ip -n "$NS_S" link set lo up
+  ip -n "$NS_S" tuntap add dev ktap0 mode tap
+  ip -n "$NS_S" addr add 10.77.0.1/24 dev ktap0
+  ip -n "$NS_S" link set ktap0 up
+  HOST=10.77.0.2
+  NET=$'driver = tap\ninterface = ktap0\naddress = 10.77.0.2/24'
+  RUN_S=(ip netns exec "$NS_S"); RUN_C=(ip netns exec "$NS_C") ;;
+packet)
+  NS_S=kiln-ps$$; NS_C=kiln-pc$$
+  ip netns add "$NS_S"; ip netns add "$NS_C"
+  ip link add kveth$$c type veth peer name kveth$$s
+  ip link set kveth$$c netns "$NS_C"; ip link set kveth$$s netns "$NS_S"
+  ip -n "$NS_C" link set lo up; ip -n "$NS_S" link set lo up
+  ip -n "$NS_C" addr add 10.78.0.1/24 dev kveth$$c
+  ip -n "$NS_C" link set kveth$$c up; ip -n "$NS_S" link set kveth$$s up
+  HOST=10.78.0.2
+  NET=$'driver = packet\ninterface = kveth'$$$'s\naddress = 10.78.0.2/24'
+  RUN_S=(ip netns exec "$NS_S"); RUN_C=(ip netns exec "$NS_C") ;;
+*) echo "serve.sh: unknown mode $MODE" >&2; exit 2 ;;
+esac
+
+cat >"$W/kiln.ini" <<EOF
+[model]
+path = $MODEL
+[engine]
+threads = 2
+max_seq_len = 1024
+default_max_tokens = 64
+kv_pool_mb = 256
+[sampling]
+temperature = 0.7
+[net]
+$NET
+listen = 0.0.0.0:$PORT
+metrics_port = $MPORT
+cert = $W/tls/server.crt
+key = $W/tls/server.key
+tokens_file = $W/tokens.txt
+max_output_bytes = 16K
+EOF
+[ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
+# a sanitizer build's memory use says nothing about the server's bounds
+case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
+
+# ---- kilnd
+"${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" >"$W/kilnd.out" 2>"$W/kilnd.err" &
+PID=$!
+for _ in $(seq 1 300); do
+  grep -q "kilnd: serving" "$W/kilnd.out" 2>/dev/null && break
+  kill -0 "$PID" 2>/dev/null || { echo "serve.sh: kilnd exited early:"; cat "$W/kilnd.err"; exit 1; }
+  sleep 0.1
+done
+grep -q "kilnd: serving" "$W/kilnd.out" || { echo "serve.sh: kilnd did not come up"; cat "$W/kilnd.err"; exit 1; }
+cat "$W/kilnd.out"
+if [ "$MODE" != host ]; then
+  timeout 10 "${RUN_C[@]}" ping -c 1 -W 2 "$HOST" >/dev/null && echo "ok   ping $HOST (lwIP ICMP)" \
+    || { echo "FAIL ping $HOST"; exit 1; }
+fi
+
+rc=0
+timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
+  --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
+  --expect "$W/expect.json" --checks "$CHECKS" --kilnd-pid "$PID" \
+  $([ "$MODE" != host ] && echo --lwip) || rc=1
+
+# ---- a clean stop: over host sockets an admin's RESTART (exit 75, for the supervisor),
+# over lwIP SIGTERM (drain, exit 0)
+if [ "$MODE" = host ]; then
+  want=75 how="RESTART"
+  timeout 120 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
+    --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
+    --expect "$W/expect.json" --checks restart || rc=1
+else
+  want=0 how="SIGTERM"
+  kill -TERM "$PID"
+fi
+st=0
+for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$PID" 2>/dev/null; then echo "FAIL kilnd did not stop after $how"; rc=1
+else
+  wait "$PID" || st=$?
+  [ "$st" -eq "$want" ] && echo "ok   $how: kilnd drained and exited $want" \
+    || { echo "FAIL $how: kilnd exit status $st, want $want"; rc=1; }
+fi
+PID=""
+if [ $rc -ne 0 ]; then echo "--- kilnd stderr (tail)"; tail -n 30 "$W/kilnd.err"; fi
+exit $rc

@@ -1,0 +1,552 @@
+#!/usr/bin/env python3
+"""serve_client.py: end-to-end checks of a running `kilnd serve` (standard library only).
+
+Run by tests/net/serve.sh, possibly inside a network namespace. Each check prints one
+line; the exit status is 0 only when all passed.
+
+  serve_client.py --host H --port P --metrics-port M --ca ca.crt --user-token T
+      --admin-token A --expect expect.json --checks all|basic [--kilnd-pid PID]
+
+expect.json: {"prompt": "...", "max_tokens": N, "text": "<kilnd generate's output>"}
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+A = None
+FAILED = []
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + (": " + detail if detail and not ok else ""), flush=True)
+    if not ok:
+        FAILED.append(name)
+    return ok
+
+
+def quote(s):
+    out = ['"']
+    for ch in s:
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append("\\x%02x" % ord(ch))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def unquote(s):
+    """The text of a quoted protocol string (bytes, UTF-8)."""
+    assert s[0] == '"' and s[-1] == '"', s
+    b = bytearray()
+    i, body = 0, s[1:-1].encode()
+    while i < len(body):
+        c = body[i]
+        if c == 0x5C:
+            n = chr(body[i + 1])
+            if n in '"\\':
+                b.append(ord(n)); i += 2
+            elif n == "n":
+                b.append(10); i += 2
+            elif n == "r":
+                b.append(13); i += 2
+            elif n == "t":
+                b.append(9); i += 2
+            elif n == "x":
+                b.append(int(body[i + 2:i + 4], 16)); i += 4
+            elif n == "u":
+                b += chr(int(body[i + 2:i + 6], 16)).encode(); i += 6
+            else:
+                raise ValueError("bad escape")
+        else:
+            b.append(c); i += 1
+    return bytes(b)
+
+
+TOK_RE = re.compile(r'^TOK (\S+) ("(?:[^"\\]|\\.)*")(.*)$')
+
+
+class Conn:
+    """One TLS connection speaking the line protocol."""
+
+    def __init__(self, timeout=60, rcvbuf=None, hello=True, token=None, cert=None):
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        raw.settimeout(timeout)
+        raw.connect((A.host, A.port))
+        ctx = ssl.create_default_context(cafile=A.ca)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        if cert:
+            ctx.load_cert_chain(cert + ".crt", cert + ".key")
+        self.s = ctx.wrap_socket(raw, server_hostname="localhost")
+        self.buf = b""
+        self.hello = None
+        if hello:
+            self.send("HELLO kiln/1 token=" + (token or A.user_token))
+            self.hello = self.line()
+
+    def send(self, line):
+        self.s.sendall(line.encode() + b"\n")
+
+    def line(self):
+        while b"\n" not in self.buf:
+            d = self.s.recv(65536)
+            if not d:
+                raise EOFError("connection closed")
+            self.buf += d
+        l, self.buf = self.buf.split(b"\n", 1)
+        return l.decode("utf-8", "replace")
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def gen_line(rid, prompt, max_tokens, extra="", temperature="0"):
+    return "GEN id=%s max_tokens=%d temperature=%s chat=1 prompt=%s%s" % (
+        rid, max_tokens, temperature, quote(prompt), (" " + extra) if extra else "")
+
+
+def collect(c, ids, samples=1):
+    """Read until every id ended; returns {id: (text bytes, end line or err line)}."""
+    text = {i: b"" for i in ids}
+    done = {}
+    ends = {i: 0 for i in ids}
+    while len(done) < len(ids):
+        l = c.line()
+        m = TOK_RE.match(l)
+        if m and m.group(1) in text:
+            text[m.group(1)] += unquote(m.group(2))
+            continue
+        parts = l.split(" ")
+        if parts[0] == "END" and parts[1] in ends:
+            ends[parts[1]] += 1
+            if ends[parts[1]] == samples:
+                done[parts[1]] = l
+        elif parts[0] == "ERR" and parts[1] in text:
+            done[parts[1]] = l
+    return {i: (text[i], done[i]) for i in ids}
+
+
+def stats(c):
+    c.send("STATS")
+    l = c.line()
+    while not l.startswith("STATS "):
+        l = c.line()
+    return dict(kv.split("=", 1) for kv in l.split(" ")[1:])
+
+
+def wait_idle(c, seconds=20):
+    """Poll STATS until nothing runs or waits; returns the last STATS."""
+    end = time.time() + seconds
+    st = stats(c)
+    while time.time() < end and (st["running"] != "0" or st["waiting"] != "0"):
+        time.sleep(0.2)
+        st = stats(c)
+    return st
+
+
+def http_get(path):
+    s = socket.create_connection((A.host, A.metrics_port), timeout=20)
+    s.sendall(("GET %s HTTP/1.1\r\nHost: kiln\r\n\r\n" % path).encode())
+    data = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        data += d
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body.decode()
+
+
+def metric(text, name):
+    for l in text.splitlines():
+        if l.startswith(name + " "):
+            return float(l.split(" ")[1])
+    return None
+
+
+def rss_kb():
+    if not A.kilnd_pid or os.environ.get("KILN_NO_RSS"):
+        return None
+    with open("/proc/%d/status" % A.kilnd_pid) as f:
+        for l in f:
+            if l.startswith("VmRSS:"):
+                return int(l.split()[1])
+    return None
+
+
+# ------------------------------------------------------------------ checks
+
+def greedy_python(exp):
+    c = Conn()
+    check("hello", c.hello.startswith("OK kiln/1 ") and "role=user" in c.hello, c.hello)
+    c.send(gen_line("g1", exp["prompt"], exp["max_tokens"]))
+    r = collect(c, ["g1"])["g1"]
+    got = r[0].decode("utf-8", "replace")
+    check("python-ssl greedy GEN equals kilnd generate", got == exp["text"] and r[1].startswith("END g1 "),
+          "got %r, want %r (%s)" % (got, exp["text"], r[1]))
+    c.close()
+
+
+def greedy_openssl(exp):
+    cmd = ["openssl", "s_client", "-quiet", "-tls1_3", "-CAfile", A.ca, "-verify_return_error",
+           "-servername", "localhost", "-connect", "%s:%d" % (A.host, A.port)]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p.stdin.write(("HELLO kiln/1 token=%s\n%s\n" % (A.user_token, gen_line("o1", exp["prompt"], exp["max_tokens"]))).encode())
+    p.stdin.flush()
+    text, end, lines = b"", None, []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        l = p.stdout.readline()
+        if not l:
+            break
+        l = l.decode("utf-8", "replace").rstrip("\n")
+        lines.append(l)
+        m = TOK_RE.match(l)
+        if m:
+            text += unquote(m.group(2))
+        elif l.startswith("END o1 ") or l.startswith("ERR "):
+            end = l
+            break
+    p.stdin.write(b"QUIT\n")
+    p.stdin.flush()
+    p.stdin.close()
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    got = text.decode("utf-8", "replace")
+    check("openssl s_client greedy GEN equals kilnd generate", end and end.startswith("END o1") and got == exp["text"],
+          "got %r, want %r, lines %r" % (got, exp["text"], lines[:3]))
+
+
+def auth_and_roles():
+    c = Conn(token="wrong-token-123456")
+    check("wrong token gets 401", c.hello.startswith("ERR - 401"), c.hello)
+    try:
+        extra = c.line()
+        closed = False
+    except (EOFError, ssl.SSLError, OSError):
+        closed = True
+    check("wrong token: the connection closes", closed, "got %r" % (extra if not closed else ""))
+    c = Conn()
+    c.send("DRAIN")
+    l = c.line()
+    check("admin verb with a user token is refused", l.startswith("ERR - 403"), l)
+    c.send("HEALTH")
+    l = c.line()
+    check("HEALTH", l.startswith("HEALTH live=1 ready=1"), l)
+    c.close()
+    c = Conn(token=A.admin_token)
+    check("admin hello", "role=admin" in c.hello, c.hello)
+    c.send("LADDER")
+    l = c.line()
+    check("admin LADDER", l == "LADDER level=0", l)
+    c.send("CONFIG key=net.max_requests_per_conn")
+    l = c.line()
+    check("admin CONFIG key", l.startswith("CONFIG net.max_requests_per_conn="), l)
+    c.close()
+
+
+def plaintext_on_tls_port():
+    s = socket.create_connection((A.host, A.port), timeout=10)
+    s.sendall(b"HELLO kiln/1 token=%s\n" % A.user_token.encode())
+    closed = False
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                closed = True
+                break
+    except (ConnectionResetError, socket.timeout, OSError) as e:
+        closed = not isinstance(e, socket.timeout)
+    s.close()
+    check("plaintext bytes on the TLS port: the connection closes", closed)
+    c = Conn()
+    check("plaintext: the server carries on", c.hello.startswith("OK kiln/1"), c.hello)
+    c.close()
+
+
+def long_line():
+    c = Conn()
+    big = "GEN id=big prompt=\"" + "a" * (10 * 1024 * 1024) + "\"\n"
+    err = []
+
+    def sender():
+        try:
+            c.s.sendall(big.encode())
+        except (OSError, ssl.SSLError) as e:
+            err.append(e)
+
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    try:
+        l = c.line()
+    except (EOFError, OSError, ssl.SSLError) as e:
+        l = "exception %r" % e
+    check("a 10 MB line gets 413", l.startswith("ERR - 413 too_long"), l)
+    t.join(timeout=30)
+    try:
+        rest = c.line()
+        clean = False
+    except EOFError:
+        clean = True
+    except (OSError, ssl.SSLError) as e:
+        clean, rest = False, repr(e)
+    check("a 10 MB line: then a clean close", clean, "got %r" % (rest if not clean else ""))
+    c.close()
+
+
+def disconnect_frees(exp):
+    c = Conn()
+    c.send(gen_line("d1", exp["prompt"], 400, "ignore_eos=1"))
+    for _ in range(5):
+        c.line()
+    s0 = Conn()
+    mid = stats(s0)
+    c.close()
+    st = wait_idle(s0)
+    check("disconnect mid-stream cancels the request", int(mid["running"]) >= 1 and st["running"] == "0",
+          "during %s, after %s" % (mid["running"], st["running"]))
+    check("disconnect mid-stream frees its KV blocks", st["kv_blocks_used"] == "0",
+          "kv_blocks_used=%s" % st["kv_blocks_used"])
+    s0.close()
+
+
+def cancel_and_errors(exp):
+    c = Conn()
+    c.send(gen_line("c1", exp["prompt"], 300, "ignore_eos=1"))
+    c.line()
+    c.send("CANCEL c1")
+    r = collect(c, ["c1"])["c1"]
+    check("CANCEL ends with reason=cancelled", "reason=cancelled" in r[1], r[1])
+    c.send("CANCEL nope")
+    l = c.line()
+    check("CANCEL of an unknown id: 404", l.startswith("ERR nope 404"), l)
+    c.send('GEN id=x1 prompt="hi" temperature=500')
+    l = c.line()
+    check("bad GEN parameter: 400 with its id", l.startswith("ERR x1 400 bad_request"), l)
+    c.send("FROB")
+    l = c.line()
+    check("unknown verb: 400", l.startswith("ERR - 400"), l)
+    c.send(gen_line("t1", "x " * 10, 1000000))
+    l = c.line()
+    check("prompt + max_tokens beyond the context: 413", l.startswith("ERR t1 413"), l)
+    c.close()
+
+
+def slow_reader(exp):
+    # A reader that stops: its request must pause (no tokens generated for it while its
+    # output is stuck), and others keep being served.
+    slow = Conn(rcvbuf=2048)
+    obs = Conn()
+    g0 = int(stats(obs)["generation_tokens_total"])
+    slow.send(gen_line("s1", exp["prompt"], 600, "ignore_eos=1 n=8 logprobs=1 seed=3", temperature="0.8"))
+    prev, stalled, st = None, False, {}
+    for _ in range(120):
+        time.sleep(0.5)
+        st = stats(obs)
+        g = int(st["generation_tokens_total"])
+        if prev is not None and g == prev and g > g0 and int(st["running"]) >= 1:
+            stalled = True
+            break
+        prev = g
+    check("a client that stops reading: its request pauses", stalled,
+          "%d tokens made for it; %s" % (int(st.get("generation_tokens_total", g0)) - g0, st))
+    c = Conn()
+    c.send(gen_line("f1", exp["prompt"], 16))
+    r = collect(c, ["f1"])["f1"]
+    check("a client that stops reading: others continue", r[1].startswith("END f1"), r[1])
+    c.close()
+    st = stats(obs)
+    check("the paused request is still there", int(st["running"]) >= 1, str(st))
+    slow.s.settimeout(120)
+    r = collect(slow, ["s1"], samples=8)["s1"]
+    check("the paused request resumes and finishes once read", r[1].startswith("END s1"), r[1])
+    slow.close()
+    obs.close()
+
+
+def many_connections(exp):
+    n_conn, per = 64, 4
+    results = {}
+    lock = threading.Lock()
+
+    def worker(k):
+        try:
+            c = Conn(timeout=240)
+            ids = ["m%d_%d" % (k, j) for j in range(per)]
+            for i in ids:
+                c.send(gen_line(i, "Count to %d." % (k + 1), 8))
+            r = collect(c, ids)
+            c.close()
+            with lock:
+                results[k] = r
+        except Exception as e:  # noqa: BLE001 (reported below)
+            with lock:
+                results[k] = e
+
+    rss0 = rss_kb()
+    ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(n_conn)]
+    t0 = time.time()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+    errors = [k for k, v in results.items() if isinstance(v, Exception)]
+    ended = sum(1 for v in results.values() if not isinstance(v, Exception)
+                for (_, end) in v.values() if end.startswith("END ") or end.startswith("ERR "))
+    check("64 connections x 4 requests: every request ends in END or ERR",
+          len(results) == n_conn and not errors and ended == n_conn * per,
+          "%d connections reported, %d failed (%s), %d of %d ended" % (
+              len(results), len(errors), [repr(results[k]) for k in errors[:2]], ended, n_conn * per))
+    print("     (%d requests in %.1f s)" % (n_conn * per, time.time() - t0))
+    s0 = Conn()
+    st = wait_idle(s0)
+    check("64x4: pool counters back to initial", st["running"] == "0" and st["waiting"] == "0" and
+          st["kv_blocks_used"] == "0", str(st))
+    deadline = time.time() + 10
+    while time.time() < deadline and st["connections"] != "1":
+        time.sleep(0.2)
+        st = stats(s0)
+    check("64x4: connections closed", st["connections"] == "1", st["connections"])
+    s0.close()
+    rss1 = rss_kb()
+    if rss0 is not None:
+        check("64x4: server memory bounded (RSS growth < 64 MiB)", rss1 - rss0 < 65536,
+              "RSS %d -> %d KiB" % (rss0, rss1))
+
+
+def metrics_http(exp):
+    code, body = http_get("/metrics")
+    names = ["kiln_num_requests_running", "kiln_num_requests_waiting", "kiln_kv_cache_usage_perc",
+             "kiln_prefix_cache_queries_total", "kiln_prefix_cache_hits_total", "kiln_num_preemptions_total",
+             "kiln_prompt_tokens_total", "kiln_generation_tokens_total", "kiln_time_to_first_token_seconds_bucket",
+             "kiln_inter_token_latency_seconds_bucket", "kiln_e2e_request_latency_seconds_count",
+             "kiln_degrade_level"]
+    missing = [n for n in names if n not in body]
+    check("GET /metrics shows the named metrics", code == 200 and not missing, "status %d, missing %s" % (code, missing))
+    g0 = metric(body, "kiln_generation_tokens_total")
+    c = Conn()
+    c.send(gen_line("mt", exp["prompt"], 8))
+    collect(c, ["mt"])
+    c.close()
+    _, body2 = http_get("/metrics")
+    g1 = metric(body2, "kiln_generation_tokens_total")
+    check("/metrics changes as requests run", g0 is not None and g1 is not None and g1 > g0, "%s -> %s" % (g0, g1))
+    code, _ = http_get("/healthz")
+    check("/healthz is 200", code == 200, str(code))
+    code, _ = http_get("/readyz")
+    check("/readyz is 200", code == 200, str(code))
+    code, _ = http_get("/nope")
+    check("unknown path is 404", code == 404, str(code))
+    c = Conn()
+    c.send("METRICS")
+    lines = []
+    while True:
+        l = c.line()
+        if l == ".":
+            break
+        lines.append(l)
+    check("METRICS verb ends with '.'", any(l.startswith("kiln_generation_tokens_total") for l in lines))
+    c.close()
+
+
+def mtls(exp):
+    """The server asks for client certificates ([net] client_ca): none, none passes."""
+    try:
+        c = Conn(timeout=10)
+        refused = c.hello.startswith("ERR")
+    except (ssl.SSLError, OSError, EOFError):
+        refused = True
+    check("mTLS: a client without a certificate is refused", refused)
+    c = Conn(cert=os.path.join(os.path.dirname(A.ca), "client"))
+    check("mTLS: a client with its certificate gets in", c.hello.startswith("OK kiln/1"), c.hello)
+    c.send(gen_line("t1", exp["prompt"], exp["max_tokens"]))
+    r = collect(c, ["t1"])["t1"]
+    check("mTLS: GEN works", r[0].decode("utf-8", "replace") == exp["text"], r[1])
+    c.close()
+
+
+def restart(exp):
+    """An admin's RESTART: running requests finish, then kilnd exits for its supervisor."""
+    cert = os.path.join(os.path.dirname(A.ca), "client")
+    c = Conn(token=A.admin_token, cert=cert)
+    u = Conn(token=A.user_token, cert=cert)
+    u.send(gen_line("r1", exp["prompt"], exp["max_tokens"]))
+    u.line()
+    c.send("RESTART")
+    l = c.line()
+    check("RESTART as admin", l == "OK restarting", l)
+    u.send(gen_line("r2", exp["prompt"], 4))
+    r = collect(u, ["r1", "r2"])
+    check("RESTART: a running request finishes", r["r1"][1].startswith("END r1"), r["r1"][1])
+    check("RESTART: new requests get 503 draining", r["r2"][1].startswith("ERR r2 503 draining"), r["r2"][1])
+    try:
+        extra = u.line()
+        closed = False
+    except (EOFError, ssl.SSLError, OSError):
+        closed, extra = True, ""
+    check("RESTART: then the connections close", closed, extra)
+
+
+def main():
+    global A
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--metrics-port", type=int, required=True)
+    ap.add_argument("--ca", required=True)
+    ap.add_argument("--user-token", required=True)
+    ap.add_argument("--admin-token", required=True)
+    ap.add_argument("--expect", required=True)
+    ap.add_argument("--checks", default="all")
+    ap.add_argument("--kilnd-pid", type=int, default=0)
+    ap.add_argument("--lwip", action="store_true",
+                    help="the server runs on lwIP: its send buffer is small enough for a stalled "
+                         "reader to reach the server's output budget (kernel TCP buffers can absorb "
+                         "a whole long answer)")
+    A = ap.parse_args()
+    with open(A.expect) as f:
+        exp = json.load(f)
+    steps = [greedy_python, greedy_openssl, metrics_http]
+    if A.checks == "mtls":
+        steps = [mtls]
+    if A.checks == "restart":
+        steps = [restart]
+    if A.checks == "all":
+        steps += [auth_and_roles, plaintext_on_tls_port, cancel_and_errors, disconnect_frees, long_line,
+                  many_connections] + ([slow_reader] if A.lwip else [])
+    for fn in steps:
+        try:
+            fn(exp) if fn.__code__.co_argcount else fn()
+        except Exception as e:  # noqa: BLE001 (a check that crashed is a failed check)
+            check(fn.__name__, False, "exception %r" % e)
+    print("%d failed" % len(FAILED))
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
