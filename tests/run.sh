@@ -67,6 +67,7 @@ run "net/serve-tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap all
 run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl/kilnd" \
   tests/net/serve.sh packet basic
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
+run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 # every check again under ASan+UBSan (LeakSanitizer at exit): sessions, TLS and lwIP
 run "net/serve-tap-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" \
   tests/net/serve.sh tap all

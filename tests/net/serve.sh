@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # serve.sh: `kilnd serve` end to end over one transport, with tests/net/serve_client.py.
 #
-#   tests/net/serve.sh host|tap|packet [all|basic|mtls]  (BUILD, MODEL, KILND from the environment)
+#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits]   (BUILD, MODEL, KILND from
+#   the environment; limits: short handshake and idle timeouts, 4 connections at most)
 #
 # host:   kernel sockets on 127.0.0.1.
 # tap:    lwIP on a TAP device in a network namespace this script creates; the client
@@ -100,6 +101,7 @@ tokens_file = $W/tokens.txt
 max_output_bytes = 16K
 EOF
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
+[ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
 

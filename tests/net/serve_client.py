@@ -490,6 +490,42 @@ def mtls(exp):
     c.close()
 
 
+def limits():
+    """Run with handshake_timeout_ms=1000, idle_timeout_ms=2000, max_connections=4."""
+    t0 = time.time()
+    raw = socket.create_connection((A.host, A.port), timeout=10)
+    try:
+        closed = raw.recv(1) == b""
+    except OSError:
+        closed = True
+    took = time.time() - t0
+    check("no TLS handshake: closed after handshake_timeout_ms", closed and 0.8 < took < 3.0, "%.2f s" % took)
+    raw.close()
+    c = Conn()
+    t0 = time.time()
+    try:
+        l = c.line()
+    except (EOFError, OSError, ssl.SSLError) as e:
+        l = repr(e)
+    took = time.time() - t0
+    check("idle connection: ERR 408 after idle_timeout_ms", l.startswith("ERR - 408 idle_timeout") and 1.5 < took < 4.5,
+          "%r after %.2f s" % (l, took))
+    c.close()
+    held = [Conn() for _ in range(4)]
+    try:
+        extra = Conn(timeout=5)
+        refused = not extra.hello.startswith("OK")
+    except (EOFError, OSError, ssl.SSLError):
+        refused = True
+    check("max_connections: one more is refused", refused)
+    for h in held:
+        h.close()
+    time.sleep(0.5)
+    c = Conn()
+    check("max_connections: room again once they close", c.hello.startswith("OK kiln/1"), c.hello)
+    c.close()
+
+
 def restart(exp):
     """An admin's RESTART: running requests finish, then kilnd exits for its supervisor."""
     cert = os.path.join(os.path.dirname(A.ca), "client")
@@ -536,6 +572,8 @@ def main():
         steps = [mtls]
     if A.checks == "restart":
         steps = [restart]
+    if A.checks == "limits":
+        steps = [limits]
     if A.checks == "all":
         steps += [auth_and_roles, plaintext_on_tls_port, cancel_and_errors, disconnect_frees, long_line,
                   many_connections] + ([slow_reader] if A.lwip else [])
