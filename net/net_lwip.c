@@ -9,6 +9,12 @@
  * own calls into it, so they only record state on the conn and queue it for the
  * dispatch task; the user's callbacks run from there, where they may call anything.
  *
+ * Received data is copied out of its pbufs into a per-conn ring at once rather than kept
+ * as a pbuf chain: a chain holds one pool pbuf per segment however small, so a few peers
+ * sending tiny segments to a conn that is not being read could empty the pool, and then
+ * the ACKs that would free memory for everyone else are dropped too (the stack wedges).
+ * The window still closes while the user does not read: tcp_recved follows net_read.
+ *
  * Ownership of a pcb: ours from accept until the err callback (lwIP freed it: never
  * touched again), tcp_abort, or a successful tcp_close with every callback cleared
  * first (lwIP finishes the close alone). net_close first shuts down only our sending
@@ -37,11 +43,13 @@
 #include "core/config.h"
 #include "net/netif.h"
 
-/* net_read hands out the queued chain whose tot_len is a u16: without window scaling the
- * peer can never have more than TCP_WND (< 64 KiB) unread by us in flight. */
+/* A conn's receive ring holds what the peer sent and the user has not read: never more
+ * than TCP_WND, since the window only reopens as the user reads (tcp_recved). Without
+ * window scaling that is < 64 KiB, which also fits tcp_recved's u16. */
 #if LWIP_WND_SCALE || TCP_WND > 0xffff
 #error "net_lwip.c needs LWIP_WND_SCALE 0 and TCP_WND <= 0xffff"
 #endif
+#define LW_RXBUF TCP_WND
 
 #define LW_MAX_LISTEN MEMP_NUM_TCP_PCB_LISTEN
 #define LW_POLL_TICKS 2          /* lwIP poll callback every 2 x 500 ms */
@@ -125,8 +133,9 @@ struct lw_conn {
     int state;
     const net_conn_ops *ops;
     void *ud;
-    struct pbuf *rx;     /* received, not yet read (tcp_recved when read) */
-    int fin;             /* the peer's FIN came (after rx) */
+    unsigned char *rxbuf; /* LW_RXBUF ring of received, unread bytes (on first data) */
+    size_t rx_head, rx_len;
+    int fin;             /* the peer's FIN came (after the ring's bytes) */
     int err;             /* negative errno once the pcb failed */
     int read_armed, want_write, mem_blocked, shut_tx;
     int events, pending;
@@ -210,7 +219,7 @@ static void conn_free(lw_conn *c) {
     if (s->cb_conn == c) s->cb_conn = NULL;
     pend_unlink(c);
     set_mem_blocked(c, 0);
-    if (c->rx) pbuf_free(c->rx);
+    free(c->rxbuf);
     if (c->prev) c->prev->next = c->next;
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
@@ -292,8 +301,16 @@ static err_t lw_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err) 
         pbuf_free(p);
         return ERR_OK;
     }
-    if (c->rx) pbuf_cat(c->rx, p);
-    else c->rx = p;
+    /* ERR_MEM leaves p with lwIP as refused data, offered again later. */
+    if (!c->rxbuf && !(c->rxbuf = malloc(LW_RXBUF))) return ERR_MEM;
+    size_t n = p->tot_len;
+    if (n > LW_RXBUF - c->rx_len) return ERR_MEM; /* beyond the window: cannot happen */
+    size_t tail = (c->rx_head + c->rx_len) % LW_RXBUF;
+    size_t first = n < LW_RXBUF - tail ? n : LW_RXBUF - tail;
+    pbuf_copy_partial(p, c->rxbuf + tail, (u16_t)first, 0);
+    if (n > first) pbuf_copy_partial(p, c->rxbuf, (u16_t)(n - first), (u16_t)first);
+    c->rx_len += n;
+    pbuf_free(p);
     if (c->read_armed) post(c, EV_READ);
     return ERR_OK;
 }
@@ -615,13 +632,15 @@ static int lwip_listen(net_stack *bs, const char *host, int port, net_accept_fn 
 static ssize_t lwip_read(net_conn *bc, void *buf, size_t cap) {
     lw_conn *c = (lw_conn *)bc;
     if (cap == 0) return -EINVAL;
-    if (c->rx) {
-        u16_t n = c->rx->tot_len;
-        if (cap < n) n = (u16_t)cap;
-        pbuf_copy_partial(c->rx, buf, n, 0);
-        c->rx = pbuf_free_header(c->rx, n);
-        if (c->pcb) tcp_recved(c->pcb, n); /* reopens the window only as we read */
-        return n;
+    if (c->rx_len) {
+        size_t n = c->rx_len < cap ? c->rx_len : cap;
+        size_t first = n < LW_RXBUF - c->rx_head ? n : LW_RXBUF - c->rx_head;
+        memcpy(buf, c->rxbuf + c->rx_head, first);
+        memcpy((char *)buf + first, c->rxbuf, n - first);
+        c->rx_head = (c->rx_head + n) % LW_RXBUF;
+        c->rx_len -= n;
+        if (c->pcb) tcp_recved(c->pcb, (u16_t)n); /* reopens the window only as we read */
+        return (ssize_t)n;
     }
     if (c->err) return c->err;
     if (c->fin) return 0;
@@ -676,11 +695,9 @@ static void lwip_close(net_conn *bc) {
         conn_free(c);
         return;
     }
-    if (c->rx) { /* unread input is dropped, but counted as read: no RST for it */
-        u16_t n = c->rx->tot_len;
-        pbuf_free(c->rx);
-        c->rx = NULL;
-        tcp_recved(c->pcb, n);
+    if (c->rx_len) { /* unread input is dropped, but counted as read: no RST for it */
+        tcp_recved(c->pcb, (u16_t)c->rx_len);
+        c->rx_len = 0;
     }
     c->state = ST_CLOSING;
     c->deadline = loop_now_ms() + NET_LINGER_MS;

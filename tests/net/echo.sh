@@ -10,8 +10,10 @@
 # and checks with a Python client (standard library only): ping (the lwIP cases), 1 MiB
 # of random bytes echoed intact, 64 concurrent connections each echoing 64 KiB intact;
 # also max_conns (one connection over the limit is closed at once), peer resets, and
-# net_close delivering a 1 MiB answer in full while the peer's input stays unread. The
-# server must survive it all and end with no connection open (and, under ASan, no leak).
+# net_close delivering a 1 MiB answer in full while the peer's input stays unread; for
+# lwIP also IPv6 link-local (ping and echo), and over TAP an address from DHCP (a tiny
+# DHCP server here). The server must survive it all and end with no connection open
+# (and, under ASan, no leak).
 # Every command is bounded in time; namespaces and processes go away on exit, whatever
 # happens. Exit 0 only when everything passed; what failed is printed.
 set -uo pipefail
@@ -29,12 +31,12 @@ MAXC=80 # the server's max_conns: above the 64 of the concurrency check
 
 TMP=$(mktemp -d /tmp/kiln-echo.XXXXXX)
 NS_H=kiln-h$$ NS_T=kiln-t$$ NS_A=kiln-a$$ NS_B=kiln-b$$
-SERVER_PID=
+SERVER_PID= DHCPD_PID=
 failed=()
 
 cleanup() {
-  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
   local ns p
+  for p in $SERVER_PID $DHCPD_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   for ns in "$NS_H" "$NS_T" "$NS_A" "$NS_B"; do
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
@@ -218,6 +220,54 @@ if __name__ == "__main__":
     print({"echo": echo, "greet": greet, "limit": limit, "reset": reset}[mode](host, port, *args))
 EOF
 
+cat >"$TMP/dhcpd.py" <<'EOF'
+"""dhcpd.py IFACE SERVER-IP OFFER-IP: offers one address (/24, router SERVER-IP) to
+whoever asks on IFACE; enough for lwIP's DHCP client."""
+import socket, struct, sys
+iface, server, offer = sys.argv[1:4]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.setsockopt(socket.SOL_SOCKET, 25, iface.encode() + b"\0")  # SO_BINDTODEVICE
+s.bind(("0.0.0.0", 67))
+print("ready", flush=True)
+while True:
+    data, _ = s.recvfrom(2048)
+    if len(data) < 240 or data[0] != 1:
+        continue
+    opts, i, mtype = data[240:], 0, None
+    while i + 1 < len(opts) and opts[i] != 255:
+        if opts[i] == 0:
+            i += 1
+            continue
+        if opts[i] == 53:
+            mtype = opts[i + 2]
+        i += 2 + opts[i + 1]
+    reply = {1: 2, 3: 5}.get(mtype)  # DISCOVER -> OFFER, REQUEST -> ACK
+    if not reply:
+        continue
+    pkt = bytearray(240)
+    pkt[0:4] = bytes([2, 1, 6, 0])
+    pkt[4:8] = data[4:8]  # xid
+    pkt[10:12] = data[10:12]  # flags
+    pkt[16:20] = socket.inet_aton(offer)
+    pkt[20:24] = socket.inet_aton(server)
+    pkt[28:44] = data[28:44]  # chaddr
+    pkt[236:240] = b"\x63\x82\x53\x63"
+    pkt += bytes([53, 1, reply, 54, 4]) + socket.inet_aton(server)
+    pkt += bytes([51, 4]) + struct.pack("!I", 3600)
+    pkt += bytes([1, 4]) + socket.inet_aton("255.255.255.0")
+    pkt += bytes([3, 4]) + socket.inet_aton(server) + bytes([255])
+    s.sendto(pkt, ("255.255.255.255", 68))
+EOF
+
+# link_local MAC: the IPv6 link-local address derived from MAC (modified EUI-64).
+link_local() {
+  python3 -c 'import sys; m = [int(x, 16) for x in sys.argv[1].split(":")]; m[0] ^= 2
+e = m[:3] + [0xff, 0xfe] + m[3:]
+print("fe80::" + ":".join("%x" % (e[i] << 8 | e[i + 1]) for i in range(0, 8, 2)))' "$1"
+}
+
 # check NAME CMD...: one check; a failure is recorded with the command's output.
 check() {
   local name=$1; shift
@@ -240,9 +290,11 @@ setup() {
   return 1
 }
 
-# start_server NAME NS ARGS...: net_echo in namespace NS; waits for its "listening" line.
+# start_server NAME NS ARGS...: net_echo in namespace NS; waits for its "listening" line
+# (left in LISTENING).
 start_server() {
   local name=$1 ns=$2; shift 2
+  LISTENING=
   local log=$TMP/$name.log
   # --foreground: a TERM for timeout goes to net_echo alone, not to its process group
   # (where it would also kill the leak checker's helper at exit and hang net_echo).
@@ -251,7 +303,8 @@ start_server() {
   SERVER_PID=$!
   for _ in $(seq 100); do
     if grep -q '^listening ' "$log"; then
-      printf '     %-18s %s\n' "$name" "$(grep '^listening ' "$log")"
+      LISTENING=$(grep -m1 '^listening ' "$log")
+      printf '     %-18s %s\n' "$name" "$LISTENING"
       return 0
     fi
     kill -0 "$SERVER_PID" 2>/dev/null || break
@@ -295,8 +348,18 @@ stop_server() {
   fi
 }
 
+# ping6 NS ADDR: a few tries: lwIP's link-local address is tentative for a second (DAD).
+ping6() {
+  local ns=$1 addr=$2 i
+  for i in 1 2 3 4 5; do
+    timeout 5 ip netns exec "$ns" ping -6 -c 1 -W 1 "$addr" && return 0
+  done
+  return 1
+}
+
 # checks NAME SERVER-NS CLIENT-NS ADDR SERVER-ARGS...: the whole battery against one
-# transport; the server runs in SERVER-NS, the clients in CLIENT-NS talk to ADDR.
+# transport; the server runs in SERVER-NS, the clients in CLIENT-NS talk to ADDR; with
+# V6 set (an IPv6 address with its %scope), over IPv6 too.
 checks() {
   local name=$1 sns=$2 ns=$3 addr=$4; shift 4
   local c="timeout 90 ip netns exec $ns python3 $TMP/client.py"
@@ -306,6 +369,10 @@ checks() {
   check "$name/64x64KiB" $c echo "$addr" "$PORT" 64 65536
   check "$name/max_conns" $c limit "$addr" "$PORT" "$MAXC"
   check "$name/reset" $c reset "$addr" "$PORT"
+  if [ -n "${V6:-}" ]; then
+    check "$name/ipv6-ping" ping6 "$ns" "$V6"
+    check "$name/ipv6-echo" $c echo "$V6" "$PORT" 4 65536
+  fi
   stop_server "$name"
   start_server "$name-close" "$sns" "$@" --greet 1048576 || return
   check "$name/close" $c greet "$addr" "$PORT" 1048576
@@ -324,7 +391,22 @@ if setup tap ip netns add "$NS_T" && setup tap ip -n "$NS_T" link set lo up &&
    setup tap ip -n "$NS_T" tuntap add dev ktap0 mode tap &&
    setup tap ip -n "$NS_T" addr add 10.77.0.1/24 dev ktap0 &&
    setup tap ip -n "$NS_T" link set ktap0 up; then
-  checks tap "$NS_T" "$NS_T" 10.77.0.2 --driver tap --ifname ktap0 --address 10.77.0.2/24
+  # a fixed MAC (instead of a random one) gives a known link-local address
+  V6=$(link_local 02:00:00:00:77:02)%ktap0 checks tap "$NS_T" "$NS_T" 10.77.0.2 \
+    --driver tap --ifname ktap0 --address 10.77.0.2/24 --mac 02:00:00:00:77:02
+  timeout 60 ip netns exec "$NS_T" python3 "$TMP/dhcpd.py" ktap0 10.77.0.1 10.77.0.50 \
+    >"$TMP/dhcpd.log" 2>&1 &
+  DHCPD_PID=$!
+  for _ in $(seq 50); do grep -q ready "$TMP/dhcpd.log" && break; sleep 0.1; done
+  if start_server tap-dhcp "$NS_T" --driver tap --ifname ktap0 --address dhcp; then
+    check tap/dhcp-address grep -x "listening 10.77.0.50:$PORT" "$TMP/tap-dhcp.log"
+    check tap/dhcp-echo timeout 90 ip netns exec "$NS_T" python3 "$TMP/client.py" echo \
+      10.77.0.50 "$PORT" 4 65536
+    stop_server tap-dhcp
+  fi
+  kill "$DHCPD_PID" 2>/dev/null
+  wait "$DHCPD_PID" 2>/dev/null
+  DHCPD_PID=
 fi
 
 # ---------------------------------------------------------------- 3. lwIP over AF_PACKET
@@ -342,7 +424,9 @@ if setup packet ip netns add "$NS_A" && setup packet ip netns add "$NS_B" &&
     printf '     %-18s %s\n' "peer offloads" "$(timeout 5 ip netns exec "$NS_A" ethtool -k kva0 2>/dev/null |
       grep -E '^(tx-checksumming|tcp-segmentation-offload):' | tr -s ' \n' ' ')"
   fi
-  checks packet "$NS_B" "$NS_A" 10.78.0.2 --driver packet --ifname kvb0 --address 10.78.0.2/24
+  mac=$(timeout 5 ip netns exec "$NS_B" cat /sys/class/net/kvb0/address)
+  V6=$(link_local "$mac")%kva0 checks packet "$NS_B" "$NS_A" 10.78.0.2 \
+    --driver packet --ifname kvb0 --address 10.78.0.2/24
 fi
 
 echo

@@ -1,9 +1,9 @@
-/* lwipopts.h: lwIP configuration for kiln (provisional).
+/* lwipopts.h: lwIP configuration for kiln.
  *
  * The raw API with no OS layer (NO_SYS=1): one thread drives lwIP (input, timers, the TLS
  * BIO), so there are no sockets, netconns or locks. IPv4 + IPv6 over Ethernet, DHCP and
- * SLAAC. Memory is static: a heap of MEM_SIZE for PBUF_RAM and fixed pools for the rest,
- * so nothing is allocated from libc on the packet path.
+ * SLAAC. lwIP's memory is static: a heap of MEM_SIZE for PBUF_RAM and fixed pools for the
+ * rest (net/net_lwip.c adds one malloc'd object and receive ring per connection).
  *
  * scripts/deps.sh installs this file into build/<toolchain>/deps/include/ and builds
  * liblwip.a with it; the network server may replace it (set LWIP_CONFIG_DIR for deps.sh).
@@ -18,10 +18,12 @@
 #define LWIP_NETCONN                0
 #define LWIP_ALTCP                  0
 
-/* ---- memory: own heap + pools, 8-byte aligned on 64-bit. Sized for 64 client
- * connections plus a metrics listener, each with a full send buffer (tcp_write copies into
- * the heap) and a full receive window of unread data (pool pbufs) at once; past that,
- * tcp_write answers ERR_MEM (backpressure) and the drivers drop frames (retransmitted). */
+/* ---- memory: own heap + pools, 8-byte aligned on 64-bit. The heap is sized for 64
+ * client connections plus a metrics listener, each with a full send buffer (tcp_write
+ * copies) at once; past that, tcp_write answers ERR_MEM (backpressure). The pool only
+ * holds frames in flight through lwIP and out-of-order segments: net_lwip.c copies
+ * received data out of it at once (unread data lives in per-connection rings), so a
+ * busy or hostile peer cannot pin it. When it is empty the drivers drop frames. */
 #define MEM_LIBC_MALLOC             0
 #define MEMP_MEM_MALLOC             0
 #define MEM_ALIGNMENT               8
@@ -31,7 +33,7 @@
 #define MEMP_NUM_TCP_PCB            160    /* connections, closing ones and TIME_WAIT */
 #define MEMP_NUM_TCP_PCB_LISTEN     8
 #define MEMP_NUM_TCP_SEG            4096   /* queued segments, all connections */
-#define PBUF_POOL_SIZE              2048   /* receive pbufs of PBUF_POOL_BUFSIZE */
+#define PBUF_POOL_SIZE              1024   /* receive pbufs of PBUF_POOL_BUFSIZE */
 
 /* ---- protocols */
 #define LWIP_ETHERNET               1
@@ -47,6 +49,9 @@
 #define LWIP_UDP                    1
 #define LWIP_TCP                    1
 #define LWIP_DHCP                   1
+/* RFC 5227 conflict probing would delay every DHCP bind (and so boot) by 5-9 s; the DHCP
+ * server owns the pool and checks it. */
+#define LWIP_DHCP_DOES_ACD_CHECK    0
 #define LWIP_AUTOIP                 0
 #define LWIP_IGMP                   0
 #define LWIP_DNS                    0
