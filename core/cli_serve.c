@@ -159,7 +159,9 @@ int cli_serve(int argc, char **argv) {
     host[sizeof host - 1] = 0;
     net_config nc = {c.net.driver, c.net.interface, c.net.address, c.net.gateway, c.net.mac, host,
                      c.net.max_connections + 64};
+    err[0] = 0;
     if (!(net = net_new(l, &nc, err, sizeof err))) { fprintf(stderr, "kilnd: network: %s\n", err); goto out; }
+    if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
     model_name(&m, c.model.path, name, sizeof name);
     srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len};
@@ -180,6 +182,10 @@ int cli_serve(int argc, char **argv) {
     fflush(stdout);
     r = loop_run(l);
     rc = r < 0 ? 1 : srv_exit_code(s);
+    /* Closing connections still have bytes in flight (lwIP sends them only while the
+     * loop runs): give them a moment before everything is torn down. */
+    int64_t until = loop_now_ms() + 1000;
+    while (r >= 0 && sw.count < 2 && net_open_conns(net) > 0 && loop_now_ms() < until) loop_run_once(l, 50);
     fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
 out:
     srv_free(s);

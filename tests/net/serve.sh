@@ -74,6 +74,8 @@ packet)
   ip link set kveth$$c netns "$NS_C"; ip link set kveth$$s netns "$NS_S"
   ip -n "$NS_C" link set lo up; ip -n "$NS_S" link set lo up
   ip -n "$NS_C" addr add 10.78.0.1/24 dev kveth$$c
+  # the kernel must hold no address on the NIC lwIP drives (IPv6 link-local included)
+  ip netns exec "$NS_S" sysctl -qw net.ipv6.conf.kveth$$s.disable_ipv6=1
   ip -n "$NS_C" link set kveth$$c up; ip -n "$NS_S" link set kveth$$s up
   HOST=10.78.0.2
   NET=$'driver = packet\ninterface = kveth'$$$'s\naddress = 10.78.0.2/24'
