@@ -656,8 +656,12 @@ static void verb_config(srv_sess *ss, const proto_line *l) {
         sess_err(ss, "-", 404, "not_found", "no such key");
         return;
     }
+    size_t n = strlen(out), bare = n > 0;
+    for (size_t i = 0; i < n && bare; i++) /* a bare word when it can be one */
+        bare = (unsigned char)out[i] > 0x20 && (unsigned char)out[i] < 0x7f && out[i] != '"' && out[i] != '=';
     sess_printf(ss, "CONFIG %s=", k->s);
-    sess_quote(ss, out, strlen(out));
+    if (bare) sess_printf(ss, "%s", out);
+    else sess_quote(ss, out, n);
     sess_printf(ss, "\n");
 }
 
