@@ -52,8 +52,9 @@ ORIG[libinih]=libinih_59.orig.tar.gz
 SHA[libinih]=062279922805f5e9a369551a08d5ddb506140fe50774183ffdbb7c22bb97e3f4
 
 # Bump when a build recipe below changes, so existing stamps no longer match.
-RECIPE=1
-DEPS_CFLAGS="-O2 -g -ffunction-sections -fdata-sections"
+RECIPE=2
+# -fPIC: the client SDK links mbedTLS into a shared libkiln.so as well
+DEPS_CFLAGS="-O2 -g -fPIC -ffunction-sections -fdata-sections"
 INIH_DEFS="-DINI_MAX_LINE=4096"
 
 T0=$(date +%s.%N)
@@ -202,8 +203,16 @@ stamp_ok() {
 stamp_set() { mkdir -p "$BUILD/$1/deps/stamp"; printf '%s\n' "$3" >"$BUILD/$1/deps/stamp/$2"; }
 
 build_mbedtls() {  # TC CC
+  need python3 python3
   local tc=$1 cc=$2 out=$BUILD/$1/deps b=$BUILD/$1/deps/build/mbedtls
   rm -rf "$b"
+  # Thread-safe crypto state (locks around the RNG and key slots): the client SDK's
+  # users may run several connections on several threads. Set in the header itself, so
+  # every program compiled against it agrees on the structures' layout.
+  python3 "$SRC/mbedtls/scripts/config.py" -f "$SRC/mbedtls/include/mbedtls/mbedtls_config.h" \
+    set MBEDTLS_THREADING_C
+  python3 "$SRC/mbedtls/scripts/config.py" -f "$SRC/mbedtls/include/mbedtls/mbedtls_config.h" \
+    set MBEDTLS_THREADING_PTHREAD
   run_logged "$out/log/mbedtls.log" "mbedtls ($tc) cmake" \
     cmake -S "$SRC/mbedtls" -B "$b" -G "Unix Makefiles" \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="$DEPS_CFLAGS" \
