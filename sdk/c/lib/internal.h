@@ -1,0 +1,136 @@
+/* libkiln internals shared by the files of sdk/c/lib; not installed, not part of the API.
+ *
+ * Split: tls.c (TCP connect with timeout, TLS setup/handshake, record I/O with
+ * deadlines), lines.c (the line buffer, time, errors, backoff), client.c (options,
+ * connect/failover/HELLO, close, accessors), request.c (GEN, TOK/END/ERR dispatch,
+ * pump, cancel, retries, generate), verbs.c (HEALTH, STATS, METRICS, admin commands). */
+#ifndef KILN_SDK_INTERNAL_H
+#define KILN_SDK_INTERNAL_H
+
+#include <stdint.h>
+
+#include <mbedtls/ctr_drbg.h>
+#include <mbedtls/entropy.h>
+#include <mbedtls/pk.h>
+#include <mbedtls/ssl.h>
+#include <mbedtls/x509_crt.h>
+
+#include "kiln.h"
+#include "net/proto.h"
+
+/* The server reads lines up to [net] max_line_bytes (1 MiB by default) and writes far
+ * shorter ones; a server line longer than this is treated as a protocol error so that
+ * a broken or hostile server cannot make us buffer without bound. */
+#define KL_LINE_MAX ((size_t)(1u << 20) + 4096)
+/* Largest multi-line body (METRICS, CONFIG) we accept. */
+#define KL_BODY_MAX ((size_t)64 << 20)
+#define KL_DEFAULT_PORT "8443"
+
+typedef struct {
+    char host[256]; /* without brackets for IPv6 literals */
+    char port[8];
+    char name[272]; /* "host:port" as written, for messages and kiln_server */
+} kl_box;
+
+enum { KL_SENT = 1, KL_WAIT_RETRY = 2 };
+
+/* One request of kiln_submit, alive until its last END or its error. */
+typedef struct kl_req {
+    struct kl_req *next;
+    kiln_req h;         /* the caller's handle */
+    char id[24];        /* id of the current attempt on the wire: "k<n>" */
+    char *args;         /* the GEN line after "GEN id=...", without '\n' (owned) */
+    size_t args_len;
+    kiln_callbacks cb;
+    void *ud;
+    int state;          /* KL_SENT or KL_WAIT_RETRY */
+    int64_t due_ms;     /* KL_WAIT_RETRY: when to send again */
+    int attempts;       /* retries used so far */
+    int delivered;      /* TOK lines delivered: no transparent retry after one */
+    int samples, ended; /* n, and ENDs seen */
+    int cancelled;      /* cancel asked: CANCEL sent, further TOKs not delivered */
+    int retry_on_close; /* kiln_generate's: resend after a reconnect */
+} kl_req;
+
+struct kiln_client {
+    kiln_options o; /* string members point at the copies below */
+    char *s_hosts, *s_token, *s_ca, *s_name, *s_crt, *s_key;
+    kl_box *boxes;
+    int n_boxes;
+
+    /* TLS material, loaded once per client and reused by every reconnect */
+    mbedtls_entropy_context entropy;
+    mbedtls_ctr_drbg_context drbg;
+    mbedtls_x509_crt ca, crt;
+    mbedtls_pk_context key;
+    mbedtls_ssl_config conf;
+    int suites[16]; /* zero-ended, referenced by conf */
+
+    /* the connection */
+    int fd;            /* -1 when none */
+    int ssl_live;      /* ssl was set up and must be freed */
+    mbedtls_ssl_context ssl;
+    int up;            /* connected (HELLO done) and not broken */
+    int broken;        /* a write or read failed: drop at the next safe point */
+    kiln_error broke;  /* why */
+    char *rbuf;        /* bytes received, rbuf[rpos..rlen) not yet consumed */
+    size_t rpos, rlen, rcap;
+    int64_t last_rx_ms;
+
+    /* the HELLO reply */
+    char model[256], role[16], server[272];
+    long ctx, session;
+
+    /* a session-level "ERR - code" (408, 413, 503 ...), blamed for a close that follows */
+    int conn_err;
+    char conn_msg[KILN_MSG_MAX];
+
+    kl_req *reqs;
+    uint64_t next_h, next_wire;
+};
+
+/* lines.c */
+int64_t kl_now_ms(void);
+void kl_err(kiln_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int kl_backoff_ms(const kiln_client *c, int attempt);
+void kl_sleep_ms(int ms);
+/* The next server line: 1 with *line (NUL-terminated, '\r' stripped, valid until the
+ * next read) and *len; 0 when deadline_ms passed first; < 0 a library code (err set). */
+int kl_line(kiln_client *c, int64_t deadline_ms, char **line, size_t *len, kiln_error *err);
+void kl_buf_reset(kiln_client *c);
+/* Write a whole line (adds '\n'); marks the connection broken on failure. */
+int kl_send_line(kiln_client *c, const char *s, size_t len, kiln_error *err);
+
+/* tls.c */
+/* Contexts, RNG and the config (before the options are known), then the files. */
+int kl_tls_init(kiln_client *c, kiln_error *err);
+int kl_tls_init_files(kiln_client *c, kiln_error *err);
+void kl_tls_free(kiln_client *c);
+int kl_tls_open(kiln_client *c, const kl_box *b, int64_t deadline_ms, kiln_error *err);
+void kl_tls_close(kiln_client *c, int polite);
+/* Append what arrives to rbuf: > 0 bytes, 0 deadline passed, < 0 code (err set). */
+int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err);
+int kl_tls_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
+                 kiln_error *err);
+
+/* client.c */
+/* Connect (failover over the boxes, rounds with backoff) when not up. 0 or a code. */
+int kl_ensure(kiln_client *c, kiln_error *err);
+/* "ERR <id> <code> <slug> [msg=...]" into err: the code, or KILN_EPROTO. */
+int kl_err_line(const proto_line *l, kiln_error *err);
+/* Tear the connection down and end (or reschedule) the requests on it. */
+void kl_drop(kiln_client *c, int code, const char *msg);
+
+/* request.c */
+/* Route one server line: 1 it was a request's line (dispatched), 0 it was not (left
+ * untouched for a verb's reply). */
+int kl_dispatch(kiln_client *c, char *line, size_t len);
+/* Read what is already there without waiting; drop the connection if it broke. */
+void kl_drain(kiln_client *c);
+/* End every request with code (final: all; else kiln_generate's unsent-to requests
+ * may be rescheduled for a resend after a reconnect). */
+void kl_fail_all(kiln_client *c, int code, const char *msg, int final);
+int kl_in_flight(const kiln_client *c, int sent_only);
+
+#endif

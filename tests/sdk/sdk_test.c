@@ -1,0 +1,474 @@
+/* sdk_test: libkiln (sdk/c/kiln.h) against a running kilnd.
+ *
+ * sdk_test --hosts h:p[,h:p...] --ca ca.crt --token T --admin-token A
+ *          --expect-text-file F --prompt P --max-tokens N [--wrong-ca other-ca.crt]
+ *          [--server-name NAME]
+ *
+ * Prints "ok   name" or "FAIL name: detail" per check; exit status 0 only if all passed.
+ * Checks: greedy generate matches F; failover past a box that is down; 503 retried then
+ * reported, and retried until the server recovers; cancel frees the sequence and its KV
+ * blocks; 8 requests in flight on one connection; n=2 samples; wrong CA and wrong token
+ * fail fast and clearly; a user token gets 403 for an admin verb; HEALTH and METRICS. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kiln.h"
+
+static const char *hosts, *ca, *token, *admin_token, *expect_file, *prompt, *wrong_ca,
+    *server_name;
+static int max_tokens = 24, failures;
+
+static void ok(const char *name) {
+    printf("ok   %s\n", name);
+    fflush(stdout);
+}
+
+static void fail(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL %s: ", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    failures++;
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static int retry_count, retry_status;
+static void count_retry(void *ud, int status, int attempt, int delay_ms, const char *msg) {
+    (void)ud, (void)attempt, (void)delay_ms, (void)msg;
+    retry_count++;
+    retry_status = status;
+}
+
+static void opts(kiln_options *o, const char *h, const char *tok, int retries) {
+    kiln_options_init(o);
+    o->hosts = h;
+    o->token = tok;
+    o->ca_file = ca;
+    o->server_name = server_name;
+    o->connect_timeout_ms = 5000;
+    o->io_timeout_ms = 5000;
+    o->retries = retries;
+    o->backoff_ms = 100;
+    o->backoff_max_ms = 1000;
+    o->on_retry = count_retry;
+}
+
+static kiln_client *open_as(const char *tok, int retries, kiln_error *err) {
+    kiln_options o;
+    opts(&o, hosts, tok, retries);
+    return kiln_connect(&o, err);
+}
+
+typedef struct {
+    char text[8192];
+    size_t len;
+    int tokens;
+} textbuf;
+
+static int collect(void *ud, const char *text, size_t len, int sample, int token_id,
+                   double logprob) {
+    textbuf *t = ud;
+    (void)sample, (void)token_id, (void)logprob;
+    if (t->len + len < sizeof t->text) {
+        memcpy(t->text + t->len, text, len);
+        t->len += len;
+        t->text[t->len] = '\0';
+    }
+    t->tokens++;
+    return 0;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static void greedy(kiln_gen *p) {
+    kiln_gen_init(p);
+    p->prompt = prompt;
+    p->chat = 1;
+    p->temperature = 0;
+    p->max_tokens = max_tokens;
+}
+
+/* ------------------------------------------------------------------ 1. greedy */
+
+static void t_greedy(void) {
+    const char *name = "greedy generate matches kilnd generate";
+    kiln_error e;
+    const char *want = read_file(expect_file);
+    kiln_client *c = open_as(token, 2, &e);
+    if (!want || !c) {
+        fail(name, "%s", !want ? "cannot read the expected text" : e.message);
+        kiln_close(c);
+        return;
+    }
+    kiln_gen p;
+    greedy(&p);
+    textbuf t = {.len = 0};
+    kiln_usage u;
+    int r = kiln_generate(c, &p, collect, &t, &u, &e);
+    if (r)
+        fail(name, "status %d: %s", r, e.message);
+    else if (strcmp(t.text, want))
+        fail(name, "got \"%s\", want \"%s\"", t.text, want);
+    else if (u.completion_tokens <= 0 || !u.reason[0])
+        fail(name, "usage missing: reason '%s' completion %ld", u.reason, u.completion_tokens);
+    else
+        ok(name);
+    const char *n2 = "HELLO reply readable";
+    if (strcmp(kiln_role(c), "user") || kiln_ctx(c) <= 0 || !kiln_model(c)[0])
+        fail(n2, "role '%s' ctx %ld model '%s'", kiln_role(c), kiln_ctx(c), kiln_model(c));
+    else
+        ok(n2);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 2. failover */
+
+static void t_failover(void) {
+    const char *name = "failover past a box that is down";
+    char list[1024];
+    snprintf(list, sizeof list, "127.0.0.1:1,%s", hosts);
+    kiln_options o;
+    opts(&o, list, token, 0);
+    kiln_error e;
+    kiln_client *c = kiln_connect(&o, &e);
+    if (!c) {
+        fail(name, "connect: %d %s", e.code, e.message);
+        return;
+    }
+    kiln_health_info h;
+    int r = kiln_health(c, &h, &e);
+    if (!strcmp(kiln_server(c), "127.0.0.1:1") || r)
+        fail(name, "server %s, health %d %s", kiln_server(c), r, e.message);
+    else
+        ok(name);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 3. 503 retry */
+
+static int ladder(int level) {
+    kiln_error e;
+    kiln_client *a = open_as(admin_token, 2, &e);
+    if (!a)
+        return e.code ? e.code : -1;
+    char cmd[32], reply[128], want[32];
+    snprintf(cmd, sizeof cmd, "LADDER level=%d", level);
+    snprintf(want, sizeof want, "LADDER level=%d", level);
+    int r = kiln_command(a, cmd, reply, sizeof reply, &e);
+    kiln_close(a);
+    return r ? r : strcmp(reply, want) ? -100 : 0;
+}
+
+static void t_retry(void) {
+    const char *n1 = "503 retried after retry_after_ms, then reported";
+    const char *n2 = "503 retried until the server recovers";
+    int r = ladder(3);
+    if (r) {
+        fail(n1, "LADDER level=3: %d", r);
+        return;
+    }
+    kiln_error e;
+    kiln_gen p;
+    greedy(&p);
+    p.max_tokens = 4;
+
+    kiln_client *c = open_as(token, 1, &e);
+    retry_count = 0;
+    long long t0 = now_ms();
+    r = c ? kiln_generate(c, &p, NULL, NULL, NULL, &e) : e.code;
+    long long dt = now_ms() - t0;
+    if (r != 503 || retry_count != 1 || retry_status != 503 || dt < 450)
+        fail(n1, "status %d (%s), %d retries, %lld ms", r, e.message, retry_count, dt);
+    else
+        ok(n1);
+    kiln_close(c);
+
+    /* A child turns shedding off 700 ms from now; meanwhile the GEN keeps getting 503
+     * and is retried every retry_after_ms (500). The child uses only its own client. */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        usleep(700 * 1000);
+        _exit(ladder(0) ? 1 : 0);
+    }
+    c = open_as(token, 5, &e);
+    retry_count = 0;
+    textbuf t = {.len = 0};
+    r = c ? kiln_generate(c, &p, collect, &t, NULL, &e) : e.code;
+    int st = 0;
+    if (pid > 0)
+        waitpid(pid, &st, 0);
+    if (pid < 0 || r || retry_count < 1 || t.tokens < 1)
+        fail(n2, "status %d (%s), %d retries, %d tokens, child %d", r, e.message,
+             retry_count, t.tokens, st);
+    else
+        ok(n2);
+    kiln_close(c);
+    if (ladder(0))
+        fail("LADDER level=0 at the end", "failed");
+}
+
+/* ------------------------------------------------------------------ 4. cancel */
+
+typedef struct {
+    int tokens, ends, status;
+    char reason[16];
+} track;
+
+static int track_tok(void *ud, const char *text, size_t len, int sample, int token_id,
+                     double logprob) {
+    (void)text, (void)len, (void)sample, (void)token_id, (void)logprob;
+    ((track *)ud)->tokens++;
+    return 0;
+}
+
+static void track_end(void *ud, int sample, int status, const kiln_usage *u,
+                      const char *msg) {
+    track *t = ud;
+    (void)sample, (void)msg;
+    t->ends++;
+    t->status = status;
+    snprintf(t->reason, sizeof t->reason, "%s", u->reason);
+}
+
+static void t_cancel(void) {
+    const char *name = "cancel ends the request and frees its KV blocks";
+    kiln_error e;
+    kiln_client *c = open_as(token, 0, &e);
+    if (!c) {
+        fail(name, "connect: %s", e.message);
+        return;
+    }
+    kiln_gen p;
+    kiln_gen_init(&p);
+    p.prompt = "Count from one to one thousand:";
+    p.max_tokens = 400;
+    p.ignore_eos = 1;
+    track t = {0};
+    kiln_callbacks cb = {track_tok, track_end};
+    kiln_req h = kiln_submit(c, &p, &cb, &t, &e);
+    long long end = now_ms() + 20000;
+    while (h && t.tokens < 3 && !t.ends && now_ms() < end)
+        if (kiln_pump(c, 100, &e) < 0)
+            break;
+    int cr = h ? kiln_cancel(c, h, &e) : -1;
+    while (!cr && !t.ends && now_ms() < end)
+        if (kiln_pump(c, 100, &e) < 0)
+            break;
+    if (!h || cr || t.ends != 1 || t.status || strcmp(t.reason, "cancelled")) {
+        fail(name, "handle %llu cancel %d ends %d status %d reason '%s' (%s)",
+             (unsigned long long)h, cr, t.ends, t.status, t.reason, e.message);
+        kiln_close(c);
+        return;
+    }
+    kiln_stats_info s;
+    double running = -1, used = -1;
+    for (end = now_ms() + 5000; now_ms() < end; usleep(100 * 1000)) {
+        if (kiln_stats(c, &s, &e))
+            break;
+        running = kiln_stats_num(&s, "running", -1);
+        used = kiln_stats_num(&s, "kv_blocks_used", -1);
+        if (running == 0 && used == 0)
+            break;
+    }
+    if (running != 0 || used != 0)
+        fail(name, "running=%g kv_blocks_used=%g (%s)", running, used, e.message);
+    else
+        ok(name);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 5. many in flight */
+
+static void t_many(void) {
+    const char *name = "8 requests in flight on one connection";
+    kiln_error e;
+    kiln_client *c = open_as(token, 2, &e);
+    if (!c) {
+        fail(name, "connect: %s", e.message);
+        return;
+    }
+    static const char *const topics[8] = {"cats", "rivers", "bread", "stars",
+                                          "trains", "music", "snow", "bees"};
+    char prompts[8][64];
+    track t[8];
+    memset(t, 0, sizeof t);
+    kiln_callbacks cb = {track_tok, track_end};
+    int submitted = 0;
+    for (int i = 0; i < 8; i++) {
+        kiln_gen p;
+        kiln_gen_init(&p);
+        snprintf(prompts[i], sizeof prompts[i], "Write one sentence about %s.", topics[i]);
+        p.prompt = prompts[i];
+        p.chat = 1;
+        p.max_tokens = 16;
+        p.temperature = 0.7;
+        p.seed = (uint64_t)i + 1;
+        p.has_seed = 1;
+        submitted += kiln_submit(c, &p, &cb, &t[i], &e) != 0;
+    }
+    int inflight = kiln_pending(c);
+    for (long long end = now_ms() + 60000; kiln_pending(c) > 0 && now_ms() < end;)
+        if (kiln_pump(c, 1000, &e) < 0)
+            break;
+    int good = 0;
+    for (int i = 0; i < 8; i++)
+        good += t[i].ends == 1 && t[i].status == 0 && t[i].tokens > 0 &&
+                (!strcmp(t[i].reason, "stop") || !strcmp(t[i].reason, "length"));
+    if (submitted != 8 || inflight != 8 || good != 8)
+        fail(name, "submitted %d, in flight %d, ended well %d (%s)", submitted, inflight,
+             good, e.message);
+    else
+        ok(name);
+
+    /* n=2: two samples, one END each, one request. */
+    const char *n2 = "n=2 gives two samples";
+    kiln_gen p;
+    greedy(&p);
+    p.n = 2;
+    p.max_tokens = 4;
+    p.temperature = 0.8;
+    kiln_usage u;
+    int r = kiln_generate(c, &p, NULL, NULL, &u, &e);
+    if (r || u.completion_tokens < 2)
+        fail(n2, "status %d (%s) completion %ld", r, e.message, u.completion_tokens);
+    else
+        ok(n2);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 6. bad inputs */
+
+static void t_bad(void) {
+    kiln_error e;
+    kiln_options o;
+    if (wrong_ca) {
+        const char *name = "wrong CA: KILN_ETLS, certificate not trusted";
+        opts(&o, hosts, token, 0);
+        o.ca_file = wrong_ca;
+        kiln_client *c = kiln_connect(&o, &e);
+        if (c || e.code != KILN_ETLS || !strstr(e.message, "not trusted"))
+            fail(name, "client %p code %d: %s", (void *)c, e.code, e.message);
+        else
+            ok(name);
+        printf("     (%s)\n", e.message);
+        kiln_close(c);
+    }
+    const char *name = "wrong token: 401 at once";
+    opts(&o, hosts, "not-a-token-000000", 3);
+    long long t0 = now_ms();
+    kiln_client *c = kiln_connect(&o, &e);
+    long long dt = now_ms() - t0;
+    if (c || e.code != 401 || dt > 5500)
+        fail(name, "client %p code %d in %lld ms: %s", (void *)c, e.code, dt, e.message);
+    else
+        ok(name);
+    printf("     (%s)\n", e.message);
+    kiln_close(c);
+
+    const char *n3 = "admin verb with a user token: 403";
+    c = open_as(token, 0, &e);
+    char reply[128];
+    int r = c ? kiln_command(c, "LADDER level=0", reply, sizeof reply, &e) : e.code;
+    if (r != 403)
+        fail(n3, "%d: %s", r, e.message);
+    else
+        ok(n3);
+
+    const char *n4 = "bad GEN parameter: 400 through on_end";
+    kiln_gen p;
+    greedy(&p);
+    p.top_p = 5;
+    r = c ? kiln_generate(c, &p, NULL, NULL, NULL, &e) : e.code;
+    if (r != 400 || !strstr(e.message, "top_p"))
+        fail(n4, "%d: %s", r, e.message);
+    else
+        ok(n4);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 7. verbs */
+
+static void t_verbs(void) {
+    kiln_error e;
+    kiln_client *c = open_as(token, 0, &e);
+    if (!c) {
+        fail("health", "connect: %s", e.message);
+        return;
+    }
+    kiln_health_info h;
+    int r = kiln_health(c, &h, &e);
+    if (r || h.live != 1 || h.ready != 1)
+        fail("health live=1 ready=1", "%d live %d ready %d (%s)", r, h.live, h.ready,
+             e.message);
+    else
+        ok("health live=1 ready=1");
+    size_t len = 0;
+    char *m = kiln_metrics(c, &len, &e);
+    if (!m || !strstr(m, "kiln_generation_tokens_total") || strlen(m) != len)
+        fail("metrics", "%s", m ? "kiln_generation_tokens_total missing" : e.message);
+    else
+        ok("metrics has kiln_generation_tokens_total");
+    free(m);
+    kiln_close(c);
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: sdk_test --hosts h:p[,h:p...] --ca ca.crt --token T "
+                    "--admin-token A --expect-text-file F --prompt P --max-tokens N "
+                    "[--wrong-ca ca2.crt] [--server-name NAME]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--hosts")) hosts = v;
+        else if (!strcmp(k, "--ca")) ca = v;
+        else if (!strcmp(k, "--token")) token = v;
+        else if (!strcmp(k, "--admin-token")) admin_token = v;
+        else if (!strcmp(k, "--expect-text-file")) expect_file = v;
+        else if (!strcmp(k, "--prompt")) prompt = v;
+        else if (!strcmp(k, "--max-tokens")) max_tokens = atoi(v);
+        else if (!strcmp(k, "--wrong-ca")) wrong_ca = v;
+        else if (!strcmp(k, "--server-name")) server_name = v;
+        else return usage();
+    }
+    if (argc % 2 != 1 || !hosts || !ca || !token || !admin_token || !expect_file || !prompt)
+        return usage();
+    t_greedy();
+    t_failover();
+    t_retry();
+    t_cancel();
+    t_many();
+    t_bad();
+    t_verbs();
+    printf("%s\n", failures ? "sdk_test: FAILED" : "sdk_test: all passed");
+    return failures ? 1 : 0;
+}
