@@ -35,15 +35,15 @@ $(1)_DEPS := $(BUILD)/$(5)/deps
 $(BUILD)/$(1)/obj/%.o: %.c | $(BUILD)/$(5)/deps/.ok
 	@mkdir -p $$(@D)
 	$(2) $$(CFLAGS_BASE) -I$(BUILD)/$(5)/deps/include $(3) $$(call simdflags,$$<) -c $$< -o $$@
-$(BUILD)/$(1)/libkiln.a: $$($(1)_OBJS)
+$(BUILD)/$(1)/libkilnd.a: $$($(1)_OBJS)
 	@rm -f $$@
 	ar rcs $$@ $$^
-$(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkiln.a
+$(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkilnd.a
 	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
-$(BUILD)/$(1)/tests/net/%: $(BUILD)/$(1)/obj/tests/net/%.o $(BUILD)/$(1)/libkiln.a
+$(BUILD)/$(1)/tests/net/%: $(BUILD)/$(1)/obj/tests/net/%.o $(BUILD)/$(1)/libkilnd.a
 	@mkdir -p $$(@D)
 	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
-$(BUILD)/$(1)/tests/%: $(BUILD)/$(1)/obj/tests/unit/%.o $(BUILD)/$(1)/libkiln.a
+$(BUILD)/$(1)/tests/%: $(BUILD)/$(1)/obj/tests/unit/%.o $(BUILD)/$(1)/libkilnd.a
 	@mkdir -p $$(@D)
 	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
 $(1)_TESTS := $$(patsubst tests/unit/%.c,$(BUILD)/$(1)/tests/%,$$(TEST_SRCS))
@@ -63,13 +63,13 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 
 KILND := $(BUILD)/gnu/kilnd
 
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean
-all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS)
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl
+all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
 # The image's kilnd: static musl. musl-gcc cannot see <linux/*.h>; give it the uapi headers.
 musl: tools-musl
-	$(MAKE) $(BUILD)/musl/kilnd
+	$(MAKE) $(BUILD)/musl/kilnd $(BUILD)/musl/sdk/libkiln.a $(BUILD)/musl/kiln
 tools-musl:
 	@scripts/need.sh musl-gcc musl-tools
 	@mkdir -p build/musl/include
@@ -79,6 +79,45 @@ tools-musl:
 
 tools:
 	@scripts/need.sh gcc gcc make make python3 python3 clang clang
+	@# the network tests: namespaces, TAP and veth devices, TLS and HTTP clients
+	@scripts/need.sh ip iproute2 ping iputils-ping openssl openssl curl curl sysctl procps
+
+# ---------------------------------------------------------------- the client SDK (sdk/)
+# libkiln (sdk/c/kiln.h; sources sdk/c/lib/*.c plus the protocol's splitter, shared with
+# the server) as a static and a shared library, and the `kiln` CLI (sdk/c/cli/*.c) on it.
+# Only the kiln_* API is exported from the shared library; mbedTLS is linked inside it.
+SDK_SRCS := $(sort $(wildcard sdk/c/lib/*.c)) net/proto.c
+CLI_SRCS := $(sort $(wildcard sdk/c/cli/*.c))
+SDK_CFLAGS := -fPIC -fvisibility=hidden
+define sdk_variant
+$(1)_SDK_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/sdk/obj/%.o,$$(SDK_SRCS))
+$(1)_CLI_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/sdk/obj/%.o,$$(CLI_SRCS))
+$(BUILD)/$(1)/sdk/obj/%.o: %.c | $(BUILD)/$(1)/deps/.ok
+	@mkdir -p $$(@D)
+	$(2) $$(CFLAGS_BASE) -I$(BUILD)/$(1)/deps/include -Isdk/c $(3) $$(SDK_CFLAGS) -c $$< -o $$@
+$(BUILD)/$(1)/sdk/libkiln.a: $$($(1)_SDK_OBJS)
+	@rm -f $$@
+	ar rcs $$@ $$^
+$(BUILD)/$(1)/kiln: $$($(1)_CLI_OBJS) $(BUILD)/$(1)/sdk/libkiln.a
+	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(1)/deps/lib -lmbedtls -lmbedx509 -lmbedcrypto -lm -pthread $(4)
+-include $$(shell find $(BUILD)/$(1)/sdk/obj -name '*.d' 2>/dev/null)
+endef
+$(eval $(call sdk_variant,gnu,gcc,$(OPT),))
+$(eval $(call sdk_variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static))
+$(BUILD)/gnu/sdk/libkiln.so: $(gnu_SDK_OBJS)
+	gcc -shared -Wl,-soname,libkiln.so.1 -Wl,--exclude-libs,ALL $^ -o $@ \
+	  -L$(BUILD)/gnu/deps/lib -lmbedtls -lmbedx509 -lmbedcrypto -pthread
+	ln -sfn libkiln.so $(@D)/libkiln.so.1
+# The C API's acceptance test (tests/net/serve.sh ... sdk runs it against a server).
+$(BUILD)/gnu/tests/sdk_test: tests/sdk/sdk_test.c $(BUILD)/gnu/sdk/libkiln.a
+	@mkdir -p $(@D)
+	gcc $(CFLAGS_BASE) -Isdk/c -I$(BUILD)/gnu/deps/include $(OPT) $^ -o $@ \
+	  -L$(BUILD)/gnu/deps/lib -lmbedtls -lmbedx509 -lmbedcrypto -lm -pthread
+SDK_GNU := $(BUILD)/gnu/sdk/libkiln.a $(BUILD)/gnu/sdk/libkiln.so $(BUILD)/gnu/kiln \
+           $(BUILD)/gnu/tests/sdk_test
+sdk: $(SDK_GNU)
+sdk-musl: tools-musl
+	$(MAKE) $(BUILD)/musl/sdk/libkiln.a $(BUILD)/musl/kiln
 
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
@@ -117,7 +156,7 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
 	$(MAKE) musl
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 

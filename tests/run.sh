@@ -68,6 +68,11 @@ run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl
   tests/net/serve.sh packet basic
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
+# the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
+# host sockets and over lwIP
+run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk
+run "sdk/tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap sdk
+run "sdk/python-unit" python3 -m unittest discover -s sdk/python/tests
 # every check again under ASan+UBSan (LeakSanitizer at exit): sessions, TLS and lwIP
 run "net/serve-tap-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" \
   tests/net/serve.sh tap all

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # serve.sh: `kilnd serve` end to end over one transport, with tests/net/serve_client.py.
 #
-#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits]   (BUILD, MODEL, KILND from
-#   the environment; limits: short handshake and idle timeouts, 4 connections at most)
+#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|sdk]   (BUILD, MODEL, KILND
+#   from the environment; limits: short handshake and idle timeouts, 4 connections at most;
+#   sdk: the client SDKs' acceptance tests, tests/sdk/, instead of serve_client.py)
 #
 # host:   kernel sockets on 127.0.0.1.
 # tap:    lwIP on a TAP device in a network namespace this script creates; the client
@@ -35,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 
 # ---- certificates, tokens, the expected greedy text
-"$KILND" certs --dir "$W/tls" >/dev/null
+"$KILND" certs --dir "$W/tls" --hosts 10.77.0.2,10.78.0.2 >/dev/null  # lwIP's addresses below
 UTOK=user-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
 ATOK=admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
 printf '# role token\nuser %s\nadmin %s\n' "$UTOK" "$ATOK" >"$W/tokens.txt"
@@ -123,10 +124,26 @@ if [ "$MODE" != host ]; then
 fi
 
 rc=0
-timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
-  --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
-  --expect "$W/expect.json" --checks "$CHECKS" --kilnd-pid "$PID" \
-  $([ "$MODE" != host ] && echo --lwip) || rc=1
+if [ "$CHECKS" = sdk ]; then
+  # the client SDKs against this server: libkiln's C API, the kiln CLI, the Python package
+  SDKD=$(cd "$HERE/../sdk" && pwd) BIN=$(dirname "$KILND")
+  "$KILND" certs --dir "$W/tls-other" >/dev/null  # a CA the server's certificate is not from
+  python3 -c 'import json,sys; sys.stdout.write(json.load(open(sys.argv[1]))["text"])' \
+    "$W/expect.json" >"$W/expect.txt"
+  timeout 300 "${RUN_C[@]}" "$BIN/tests/sdk_test" --hosts "$HOST:$PORT" --ca "$W/tls/ca.crt" \
+    --token "$UTOK" --admin-token "$ATOK" --expect-text-file "$W/expect.txt" --prompt "$PROMPT" \
+    --max-tokens $MAXT --wrong-ca "$W/tls-other/ca.crt" || rc=1
+  timeout 300 "${RUN_C[@]}" "$SDKD/cli_test.sh" "$BIN/kiln" "$HOST:$PORT" "$HOST:$MPORT" \
+    "$W/tls/ca.crt" "$UTOK" "$ATOK" "$W/expect.txt" "$PROMPT" $MAXT "$W/tls-other/ca.crt" || rc=1
+  timeout 300 "${RUN_C[@]}" python3 "$SDKD/py_test.py" --host "$HOST" --port "$PORT" \
+    --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" --expect-file "$W/expect.txt" \
+    --prompt "$PROMPT" --max-tokens $MAXT --wrong-ca "$W/tls-other/ca.crt" || rc=1
+else
+  timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
+    --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
+    --expect "$W/expect.json" --checks "$CHECKS" --kilnd-pid "$PID" \
+    $([ "$MODE" != host ] && echo --lwip) || rc=1
+fi
 
 # ---- a clean stop: over host sockets an admin's RESTART (exit 75, for the supervisor),
 # over lwIP SIGTERM (drain, exit 0)
