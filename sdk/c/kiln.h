@@ -5,11 +5,11 @@
  * TOK/END/ERR lines are dispatched to per-request callbacks while the caller "pumps"
  * the connection (kiln_pump, or inside any blocking call of this API).
  *
- * Threads: the library starts none and holds no locks. A kiln_client must be used by
- * one thread at a time. Beyond that, mbedTLS keeps its PSA crypto state (keys of the
- * handshakes) process-wide, and the mbedTLS built by scripts/deps.sh has no
- * MBEDTLS_THREADING_C: so with that build, use all clients from one thread, or
- * serialise every kiln_* call of the process with one lock. Callbacks run on the
+ * Threads: the library starts none and holds no locks of its own. A kiln_client must be
+ * used by one thread at a time; different clients may run on different threads, since
+ * the mbedTLS that scripts/deps.sh builds has MBEDTLS_THREADING_C (its process-wide PSA
+ * crypto state is locked). Linked against an mbedTLS without it, use all clients from
+ * one thread or serialise every kiln_* call with one lock. Callbacks run on the
  * calling thread, from inside kiln_pump / kiln_generate / the verb calls / kiln_close;
  * from a callback only kiln_submit and kiln_cancel may be called on the same client.
  *
