@@ -1,0 +1,664 @@
+"""The blocking kiln client: one TLS connection, many requests in flight on it.
+
+Example::
+
+    from kiln import Client
+
+    with Client("kiln.local", 8443, token="...", cafile="ca.crt") as c:
+        print(c.generate("Why is the sky blue?", max_tokens=40).text)
+        s = c.stream("Count to ten:", temperature=0)
+        for tok in s:
+            print(tok.text, end="", flush=True)
+        print(s.usage)
+
+The client connects in its constructor (pass ``connect=False`` to connect on first use)
+and reconnects by itself when the connection is lost. It is **not thread-safe**: use
+one client per thread (or :class:`kiln.aio.AsyncClient` for concurrency in one thread).
+Several streams may still be in flight at once on one client: reading one stream's
+tokens queues the lines of the others, which are handed out when those are iterated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from ._core import (
+    DEFAULT_MAX_LINE,
+    CommandState,
+    ConnectFailures,
+    Demux,
+    Endpoint,
+    Options,
+    RequestState,
+    command_shape,
+    connect_failure,
+    gen_params,
+    make_options,
+    retry_delay,
+)
+from .errors import (
+    KilnAuthError,
+    KilnConnectionError,
+    KilnError,
+    KilnProtocolError,
+    KilnTimeoutError,
+)
+from .protocol import (
+    Health,
+    HelloInfo,
+    LineError,
+    Result,
+    Token,
+    Usage,
+    build_cancel,
+    build_gen,
+    build_hello,
+    parse_health,
+    parse_hello_reply,
+    parse_stats,
+    split_line,
+)
+
+__all__ = ["Client", "Stream"]
+
+_RECV = 65536
+
+
+class _Conn:
+    """One TLS connection with its line buffer and demultiplexer."""
+
+    def __init__(self, sock: ssl.SSLSocket, endpoint: Endpoint, max_line: int) -> None:
+        self.sock = sock
+        self.endpoint = endpoint
+        self.max_line = max_line
+        self.demux = Demux()
+        self.dead = False
+        self.hello: Optional[HelloInfo] = None
+        self._buf = bytearray()
+        self._scan = 0
+
+    def send(self, data: bytes, timeout: Optional[float]) -> None:
+        """Writes data (raises OSError/ssl.SSLError when the connection fails)."""
+        self.sock.settimeout(timeout)
+        self.sock.sendall(data)
+
+    def read_line(self, deadline: Optional[float]) -> bytes:
+        """The next line without its ``\\n``. Raises KilnTimeoutError at the deadline
+        (time.monotonic()), EOFError when the server closed the connection,
+        KilnProtocolError for a line over max_line bytes, OSError/SSLError."""
+        while True:
+            i = self._buf.find(b"\n", self._scan)
+            if i >= 0:
+                line = bytes(self._buf[:i])
+                del self._buf[: i + 1]
+                self._scan = 0
+                return line
+            self._scan = len(self._buf)
+            if len(self._buf) > self.max_line:
+                raise KilnProtocolError(
+                    "the server sent a line longer than %d bytes" % self.max_line
+                )
+            timeout: Optional[float] = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    raise KilnTimeoutError("no reply from the server in time")
+            self.sock.settimeout(timeout)
+            try:
+                data = self.sock.recv(_RECV)
+            except socket.timeout:
+                raise KilnTimeoutError("no reply from the server in time") from None
+            if not data:
+                raise EOFError("the server closed the connection")
+            self._buf += data
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Stream(Iterator[Token]):
+    """The tokens of one generation, as they arrive (returned by
+    :meth:`Client.stream`; the GEN is already sent when you get it).
+
+    Iterate it for :class:`~kiln.protocol.Token` objects. After the last one,
+    :attr:`usage` (sample 0) and :attr:`usages` (every sample) hold the END lines.
+    :meth:`close` (or leaving a ``with`` block, or dropping the last reference to an
+    unfinished stream) sends CANCEL. Before the first token is handed out, a 503 or a
+    lost connection is retried (up to the client's ``retries``); after it, errors are
+    raised from the iteration.
+    """
+
+    def __init__(
+        self,
+        client: "Client",
+        prompt: str,
+        params: Dict[str, object],
+        n: int,
+        restartable: bool = False,
+    ) -> None:
+        self._client = client
+        self._prompt = prompt
+        self._params = params
+        self._n = n
+        self._restartable = restartable
+        self._attempt = 0
+        self._delivered = 0
+        self._closed = False
+        self._conn: Optional[_Conn] = None
+        self._state: Optional[RequestState] = None
+        self._start()
+
+    def _start(self) -> None:
+        client = self._client
+        conn = client._ensure()
+        rid = client._new_id()
+        line = build_gen(rid, self._prompt, self._params)
+        st = RequestState(rid, self._n)
+        conn.demux.add_request(st)
+        self._state, self._conn = st, conn
+        client._send(conn, line)
+
+    def _retry(self, err: KilnError) -> bool:
+        opts = self._client._opts
+        if self._attempt >= opts.retries:
+            return False
+        delay = retry_delay(err, self._attempt, opts.backoff)
+        if delay is None:
+            return False
+        self._attempt += 1
+        if delay > 0:
+            time.sleep(delay)
+        self._delivered = 0
+        self._start()
+        return True
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Token:
+        while True:
+            st = self._state
+            if self._closed or st is None or self._conn is None:
+                raise StopIteration
+            if (
+                st.error is not None
+                and (self._delivered == 0 or self._restartable)
+                and self._retry(st.error)
+            ):
+                continue
+            if st.events:
+                self._delivered += 1
+                return st.events.popleft()
+            if st.done:
+                self._closed = True
+                if st.error is not None:
+                    raise st.error
+                raise StopIteration
+            try:
+                self._client._wait(self._conn, lambda: bool(st.events) or st.done)
+                if not (st.events or st.done):  # the connection went away under it
+                    st.fail(KilnConnectionError("the connection is closed"))
+            except KilnTimeoutError as exc:
+                self.close()
+                exc.request_id = st.id
+                raise
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Stops reading; sends CANCEL if the request is still running. The END that
+        answers it still fills :attr:`usage` when the client reads it later."""
+        if self._closed:
+            return
+        self._closed = True
+        st, conn = self._state, self._conn
+        if st is not None and conn is not None and not st.done and not st.cancel_sent:
+            self._client._cancel_state(conn, st)
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            st, conn = self._state, self._conn
+            if not self._closed and st is not None and conn is not None and not st.done:
+                self._closed = True
+                self._client._cancel_state(conn, st)
+        except Exception:
+            pass
+
+    @property
+    def id(self) -> str:
+        """The request id of the current attempt."""
+        return self._state.id if self._state is not None else ""
+
+    @property
+    def done(self) -> bool:
+        """True once the request is over (END of every sample, or an error)."""
+        return self._state is not None and self._state.done
+
+    @property
+    def usage(self) -> Optional[Usage]:
+        """The END of sample 0, once it has come (None before)."""
+        return self._state.usages.get(0) if self._state is not None else None
+
+    @property
+    def usages(self) -> List[Usage]:
+        """The END of every sample that has ended, by sample."""
+        return self._state.usage_list() if self._state is not None else []
+
+    @property
+    def text(self) -> str:
+        """The text of sample 0 received so far."""
+        return self._state.texts()[0] if self._state is not None else ""
+
+    @property
+    def texts(self) -> List[str]:
+        """The text of each sample received so far."""
+        return self._state.texts() if self._state is not None else []
+
+    def result(self) -> Result:
+        """Everything received so far as a Result (complete once the stream is done)."""
+        if self._state is None:
+            raise KilnError("the stream never started")
+        return self._state.result()
+
+
+class Client:
+    """A blocking client of one kilnd server (or a list of them, for failover).
+
+    Args:
+        host, port: the server. ``hosts`` adds more (host, port) pairs: the client
+            connects to the first one that answers, trying (host, port) first and then
+            ``hosts`` in order (duplicates are skipped); ``host`` may be None when
+            ``hosts`` is given.
+        token: the HELLO token (a user or admin token of the server's tokens file).
+        cafile: the CA certificate that signed the server's; None: the system's CAs.
+        certfile, keyfile: a client certificate for mTLS.
+        server_hostname: the name checked against the server's certificate (default:
+            the host being connected to).
+        connect_timeout: seconds for TCP + TLS + HELLO, per host.
+        timeout: the longest wait, in seconds, for the next line of a request
+            (first token, next token, END, a command's reply); None waits forever.
+        retries: how many times a request is tried again after a 503 or a lost
+            connection (before its first token), and how many extra rounds over the
+            hosts a reconnect makes.
+        backoff: the first wait between connect rounds (and for a 503 without
+            retry_after_ms), doubling each time.
+        ssl_context: use this context instead of building one from cafile/certfile.
+        max_line_bytes: the longest server line accepted (16 MiB by default).
+        connect: connect in the constructor (default); False: on first use.
+
+    Attributes ``model``, ``ctx``, ``role``, ``session`` and ``endpoint`` describe the
+    current connection (None before the first).
+
+    Errors: a wrong token raises :class:`~kiln.errors.KilnAuthError` (``code`` 401)
+    at once; a certificate the CA did not sign raises
+    :class:`~kiln.errors.KilnTLSError`; an unreachable server raises
+    :class:`~kiln.errors.KilnConnectionError` after ``retries`` rounds.
+
+    Not thread-safe: one thread at a time may use a Client.
+    """
+
+    def __init__(
+        self,
+        host: Optional[str],
+        port: Optional[int],
+        token: str,
+        cafile: Optional[str] = None,
+        *,
+        hosts: Optional[Sequence[Endpoint]] = None,
+        certfile: Optional[str] = None,
+        keyfile: Optional[str] = None,
+        server_hostname: Optional[str] = None,
+        connect_timeout: float = 5.0,
+        timeout: Optional[float] = 60.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE,
+        connect: bool = True,
+    ) -> None:
+        self._opts: Options = make_options(
+            host, port, token, cafile, hosts, certfile, keyfile, server_hostname,
+            connect_timeout, timeout, retries, backoff, ssl_context, max_line_bytes,
+        )  # fmt: skip
+        self._conn: Optional[_Conn] = None
+        self._ids = itertools.count(1)
+        self._busy = False
+        self._closed = False
+        self._deferred: List[Tuple[_Conn, RequestState]] = []
+        self.model: Optional[str] = None
+        self.ctx: Optional[int] = None
+        self.role: Optional[str] = None
+        self.session: Optional[int] = None
+        self.endpoint: Optional[Endpoint] = None
+        if connect:
+            self.connect()
+
+    # ------------------------------------------------------------------ connection
+
+    def connect(self) -> "Client":
+        """Connects now (a no-op when connected). Returns self."""
+        self._ensure()
+        return self
+
+    @property
+    def connected(self) -> bool:
+        """True while the client holds a live connection."""
+        return self._conn is not None and not self._conn.dead
+
+    def _new_id(self) -> str:
+        return "r%d" % next(self._ids)
+
+    def _ensure(self) -> _Conn:
+        if self._closed:
+            raise KilnError("the client is closed")
+        conn = self._conn
+        if conn is None or conn.dead:
+            self._conn = None
+            self._deferred.clear()
+            conn = self._dial()
+            self._conn = conn
+            hello = conn.hello
+            assert hello is not None
+            self.model, self.ctx, self.role, self.session = (
+                hello.model, hello.ctx, hello.role, hello.session,
+            )  # fmt: skip
+            self.endpoint = conn.endpoint
+        elif self._deferred and not self._busy:
+            self._flush_cancels(conn)
+        return conn
+
+    def _dial(self) -> _Conn:
+        opts = self._opts
+        fails = ConnectFailures()
+        delay = opts.backoff
+        for rnd in range(opts.retries + 1):
+            start = len(fails.errors)
+            for ep in opts.endpoints:
+                try:
+                    return self._dial_one(ep)
+                except KilnAuthError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every failure is classified
+                    fails.add(connect_failure(exc, ep, "while connecting"))
+            if rnd == opts.retries or fails.hopeless(start):
+                break
+            time.sleep(delay)
+            delay *= 2
+        raise fails.final()
+
+    def _dial_one(self, ep: Endpoint) -> _Conn:
+        opts = self._opts
+        deadline = time.monotonic() + opts.connect_timeout
+        raw = socket.create_connection(ep, timeout=opts.connect_timeout)
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = opts.ssl_context.wrap_socket(raw, server_hostname=opts.sni(ep))
+        except BaseException:
+            raw.close()
+            raise
+        conn = _Conn(sock, ep, opts.max_line_bytes)
+        try:
+            conn.send((build_hello(opts.token) + "\n").encode("utf-8"), opts.connect_timeout)
+            try:
+                line = conn.read_line(deadline)
+            except KilnTimeoutError:
+                raise KilnConnectionError(
+                    "%s:%d: no reply to HELLO within %.1f s" % (ep + (opts.connect_timeout,))
+                ) from None
+            except EOFError:
+                raise KilnConnectionError(
+                    "%s:%d: the server closed the connection before replying to HELLO" % ep
+                ) from None
+            conn.hello = parse_hello_reply(split_line(line, strict=False))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _drop(self, conn: _Conn, err: KilnError) -> None:
+        """Closes conn and fails everything in flight on it with copies of err."""
+        conn.close()
+        conn.demux.lost(err.copy)
+        if self._conn is conn:
+            self._conn = None
+
+    def _lost(self, conn: _Conn, why: object) -> None:
+        ep = "%s:%d" % conn.endpoint
+        self._drop(conn, KilnConnectionError("connection to %s lost: %s" % (ep, why)))
+
+    def _send(self, conn: _Conn, line: str) -> None:
+        """Sends one line; a failure drops the connection (what waits on it fails)."""
+        if conn.dead:
+            conn.demux.lost(lambda: KilnConnectionError("the connection is closed"))
+            return
+        self._busy = True
+        try:
+            conn.send((line + "\n").encode("utf-8"), self._opts.timeout)
+        except (OSError, ssl.SSLError) as exc:
+            self._lost(conn, exc)
+        finally:
+            self._busy = False
+
+    def _pump(self, conn: _Conn, deadline: Optional[float]) -> None:
+        """Reads and routes one line (KilnTimeoutError at the deadline)."""
+        self._busy = True
+        try:
+            line = conn.read_line(deadline)
+            conn.demux.feed(line)
+        except KilnTimeoutError:
+            raise
+        except KilnProtocolError as exc:
+            self._drop(conn, exc)
+        except LineError as exc:
+            self._drop(conn, KilnProtocolError("the server sent a malformed line: %s" % exc))
+        except EOFError as exc:
+            self._lost(conn, exc)
+        except (OSError, ssl.SSLError) as exc:
+            self._lost(conn, exc)
+        finally:
+            self._busy = False
+
+    def _wait(self, conn: _Conn, cond: Callable[[], bool]) -> None:
+        """Reads lines until cond() holds or conn is gone; KilnTimeoutError when no
+        line makes it true within the client's timeout."""
+        t = self._opts.timeout
+        deadline = None if t is None else time.monotonic() + t
+        while not cond():
+            if conn.dead:
+                return
+            self._pump(conn, deadline)
+
+    def _cancel_state(self, conn: _Conn, st: RequestState, defer: bool = False) -> None:
+        st.cancel_sent = True
+        if conn.dead or st.done:
+            return
+        if defer or self._busy:
+            self._deferred.append((conn, st))
+            return
+        self._send(conn, build_cancel(st.id))
+
+    def _flush_cancels(self, conn: _Conn) -> None:
+        todo, self._deferred = self._deferred, []
+        for c, st in todo:
+            if c is conn and not conn.dead and not st.done:
+                self._send(conn, build_cancel(st.id))
+
+    def close(self) -> None:
+        """Closes the connection (the server cancels what is still running)."""
+        if self._closed:
+            return
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.dead:
+            try:
+                conn.send(b"QUIT\n", 0.5)
+            except (OSError, ssl.SSLError):
+                pass
+            self._drop(conn, KilnConnectionError("the client was closed"))
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            conn = self._conn
+            if conn is not None:
+                conn.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ generation
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        chat: bool = True,
+        system: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        presence_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        seed: Optional[int] = None,
+        n: int = 1,
+        stop: Union[None, str, Sequence[str]] = None,
+        logprobs: bool = False,
+        ignore_eos: bool = False,
+    ) -> Stream:
+        """Sends a GEN and returns a :class:`Stream` of its tokens.
+
+        ``chat`` applies the model's chat template (the protocol's default is off;
+        this client's is on). Parameters left None are not sent: the server's
+        configured defaults apply. See docs/PROTOCOL.md for the ranges.
+        """
+        params = gen_params(
+            chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
+            repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
+            ignore_eos,
+        )  # fmt: skip
+        build_gen("check", prompt, params)  # type errors before anything is sent
+        return Stream(self, prompt, params, n)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        chat: bool = True,
+        system: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        min_p: Optional[float] = None,
+        repeat_penalty: Optional[float] = None,
+        repeat_last_n: Optional[int] = None,
+        presence_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        seed: Optional[int] = None,
+        n: int = 1,
+        stop: Union[None, str, Sequence[str]] = None,
+        logprobs: bool = False,
+        ignore_eos: bool = False,
+    ) -> Result:
+        """Generates and waits for the whole output; returns a :class:`Result`.
+
+        Takes the parameters of :meth:`stream`. A 503 is retried after the server's
+        retry_after_ms; a lost connection is retried from the start on a new one
+        (nothing was handed out yet), both up to ``retries`` times; then the error is
+        raised (:class:`~kiln.errors.KilnError` with ``code`` 503, or
+        :class:`~kiln.errors.KilnConnectionError`).
+        """
+        params = gen_params(
+            chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
+            repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
+            ignore_eos,
+        )  # fmt: skip
+        build_gen("check", prompt, params)
+        s = Stream(self, prompt, params, n, restartable=True)
+        try:
+            for _ in s:
+                pass
+        finally:
+            if not s.done:
+                s.close()
+        return s.result()
+
+    def cancel(self, request_id: str) -> bool:
+        """Sends CANCEL for a request of this client in flight on the current
+        connection (``Stream.id``); False (nothing sent) when there is none."""
+        conn = self._conn
+        if conn is None or conn.dead:
+            return False
+        st = conn.demux.requests.get(request_id)
+        if st is None or st.done:
+            return False
+        self._cancel_state(conn, st)
+        return True
+
+    # ------------------------------------------------------------------ commands
+
+    def _command(self, line: str, body: bool, retryable: bool = True) -> str:
+        attempt = 0
+        while True:
+            conn = self._ensure()
+            cmd = CommandState(line, body)
+            conn.demux.add_command(cmd)
+            self._send(conn, line)
+            self._wait(conn, lambda: cmd.done)
+            if not cmd.done:  # the connection went away under it
+                cmd.finish(None, KilnConnectionError("the connection is closed"))
+            if cmd.error is not None:
+                if (
+                    retryable
+                    and attempt < self._opts.retries
+                    and retry_delay(cmd.error, attempt, self._opts.backoff) == 0.0
+                ):
+                    attempt += 1
+                    continue
+                raise cmd.error
+            assert cmd.result is not None
+            return cmd.result
+
+    def health(self) -> Health:
+        """HEALTH: liveness, readiness, the ladder's level, running and waiting."""
+        return parse_health(split_line(self._command("HEALTH", False), strict=False))
+
+    def stats(self) -> Dict[str, Union[int, float]]:
+        """STATS as a dict of numbers (running, kv_blocks_used, requests_total ...)."""
+        return parse_stats(split_line(self._command("STATS", False), strict=False))
+
+    def metrics(self) -> str:
+        """METRICS: the Prometheus text, dot-unstuffed."""
+        return self._command("METRICS", True)
+
+    def command(self, line: str) -> str:
+        """Sends another verb (admin verbs: ``"LADDER level=3"``, ``"DRAIN"``,
+        ``"CONFIG key=engine.max_seq_len"``, ``"RELOAD"`` ...) and returns the reply
+        line (for CONFIG without a key and METRICS: the body's text). An ERR reply
+        raises KilnError (403 on a user connection). HELLO, GEN, CANCEL and QUIT
+        have their own methods and raise ValueError here."""
+        verb, body = command_shape(line)
+        return self._command(line.strip(" "), body, retryable=verb != "RESTART")
