@@ -1,6 +1,8 @@
 /* cli_serve: `kilnd serve` (the appliance's main job) and `kilnd certs`.
  *
  *   kilnd serve [--config kiln.ini] [--model PATH] [--threads N] [--set section.key=value]...
+ *               [--control PATH]       (the control socket for kiln-init: net/ctl.h)
+ *   kilnd check-config [the same flags]   (exit 0, or 1 with one line saying what is wrong)
  *   kilnd certs --dir DIR [--hosts h1,h2] [--force]
  *
  * serve loads the model, carves the KV pool, starts the CPU backend, brings up the
@@ -26,19 +28,23 @@
 #include "mm/kv.h"
 #include "mm/pool.h"
 #include "net/net.h"
+#include "net/ctl.h"
 #include "net/server.h"
 #include "net/tls.h"
 #include "sched/loop.h"
 
-static int parse(int argc, char **argv, kiln_config *c, int *threads) {
+static int parse(int argc, char **argv, kiln_config *c, int *threads, const char **control) {
     char err[512];
     cfg_defaults(c);
     *threads = 0;
+    *control = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "kilnd: %s needs a value\n", a); return -1; }
         i++;
-        if (!strcmp(a, "--config")) {
+        if (!strcmp(a, "--control")) {
+            *control = v;
+        } else if (!strcmp(a, "--config")) {
             if (cfg_load_file(c, v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
         } else if (!strcmp(a, "--model")) {
             if (cfg_set(c, "model", "path", v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
@@ -102,7 +108,8 @@ static void on_signal(loop_t *l, int fd, void *ud, int mask) {
 int cli_serve(int argc, char **argv) {
     static kiln_config c;
     int threads;
-    if (parse(argc, argv, &c, &threads) < 0) return 2;
+    const char *control;
+    if (parse(argc, argv, &c, &threads, &control) < 0) return 2;
     /* Blocked before any thread starts (the backend's workers inherit the mask), so
      * the signals reach only the signalfd. */
     sigset_t set;
@@ -121,6 +128,7 @@ int cli_serve(int argc, char **argv) {
     loop_t *l = NULL;
     net_stack *net = NULL;
     srv *s = NULL;
+    ctl *ctl = NULL;
     sig_watch sw = {0};
     sw.fd = -1;
     if (tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) { fprintf(stderr, "kilnd: tokenizer: %s\n", err); goto out; }
@@ -173,6 +181,10 @@ int cli_serve(int argc, char **argv) {
         fprintf(stderr, "kilnd: cannot watch signals: %s\n", strerror(errno));
         goto out;
     }
+    if (control && !(ctl = ctl_new(l, s, net, control, err, sizeof err))) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        goto out;
+    }
     char addr[64] = "";
     net_address(net, addr, sizeof addr);
     if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
@@ -188,6 +200,7 @@ int cli_serve(int argc, char **argv) {
     while (r >= 0 && sw.count < 2 && net_open_conns(net) > 0 && loop_now_ms() < until) loop_run_once(l, 50);
     fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
 out:
+    ctl_free(ctl);
     srv_free(s);
     if (sw.fd >= 0) {
         if (l) loop_fd_del(l, sw.fd, LOOP_READ);
@@ -201,6 +214,38 @@ out:
     if (tok_ok) tok_free(&tok);
     model_free(&m);
     return rc;
+}
+
+/* What kiln-init runs before each start: the config, the model file, the TLS files
+ * and the tokens file, checked without binding a port or allocating the KV pool. */
+int cli_check_config(int argc, char **argv) {
+    static kiln_config c;
+    int threads;
+    const char *control;
+    if (parse(argc, argv, &c, &threads, &control) < 0) return 1;
+    static model m;
+    char err[512];
+    if (model_load(&m, c.model.path, err, sizeof err) < 0) {
+        fprintf(stderr, "kilnd: model: %s\n", err);
+        return 1;
+    }
+    kv_config kc = {0};
+    model_kv_shape(&m, &kc);
+    kc.block_size = c.engine.block_size;
+    kc.n_blocks = kc.max_seqs = kc.max_blocks_per_seq = 1;
+    size_t bb = kv_block_bytes(&kc);
+    int rc = cfg_check_model(&c, m.cfg.n_ctx_train, bb / (size_t)kc.block_size, NULL, err, sizeof err) < 0;
+    model_free(&m);
+    if (rc) { fprintf(stderr, "kilnd: %s\n", err); return 1; }
+    tls_config tc = {c.net.cert, c.net.key, c.net.client_ca, c.net.client_ca[0] != 0};
+    tls_server *ts = tls_server_new(&tc, err, sizeof err);
+    if (!ts) { fprintf(stderr, "kilnd: TLS: %s\n", err); return 1; }
+    tls_server_free(ts);
+    FILE *f = fopen(c.net.tokens_file, "r");
+    if (!f) { fprintf(stderr, "kilnd: tokens file %s: %s\n", c.net.tokens_file, strerror(errno)); return 1; }
+    fclose(f);
+    printf("kilnd: config ok\n");
+    return 0;
 }
 
 int cli_certs(int argc, char **argv) {

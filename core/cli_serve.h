@@ -5,5 +5,6 @@
 
 int cli_serve(int argc, char **argv);
 int cli_certs(int argc, char **argv);
+int cli_check_config(int argc, char **argv);
 
 #endif

@@ -146,7 +146,9 @@ static void usage(void) {
             "kilnd " KILN_VERSION " - the kiln inference engine\n"
             "usage:\n"
             "  kilnd serve [--config kiln.ini] [--model PATH] [--threads N]\n"
-            "      [--set section.key=value]...   serve the line protocol over TLS\n"
+            "      [--set section.key=value]... [--control PATH]\n"
+            "      serve the line protocol over TLS (PATH: kiln-init's control socket)\n"
+            "  kilnd check-config [the same flags]   check config, model and TLS files\n"
             "  kilnd certs --dir DIR [--hosts h1,h2] [--force]\n"
             "      development CA, server and client certificates\n"
             "  kilnd generate --model PATH (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
@@ -438,6 +440,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "serve") == 0) return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "certs") == 0) return cli_certs(argc - 1, argv + 1);
+    if (strcmp(cmd, "check-config") == 0) return cli_check_config(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "bench-engine") == 0) return cli_bench_engine(argc - 1, argv + 1);

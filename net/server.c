@@ -592,29 +592,39 @@ static int live(const srv *s) {
 }
 static int ready(const srv *s) { return !s->draining && s->level < 3; }
 
-static void verb_health(srv_sess *ss) {
-    srv *s = ss->s;
+int srv_health(const srv *s, char *out, size_t cap) {
     eng_stats st;
     eng_get_stats(s->eng, &st);
-    sess_printf(ss, "HEALTH live=%d ready=%d level=%d running=%d waiting=%d draining=%d\n", live(s),
-                ready(s), s->level, st.running, st.waiting, s->draining);
+    return snprintf(out, cap, "HEALTH live=%d ready=%d level=%d running=%d waiting=%d draining=%d",
+                    live(s), ready(s), s->level, st.running, st.waiting, s->draining);
 }
 
-static void verb_stats(srv_sess *ss) {
-    srv *s = ss->s;
+int srv_stats(const srv *s, char *out, size_t cap) {
     eng_stats st;
     eng_get_stats(s->eng, &st);
     int total = s->env.kv->cfg.n_blocks, used = total - kv_free_blocks(s->env.kv);
-    sess_printf(ss, "STATS uptime_s=%lld requests_total=%lld running=%d waiting=%d kv_blocks_used=%d "
-                "kv_blocks_total=%d kv_blocks_cached=%d kv_usage=%.4f prefix_hit_rate=%.4f "
-                "prompt_tokens_total=%lld generation_tokens_total=%lld preemptions_total=%lld "
-                "connections=%d\n",
-                (long long)((loop_now_ms() - s->t_start_ms) / 1000), (long long)s->requests_total,
-                st.running, st.waiting, used, total, kv_cached_blocks(s->env.kv),
-                total ? (double)used / total : 0.0,
-                st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0.0,
-                (long long)st.prompt_tokens, (long long)st.generation_tokens,
-                (long long)st.preemptions, s->n_sessions);
+    return snprintf(out, cap, "STATS uptime_s=%lld requests_total=%lld running=%d waiting=%d "
+                    "kv_blocks_used=%d kv_blocks_total=%d kv_blocks_cached=%d kv_usage=%.4f "
+                    "prefix_hit_rate=%.4f prompt_tokens_total=%lld generation_tokens_total=%lld "
+                    "preemptions_total=%lld connections=%d",
+                    (long long)((loop_now_ms() - s->t_start_ms) / 1000), (long long)s->requests_total,
+                    st.running, st.waiting, used, total, kv_cached_blocks(s->env.kv),
+                    total ? (double)used / total : 0.0,
+                    st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0.0,
+                    (long long)st.prompt_tokens, (long long)st.generation_tokens,
+                    (long long)st.preemptions, s->n_sessions);
+}
+
+static void verb_health(srv_sess *ss) {
+    char line[256];
+    srv_health(ss->s, line, sizeof line);
+    sess_printf(ss, "%s\n", line);
+}
+
+static void verb_stats(srv_sess *ss) {
+    char line[1024];
+    srv_stats(ss->s, line, sizeof line);
+    sess_printf(ss, "%s\n", line);
 }
 
 /* Gauges sampled now; engine counters advanced by what happened since the last render. */
@@ -647,13 +657,11 @@ static void verb_config(srv_sess *ss, const proto_line *l) {
         sess_body(ss, dump, (size_t)n);
         return;
     }
-    char sec[32], out[CFG_STR_MAX + 1];
-    const char *dot = strchr(k->s, '.');
-    if (!dot || dot - k->s >= (long)sizeof sec) { sess_err(ss, "-", 400, "bad_request", "key=section.name"); return; }
-    memcpy(sec, k->s, (size_t)(dot - k->s));
-    sec[dot - k->s] = 0;
-    if (cfg_get(&s->cfg, sec, dot + 1, out, sizeof out) < 0) {
-        sess_err(ss, "-", 404, "not_found", "no such key");
+    char out[CFG_STR_MAX + 1];
+    int r = srv_config_get(s, k->s, out, sizeof out);
+    if (r < 0) {
+        sess_err(ss, "-", r == -EINVAL ? 400 : 404, r == -EINVAL ? "bad_request" : "not_found",
+                 r == -EINVAL ? "key=section.name" : "no such key");
         return;
     }
     size_t n = strlen(out), bare = n > 0;
@@ -670,9 +678,7 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
     if (ss->role != ROLE_ADMIN) { sess_err(ss, "-", 403, "forbidden", "an admin token is needed"); return; }
     char err[256];
     if (!strcmp(verb, "DRAIN")) {
-        int off = l->n_pos == 1 && !strcmp(l->pos[0].s, "off");
-        s->draining = !off;
-        srv_log(s, CFG_LOG_INFO, "drain %s by session %d", off ? "off" : "on", ss->num);
+        srv_set_draining(s, !(l->n_pos == 1 && !strcmp(l->pos[0].s, "off")));
         sess_printf(ss, "OK draining=%d\n", s->draining);
     } else if (!strcmp(verb, "LADDER")) {
         const proto_str *lv = proto_get(l, "level");
@@ -1107,6 +1113,61 @@ void srv_free(srv *s) {
     free(s->reqs), free(s->chat), free(s->prompt), free(s->metrics_text);
     free(s);
 }
+
+/* "section.name" split for cfg_get / cfg_set; -EINVAL when malformed. */
+static int split_key(const char *key, char sec[32], const char **name) {
+    const char *dot = strchr(key, '.');
+    if (!dot || dot == key || dot - key >= 32 || !dot[1]) return -EINVAL;
+    memcpy(sec, key, (size_t)(dot - key));
+    sec[dot - key] = 0;
+    *name = dot + 1;
+    return 0;
+}
+
+int srv_config_get(const srv *s, const char *key, char *out, size_t cap) {
+    char sec[32];
+    const char *name;
+    if (split_key(key, sec, &name) < 0) return -EINVAL;
+    return cfg_get(&s->cfg, sec, name, out, cap) < 0 ? -ENOENT : 0;
+}
+
+/* Keys a running server can take at once: request defaults and per-connection limits.
+ * The rest shape memory carved at start (pools, batch sizes, the model) or sockets. */
+static int config_live(const char *key) {
+    static const char *const live_keys[] = {
+        "sampling.", "engine.default_max_tokens", "net.idle_timeout_ms",
+        "net.handshake_timeout_ms", "net.max_output_bytes", "net.max_requests_per_conn",
+        "log.level", NULL};
+    for (int i = 0; live_keys[i]; i++)
+        if (!strncmp(key, live_keys[i], strlen(live_keys[i])) &&
+            (live_keys[i][strlen(live_keys[i]) - 1] == '.' || !key[strlen(live_keys[i])]))
+            return 1;
+    return 0;
+}
+
+int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t errlen) {
+    char sec[32];
+    const char *name;
+    if (split_key(key, sec, &name) < 0) { snprintf(err, errlen, "want section.key"); return -EINVAL; }
+    kiln_config c = s->cfg;
+    if (cfg_set(&c, sec, name, value, err, errlen) < 0 || cfg_validate(&c, err, errlen) < 0) return -EINVAL;
+    if (!config_live(key)) {
+        snprintf(err, errlen, "%s takes effect at the next start of kilnd", key);
+        return -EAGAIN;
+    }
+    s->cfg = c;
+    srv_log(s, CFG_LOG_INFO, "config %s = %s", key, value);
+    return 0;
+}
+
+void srv_set_draining(srv *s, int on) {
+    s->draining = on != 0;
+    srv_log(s, CFG_LOG_INFO, "drain %s", on ? "on" : "off");
+}
+
+int srv_is_ready(const srv *s) { return ready(s); }
+double srv_uptime_s(const srv *s) { return (double)(loop_now_ms() - s->t_start_ms) / 1e3; }
+const char *srv_model_name(const srv *s) { return s->env.model_name; }
 
 void srv_drain(srv *s, int restart) {
     s->draining = 1;

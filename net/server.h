@@ -49,4 +49,19 @@ void srv_free(srv *s);
 void srv_drain(srv *s, int restart);
 int srv_exit_code(const srv *s);
 
+/* For the control socket (net/ctl.h) and the protocol's verbs alike. The HEALTH and
+ * STATS lines (docs/PROTOCOL.md) without a newline; snprintf's result. */
+int srv_health(const srv *s, char *out, size_t cap);
+int srv_stats(const srv *s, char *out, size_t cap);
+/* "section.name": 0, -EINVAL (malformed), -ENOENT (no such key). */
+int srv_config_get(const srv *s, const char *key, char *out, size_t cap);
+/* Checked like the config file. Request defaults and per-connection limits apply at
+ * once (0); keys that shape what was set up at start give -EAGAIN (err says so), bad
+ * values -EINVAL. */
+int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t errlen);
+void srv_set_draining(srv *s, int on);
+int srv_is_ready(const srv *s);
+double srv_uptime_s(const srv *s);
+const char *srv_model_name(const srv *s);
+
 #endif

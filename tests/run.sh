@@ -68,6 +68,7 @@ run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl
   tests/net/serve.sh packet basic
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
+run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
 # the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
 # host sockets and over lwIP
 run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk
