@@ -439,21 +439,30 @@ def many_connections(exp):
               "RSS %d -> %d KiB" % (rss0, rss1))
 
 
+def curl_metrics():
+    """GET /metrics the way an operator would: with curl."""
+    r = subprocess.run(["curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}",
+                        "http://%s:%d/metrics" % (A.host, A.metrics_port)],
+                       capture_output=True, text=True, timeout=30)
+    body, _, code = r.stdout.rpartition("\n")
+    return int(code or 0), body
+
+
 def metrics_http(exp):
-    code, body = http_get("/metrics")
+    code, body = curl_metrics()
     names = ["kiln_num_requests_running", "kiln_num_requests_waiting", "kiln_kv_cache_usage_perc",
              "kiln_prefix_cache_queries_total", "kiln_prefix_cache_hits_total", "kiln_num_preemptions_total",
              "kiln_prompt_tokens_total", "kiln_generation_tokens_total", "kiln_time_to_first_token_seconds_bucket",
              "kiln_inter_token_latency_seconds_bucket", "kiln_e2e_request_latency_seconds_count",
              "kiln_degrade_level"]
     missing = [n for n in names if n not in body]
-    check("GET /metrics shows the named metrics", code == 200 and not missing, "status %d, missing %s" % (code, missing))
+    check("curl /metrics shows the named metrics", code == 200 and not missing, "status %d, missing %s" % (code, missing))
     g0 = metric(body, "kiln_generation_tokens_total")
     c = Conn()
     c.send(gen_line("mt", exp["prompt"], 8))
     collect(c, ["mt"])
     c.close()
-    _, body2 = http_get("/metrics")
+    _, body2 = curl_metrics()
     g1 = metric(body2, "kiln_generation_tokens_total")
     check("/metrics changes as requests run", g0 is not None and g1 is not None and g1 > g0, "%s -> %s" % (g0, g1))
     code, _ = http_get("/healthz")
