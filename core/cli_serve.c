@@ -163,7 +163,8 @@ int cli_serve(int argc, char **argv) {
 
     if (!(l = loop_new(c.net.max_connections * 2 + 256, 64))) { fprintf(stderr, "kilnd: cannot create the event loop\n"); goto out; }
     char host[64];
-    gethostname(host, sizeof host);
+    if (c.net.hostname[0]) snprintf(host, sizeof host, "%.63s", c.net.hostname);
+    else if (gethostname(host, sizeof host) < 0) strcpy(host, "kiln");
     host[sizeof host - 1] = 0;
     net_config nc = {c.net.driver, c.net.interface, c.net.address, c.net.gateway, c.net.mac, host,
                      c.net.max_connections + 64};

@@ -88,6 +88,7 @@ static const cfg_key keys[] = {
     STR("net", "address", net.address, F_REQ),
     STR("net", "gateway", net.gateway, 0),
     STR("net", "mac", net.mac, 0),
+    STR("net", "hostname", net.hostname, 0),
     ENUM("log", "level", log.level, levels),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -519,6 +520,14 @@ static int ipv4_ok(const char *s, int with_len) {
     return digits && !*s && len <= 32;
 }
 
+static int hostname_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > 63 || s[0] == '-' || s[n - 1] == '-') return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '-') return 0;
+    return 1;
+}
+
 static int mac_ok(const char *s) {
     for (int i = 0; i < 6; i++) {
         if (!isxdigit((unsigned char)s[0]) || !isxdigit((unsigned char)s[1])) return 0;
@@ -576,6 +585,9 @@ static int validate(const kiln_config *c, const vctx *v) {
     if (c->net.mac[0] && !mac_ok(c->net.mac))
         RULE("net", "mac", "mac", "[net] mac = %.64s: must be empty or six hex bytes, "
              "e.g. 02:00:00:00:00:01", c->net.mac);
+    if (c->net.hostname[0] && !hostname_ok(c->net.hostname))
+        RULE("net", "hostname", "hostname", "[net] hostname = %.64s: must be 1..63 of a-z A-Z 0-9 and '-', "
+             "not starting or ending with '-'", c->net.hostname);
     if (c->net.driver != CFG_DRIVER_HOST && !c->net.interface[0])
         RULE("net", "interface", "driver", "[net] interface: must be set for driver = %s",
              drivers[c->net.driver]);

@@ -61,6 +61,7 @@ typedef struct kiln_config {
         char address[CFG_STR_MAX + 1];   /* tap / packet: "dhcp" or a.b.c.d/len */
         char gateway[CFG_STR_MAX + 1];   /* "" or a.b.c.d */
         char mac[CFG_STR_MAX + 1];       /* "" or aa:bb:cc:dd:ee:ff */
+        char hostname[CFG_STR_MAX + 1];  /* the box's name (kiln-init, DHCP); "": the system's */
     } net;
     struct {
         int level;                   /* CFG_LOG_* */

@@ -303,6 +303,9 @@ static void test_cross(void) {
     LOAD_FAILS("[net]\ngateway = 10.0.0\n", "[net] gateway = 10.0.0: must be empty or");
     LOAD_FAILS("[net]\nmac = 02:00:00:00:00\n", "[net] mac = 02:00:00:00:00: must be empty or six");
     LOAD_FAILS("[net]\ndriver = tap\ninterface =\n", "[net] interface: must be set for driver = tap");
+    CHECK(load(&A, "[net]\nhostname = kiln-07\n") == 0, "hostname: %s", err);
+    LOAD_FAILS("[net]\nhostname = -kiln\n", "[net] hostname = -kiln: must be 1..63");
+    LOAD_FAILS("[net]\nhostname = kiln.box\n", "[net] hostname = kiln.box: must be 1..63");
     /* A failed load leaves the struct alone. */
     cfg_defaults(&B);
     kiln_config before = B;
