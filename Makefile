@@ -63,13 +63,13 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 
 KILND := $(BUILD)/gnu/kilnd
 
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
 # The image's kilnd: static musl. musl-gcc cannot see <linux/*.h>; give it the uapi headers.
 musl: tools-musl
-	$(MAKE) $(BUILD)/musl/kilnd $(BUILD)/musl/sdk/libkiln.a $(BUILD)/musl/kiln
+	$(MAKE) $(BUILD)/musl/kilnd $(BUILD)/musl/sdk/libkiln.a $(BUILD)/musl/kiln $(BUILD)/musl/kiln-init
 tools-musl:
 	@scripts/need.sh musl-gcc musl-tools
 	@mkdir -p build/musl/include
@@ -119,6 +119,20 @@ sdk: $(SDK_GNU)
 sdk-musl: tools-musl
 	$(MAKE) $(BUILD)/musl/sdk/libkiln.a $(BUILD)/musl/kiln
 
+# ---------------------------------------------------------------- kiln-init (boot/): PID 1
+# Static musl for the image; a sanitized glibc build for its host test (tests/boot/).
+# It links nothing but libc, so it is built in one step from its few files.
+BOOT_SRCS  := $(sort $(wildcard boot/*.c))
+BOOT_DEPS  := $(BOOT_SRCS) $(wildcard boot/*.h)
+BOOT_FLAGS := $(filter-out -pthread -MMD -MP,$(CFLAGS_BASE))
+$(BUILD)/musl/kiln-init: $(BOOT_DEPS) | tools-musl
+	@mkdir -p $(@D)
+	musl-gcc $(BOOT_FLAGS) $(OPT) -Ibuild/musl/include -static $(BOOT_SRCS) -o $@
+$(BUILD)/gnu/kiln-init: $(BOOT_DEPS)
+	@mkdir -p $(@D)
+	gcc $(BOOT_FLAGS) -O1 -g $(SAN) $(BOOT_SRCS) -o $@
+kiln-init: $(BUILD)/musl/kiln-init
+
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
 $(MODEL): scripts/model.sh
@@ -156,7 +170,7 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
 	$(MAKE) musl
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 

@@ -69,6 +69,9 @@ run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
+# kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
+# heartbeat loss, crash loop and safe mode, bad config, drain and power-off
+run "boot/kiln-init" tests/boot/init_test.sh "$BUILD/gnu/kiln-init"
 # the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
 # host sockets and over lwIP
 run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk

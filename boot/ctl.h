@@ -1,0 +1,45 @@
+/* ctl: kiln-init's client of kilnd's control socket (a unix stream socket kilnd listens
+ * on, /run/kiln/ctl.sock). Line-based:
+ *   kilnd -> init, unsolicited: "HB <n>" every 500 ms from kilnd's loop; "READY <s>" once
+ *                                kilnd serves.
+ *   init -> kilnd: one command line; kilnd answers zero or more lines, then ".". HB lines
+ *                  may come in between; they are not part of the answer.
+ * One request is outstanding at a time and each has a deadline, so a wedged kilnd never
+ * blocks PID 1: the request fails with -ETIMEDOUT and its late answer, if it ever comes,
+ * is dropped (answers come in order, so a count of owed answers tells them apart). */
+#ifndef KILN_BOOT_CTL_H
+#define KILN_BOOT_CTL_H
+
+#include "boot/logring.h"
+
+enum { CTL_EV_HB, CTL_EV_READY, CTL_EV_UP, CTL_EV_DOWN };
+
+typedef void (*ctl_event_fn)(void *arg, int ev, double value); /* HB: n; READY: seconds */
+typedef void (*ctl_line_fn)(void *arg, const char *line);      /* one line of an answer */
+typedef void (*ctl_done_fn)(void *arg, int status); /* 0, -ETIMEDOUT, -ECONNRESET, -ENOTCONN */
+
+typedef struct {
+    char path[108];        /* sun_path */
+    int fd;                /* -1 when not connected */
+    logring_splitter sp;   /* input lines */
+    ctl_event_fn on_event;
+    void *ev_arg;
+    /* the outstanding request */
+    int pending;
+    double deadline;       /* util_now() seconds */
+    ctl_line_fn on_line;
+    ctl_done_fn on_done;
+    void *arg;
+    int owed;              /* answers of timed-out requests still to come: dropped */
+} ctl;
+
+int ctl_init(ctl *c, const char *path, ctl_event_fn on_event, void *ev_arg);
+int ctl_connect(ctl *c);   /* 1 connected, 0 not yet (no listener), <0 error */
+void ctl_close(ctl *c);    /* fails the pending request with -ECONNRESET */
+int ctl_connected(const ctl *c);
+int ctl_busy(const ctl *c);
+void ctl_on_readable(ctl *c);
+int ctl_request(ctl *c, const char *cmd, double timeout_s, ctl_line_fn on_line, ctl_done_fn on_done, void *arg);
+double ctl_tick(ctl *c, double now); /* expires the request; returns seconds to its deadline */
+
+#endif

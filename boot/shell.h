@@ -1,0 +1,14 @@
+/* shell: the console's commands (`help` lists them). Local ones (status's first part,
+ * log, restart, reboot, poweroff) never wait on kilnd; relayed ones (stats, drain,
+ * config, net, status's second part) go over the control socket with a 2 s limit, and
+ * the console takes no input meanwhile. */
+#ifndef KILN_BOOT_SHELL_H
+#define KILN_BOOT_SHELL_H
+
+#include "boot/init.h"
+
+#define SH_RELAY_TIMEOUT_S 2.0
+
+void sh_run(kinit *k, char *line); /* one typed line */
+
+#endif
