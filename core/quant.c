@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- traits */
@@ -627,8 +628,15 @@ static void simd_init(void) {
             max = QS_AVX512;
     }
 #endif
+    /* KILN_SIMD=scalar|avx2|avx512 caps the level: a host can then compute exactly what
+     * a machine with less (a TCG guest: AVX2, no AVX-512) computes. */
+    const char *cap = getenv("KILN_SIMD");
+    if (cap && !strcmp(cap, "scalar")) max = QS_SCALAR;
+    else if (cap && !strcmp(cap, "avx2") && max > QS_AVX2) max = QS_AVX2;
     memcpy(level_kernels[QS_SCALAR], ref_kernels, sizeof ref_kernels);
-    for (int lv = QS_AVX2; lv <= QS_AVX512; lv++) {
+    /* Only levels the CPU has: the register functions live in files compiled for
+     * their ISA, so even calling one may execute instructions the CPU lacks. */
+    for (int lv = QS_AVX2; lv <= max; lv++) {
         quant_kernels k[QT_COUNT];
         memset(k, 0, sizeof k);
         if (lv == QS_AVX2) quant_register_avx2(k);

@@ -32,9 +32,10 @@ const quant_traits *quant_traits_of(uint32_t type);
  * type is unknown. */
 size_t quant_row_size(uint32_t type, int64_t n);
 
-/* SIMD level: detected once; tests may lower it to compare each level with the
- * reference. quant_set_simd returns the level actually in force (never above the
- * machine's). */
+/* SIMD level: detected once (the environment variable KILN_SIMD=scalar|avx2|avx512
+ * caps it); tests may lower it to compare each level with the reference.
+ * quant_set_simd returns the level actually in force (never above the machine's or
+ * the cap). */
 int quant_simd(void);
 int quant_simd_max(void);
 int quant_set_simd(int level);
