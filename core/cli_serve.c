@@ -24,6 +24,7 @@
 #include "core/backend.h"
 #include "core/config.h"
 #include "core/model.h"
+#include "core/quant.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "mm/pool.h"
@@ -189,7 +190,9 @@ int cli_serve(int argc, char **argv) {
     char addr[64] = "";
     net_address(net, addr, sizeof addr);
     if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
-    printf("kilnd: serving %s on %s %s:%d (TLS)", name, net_driver_name(net), addr, c.net.listen_port);
+    static const char *const simd[] = {"scalar", "avx2", "avx512"};
+    printf("kilnd: serving %s on %s %s:%d (TLS, simd %s)", name, net_driver_name(net), addr,
+           c.net.listen_port, simd[quant_simd()]);
     if (c.net.metrics_port) printf(", metrics http://%s:%d/metrics", addr, c.net.metrics_port);
     printf("\n");
     fflush(stdout);
