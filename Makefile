@@ -63,7 +63,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 
 KILND := $(BUILD)/gnu/kilnd
 
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -133,6 +133,17 @@ $(BUILD)/gnu/kiln-init: $(BOOT_DEPS)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) $(BOOT_SRCS) -o $@
 kiln-init: $(BUILD)/musl/kiln-init
 
+# ---------------------------------------------------------------- the appliance image, QEMU
+# image/build.sh: Debian's kernel (apt-get download, unpacked, never installed), the
+# modules virtio-net and the watchdog need, kiln-init, the static kilnd, config,
+# certificates and the model in a reproducible initramfs under build/image/.
+image: musl model $(BUILD)/musl/kiln-init
+	BUILD=$(BUILD) MODEL=$(MODEL) image/build.sh
+qemu: image
+	qemu/run.sh
+test-qemu: image $(KILND)
+	python3 tests/qemu/boot_test.py
+
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
 $(MODEL): scripts/model.sh
@@ -171,7 +182,7 @@ fuzz: $(FUZZ_BINS)
 
 # ---------------------------------------------------------------- tests
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
-	$(MAKE) musl
+	$(MAKE) musl image
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 
 # ---------------------------------------------------------------- run and bench

@@ -72,6 +72,11 @@ run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
 # kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
 # heartbeat loss, crash loop and safe mode, bad config, drain and power-off
 run "boot/kiln-init" tests/boot/init_test.sh "$BUILD/gnu/kiln-init"
+# The appliance: the image boots in QEMU (TCG) to ready; a TLS GEN through the forwarded
+# port, served by lwIP on virtio-net in the guest, equals the host's greedy text; the
+# serial console; kilnd killed / hung → restarted; a bad config; poweroff → status 0.
+run "qemu/boot" python3 tests/qemu/boot_test.py --image-dir "$BUILD/image" \
+  --ref-kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --log-dir "$log"
 # the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
 # host sockets and over lwIP
 run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk
