@@ -2,6 +2,7 @@
  *
  *   kilnd serve [--config kiln.ini] [--model PATH] [--threads N] [--set section.key=value]...
  *               [--control PATH]       (the control socket for kiln-init: net/ctl.h)
+ *               [--faults]             (tests: the admin verb FAULT)
  *   kilnd check-config [the same flags]   (exit 0, or 1 with one line saying what is wrong)
  *   kilnd certs --dir DIR [--hosts h1,h2] [--force]
  *
@@ -34,6 +35,8 @@
 #include "net/tls.h"
 #include "sched/loop.h"
 
+static int g_faults; /* --faults: the admin verb FAULT (tests) */
+
 static int parse(int argc, char **argv, kiln_config *c, int *threads, const char **control) {
     char err[512];
     cfg_defaults(c);
@@ -41,6 +44,7 @@ static int parse(int argc, char **argv, kiln_config *c, int *threads, const char
     *control = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--faults")) { g_faults = 1; continue; }
         if (!v) { fprintf(stderr, "kilnd: %s needs a value\n", a); return -1; }
         i++;
         if (!strcmp(a, "--control")) {
@@ -174,7 +178,7 @@ int cli_serve(int argc, char **argv) {
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
     model_name(&m, c.model.path, name, sizeof name);
-    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len};
+    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
     sw.s = s, sw.l = l;
@@ -202,6 +206,11 @@ int cli_serve(int argc, char **argv) {
      * loop runs): give them a moment before everything is torn down. */
     int64_t until = loop_now_ms() + 1000;
     while (r >= 0 && sw.count < 2 && net_open_conns(net) > 0 && loop_now_ms() < until) loop_run_once(l, 50);
+    if (srv_hung(s)) { /* the backend may never return: no teardown that waits for it */
+        fprintf(stderr, "kilnd: the engine hung; exiting for a restart\n");
+        fflush(stdout), fflush(stderr);
+        _exit(rc);
+    }
     fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
 out:
     ctl_free(ctl);

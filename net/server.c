@@ -105,6 +105,8 @@ struct srv {
     char *metrics_text;    /* [SRV_METRICS_CAP] */
     int chat_kind;
     int draining, restart, level;
+    int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
+    int fault_drop_step;   /* test fault (kilnd --faults): lose the next step's completion */
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
     int64_t t_start_ms, step_start_ms;
     int64_t sweep_timer, retry_timer;
@@ -445,6 +447,10 @@ static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
     (void)l, (void)fd, (void)mask;
     srv *s = ud;
     if (s->env.be->ops->poll(s->env.be) == 0) return; /* a stale wakeup */
+    if (s->fault_drop_step) { /* as if the step never ended: the engine stays busy */
+        srv_log(s, CFG_LOG_WARN, "fault: a step's completion dropped");
+        return;
+    }
     if (eng_step_end(s->eng) < 0) srv_log(s, CFG_LOG_ERROR, "step failed: %s", s->env.be->err);
     flush_dirty(s);
     kick(s);
@@ -696,6 +702,16 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
         int n = load_tokens(s, err, sizeof err);
         if (n < 0) sess_err(ss, "-", 500, "internal", err);
         else sess_printf(ss, "OK tokens=%d\n", n);
+    } else if (!strcmp(verb, "FAULT")) {
+        if (!s->env.faults) {
+            sess_err(ss, "-", 403, "forbidden", "fault injection is off (kilnd serve --faults)");
+        } else if (l->n_pos == 1 && !strcmp(l->pos[0].s, "drop_step")) {
+            s->fault_drop_step = 1;
+            srv_log(s, CFG_LOG_WARN, "fault drop_step armed by session %d", ss->num);
+            sess_printf(ss, "OK fault=drop_step\n");
+        } else {
+            sess_err(ss, "-", 400, "bad_request", "usage: FAULT drop_step");
+        }
     } else { /* RESTART */
         sess_printf(ss, "OK restarting\n");
         srv_drain(s, 1);
@@ -739,7 +755,7 @@ static void handle_line(srv_sess *ss, char *line, size_t len) {
         sess_printf(ss, "OK bye\n");
         sess_close(ss);
     } else if (!strcmp(v, "DRAIN") || !strcmp(v, "LADDER") || !strcmp(v, "CONFIG") ||
-               !strcmp(v, "RELOAD") || !strcmp(v, "RESTART")) {
+               !strcmp(v, "RELOAD") || !strcmp(v, "RESTART") || !strcmp(v, "FAULT")) {
         verb_admin(ss, v, &l);
     } else if (!strcmp(v, "HELLO")) {
         sess_err(ss, "-", 400, "bad_request", "already greeted");
@@ -877,11 +893,32 @@ static void sess_free(srv_sess *ss) {
     free(ss);
 }
 
+/* A step ran past step_timeout_ms (a hung device or driver): the engine cannot be
+ * trusted to finish anything, so every request in flight gets `ERR id 503 restarting`
+ * now, the connections close, and kilnd exits for its supervisor to restart it. */
+static void step_hung(srv *s) {
+    srv_log(s, CFG_LOG_ERROR, "a step has run %lld ms (step_timeout_ms %d): restarting",
+            (long long)(loop_now_ms() - s->step_start_ms), s->cfg.engine.step_timeout_ms);
+    s->hung = s->restart = s->draining = s->stopping = 1;
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next) {
+        for (srv_req *r = ss->reqs; r; r = r->next) {
+            sess_err(ss, r->id, 503, "restarting", "the engine stopped responding; retry");
+            r->sess = NULL; /* the engine keeps the slot; nothing more goes out for it */
+        }
+        ss->reqs = NULL, ss->n_reqs = 0;
+        sess_close(ss);
+    }
+    s->goodbye_ms = loop_now_ms() + SRV_GOODBYE_MS;
+    flush_dirty(s);
+}
+
 /* Handshake/HELLO deadlines, idle connections, lingering closes. */
 static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     (void)l, (void)id;
     srv *s = ud;
     int64_t now = loop_now_ms();
+    if (!s->hung && eng_busy(s->eng) && now - s->step_start_ms > s->cfg.engine.step_timeout_ms)
+        step_hung(s);
     for (srv_sess *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
         if (ss->state == SS_CLOSING) {
@@ -1178,3 +1215,4 @@ void srv_drain(srv *s, int restart) {
 }
 
 int srv_exit_code(const srv *s) { return s->restart ? SRV_EXIT_RESTART : 0; }
+int srv_hung(const srv *s) { return s->hung; }

@@ -36,6 +36,7 @@ typedef struct {
     backend *be;
     const char *model_name;
     int max_seq_len; /* in force: the config's, capped by the model's context */
+    int faults;      /* allow the admin verb FAULT (tests: kilnd serve --faults) */
 } srv_env;
 
 /* Loads the TLS files and the tokens file, creates the engine, registers the
@@ -48,6 +49,10 @@ void srv_free(srv *s);
  * supervisor for a restart (srv_exit_code 75) rather than a stop (0). */
 void srv_drain(srv *s, int restart);
 int srv_exit_code(const srv *s);
+/* A step overran [engine] step_timeout_ms: clients were told `ERR id 503 restarting`
+ * and the loop stopped; the backend may never return, so the caller must not wait for
+ * it (no srv_free): flush the network briefly and _exit(srv_exit_code). */
+int srv_hung(const srv *s);
 
 /* For the control socket (net/ctl.h) and the protocol's verbs alike. The HEALTH and
  * STATS lines (docs/PROTOCOL.md) without a newline; snprintf's result. */

@@ -68,6 +68,7 @@ run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl
   tests/net/serve.sh packet basic
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
+run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault
 run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
 # kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
 # heartbeat loss, crash loop and safe mode, bad config, drain and power-off

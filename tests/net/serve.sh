@@ -3,7 +3,8 @@
 #
 #   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|sdk]   (BUILD, MODEL, KILND
 #   from the environment; limits: short handshake and idle timeouts, 4 connections at most;
-#   sdk: the client SDKs' acceptance tests, tests/sdk/, instead of serve_client.py)
+#   sdk: the client SDKs' acceptance tests, tests/sdk/, instead of serve_client.py;
+#   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75)
 #
 # host:   kernel sockets on 127.0.0.1.
 # tap:    lwIP on a TAP device in a network namespace this script creates; the client
@@ -104,12 +105,14 @@ tokens_file = $W/tokens.txt
 max_output_bytes = 16K
 EOF
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
+[ "$CHECKS" = fault ] && printf '[engine]\nstep_timeout_ms = 1000\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
 
 # ---- kilnd
-"${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" >"$W/kilnd.out" 2>"$W/kilnd.err" &
+"${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" $([ "$CHECKS" = fault ] && echo --faults) \
+  >"$W/kilnd.out" 2>"$W/kilnd.err" &
 PID=$!
 for _ in $(seq 1 300); do
   grep -q "kilnd: serving" "$W/kilnd.out" 2>/dev/null && break
@@ -147,7 +150,9 @@ fi
 
 # ---- a clean stop: over host sockets an admin's RESTART (exit 75, for the supervisor),
 # over lwIP SIGTERM (drain, exit 0)
-if [ "$MODE" = host ]; then
+if [ "$CHECKS" = fault ]; then
+  want=75 how="a hung step"  # kilnd leaves by itself, for its supervisor to restart it
+elif [ "$MODE" = host ]; then
   want=75 how="RESTART"
   timeout 120 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \

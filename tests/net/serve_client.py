@@ -535,6 +535,32 @@ def limits():
     c.close()
 
 
+def fault(exp):
+    """Run with --faults and step_timeout_ms=1000: a step that never completes."""
+    a = Conn(token=A.admin_token)
+    u = Conn()
+    u.send("FAULT drop_step")
+    l = u.line()
+    check("FAULT needs an admin", l.startswith("ERR - 403"), l)
+    a.send("FAULT drop_step")
+    l = a.line()
+    check("FAULT drop_step armed", l == "OK fault=drop_step", l)
+    t0 = time.time()
+    u.send(gen_line("h1", exp["prompt"], 64))
+    u.send(gen_line("h2", exp["prompt"], 64))
+    r = collect(u, ["h1", "h2"])
+    took = time.time() - t0
+    check("a hung step: every request in flight gets ERR 503 restarting",
+          all(v[1].startswith("ERR %s 503 restarting" % k) for k, v in r.items()) and took < 6,
+          "%r after %.1f s" % ({k: v[1] for k, v in r.items()}, took))
+    try:
+        extra = u.line()
+        closed = False
+    except (EOFError, ssl.SSLError, OSError):
+        closed, extra = True, ""
+    check("a hung step: then the connection closes", closed, extra)
+
+
 def restart(exp):
     """An admin's RESTART: running requests finish, then kilnd exits for its supervisor."""
     cert = os.path.join(os.path.dirname(A.ca), "client")
@@ -583,6 +609,8 @@ def main():
         steps = [restart]
     if A.checks == "limits":
         steps = [limits]
+    if A.checks == "fault":
+        steps = [fault]
     if A.checks == "all":
         steps += [auth_and_roles, plaintext_on_tls_port, cancel_and_errors, disconnect_frees, long_line,
                   many_connections] + ([slow_reader] if A.lwip else [])
