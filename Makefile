@@ -63,7 +63,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 
 KILND := $(BUILD)/gnu/kilnd
 
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -193,7 +193,19 @@ bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
 
+# The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
+# with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing
+# may be lost or leaked (tests/reliability/).
+soak: tools model $(KILND)
+	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64
+
 clean:
 	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz
-distclean:
+dist# The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
+# with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing
+# may be lost or leaked (tests/reliability/).
+soak: tools model $(KILND)
+	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64
+
+clean:
 	rm -rf $(BUILD) models
