@@ -201,11 +201,5 @@ soak: tools model $(KILND)
 
 clean:
 	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz
-dist# The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
-# with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing
-# may be lost or leaked (tests/reliability/).
-soak: tools model $(KILND)
-	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64
-
-clean:
+distclean:
 	rm -rf $(BUILD) models
