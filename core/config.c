@@ -109,7 +109,7 @@ void cfg_defaults(kiln_config *c) {
     c->engine.max_queued_requests = 256;
     c->engine.max_queued_tokens = 262144;
     c->engine.default_max_tokens = 256;
-    c->engine.step_timeout_ms = 10000;
+    c->engine.step_timeout_ms = 60000;
     c->sampling.temperature = 0.7;
     c->sampling.top_p = 0.9;
     c->sampling.top_k = 0;

@@ -183,6 +183,8 @@ path = /models/$MODEL_FILE
 threads = 0
 max_seq_len = 1024
 kv_pool_mb = 128
+; TCG emulates the CPU many times slower than the host: a prefill step takes long
+step_timeout_ms = 600000
 
 [net]
 driver = packet

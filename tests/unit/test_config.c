@@ -43,7 +43,7 @@ static void test_defaults(void) {
     CHECK(c.engine.max_batch_size == 32 && c.engine.max_batched_tokens == 512, "batch");
     CHECK(c.engine.max_seq_len == 4096 && c.engine.prefix_caching == 1, "seq/prefix");
     CHECK(c.engine.max_queued_requests == 256 && c.engine.max_queued_tokens == 262144, "queue");
-    CHECK(c.engine.default_max_tokens == 256 && c.engine.step_timeout_ms == 10000, "max tok");
+    CHECK(c.engine.default_max_tokens == 256 && c.engine.step_timeout_ms == 60000, "max tok");
     CHECK(c.sampling.temperature == 0.7 && c.sampling.top_p == 0.9 && c.sampling.top_k == 0, "samp");
     CHECK(c.sampling.min_p == 0 && c.sampling.repeat_penalty == 1.0 && c.sampling.seed == 0, "samp2");
     CHECK(c.net.driver == CFG_DRIVER_HOST && !strcmp(c.net.listen_host, "0.0.0.0"), "driver");
