@@ -17,7 +17,7 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c net/*.c)))
+LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c net/*.c)) cuda/plan.c)
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 # Test programs that are not unit tests (e.g. the transport echo server of tests/net/).
@@ -63,6 +63,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 
 KILND := $(BUILD)/gnu/kilnd
 
+.PHONY: cuda gpu-progs test-gpu
 .PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
@@ -81,6 +82,47 @@ tools:
 	@scripts/need.sh gcc gcc make make python3 python3 clang clang
 	@# the network tests: namespaces, TAP and veth devices, TLS and HTTP clients
 	@scripts/need.sh ip iproute2 ping iputils-ping openssl openssl curl curl sysctl procps
+
+# ---------------------------------------------------------------- the CUDA backend (cuda/)
+# A glibc kilnd with the CUDA backend: the driver and cuBLAS are dlopen'ed at run time,
+# so it builds on any machine with the toolkit (nvcc, cuda.h) and no GPU. The kernels are
+# one fatbin (SASS for each listed architecture plus PTX for later ones) embedded with
+# .incbin. The backend's objects are linked as objects, ahead of libkilnd.a, so they
+# replace core/backend_nocuda.o (the stubs every other kilnd gets).
+# gpu-progs (tests/gpu/) needs no network dependency: tests/gpu/run.sh builds it on the
+# GPU machine, which has the toolkit but no registry to fetch from.
+NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),/usr/local/cuda/bin/nvcc)
+CUDA_INC  ?= $(patsubst %/bin/nvcc,%/include,$(NVCC))
+CUDA_ARCH := $(foreach a,80 86 89 90 90a,-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_90,code=compute_90
+CUDA_SRCS := cuda/cu.c cuda/kern.c cuda/blas.c cuda/backend_cuda.c
+CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/obj/fatbin.o
+# What the GPU programs take from the engine: no network, no config parser (no deps).
+CORE_SRCS := $(sort $(filter-out core/main.c core/cli_% core/config.c,$(wildcard core/*.c mm/*.c)) cuda/plan.c)
+CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
+GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
+$(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu
+	@mkdir -p $(@D)
+	$(NVCC) -O3 -t 0 -fatbin $(CUDA_ARCH) $< -o $@
+$(BUILD)/cuda/obj/fatbin.o: cuda/fatbin.S $(BUILD)/cuda/kernels.fatbin
+	@mkdir -p $(@D)
+	gcc -c -DFATBIN='"$(BUILD)/cuda/kernels.fatbin"' $< -o $@
+$(BUILD)/cuda/obj/%.o: %.c
+	@mkdir -p $(@D)
+	gcc $(CFLAGS_BASE) -I$(CUDA_INC) $(OPT) $(call simdflags,$<) -c $< -o $@
+$(BUILD)/cuda/libcore.a: $(CORE_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/cuda/kilnd: $(BUILD)/gnu/obj/core/main.o $(CUDA_OBJS) $(BUILD)/gnu/libkilnd.a
+	gcc $(OPT) $^ -o $@ -L$(BUILD)/gnu/deps/lib $(DEP_LIBS) -ldl -lm -pthread
+$(BUILD)/cuda/gpu_%: $(BUILD)/cuda/obj/tests/gpu/gpu_%.o $(CUDA_OBJS) $(BUILD)/cuda/libcore.a
+	gcc $(OPT) $^ -o $@ -ldl -lm -pthread
+-include $(shell find $(BUILD)/cuda/obj -name '*.d' 2>/dev/null)
+cuda: $(BUILD)/cuda/kilnd $(GPU_PROGS)
+gpu-progs: $(GPU_PROGS)
+# On a machine with a GPU (the device tool): tests/gpu/run.sh builds, tests, benchmarks.
+test-gpu: model
+	BUILD=$(BUILD) MODEL=$(MODEL) tests/gpu/run.sh
 
 # ---------------------------------------------------------------- the client SDK (sdk/)
 # libkiln (sdk/c/kiln.h; sources sdk/c/lib/*.c plus the protocol's splitter, shared with
@@ -183,6 +225,8 @@ fuzz: $(FUZZ_BINS)
 # ---------------------------------------------------------------- tests
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
 	$(MAKE) musl image
+	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
+	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
 
 # ---------------------------------------------------------------- run and bench
@@ -200,6 +244,6 @@ soak: tools model $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64
 
 clean:
-	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz
+	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz $(BUILD)/cuda
 distclean:
 	rm -rf $(BUILD) models

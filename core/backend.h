@@ -9,8 +9,10 @@
 
 #include <stddef.h>
 
+#include "core/config.h"
 #include "core/model.h"
 #include "mm/kv.h"
+#include "mm/pool.h"
 
 typedef struct backend backend;
 
@@ -46,6 +48,56 @@ typedef struct {
 /* The CPU backend over a loaded model and a KV pool; NULL with err set on failure. */
 backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *cfg, char *err,
                          size_t errlen);
+
+/* ---- the CUDA backend (cuda/; in the kilnd of `make cuda`, else stubs that say so) */
+
+typedef struct {
+    int device;            /* CUDA device ordinal */
+    double mem_util;       /* share of the device's memory kilnd may hold (weights, scratch, KV) */
+    int max_batch_tokens;  /* largest step */
+    int max_logits;        /* largest number of logit rows per step */
+    int max_ctx;           /* longest sequence */
+    int cublas;            /* 1: steps of at least cublas_min_tokens tokens run their matmuls
+                            * through cuBLAS in f16 (faster prefill, not batch invariant);
+                            * 0: kiln's own kernels for every step (batch invariant) */
+    int cublas_min_tokens;
+    int graphs;            /* 1: decode steps are captured once and replayed as CUDA graphs */
+    size_t kv_bytes;       /* KV pool: 0 = what the memory budget leaves, else at most this */
+} backend_cuda_config;
+
+/* 1 in the kilnd of `make cuda`, 0 in the others. */
+int backend_cuda_built(void);
+/* 1 when this kilnd has the CUDA backend and a usable device; else 0 with the reason in
+ * err ("built without CUDA", "no NVIDIA driver: ...", "no CUDA device ..."). */
+int backend_cuda_probe(char *err, size_t errlen);
+/* Starts the CUDA backend: uploads the weights (quantized blocks stay quantized), then
+ * sizes the device KV pool from the free memory and initializes kv with kc's shape
+ * (block_size, max_seqs, max_blocks_per_seq, prefix_cache; n_blocks is set here): the
+ * host keeps the page tables, the blocks live on the device. NULL with err set; kv is
+ * then untouched. The caller frees kv (kv_pool_free) after destroying the backend. */
+backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const backend_cuda_config *cfg,
+                          char *err, size_t errlen);
+/* One line about the device: name, memory, what the KV pool and weights took. */
+void backend_cuda_describe(backend *be, char *buf, size_t n);
+
+/* ---- choosing one */
+
+typedef struct {
+    int kind;             /* CFG_BACKEND_AUTO, _CPU or _CUDA (core/config.h) */
+    int threads, max_batch_tokens, max_logits, max_ctx, exact; /* as backend_cpu_config */
+    size_t kv_bytes;      /* the CPU's KV pool */
+    size_t kv_gpu_bytes;  /* the GPU's: 0 = what the memory budget leaves, else at most */
+    double gpu_util;      /* as backend_cuda_config */
+    int cublas, graphs;
+} backend_want;
+
+/* Starts the backend w asks for, with its KV pool of kc's shape (kc->n_blocks is set
+ * here): CUDA when asked, or with `auto` when a device is usable (else it says on
+ * stderr why not and uses the CPU); the CPU backend's pool is carved from arena (pinned
+ * by mlock). NULL with err set; nothing is left allocated then. The caller destroys the
+ * backend, then kv_pool_free(kv) and mm_pool_free(arena). */
+backend *backend_open(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
+                      kv_pool *kv, char *err, size_t n);
 
 static inline int backend_run(backend *be, const model_batch *b) {
     int r = be->ops->submit(be, b);

@@ -33,7 +33,7 @@
 
 typedef struct {
     const char *model, *prompt_file;
-    int threads, requests, concurrency, prompt_tokens, gen_tokens;
+    int threads, requests, concurrency, prompt_tokens, gen_tokens, backend;
     int max_batch, max_batched_tokens, kv_blocks, prefix, json;
     int block_size, kv_pool_mb, max_queued_tokens;
     kiln_config cfg; /* --config: where model points */
@@ -122,8 +122,14 @@ static int parse(int argc, char **argv, be_opts *o) {
             o->max_batched_tokens = o->cfg.engine.max_batched_tokens;
             o->prefix = o->cfg.engine.prefix_caching;
             o->max_queued_tokens = o->cfg.engine.max_queued_tokens;
+            o->backend = o->cfg.engine.backend;
         } else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--prompt-file")) o->prompt_file = v;
+        else if (!strcmp(a, "--backend")) {
+            o->backend = !strcmp(v, "cpu") ? CFG_BACKEND_CPU : !strcmp(v, "cuda") ? CFG_BACKEND_CUDA
+                       : !strcmp(v, "auto") ? CFG_BACKEND_AUTO : -1;
+            if (o->backend < 0) { fprintf(stderr, "kilnd: --backend is auto, cpu or cuda\n"); return -1; }
+        }
         else if (!strcmp(a, "--threads")) ip = &o->threads;
         else if (!strcmp(a, "--requests")) ip = &o->requests;
         else if (!strcmp(a, "--concurrency")) ip = &o->concurrency;
@@ -260,6 +266,7 @@ int cli_bench_engine(int argc, char **argv) {
     be_prompts pr;
     int rc = 1;
     kv_pool kv;
+    mm_pool arena = {0};
     int kv_ok = 0;
     backend *be = NULL;
     engine *eng = NULL;
@@ -277,10 +284,11 @@ int cli_bench_engine(int argc, char **argv) {
     if (!o.kv_blocks && o.kv_pool_mb > 0) /* the configured pool size, in whole blocks */
         kc.n_blocks = (int)(((size_t)o.kv_pool_mb << 20) / kv_block_bytes(&kc));
     kc.prefix_cache = o.prefix;
-    if (kv_pool_init(&kv, &kc, NULL) < 0) { fprintf(stderr, "kilnd: cannot allocate the KV pool\n"); goto out; }
+    size_t kv_bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
+    backend_want w = {o.backend, o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0, kv_bytes,
+                      kv_bytes, 0.9, 0, 1};
+    if (!(be = backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
-    backend_cpu_config bc = {o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0};
-    if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     eng_config ec = {.max_batch_size = o.max_batch, .max_batched_tokens = o.max_batched_tokens,
                      .max_seq_len = seq_len, .max_seqs = o.concurrency,
                      .max_queued_requests = o.concurrency, .prefix_caching = o.prefix,
@@ -333,6 +341,7 @@ out:
     eng_free(eng);
     if (be) be->ops->destroy(be);
     if (kv_ok) kv_pool_free(&kv);
+    mm_pool_free(&arena);
     free(run.reqs), free(run.ttft), free(run.itl);
     free(pr.toks), free(pr.off), free(pr.len);
     tok_free(&tok);

@@ -155,16 +155,21 @@ int cli_serve(int argc, char **argv) {
     kc.max_blocks_per_seq = (max_seq_len + kc.block_size - 1) / kc.block_size;
     kc.n_blocks = (int)(pool_bytes / block_bytes);
     kc.prefix_cache = c.engine.prefix_caching;
-    int r = mm_pool_init(&arena, kv_pool_bytes(&kc), NULL);
-    if (r == 0) r = kv_pool_init(&kv, &kc, &arena);
-    if (r < 0) {
-        fprintf(stderr, "kilnd: cannot allocate the KV pool (%zu MiB): %s\n", pool_bytes >> 20, strerror(-r));
-        goto out;
-    }
+    /* CUDA (asked for, or auto with a usable GPU): the pool lives on the device, sized
+     * by gpu_memory_utilization unless kv_pool_mb caps it; else the CPU's, in the arena */
+    backend_want w = {c.engine.backend, threads, c.engine.max_batched_tokens, c.engine.max_batch_size,
+                      max_seq_len, 0, pool_bytes, c.engine.kv_pool_mb ? pool_bytes : 0,
+                      c.engine.gpu_memory_utilization, c.engine.cuda_prefill == CFG_PREFILL_CUBLAS,
+                      c.engine.cuda_graphs};
+    if (!(be = backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
-    if (!arena.locked) fprintf(stderr, "kilnd: warning: the KV pool is not pinned (mlock failed; RLIMIT_MEMLOCK)\n");
-    backend_cpu_config bc = {threads, c.engine.max_batched_tokens, c.engine.max_batch_size, max_seq_len, 0};
-    if (!(be = backend_cpu_new(&m, &kv, &bc, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+    if (!kc.external_data && !arena.locked)
+        fprintf(stderr, "kilnd: warning: the KV pool is not pinned (mlock failed; RLIMIT_MEMLOCK)\n");
+    if (kc.external_data) {
+        char desc[256];
+        backend_cuda_describe(be, desc, sizeof desc);
+        fprintf(stderr, "kilnd: CUDA backend: %s\n", desc);
+    }
 
     if (!(l = loop_new(c.net.max_connections * 2 + 256, 64))) { fprintf(stderr, "kilnd: cannot create the event loop\n"); goto out; }
     char host[64];
@@ -195,12 +200,12 @@ int cli_serve(int argc, char **argv) {
     net_address(net, addr, sizeof addr);
     if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
     static const char *const simd[] = {"scalar", "avx2", "avx512"};
-    printf("kilnd: serving %s on %s %s:%d (TLS, simd %s)", name, net_driver_name(net), addr,
-           c.net.listen_port, simd[quant_simd()]);
+    printf("kilnd: serving %s on %s %s:%d (TLS, backend %s, simd %s)", name, net_driver_name(net),
+           addr, c.net.listen_port, be->ops->name, simd[quant_simd()]);
     if (c.net.metrics_port) printf(", metrics http://%s:%d/metrics", addr, c.net.metrics_port);
     printf("\n");
     fflush(stdout);
-    r = loop_run(l);
+    int r = loop_run(l);
     rc = r < 0 ? 1 : srv_exit_code(s);
     /* Closing connections still have bytes in flight (lwIP sends them only while the
      * loop runs): give them a moment before everything is torn down. */

@@ -39,6 +39,7 @@ typedef struct {
 
 static const char *const templates[] = {"auto", "chatml", "llama3", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
+static const char *const prefills[] = {"kiln", "cublas", NULL};
 static const char *const drivers[] = {"host", "tap", "packet", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const sections[] = {"model", "engine", "sampling", "net", "log", NULL};
@@ -57,6 +58,8 @@ static const cfg_key keys[] = {
     INT("engine", "block_size", engine.block_size, 8, 256, F_POW2, 1),
     INT("engine", "kv_pool_mb", engine.kv_pool_mb, 0, 1048576, F_SIZE, 1 << 20),
     DBL("engine", "gpu_memory_utilization", engine.gpu_memory_utilization, 0.1, 0.99),
+    ENUM("engine", "cuda_prefill", engine.cuda_prefill, prefills),
+    {"engine", "cuda_graphs", T_BOOL, 0, OFF(engine.cuda_graphs), 0, 0, 0, 0, 0, NULL},
     INT("engine", "max_batch_size", engine.max_batch_size, 1, 1024, 0, 1),
     INT("engine", "max_batched_tokens", engine.max_batched_tokens, 1, 131072, 0, 1),
     INT("engine", "max_seq_len", engine.max_seq_len, 16, 1048576, 0, 1),
@@ -102,6 +105,8 @@ void cfg_defaults(kiln_config *c) {
     c->engine.block_size = 16;
     c->engine.kv_pool_mb = 0;
     c->engine.gpu_memory_utilization = 0.9;
+    c->engine.cuda_prefill = CFG_PREFILL_KILN;
+    c->engine.cuda_graphs = 1;
     c->engine.max_batch_size = 32;
     c->engine.max_batched_tokens = 512;
     c->engine.max_seq_len = 4096;

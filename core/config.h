@@ -18,6 +18,7 @@
 
 enum { CFG_TEMPLATE_AUTO, CFG_TEMPLATE_CHATML, CFG_TEMPLATE_LLAMA3 };
 enum { CFG_BACKEND_AUTO, CFG_BACKEND_CPU, CFG_BACKEND_CUDA };
+enum { CFG_PREFILL_KILN, CFG_PREFILL_CUBLAS };
 enum { CFG_DRIVER_HOST, CFG_DRIVER_TAP, CFG_DRIVER_PACKET };
 enum { CFG_LOG_ERROR, CFG_LOG_WARN, CFG_LOG_INFO, CFG_LOG_DEBUG };
 
@@ -32,6 +33,8 @@ typedef struct kiln_config {
         int block_size;              /* tokens per KV block, power of two */
         int kv_pool_mb;              /* MiB; 0: max_batch_size * max_seq_len tokens */
         double gpu_memory_utilization; /* fraction of device memory kilnd may hold */
+        int cuda_prefill;            /* CFG_PREFILL_*: who multiplies long steps on the GPU */
+        int cuda_graphs;             /* 0/1: decode steps replayed as CUDA graphs */
         int max_batch_size;          /* sequences per step */
         int max_batched_tokens;      /* tokens per step (prefill chunks + decodes) */
         int max_seq_len;             /* prompt + generated tokens per sequence */

@@ -76,9 +76,9 @@ static int runner_load(runner *e, const char *path) {
     return 0;
 }
 
-/* Carve the arena, the KV pool for one sequence of up to ctx positions, and start the
- * backend with prefill steps of up to chunk tokens. */
-static int runner_start(runner *e, int threads, int ctx, int chunk, int exact) {
+/* The backend (CPU, or CUDA per --backend) and a KV pool for one sequence of up to ctx
+ * positions, with prefill steps of up to chunk tokens. */
+static int runner_start(runner *e, int kind, int threads, int ctx, int chunk, int exact) {
     char err[512];
     kv_config kc = {0};
     model_kv_shape(&e->m, &kc);
@@ -86,11 +86,11 @@ static int runner_start(runner *e, int threads, int ctx, int chunk, int exact) {
     kc.max_blocks_per_seq = (ctx + BLOCK_SIZE - 1) / BLOCK_SIZE;
     kc.n_blocks = kc.max_blocks_per_seq;
     kc.max_seqs = 1;
-    int r = mm_pool_init(&e->arena, kv_pool_bytes(&kc), NULL);
-    if (r == 0) r = kv_pool_init(&e->kv, &kc, &e->arena);
-    if (r < 0) {
-        fprintf(stderr, "kilnd: cannot allocate the KV pool for %d positions: %s\n", ctx,
-                strerror(-r));
+    size_t bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
+    backend_want w = {kind, threads, chunk, 1, ctx, exact, bytes, bytes, 0.9, 0, 1};
+    e->be = backend_open(&e->m, &w, &kc, &e->arena, &e->kv, err, sizeof err);
+    if (!e->be) {
+        fprintf(stderr, "kilnd: %s\n", err);
         return -1;
     }
     e->loaded_kv = 1;
@@ -99,12 +99,6 @@ static int runner_start(runner *e, int threads, int ctx, int chunk, int exact) {
     e->seqs = malloc((size_t)chunk * sizeof *e->seqs);
     if (!e->positions || !e->seqs) {
         fprintf(stderr, "kilnd: out of memory\n");
-        return -1;
-    }
-    backend_cpu_config bc = {threads, chunk, 1, ctx, exact};
-    e->be = backend_cpu_new(&e->m, &e->kv, &bc, err, sizeof err);
-    if (!e->be) {
-        fprintf(stderr, "kilnd: %s\n", err);
         return -1;
     }
     return 0;
@@ -134,7 +128,7 @@ static const float *runner_feed(runner *e, kv_seq *seq, const int32_t *toks, int
 
 typedef struct {
     const char *model, *prompt, *prompt_ids, *system, *dump_logits;
-    int chat, ids, threads, max_tokens, ctx, chunk, special, exact;
+    int chat, ids, threads, max_tokens, ctx, chunk, special, exact, backend;
     int prompt_tokens, gen_tokens, repeat;
     sampler_params sp;
     const char *stops[MAX_STOPS];
@@ -159,6 +153,7 @@ static void usage(void) {
             "      --repeat-penalty F --repeat-last-n N --presence-penalty F\n"
             "      --frequency-penalty F --stop TEXT (up to 8)\n"
             "      --threads N --ctx N --chunk N (prefill tokens per step)\n"
+            "      --backend auto|cpu|cuda (auto: the GPU when this kilnd has CUDA and one)\n"
             "      --ids               print generated token ids instead of text\n"
             "      --dump-logits FILE  write the last prompt position's logits (f32)\n"
             "      --exact             f32 activations, no 8-bit rounding (slow; for\n"
@@ -167,7 +162,7 @@ static void usage(void) {
             "      [--repeat 3]\n"
             "  kilnd bench-engine --model PATH [--requests N] [--concurrency C]\n"
             "      [--prompt-tokens P | --prompt-file F] [--gen-tokens G] [--max-batch B]\n"
-            "      [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--json]\n"
+            "      [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--backend B] [--json]\n"
             "  kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
             "  kilnd detokenize --model PATH --hex\n"
             "  kilnd version\n");
@@ -194,6 +189,12 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (FLAG("--system")) { NEED_ARG(); o->system = v; }
         else if (FLAG("--dump-logits")) { NEED_ARG(); o->dump_logits = v; }
         else if (FLAG("--threads")) { NEED_ARG(); o->threads = atoi(v); }
+        else if (FLAG("--backend")) {
+            NEED_ARG();
+            o->backend = !strcmp(v, "cpu") ? CFG_BACKEND_CPU : !strcmp(v, "cuda") ? CFG_BACKEND_CUDA
+                       : !strcmp(v, "auto") ? CFG_BACKEND_AUTO : -1;
+            if (o->backend < 0) { fprintf(stderr, "kilnd: --backend is auto, cpu or cuda\n"); return -1; }
+        }
         else if (FLAG("--max-tokens")) { NEED_ARG(); o->max_tokens = atoi(v); }
         else if (FLAG("--ctx")) { NEED_ARG(); o->ctx = atoi(v); }
         else if (FLAG("--chunk")) { NEED_ARG(); o->chunk = atoi(v); }
@@ -323,7 +324,7 @@ static int cmd_generate(int argc, char **argv) {
         goto out;
     }
     /* The KV pool holds exactly this request: the prompt and what it may generate. */
-    if (runner_start(&e, o.threads, total, o.chunk, o.exact) < 0) goto out;
+    if (runner_start(&e, o.backend, o.threads, total, o.chunk, o.exact) < 0) goto out;
     if (sampler_init(&smp, &o.sp, e.m.cfg.n_vocab) < 0) { fprintf(stderr, "kilnd: bad sampling parameters\n"); goto out; }
     smp_ok = 1;
     for (int i = 0; i < n_prompt; i++) sampler_accept(&smp, prompt[i], 1);
@@ -401,7 +402,7 @@ static int cmd_bench(int argc, char **argv) {
     if (o.chunk < o.prompt_tokens) o.chunk = o.prompt_tokens > 4096 ? 4096 : o.prompt_tokens;
     runner e;
     if (runner_load(&e, o.model) < 0) return 1;
-    if (runner_start(&e, o.threads, ctx, o.chunk, o.exact) < 0) {
+    if (runner_start(&e, o.backend, o.threads, ctx, o.chunk, o.exact) < 0) {
         runner_close(&e);
         return 1;
     }

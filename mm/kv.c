@@ -49,7 +49,7 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 static size_t layout_of(const kv_config *c, kv_layout *l) {
     size_t nb = (size_t)c->n_blocks, ms = (size_t)c->max_seqs, data, tables, tok;
     size_t be = block_elems(c);
-    if (be == 0 || __builtin_mul_overflow(nb, be * sizeof(uint16_t), &data) ||
+    if (be == 0 || __builtin_mul_overflow(nb, c->external_data ? 0 : be * sizeof(uint16_t), &data) ||
         __builtin_mul_overflow(ms, (size_t)c->max_blocks_per_seq * sizeof(int32_t), &tables) ||
         __builtin_mul_overflow(nb, (size_t)c->block_size * sizeof(int32_t), &tok) ||
         data > SIZE_MAX / 2 || tables > SIZE_MAX / 8 || tok > SIZE_MAX / 8 ||
@@ -106,7 +106,7 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     p->cfg = *cfg;
     p->block_elems = block_elems(cfg);
     p->head_elems = (size_t)cfg->block_size * (size_t)cfg->head_dim;
-    p->data = (uint16_t *)(mem + l.data);
+    p->data = cfg->external_data ? NULL : (uint16_t *)(mem + l.data);
     p->refcount = (int32_t *)(mem + l.refcount);
     p->free_ids = (int32_t *)(mem + l.free_ids);
     p->scratch = (int32_t *)(mem + l.scratch);
@@ -376,8 +376,11 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
     } else {
         if (!can_take(p, 1)) return -ENOMEM;
         int32_t b = block_take(p); /* never old: old is referenced, so not cached */
-        memcpy(p->data + (size_t)b * p->block_elems, p->data + (size_t)old * p->block_elems,
-               p->block_elems * sizeof(uint16_t));
+        if (p->data)
+            memcpy(p->data + (size_t)b * p->block_elems, p->data + (size_t)old * p->block_elems,
+                   p->block_elems * sizeof(uint16_t));
+        else
+            p->copy_block(p->copy_ctx, b, old);
         p->refcount[old]--; /* was shared, so it stays >= 1 */
         s->blocks[i] = b;   /* the copy is not indexed */
     }

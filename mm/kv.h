@@ -56,6 +56,9 @@ typedef struct {
     int max_seqs;                       /* page tables available */
     int max_blocks_per_seq;             /* page-table length = ceil(max_seq_len / block_size) */
     int prefix_cache;                   /* 0: off (commit and match do nothing), else on */
+    int external_data;                  /* 1: the blocks live elsewhere (device memory):
+                                         * no host data, data = NULL, and copy-on-write
+                                         * goes through copy_block */
 } kv_config;
 
 /* Parent key of a sequence's first block. */
@@ -101,6 +104,11 @@ typedef struct kv_pool {
     void *mem;          /* own allocation (arena NULL), else NULL */
     size_t mem_bytes;
     int fail_n, fail_sticky; /* test hook on block allocation */
+    /* With external data: copy block src into dst where the blocks live (the CUDA
+     * backend queues a device copy on its stream, ordered after the step in flight and
+     * before the next). Set by whoever owns that memory, before the first kv_seq_cow. */
+    void (*copy_block)(void *ctx, int32_t dst, int32_t src);
+    void *copy_ctx;
 } kv_pool;
 
 /* 0, -EINVAL (bad config), -E2BIG (sizes overflow) or -ENOMEM. arena NULL: own memory. */

@@ -56,6 +56,11 @@ run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --m
 run "cli/musl-generate" "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
   --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
+# The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
+# says why, and `auto` falls back to the CPU with the same tokens.
+if [ -x "$BUILD/cuda/kilnd" ]; then
+  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL"
+fi
 
 # The network: the transports alone (an echo server over host sockets, lwIP on a TAP
 # device in a namespace, lwIP over AF_PACKET on a veth pair), then `kilnd serve` end to

@@ -1,0 +1,53 @@
+/* backend_open: which backend runs the model, and the KV pool that goes with it. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/backend.h"
+
+static backend *open_cpu(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
+                         kv_pool *kv, char *err, size_t n) {
+    size_t bb = kv_block_bytes(kc);
+    if (!bb) {
+        snprintf(err, n, "invalid KV pool shape");
+        return NULL;
+    }
+    if (w->kv_bytes / bb > 0x7fffffff) {
+        snprintf(err, n, "a KV pool of %zu MiB has too many blocks", w->kv_bytes >> 20);
+        return NULL;
+    }
+    kc->n_blocks = (int)(w->kv_bytes / bb);
+    kc->external_data = 0;
+    int r = mm_pool_init(arena, kv_pool_bytes(kc), NULL);
+    if (r == 0) r = kv_pool_init(kv, kc, arena);
+    if (r < 0) {
+        snprintf(err, n, "cannot allocate the KV pool (%zu MiB): %s", w->kv_bytes >> 20, strerror(-r));
+        mm_pool_free(arena);
+        return NULL;
+    }
+    backend_cpu_config bc = {w->threads, w->max_batch_tokens, w->max_logits, w->max_ctx, w->exact};
+    backend *be = backend_cpu_new(m, kv, &bc, err, n);
+    if (!be) {
+        kv_pool_free(kv);
+        mm_pool_free(arena);
+    }
+    return be;
+}
+
+backend *backend_open(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
+                      kv_pool *kv, char *err, size_t n) {
+    char why[256] = "";
+    /* auto in a kilnd without the CUDA backend is simply the CPU: nothing to report */
+    int auto_gpu = w->kind == CFG_BACKEND_AUTO && backend_cuda_built();
+    int try_cuda = w->kind == CFG_BACKEND_CUDA || (auto_gpu && backend_cuda_probe(why, sizeof why));
+    if (auto_gpu && !try_cuda) fprintf(stderr, "kilnd: no GPU (%s): using the CPU\n", why);
+    if (!try_cuda) return open_cpu(m, w, kc, arena, kv, err, n);
+    backend_cuda_config cc = {0, w->gpu_util, w->max_batch_tokens, w->max_logits, w->max_ctx,
+                              w->cublas, 64, w->graphs, w->kv_gpu_bytes};
+    memset(arena, 0, sizeof *arena); /* the CPU pool's arena is not used */
+    backend *be = backend_cuda_new(m, kv, kc, &cc, err, n);
+    if (be || w->kind == CFG_BACKEND_CUDA) return be;
+    /* auto: a device that is there but cannot hold the model is reported, then the CPU */
+    fprintf(stderr, "kilnd: the CUDA backend did not start (%s): using the CPU\n", err);
+    return open_cpu(m, w, kc, arena, kv, err, n);
+}

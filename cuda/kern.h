@@ -1,0 +1,64 @@
+/* kern: the embedded kernels (cuda/kernels.cu) loaded into the current context, and a
+ * launch wrapper per kernel that owns its geometry. Used by the backend and by the GPU
+ * tests, which compare each kernel with its CPU reference. All launches are
+ * asynchronous on the given stream and return the CUresult of the launch. */
+#ifndef KILN_CUDA_KERN_H
+#define KILN_CUDA_KERN_H
+
+#include <stddef.h>
+
+#include "cuda/cu.h"
+#include "cuda/plan.h"
+
+typedef struct {
+    const cu_api *cu;
+    CUmodule mod;
+    CUfunction embed, rmsnorm, mm, swiglu, bias, rope_store, attn, kv_to_fp8, dq_f16, f32_to_f16,
+        argmax;
+} kern;
+
+/* A weight matrix on the device: n_out rows of n_in elements of quant type `type`. */
+typedef struct {
+    CUdeviceptr w;
+    int type, n_in, n_out;
+    long long row_bytes;
+    CUdeviceptr w16; /* f16 copy for cuBLAS, or 0 */
+} kern_mat;
+
+/* The KV pool as the kernels see it. */
+typedef struct {
+    CUdeviceptr data;  /* [n_blocks][block_elems] f16 */
+    CUdeviceptr fp8;   /* [n_blocks] u8: 1 = block holds fp8 (0 = no fp8 support) */
+    CUdeviceptr scale; /* [n_blocks][slabs] f32 fp8 scales */
+    int n_layers, n_kv, hd, bs;
+    long long block_elems;
+} kern_kv;
+
+/* Loads the module from the embedded fatbin into the current context. */
+int kern_load(kern *k, const cu_api *cu, char *err, size_t errlen);
+void kern_unload(kern *k);
+
+CUresult kern_embed(const kern *k, CUstream s, CUdeviceptr x, const kern_mat *w, CUdeviceptr tokens,
+                    int T);
+CUresult kern_rmsnorm(const kern *k, CUstream s, CUdeviceptr out, CUdeviceptr x, CUdeviceptr w,
+                      int d, float eps, CUdeviceptr rows, int n);
+/* out[t*ostride + r] (=, or += when add) W·x[t*xstride] (+ bias) for T tokens. */
+CUresult kern_mm(const kern *k, CUstream s, const kern_mat *w, CUdeviceptr x, int xstride,
+                 CUdeviceptr out, int ostride, int T, int add, CUdeviceptr bias);
+CUresult kern_swiglu(const kern *k, CUstream s, CUdeviceptr h, CUdeviceptr g, CUdeviceptr u,
+                     long long n);
+CUresult kern_bias(const kern *k, CUstream s, CUdeviceptr out, int ostride, CUdeviceptr bias, int n,
+                   int T);
+CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
+                         CUdeviceptr q, CUdeviceptr kk, CUdeviceptr v, CUdeviceptr pos,
+                         CUdeviceptr slot, int layer, int T);
+CUresult kern_attn(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
+                   const cplan_attn *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
+                   CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles);
+CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n);
+CUresult kern_dq_f16(const kern *k, CUstream s, CUdeviceptr dst, const kern_mat *w);
+CUresult kern_f32_to_f16(const kern *k, CUstream s, CUdeviceptr dst, CUdeviceptr x, long long n);
+CUresult kern_argmax(const kern *k, CUstream s, CUdeviceptr out, CUdeviceptr logits, int n_vocab,
+                     int n);
+
+#endif

@@ -1,0 +1,63 @@
+#!/bin/bash
+# tests/gpu/run.sh: everything the CUDA backend must prove on a real GPU, in one go
+# (under 8 minutes on an H200): build the GPU programs, run the GPU tests (every kernel
+# against its CPU reference, the whole model against the CPU backend, batch invariance,
+# paged attention over random block tables, 8-bit KV accuracy), then the GPU benchmark,
+# then, when a CUDA kilnd is at hand, kilnd itself on the GPU end to end.
+#
+#   BUILD=build MODEL=models/...gguf OUT=dir [KILND=build/cuda/kilnd] tests/gpu/run.sh
+#
+# Results go to $OUT: run.log (this script), gpu_test.txt, gpu_bench.txt, kilnd.txt.
+# The build needs the CUDA toolkit and gcc, nothing from the network (gpu-progs has no
+# dependency on lwIP, mbedTLS or inih). Exit status: 0 when every test passed.
+set -u
+BUILD=${BUILD:-build}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=${OUT:-$BUILD/gpu-out}
+KILND=${KILND:-$BUILD/cuda/kilnd}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+fail=0
+step() { echo; echo "== $* ($(date +%T))"; }
+
+step "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
+export PATH=$PATH:/usr/local/cuda/bin
+nvcc --version | tail -1
+
+step "build"
+make -j"$(nproc)" BUILD="$BUILD" gpu-progs >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; echo "run.sh: build failed"; exit 1; }
+tail -3 "$OUT/build.txt"; rm -f "$OUT/build.txt"
+
+step "gpu_test on $MODEL"
+timeout 300 "$BUILD/cuda/gpu_test" --model "$MODEL" --out "$OUT/gpu_test.txt" || fail=1
+
+step "gpu_bench on $MODEL"
+timeout 240 "$BUILD/cuda/gpu_bench" --model "$MODEL" --out "$OUT/gpu_bench.txt" || fail=1
+
+# kilnd end to end: the engine driving the CUDA backend (greedy text identical to the
+# CPU backend's; the engine's own benchmark on the GPU). Needs a CUDA kilnd built where
+# the network dependencies are (make cuda); skipped, and said so, when there is none.
+step "kilnd on the GPU"
+if "$KILND" version >/dev/null 2>&1; then
+  {
+    for p in "The capital of France is" "def fibonacci(n):" "Le café où j'ai rencontré Hélène"; do
+      g=$(timeout 60 "$KILND" generate --backend cuda --model "$MODEL" --prompt "$p" --max-tokens 24 --temperature 0 --ids 2>/dev/null)
+      c=$(timeout 60 "$KILND" generate --backend cpu --model "$MODEL" --prompt "$p" --max-tokens 24 --temperature 0 --ids 2>/dev/null)
+      if [ -n "$g" ] && [ "$g" = "$c" ]; then echo "PASS generate '$p': cuda = cpu ($g)"
+      else echo "FAIL generate '$p': cuda [$g] cpu [$c]"; fail=1; fi
+    done
+    timeout 60 "$KILND" generate --backend cuda --model "$MODEL" --prompt "x" --max-tokens 4 2>&1 | tail -2
+    for c in 1 16 64; do
+      timeout 120 "$KILND" bench-engine --backend cuda --model "$MODEL" --requests $((c * 2)) \
+        --concurrency $c --max-batch $c --max-batched-tokens 2048 --prompt-tokens 128 --gen-tokens 128 2>&1 | tail -1
+    done
+  } 2>&1 | tee "$OUT/kilnd.txt"
+  grep -q '^FAIL' "$OUT/kilnd.txt" && fail=1
+else
+  echo "run.sh: no runnable CUDA kilnd at $KILND: the end-to-end part is skipped"
+fi
+
+step "done"
+[ $fail = 0 ] && echo "run.sh: all GPU checks passed" || echo "run.sh: SOME GPU CHECKS FAILED"
+exit $fail
