@@ -34,6 +34,23 @@ typedef struct {
     CUdeviceptr attn_norm, ffn_norm, bq, bk, bv;
 } dlayer;
 
+/* KILN_CUDA_PROFILE=1 in the environment: an event after each kernel (graphs off), the
+ * time between events summed per kind, separately for decode-like and prefill steps,
+ * and printed to stderr when the backend is destroyed. Where a step's time goes. */
+enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_ATTN, P_WO, P_GATEUP, P_SWIGLU, P_DOWN, P_LOGITS,
+       P_DOWNLOAD, P_N };
+static const char *const prof_names[P_N] = {"embed", "rmsnorm", "qkv", "rope+store", "attention",
+                                             "wo", "gate+up", "swiglu", "down", "logits",
+                                             "download"};
+#define PROF_MAX 1024
+typedef struct {
+    int on, n, decode;
+    CUevent ev[PROF_MAX];
+    int kind[PROF_MAX];
+    double ms[2][P_N];
+    long steps[2];
+} prof;
+
 typedef struct {
     backend be;
     const cu_api *cu;
@@ -67,7 +84,43 @@ typedef struct {
     char devname[96];
     size_t total_mem;
     long n_blocks;
+    prof pf;
 } cuda_backend;
+
+static void prof_mark(cuda_backend *cb, int kind) {
+    prof *p = &cb->pf;
+    if (!p->on || p->n == PROF_MAX) return;
+    if (cb->cu->cuEventRecord(p->ev[p->n], cb->st) == CUDA_SUCCESS) p->kind[p->n++] = kind;
+}
+
+/* After the step's end: the gaps between its events, added to their kinds. */
+static void prof_collect(cuda_backend *cb) {
+    prof *p = &cb->pf;
+    if (!p->on) return;
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0;
+        if (cb->cu->cuEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) == CUDA_SUCCESS)
+            p->ms[p->decode][p->kind[i]] += ms;
+    }
+    if (p->n) p->steps[p->decode]++;
+    p->n = 0;
+}
+
+static void prof_print(cuda_backend *cb) {
+    prof *p = &cb->pf;
+    for (int d = 0; d < 2; d++) {
+        if (!p->steps[d]) continue;
+        double total = 0;
+        for (int k = 0; k < P_N; k++) total += p->ms[d][k];
+        fprintf(stderr, "cuda profile, %s steps: %ld, %.3f ms each:", d ? "decode" : "prefill",
+                p->steps[d], total / p->steps[d]);
+        for (int k = 0; k < P_N; k++)
+            if (p->ms[d][k] > 0)
+                fprintf(stderr, " %s %.3f (%.0f%%)", prof_names[k], p->ms[d][k] / p->steps[d],
+                        100 * p->ms[d][k] / total);
+        fprintf(stderr, "\n");
+    }
+}
 
 /* ---------------------------------------------------------------- errors */
 
@@ -317,31 +370,43 @@ static int enqueue_forward(cuda_backend *cb, int use_blas) {
     int T = cb->step.n_tokens, d = c->d_model, qd = c->n_heads * c->head_dim;
     int kd = c->n_kv_heads * c->head_dim, ffn = c->ffn_dim, r = 0;
     float eps = c->rms_eps;
+    prof_mark(cb, P_EMBED); /* the start */
     CK(kern_embed(k, s, cb->x, &cb->embd, STAGE(tokens), T), "cuda: k_embed");
+    prof_mark(cb, P_EMBED);
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer *L = &cb->L[l];
         CK(kern_rmsnorm(k, s, cb->xb, cb->x, L->attn_norm, d, eps, 0, T), "cuda: k_rmsnorm");
+        prof_mark(cb, P_NORM);
         if ((r = matmul(cb, &L->wq, cb->xb, cb->q, qd, T, 0, L->bq, use_blas)) ||
             (r = matmul(cb, &L->wk, cb->xb, cb->kk, kd, T, 0, L->bk, use_blas)) ||
             (r = matmul(cb, &L->wv, cb->xb, cb->v, kd, T, 0, L->bv, use_blas)))
             return r;
+        prof_mark(cb, P_QKV);
         CK(kern_rope_store(k, s, c, &cb->kvd, cb->q, cb->kk, cb->v, STAGE(pos), STAGE(slot), l, T),
            "cuda: k_rope_store");
+        prof_mark(cb, P_ROPE);
         CK(kern_attn(k, s, c, &cb->kvd, &cb->ag, cb->q, cb->xb, STAGE(tiles), STAGE(pos), STAGE(tables),
                      cb->lay.tstride, l, cb->step.n_tiles),
            "cuda: k_attn");
+        prof_mark(cb, P_ATTN);
         if ((r = matmul(cb, &L->wo, cb->xb, cb->x, d, T, 1, 0, use_blas))) return r;
+        prof_mark(cb, P_WO);
         CK(kern_rmsnorm(k, s, cb->xb, cb->x, L->ffn_norm, d, eps, 0, T), "cuda: k_rmsnorm");
+        prof_mark(cb, P_NORM);
         if ((r = matmul(cb, &L->gate, cb->xb, cb->hb, ffn, T, 0, 0, use_blas)) ||
             (r = matmul(cb, &L->up, cb->xb, cb->hb2, ffn, T, 0, 0, use_blas)))
             return r;
+        prof_mark(cb, P_GATEUP);
         CK(kern_swiglu(k, s, cb->hb, cb->hb, cb->hb2, (long long)T * ffn), "cuda: k_swiglu");
+        prof_mark(cb, P_SWIGLU);
         if ((r = matmul(cb, &L->down, cb->hb, cb->x, d, T, 1, 0, use_blas))) return r;
+        prof_mark(cb, P_DOWN);
     }
     int nl = cb->step.n_logits;
     if (nl > 0) {
         CK(kern_rmsnorm(k, s, cb->xb, cb->x, cb->out_norm, d, eps, STAGE(rows), nl), "cuda: k_rmsnorm");
         CK(kern_mm(k, s, &cb->out, cb->xb, d, cb->logits, c->n_vocab, nl, 0, 0), "cuda: k_mm logits");
+        prof_mark(cb, P_LOGITS);
     }
     return 0;
 }
@@ -401,12 +466,14 @@ static int cuda_submit(backend *be, const model_batch *b) {
     CK(cu->cuMemcpyHtoDAsync(cb->stage_d, cb->stage_h, cb->step.upload * sizeof(int32_t), cb->st),
        "cuda: uploading the step");
     int use_blas = cb->bl && cb->step.n_tokens >= cb->cfg.cublas_min_tokens;
+    cb->pf.decode = cb->step.n_tiles == cb->step.n_tokens;
     int r = cb->cfg.graphs && !use_blas && cplan_graph_wanted(&cb->step, GRAPH_MAX_TOKENS)
                 ? launch_graph(cb)
                 : enqueue_forward(cb, use_blas);
     if (r < 0) return r;
     size_t lb = (size_t)cb->step.n_logits * cb->c.n_vocab * sizeof(float);
     if (lb) CK(cu->cuMemcpyDtoHAsync(cb->logits_h, cb->logits, lb, cb->st), "cuda: downloading logits");
+    prof_mark(cb, P_DOWNLOAD);
     /* The callback before the event: a step poll() finds done has always written the
      * eventfd already, so reaping it consumes the wakeup (a stale one would make the
      * loop call poll for a step that is not running). */
@@ -420,6 +487,7 @@ static int reap(cuda_backend *cb, CUresult r) {
     uint64_t n;
     if (read(cb->efd, &n, sizeof n) < 0) { /* nonblocking: already consumed is fine */ }
     cb->running = 0;
+    if (r == CUDA_SUCCESS) prof_collect(cb);
     return r == CUDA_SUCCESS ? 1 : cufail(cb, r, "cuda: the step failed");
 }
 
@@ -449,6 +517,10 @@ static void cuda_destroy(backend *be) {
         if (cb->st) cu->cuStreamSynchronize(cb->st);
         for (int i = 0; i < CPLAN_GRAPHS; i++)
             if (cb->gc.key[i]) cu->cuGraphExecDestroy(cb->exec[i]);
+        if (cb->pf.on) {
+            prof_print(cb);
+            for (int i = 0; i < PROF_MAX; i++) cu->cuEventDestroy(cb->pf.ev[i]);
+        }
         blas_close(cb->bl);
         CUdeviceptr mem[] = {cb->wmem, cb->w16mem, cb->w16tmp, cb->kvmem, cb->scratch};
         for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
@@ -487,6 +559,12 @@ static int start(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
     CK(cu->cuEventCreate(&cb->done, CU_EVENT_DISABLE_TIMING), "cuda: cuEventCreate");
     int r = kern_load(&cb->k, cu, cb->be.err, sizeof cb->be.err);
     if (r < 0) return r;
+    const char *pe = getenv("KILN_CUDA_PROFILE");
+    if (pe && *pe && *pe != '0') {
+        for (int i = 0; i < PROF_MAX; i++) CK(cu->cuEventCreate(&cb->pf.ev[i], 0), "cuda: profile events");
+        cb->pf.on = 1;
+        cb->cfg.graphs = 0; /* the events are per launch */
+    }
     if (cplan_attn_geom(c->head_dim, c->n_heads / c->n_kv_heads, &cb->ag) < 0 ||
         c->d_model % 8 || c->ffn_dim % 8 || (c->n_heads * c->head_dim) % 8) {
         snprintf(cb->be.err, sizeof cb->be.err, "cuda: head_dim %d with %d query heads per KV head, "

@@ -61,13 +61,14 @@ CUresult kern_rmsnorm(const kern *k, CUstream s, CUdeviceptr out, CUdeviceptr x,
 }
 
 #define MM_WARPS 4
+#define MM_TOKENS 8 /* as in kernels.cu */
 CUresult kern_mm(const kern *k, CUstream s, const kern_mat *w, CUdeviceptr x, int xstride,
                  CUdeviceptr out, int ostride, int T, int add, CUdeviceptr bias) {
     int type = w->type, n_in = w->n_in, n_out = w->n_out;
     long long rb = w->row_bytes;
     void *a[] = {&type, (void *)&w->w, &rb, &n_in, &n_out, &x, &xstride, &out, &ostride, &T, &add, &bias};
     if (T < 1) return CUDA_SUCCESS;
-    return launch(k, k->mm, s, blocks_for(n_out, MM_WARPS), 1, 32 * MM_WARPS, 0, a);
+    return launch(k, k->mm, s, blocks_for(n_out, MM_WARPS), blocks_for(T, MM_TOKENS), 32 * MM_WARPS, 0, a);
 }
 
 CUresult kern_swiglu(const kern *k, CUstream s, CUdeviceptr h, CUdeviceptr g, CUdeviceptr u,

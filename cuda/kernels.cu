@@ -166,42 +166,41 @@ __global__ void k_rmsnorm(float *out, const float *x, const float *w, int d, flo
 }
 
 /* out[t][r] (=, or += with add) dot(W row r, x[t]) + bias[r], for T tokens.
- * grid (ceil(n_out / warps)), block 32*warps: one warp per row, each lane a fixed set of
- * 8-element slices, tokens in passes of MM_TOKENS. The same code for every T, so a
- * token's result never depends on the batch. */
+ * grid (ceil(n_out / warps), ceil(T / MM_TOKENS)), block 32*warps: one warp per row and
+ * tile of MM_TOKENS tokens, each lane a fixed set of 8-element slices. The same code and
+ * order for every T, so a token's result never depends on the batch; the token tiles in
+ * the grid's y keep every SM busy on long prefills. */
 __global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, int n_out,
                      const float *x, int xstride, float *out, int ostride, int T, int add,
                      const float *bias) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= n_out) return;
     const uint8_t *row = w + (long long)r * row_bytes;
-    int n_s = n_in / 8;
-    for (int t0 = 0; t0 < T; t0 += MM_TOKENS) {
-        int nt = T - t0 < MM_TOKENS ? T - t0 : MM_TOKENS;
-        float acc[MM_TOKENS];
+    int n_s = n_in / 8, t0 = blockIdx.y * MM_TOKENS;
+    int nt = T - t0 < MM_TOKENS ? T - t0 : MM_TOKENS;
+    float acc[MM_TOKENS];
 #pragma unroll
-        for (int t = 0; t < MM_TOKENS; t++) acc[t] = 0.0f;
-        for (int s = lane; s < n_s; s += 32) {
-            float v[8];
-            dq8(type, row, s, v);
-#pragma unroll
-            for (int t = 0; t < MM_TOKENS; t++) {
-                if (t < nt) {
-                    const float4 *xp = (const float4 *)(x + (long long)(t0 + t) * xstride + s * 8);
-                    float4 a = xp[0], b = xp[1];
-                    acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w +
-                              v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
-                }
-            }
-        }
+    for (int t = 0; t < MM_TOKENS; t++) acc[t] = 0.0f;
+    for (int s = lane; s < n_s; s += 32) {
+        float v[8];
+        dq8(type, row, s, v);
 #pragma unroll
         for (int t = 0; t < MM_TOKENS; t++) {
-            float sum = warp_sum(acc[t]);
-            if (t < nt && lane == 0) {
-                if (bias) sum += bias[r];
-                float *o = out + (long long)(t0 + t) * ostride + r;
-                *o = add ? *o + sum : sum;
+            if (t < nt) {
+                const float4 *xp = (const float4 *)(x + (long long)(t0 + t) * xstride + s * 8);
+                float4 a = xp[0], b = xp[1];
+                acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w +
+                          v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
             }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MM_TOKENS; t++) {
+        float sum = warp_sum(acc[t]);
+        if (t < nt && lane == 0) {
+            if (bias) sum += bias[r];
+            float *o = out + (long long)(t0 + t) * ostride + r;
+            *o = add ? *o + sum : sum;
         }
     }
 }

@@ -315,6 +315,18 @@ int main(int argc, char **argv) {
         kv_pool_free(&kv);
     }
 
+    /* where a step's time goes: KILN_CUDA_PROFILE's per-kernel breakdown (stderr) */
+    setenv("KILN_CUDA_PROFILE", "1", 1);
+    for (int i = 0; i < 3; i += 2)
+        if ((be = open_cuda(&m, &kv, 0, 0))) {
+            r.be = be, r.kv = &kv;
+            fprintf(stderr, "profile of %d stream(s):\n", streams[i]);
+            run_streams(&r, streams[i]);
+            be->ops->destroy(be); /* prints the profile */
+            kv_pool_free(&kv);
+        }
+    unsetenv("KILN_CUDA_PROFILE");
+
     /* kiln's CPU backend on this machine, one stream, same shape */
     kv_config kc = {0};
     model_kv_shape(&m, &kc);
