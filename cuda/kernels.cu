@@ -37,10 +37,36 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, i
 }
 
 /* Elements [8s, 8s+8) of a weight row of `type` into v: the one dequantizer every kernel
- * uses (eight never straddle a block: blocks are 32 or 256 elements). */
-__device__ void dq8(int type, const uint8_t *row, int s, float v[8]) {
+ * uses (eight never straddle a block: blocks are 32 or 256 elements). Inlined, so a
+ * caller with a constant type (k_mm's instances) keeps only its case. */
+__device__ __forceinline__ void dq8(int type, const uint8_t *row, int s, float v[8]) {
     int e0 = s * 8;
     switch (type) {
+    case T_Q4_1: { /* the default model's type: 20-byte blocks, 4-byte aligned loads */
+        const uint8_t *b = row + (e0 / 32) * 20;
+        uint32_t dm = *(const uint32_t *)b;
+        float d = __half2float(__ushort_as_half((unsigned short)(dm & 0xffff)));
+        float m = __half2float(__ushort_as_half((unsigned short)(dm >> 16)));
+        int j0 = e0 % 32, shift = j0 < 16 ? 0 : 4;
+        const uint32_t *qs = (const uint32_t *)(b + 4 + (j0 % 16));
+        uint32_t w0 = qs[0], w1 = qs[1];
+        for (int i = 0; i < 4; i++) {
+            v[i] = d * (float)((w0 >> (8 * i + shift)) & 0xF) + m;
+            v[4 + i] = d * (float)((w1 >> (8 * i + shift)) & 0xF) + m;
+        }
+        return;
+    }
+    case T_Q8_0: { /* 34-byte blocks: 2-byte aligned loads */
+        const uint8_t *b = row + (e0 / 32) * 34;
+        float d = __half2float(__ushort_as_half(*(const unsigned short *)b));
+        const unsigned short *qs = (const unsigned short *)(b + 2 + e0 % 32);
+        for (int i = 0; i < 4; i++) {
+            unsigned short w = qs[i];
+            v[2 * i] = d * (float)(int8_t)(w & 0xff);
+            v[2 * i + 1] = d * (float)(int8_t)(w >> 8);
+        }
+        return;
+    }
     case T_F32:
         for (int i = 0; i < 8; i++) v[i] = ((const float *)row)[e0 + i];
         return;
@@ -53,7 +79,7 @@ __device__ void dq8(int type, const uint8_t *row, int s, float v[8]) {
             v[i] = __uint_as_float((unsigned)(p[0] | (p[1] << 8)) << 16);
         }
         return;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: {
+    case T_Q4_0: case T_Q5_0: case T_Q5_1: {
         int bsz = type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
         const uint8_t *b = row + (e0 / 32) * bsz;
         int j0 = e0 % 32;
@@ -76,13 +102,6 @@ __device__ void dq8(int type, const uint8_t *row, int s, float v[8]) {
                  : type == T_Q5_0 ? d * (float)(q - 16)
                  : d * (float)q + m;
         }
-        return;
-    }
-    case T_Q8_0: {
-        const uint8_t *b = row + (e0 / 32) * 34;
-        float d = ld_f16(b);
-        const int8_t *qs = (const int8_t *)(b + 2) + e0 % 32;
-        for (int i = 0; i < 8; i++) v[i] = d * (float)qs[i];
         return;
     }
     case T_Q4_K: case T_Q5_K: {
@@ -165,12 +184,15 @@ __global__ void k_rmsnorm(float *out, const float *x, const float *w, int d, flo
         out[(long long)i * d + k] = xr[k] * scale * w[k];
 }
 
+} /* extern "C": the matmul body is a template, one instance per weight type */
+
 /* out[t][r] (=, or += with add) dot(W row r, x[t]) + bias[r], for T tokens.
  * grid (ceil(n_out / warps), ceil(T / MM_TOKENS)), block 32*warps: one warp per row and
  * tile of MM_TOKENS tokens, each lane a fixed set of 8-element slices. The same code and
  * order for every T, so a token's result never depends on the batch; the token tiles in
  * the grid's y keep every SM busy on long prefills. */
-__global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, int n_out,
+template <int TYPE>
+__device__ __forceinline__ void mm_body(int type, const uint8_t *w, long long row_bytes, int n_in, int n_out,
                      const float *x, int xstride, float *out, int ostride, int T, int add,
                      const float *bias) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -183,7 +205,7 @@ __global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, 
     for (int t = 0; t < MM_TOKENS; t++) acc[t] = 0.0f;
     for (int s = lane; s < n_s; s += 32) {
         float v[8];
-        dq8(type, row, s, v);
+        dq8(TYPE < 0 ? type : TYPE, row, s, v);
 #pragma unroll
         for (int t = 0; t < MM_TOKENS; t++) {
             if (t < nt) {
@@ -205,6 +227,20 @@ __global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, 
     }
 }
 
+extern "C" {
+
+/* k_mm: mm_body for the weight type, known at compile time for the common ones. */
+__global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, int n_out,
+                     const float *x, int xstride, float *out, int ostride, int T, int add,
+                     const float *bias) {
+#define MM_CASE(t) case t: mm_body<t>(type, w, row_bytes, n_in, n_out, x, xstride, out, ostride, T, add, bias); return;
+    switch (type) {
+    MM_CASE(T_Q4_1) MM_CASE(T_Q8_0) MM_CASE(T_Q4_0) MM_CASE(T_Q4_K) MM_CASE(T_Q6_K)
+    default: mm_body<-1>(type, w, row_bytes, n_in, n_out, x, xstride, out, ostride, T, add, bias);
+    }
+#undef MM_CASE
+}
+
 /* h = silu(g) * u over n floats. */
 __global__ void k_swiglu(float *h, const float *g, const float *u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -223,14 +259,20 @@ __global__ void k_bias(float *out, int ostride, const float *bias, int n, int T)
 __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos, const int *slot,
                              __half *kv, int layer, int n_heads, int n_kv, int hd, int rope_dim,
                              int neox, float base, int bs, long long block_elems) {
+    __shared__ float cs[ATT_MAX_HD / 2][2]; /* cos, sin per rotated pair: once per token */
     int t = blockIdx.x, half = rope_dim / 2, p = pos[t];
     int qd = n_heads * hd, kd = n_kv * hd;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double theta = (double)p * pow((double)base, -2.0 * i / rope_dim);
+        cs[i][0] = (float)cos(theta);
+        cs[i][1] = (float)sin(theta);
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < (n_heads + n_kv) * half; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
         float *vec = h < n_heads ? q + (long long)t * qd + h * hd
                                  : k + (long long)t * kd + (h - n_heads) * hd;
-        double theta = (double)p * pow((double)base, -2.0 * i / rope_dim);
-        float co = (float)cos(theta), si = (float)sin(theta);
+        float co = cs[i][0], si = cs[i][1];
         int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         float x0 = vec[a], x1 = vec[b];
         vec[a] = x0 * co - x1 * si;
@@ -283,30 +325,48 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
         for (int c = 0; c < ATT_MAX_HD / 32; c++) acc[j][c] = 0.0f;
     }
     int ndim = (hd + 31) / 32;
+    /* Each thread moves at most one 8-element piece of K and of V per key tile
+     * (kt * hd <= 8 * blockDim, cplan_attn_geom): 16-byte loads, issued for the next
+     * tile before this one is computed, so their latency hides behind the math. */
+    int vec = hd / 8, item = threadIdx.x, have = 0;
+    float kr[8], vr[8];
+    long long kslab = ((long long)layer * 2 * n_kv + kvh) * head_elems;
+    long long vslab = kslab + (long long)n_kv * head_elems;
+    auto fetch = [&](int k0) {
+        int nk = min(kt, maxpos + 1 - k0);
+        have = item < nk * vec;
+        if (!have) return;
+        int j = item / vec, c8 = (item % vec) * 8, p = k0 + j;
+        long long blk = table[p / bs], off = p % bs;
+        long long e = off * hd + c8;
+        if (fp8 && fp8[blk]) {
+            const uint8_t *b8 = (const uint8_t *)(kv + blk * block_elems);
+            const float *sc8 = fp8_scale + blk * (block_elems / head_elems);
+            uint2 kw = *(const uint2 *)(b8 + kslab + e), vw = *(const uint2 *)(b8 + vslab + e);
+            float ks = sc8[kslab / head_elems], vs = sc8[vslab / head_elems];
+            const uint8_t *kb = (const uint8_t *)&kw, *vb = (const uint8_t *)&vw;
+            for (int i = 0; i < 8; i++) {
+                __nv_fp8_e4m3 a, b;
+                a.__x = kb[i], b.__x = vb[i];
+                kr[i] = float(a) * ks, vr[i] = float(b) * vs;
+            }
+        } else {
+            const __half *b = kv + blk * block_elems;
+            uint4 kw = *(const uint4 *)(b + kslab + e), vw = *(const uint4 *)(b + vslab + e);
+            const __half *kh = (const __half *)&kw, *vh = (const __half *)&vw;
+            for (int i = 0; i < 8; i++) kr[i] = __half2float(kh[i]), vr[i] = __half2float(vh[i]);
+        }
+    };
+    fetch(0);
     for (int k0 = 0; k0 <= maxpos; k0 += kt) {
         int nk = min(kt, maxpos + 1 - k0);
         __syncthreads(); /* the previous tile is consumed (and Qs written, first time) */
-        for (int i = threadIdx.x; i < nk * hd; i += blockDim.x) {
-            int j = i / hd, dd = i % hd, p = k0 + j;
-            int blk = table[p / bs], off = p % bs;
-            long long kslab = ((long long)layer * 2 * n_kv + kvh) * head_elems;
-            long long vslab = kslab + (long long)n_kv * head_elems;
-            float kx, vx;
-            if (fp8 && fp8[blk]) {
-                const __nv_fp8_e4m3 *b8 = (const __nv_fp8_e4m3 *)((const uint8_t *)(kv + blk * block_elems));
-                const float *sc = fp8_scale + ((long long)blk * (long long)(block_elems / head_elems));
-                long long ks = kslab / head_elems, vs = vslab / head_elems;
-                kx = float(b8[kslab + off * hd + dd]) * sc[ks];
-                vx = float(b8[vslab + off * hd + dd]) * sc[vs];
-            } else {
-                const __half *b = kv + blk * block_elems;
-                kx = __half2float(b[kslab + off * hd + dd]);
-                vx = __half2float(b[vslab + off * hd + dd]);
-            }
-            Ks[j * hpad + dd] = kx;
-            Vs[j * hpad + dd] = vx;
+        if (have) {
+            int j = item / vec, c8 = (item % vec) * 8;
+            for (int i = 0; i < 8; i++) Ks[j * hpad + c8 + i] = kr[i], Vs[j * hpad + c8 + i] = vr[i];
         }
         __syncthreads();
+        if (k0 + kt <= maxpos) fetch(k0 + kt);
 #pragma unroll
         for (int j = 0; j < ATT_PAIRS_WARP; j++) {
             int p = warp + j * ATT_WARPS;
@@ -318,6 +378,7 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
             float s = -INFINITY;
             if (lane < nvalid) {
                 float dot = 0.0f;
+#pragma unroll 8
                 for (int dd = 0; dd < hd; dd++) dot += qv[dd] * Ks[lane * hpad + dd];
                 s = dot;
             }

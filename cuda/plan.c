@@ -76,7 +76,8 @@ int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int 
 int cplan_attn_geom(int head_dim, int group, cplan_attn *a) {
     memset(a, 0, sizeof *a);
     int pairs_cap = CPLAN_ATT_WARPS * CPLAN_ATT_PAIRS_WARP;
-    if (head_dim < 1 || head_dim > CPLAN_ATT_MAX_HD || group < 1) return -EINVAL;
+    /* k_attn moves K and V in 8-element (16-byte) pieces */
+    if (head_dim < 8 || head_dim % 8 || head_dim > CPLAN_ATT_MAX_HD || group < 1) return -EINVAL;
     a->kt = 2048 / head_dim < 32 ? 2048 / head_dim : 32;
     a->pairs_max = 4096 / head_dim < pairs_cap ? 4096 / head_dim : pairs_cap;
     if (group > a->pairs_max) return -EINVAL;
