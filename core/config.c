@@ -68,6 +68,11 @@ static const cfg_key keys[] = {
     INT("engine", "max_queued_tokens", engine.max_queued_tokens, 1, 16777216, 0, 1),
     INT("engine", "default_max_tokens", engine.default_max_tokens, 1, 1048576, 0, 1),
     INT("engine", "step_timeout_ms", engine.step_timeout_ms, 100, 600000, 0, 1),
+    INT("engine", "drain_timeout_ms", engine.drain_timeout_ms, 0, 3600000, 0, 1),
+    DBL("engine", "ladder_high", engine.ladder_high, 0.05, 1),
+    DBL("engine", "ladder_low", engine.ladder_low, 0, 0.99),
+    INT("engine", "ladder_hold_ms", engine.ladder_hold_ms, 0, 600000, 0, 1),
+    INT("engine", "ladder_tick_ms", engine.ladder_tick_ms, 10, 10000, 0, 1),
     DBL("sampling", "temperature", sampling.temperature, 0, 10),
     DBL("sampling", "top_p", sampling.top_p, 0, 1),
     INT("sampling", "top_k", sampling.top_k, 0, 1048576, 0, 1),
@@ -115,6 +120,11 @@ void cfg_defaults(kiln_config *c) {
     c->engine.max_queued_tokens = 262144;
     c->engine.default_max_tokens = 256;
     c->engine.step_timeout_ms = 60000;
+    c->engine.drain_timeout_ms = 30000;
+    c->engine.ladder_high = 0.9;
+    c->engine.ladder_low = 0.8;
+    c->engine.ladder_hold_ms = 5000;
+    c->engine.ladder_tick_ms = 250;
     c->sampling.temperature = 0.7;
     c->sampling.top_p = 0.9;
     c->sampling.top_k = 0;
@@ -577,6 +587,10 @@ static int validate(const kiln_config *c, const vctx *v) {
         RULE("engine", "max_queued_tokens", "max_seq_len",
              "[engine] max_queued_tokens = %d: must be >= max_seq_len (%d), so that one "
              "full-length request can wait", mqt, msl);
+    if (c->engine.ladder_low >= c->engine.ladder_high)
+        RULE("engine", "ladder_low", "ladder_high",
+             "[engine] ladder_low = %g: must be below ladder_high (%g), or the ladder would climb "
+             "and step down at once", c->engine.ladder_low, c->engine.ladder_high);
     if (hto > ito)
         RULE("net", "handshake_timeout_ms", "idle_timeout_ms",
              "[net] handshake_timeout_ms = %d: must be <= idle_timeout_ms (%d)", hto, ito);

@@ -42,6 +42,11 @@ typedef struct kiln_config {
         int max_queued_requests, max_queued_tokens; /* admission limits (waiting) */
         int default_max_tokens;      /* when a request names none */
         int step_timeout_ms;         /* a longer step restarts kilnd */
+        int drain_timeout_ms;        /* DRAIN/SIGTERM: running requests get this long,
+                                      * then end with ERR 503 draining */
+        double ladder_high, ladder_low; /* degrade ladder: climb above high, step down
+                                         * after ladder_hold_ms below low */
+        int ladder_hold_ms, ladder_tick_ms;
     } engine;
     struct {                         /* request defaults; see core/sampler.h */
         double temperature, top_p, min_p, repeat_penalty;

@@ -14,6 +14,7 @@
 #include "net/proto.h"
 #include "net/tls.h"
 #include "sched/engine.h"
+#include "sched/ladder.h"
 
 #define SRV_MAX_N 8           /* samples per request (the engine's limit) */
 #define SRV_MAX_TOKENS 256    /* entries in the tokens file */
@@ -104,7 +105,13 @@ struct srv {
     size_t chat_cap;
     char *metrics_text;    /* [SRV_METRICS_CAP] */
     int chat_kind;
-    int draining, restart, level;
+    int draining, restart;
+    ladder lad;            /* the degrade ladder (level: lad.level) */
+    int64_t ladder_timer;
+    int64_t drain_since_ms; /* when draining began; 0: not draining */
+    int drain_expired;     /* drain_timeout_ms passed: the rest were ended */
+    double finish_rate;    /* requests finished per second, smoothed (shedding's retry_after) */
+    int64_t finished_total, finished_seen, rate_ms;
     int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
     int fault_drop_step;   /* test fault (kilnd --faults): lose the next step's completion */
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
@@ -115,9 +122,14 @@ struct srv {
     /* metric handles */
     int m_running, m_waiting, m_kv, m_pq, m_ph, m_preempt, m_ptok, m_gtok, m_level, m_conns;
     int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
+    int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
 };
 
 static double now_s(void) { return (double)loop_now_us() * 1e-6; }
+
+static int retry_after_ms(const srv *s);
+static void ladder_apply(srv *s);
+static void drain_expire(srv *s);
 
 static void srv_log(const srv *s, int level, const char *fmt, ...) {
     if (level > s->cfg.log.level) return;
@@ -397,6 +409,7 @@ static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_us
         }
     }
     if (++r->n_done < r->n) return;
+    s->finished_total++;
     if (ss) req_unlink(ss, r);
     r->sess = NULL;
     r->next = s->free_reqs;
@@ -510,9 +523,10 @@ static void verb_gen(srv_sess *ss, const proto_line *l) {
         return;
     }
     if (s->draining) { sess_err(ss, g.id, 503, "draining", "the server is draining"); return; }
-    if (s->level >= 3) {
-        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, SRV_RETRY_MS);
+    if (s->lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
+        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, retry_after_ms(s));
         met_inc(s->met, s->m_rejected, 1);
+        met_inc(s->met, s->m_shed, 1);
         return;
     }
     if (find_req(ss, g.id)) { sess_err(ss, g.id, 409, "duplicate_id", "that id is in flight"); return; }
@@ -596,13 +610,13 @@ static void verb_cancel(srv_sess *ss, const proto_line *l) {
 static int live(const srv *s) {
     return !eng_busy(s->eng) || loop_now_ms() - s->step_start_ms < s->cfg.engine.step_timeout_ms;
 }
-static int ready(const srv *s) { return !s->draining && s->level < 3; }
+static int ready(const srv *s) { return !s->draining && s->lad.level < LADDER_SHED; }
 
 int srv_health(const srv *s, char *out, size_t cap) {
     eng_stats st;
     eng_get_stats(s->eng, &st);
     return snprintf(out, cap, "HEALTH live=%d ready=%d level=%d running=%d waiting=%d draining=%d",
-                    live(s), ready(s), s->level, st.running, st.waiting, s->draining);
+                    live(s), ready(s), s->lad.level, st.running, st.waiting, s->draining);
 }
 
 int srv_stats(const srv *s, char *out, size_t cap) {
@@ -641,7 +655,9 @@ static int render_metrics(srv *s) {
     met_set(s->met, s->m_running, st.running);
     met_set(s->met, s->m_waiting, st.waiting);
     met_set(s->met, s->m_kv, total ? (double)used / total : 0.0);
-    met_set(s->met, s->m_level, s->level);
+    met_set(s->met, s->m_level, s->lad.level);
+    met_set(s->met, s->m_batch, s->lad.batch);
+    met_set(s->met, s->m_pressure, s->lad.pressure);
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, live(s));
     met_inc(s->met, s->m_pq, (double)(st.prefix_queries - s->last.prefix_queries));
@@ -688,14 +704,20 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
         sess_printf(ss, "OK draining=%d\n", s->draining);
     } else if (!strcmp(verb, "LADDER")) {
         const proto_str *lv = proto_get(l, "level");
-        if (!lv) { sess_printf(ss, "LADDER level=%d\n", s->level); return; }
-        if (strcmp(lv->s, "0") && strcmp(lv->s, "3")) {
-            sess_err(ss, "-", 501, "not_implemented", "levels 0 (normal) and 3 (shed) can be set by hand");
-            return;
+        if (lv) {
+            int want = !strcmp(lv->s, "auto") ? -1 : lv->len == 1 && lv->s[0] >= '0' && lv->s[0] <= '3'
+                                                         ? lv->s[0] - '0' : -2;
+            if (want == -2 || ladder_pin(&s->lad, want) < 0) {
+                sess_err(ss, "-", 400, "bad_request", "usage: LADDER [level=0|1|2|3|auto]");
+                return;
+            }
+            srv_log(s, CFG_LOG_WARN, "ladder %s by session %d", want < 0 ? "back to automatic" : "pinned",
+                    ss->num);
+            ladder_apply(s);
         }
-        s->level = lv->s[0] - '0';
-        srv_log(s, CFG_LOG_INFO, "ladder level %d set by session %d", s->level, ss->num);
-        sess_printf(ss, "LADDER level=%d\n", s->level);
+        sess_printf(ss, "LADDER level=%d name=%s pinned=%d batch=%d pressure=%.3f kv8=%d\n",
+                    s->lad.level, ladder_names[s->lad.level], s->lad.pinned >= 0, s->lad.batch,
+                    s->lad.pressure, s->lad.cfg.has_kv8);
     } else if (!strcmp(verb, "CONFIG")) {
         verb_config(ss, l);
     } else if (!strcmp(verb, "RELOAD")) {
@@ -900,6 +922,8 @@ static void step_hung(srv *s) {
     srv_log(s, CFG_LOG_ERROR, "a step has run %lld ms (step_timeout_ms %d): restarting",
             (long long)(loop_now_ms() - s->step_start_ms), s->cfg.engine.step_timeout_ms);
     s->hung = s->restart = s->draining = s->stopping = 1;
+    ladder_restart(&s->lad);
+    ladder_apply(s);
     for (srv_sess *ss = s->sessions; ss; ss = ss->next) {
         for (srv_req *r = ss->reqs; r; r = r->next) {
             sess_err(ss, r->id, 503, "restarting", "the engine stopped responding; retry");
@@ -912,6 +936,85 @@ static void step_hung(srv *s) {
     flush_dirty(s);
 }
 
+/* ------------------------------------------------------------------ the degrade ladder */
+
+/* What a shed client should wait: the work ahead of it at the rate requests have been
+ * finishing (DESIGN.md §5), within 100 ms .. 60 s; SRV_RETRY_MS before any finished. */
+static int retry_after_ms(const srv *s) {
+    if (s->finish_rate <= 0) return SRV_RETRY_MS;
+    eng_stats st;
+    eng_get_stats(s->eng, &st);
+    double ms = 1000.0 * (st.running + st.waiting + 1) / s->finish_rate;
+    return ms < 100 ? 100 : ms > 60000 ? 60000 : (int)ms;
+}
+
+/* The ladder decided: tell the engine, log each transition, count it. */
+static void ladder_apply(srv *s) {
+    eng_set_max_batch(s->eng, s->lad.batch);
+    for (int f = 0; f < LADDER_LEVELS; f++)
+        for (int t = 0; t < LADDER_LEVELS; t++) {
+            if (f == t) continue;
+            uint64_t n = s->lad.transitions[f][t], seen = (uint64_t)met_value(s->met, s->m_trans[f][t]);
+            if (n <= seen) continue;
+            met_inc(s->met, s->m_trans[f][t], (double)(n - seen));
+            srv_log(s, CFG_LOG_WARN, "ladder: %d (%s) -> %d (%s): pressure %.3f, batch %d%s", f,
+                    ladder_names[f], t, ladder_names[t], s->lad.pressure, s->lad.batch,
+                    t == LADDER_COMPACT && !s->lad.cfg.has_kv8 ? ", no 8-bit KV here: passed through" : "");
+        }
+    met_set(s->met, s->m_level, s->lad.level);
+    met_set(s->met, s->m_batch, s->lad.batch);
+}
+
+/* What the ladder acts on: the KV blocks in use plus those the waiting requests will
+ * need (their tokens in blocks), over the pool; 1 at most. Counting the queue is what
+ * lets a small pool under many streams climb past rung 1: at batch 1 the blocks in use
+ * are few, but the work waiting for them is not. (The pinned staging pool is carved at
+ * start for the largest step and cannot run short, so it adds nothing.) */
+static double pressure(const srv *s) {
+    const kv_pool *kv = s->env.kv;
+    eng_stats st;
+    eng_get_stats(s->eng, &st);
+    int total = kv->cfg.n_blocks, bs = kv->cfg.block_size;
+    double need = (double)(total - kv_free_blocks(kv)) + (double)((st.waiting_tokens + bs - 1) / bs);
+    return total && need < total ? need / total : 1.0;
+}
+
+/* Every ladder_tick_ms: the pressure and the finishing rate. */
+static int64_t ladder_tick_cb(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    srv *s = ud;
+    int64_t now = loop_now_ms();
+    if (now - s->rate_ms >= 1000) {
+        double r = (double)(s->finished_total - s->finished_seen) * 1000.0 / (double)(now - s->rate_ms);
+        s->finish_rate = s->rate_ms ? 0.7 * s->finish_rate + 0.3 * r : r;
+        s->finished_seen = s->finished_total, s->rate_ms = now;
+    }
+    double p = pressure(s);
+    met_set(s->met, s->m_pressure, p);
+    if (ladder_tick(&s->lad, p, now)) {
+        ladder_apply(s);
+        kick(s);
+    }
+    return s->cfg.engine.ladder_tick_ms;
+}
+
+/* drain_timeout_ms has passed with requests still running: each ends with ERR 503
+ * draining (its END suppressed), and the engine drops it. */
+static void drain_expire(srv *s) {
+    s->drain_expired = 1;
+    int n = 0;
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next)
+        for (srv_req *r = ss->reqs; r; r = r->next) {
+            if (!r->failed++) sess_err(ss, r->id, 503, "draining", "drain_timeout_ms passed; retry elsewhere");
+            eng_cancel(s->eng, r->eng_id);
+            n++;
+        }
+    srv_log(s, CFG_LOG_WARN, "drain: %d ms passed, %d request(s) ended with 503",
+            s->cfg.engine.drain_timeout_ms, n);
+    flush_dirty(s);
+    kick(s);
+}
+
 /* Handshake/HELLO deadlines, idle connections, lingering closes. */
 static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     (void)l, (void)id;
@@ -919,6 +1022,9 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     int64_t now = loop_now_ms();
     if (!s->hung && eng_busy(s->eng) && now - s->step_start_ms > s->cfg.engine.step_timeout_ms)
         step_hung(s);
+    if (s->draining && !s->hung && !s->drain_expired &&
+        now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
+        drain_expire(s);
     for (srv_sess *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
         if (ss->state == SS_CLOSING) {
@@ -1070,9 +1176,21 @@ static int add_metrics(srv *s) {
     s->m_e2e = met_add_histogram(m, "kiln_e2e_request_latency_seconds", "Arrival to finish, per sample", NULL, lat, nl);
     s->m_level = met_add_gauge(m, "kiln_degrade_level", "Degrade ladder level (0 normal .. 4 restart)", NULL);
     s->m_conns = met_add_gauge(m, "kiln_connections_open", "Protocol connections open", NULL);
+    s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", NULL);
+    s->m_pressure = met_add_gauge(m, "kiln_memory_pressure", "Pressure the degrade ladder acts on (KV pool use, 0..1)", NULL);
+    s->m_shed = met_add_counter(m, "kiln_requests_shed_total", "Requests refused by the ladder's shed rung (503 retry_after_ms)", NULL);
+    for (int f = 0; f < LADDER_LEVELS; f++)
+        for (int t = 0; t < LADDER_LEVELS; t++) {
+            char lab[48];
+            snprintf(lab, sizeof lab, "from=\"%d\",to=\"%d\"", f, t);
+            s->m_trans[f][t] = f == t ? 0 : met_add_counter(m, "kiln_degrade_transitions_total",
+                                                            "Degrade ladder transitions", lab);
+            if (s->m_trans[f][t] < 0) return -1;
+        }
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
-                s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns};
+                s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
+                s->m_shed};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     return 0;
@@ -1131,6 +1249,15 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     }
     s->sweep_timer = loop_timer_add(env->loop, SRV_SWEEP_MS, sweep, s);
     if (s->sweep_timer < 0) { snprintf(err, errlen, "no timer for the sweep"); goto fail; }
+    /* The ladder: 8-bit KV is not in any backend's step yet, so rung 2 passes through. */
+    ladder_config lc = {c->engine.ladder_high, c->engine.ladder_low, c->engine.ladder_hold_ms,
+                        c->engine.max_batch_size, 0};
+    if (ladder_init(&s->lad, &lc) < 0) {
+        snprintf(err, errlen, "[engine] ladder_low must be below ladder_high");
+        goto fail;
+    }
+    s->ladder_timer = loop_timer_add(env->loop, c->engine.ladder_tick_ms, ladder_tick_cb, s);
+    if (s->ladder_timer < 0) { snprintf(err, errlen, "no timer for the ladder"); goto fail; }
     return s;
 fail:
     srv_free(s);
@@ -1142,6 +1269,7 @@ void srv_free(srv *s) {
     while (s->sessions) sess_kill(s->sessions, 1);
     while (s->https) http_done(s->https, 1);
     if (s->sweep_timer > 0) loop_timer_del(s->env.loop, s->sweep_timer);
+    if (s->ladder_timer > 0) loop_timer_del(s->env.loop, s->ladder_timer);
     if (s->retry_timer > 0) loop_timer_del(s->env.loop, s->retry_timer);
     if (s->eng) loop_fd_del(s->env.loop, s->env.be->ops->event_fd(s->env.be), LOOP_READ);
     eng_free(s->eng);
@@ -1198,6 +1326,7 @@ int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t
 }
 
 void srv_set_draining(srv *s, int on) {
+    if (on && !s->draining) s->drain_since_ms = loop_now_ms(), s->drain_expired = 0;
     s->draining = on != 0;
     srv_log(s, CFG_LOG_INFO, "drain %s", on ? "on" : "off");
 }
@@ -1207,6 +1336,7 @@ double srv_uptime_s(const srv *s) { return (double)(loop_now_ms() - s->t_start_m
 const char *srv_model_name(const srv *s) { return s->env.model_name; }
 
 void srv_drain(srv *s, int restart) {
+    if (!s->draining) s->drain_since_ms = loop_now_ms(), s->drain_expired = 0;
     s->draining = 1;
     s->restart |= restart;
     s->stopping = 1;

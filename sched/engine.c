@@ -41,6 +41,7 @@ struct eng_req {
     int64_t id;
     int n, n_live, forked, cancelled, ignore_eog, logprobs;
     int paused;          /* eng_pause: not scheduled; keeps its blocks unless preempted */
+    int client;          /* eng_params.client */
     eng_seq *seqs[ENG_MAX_N];
     void *ud;
     double t_arrival;
@@ -60,12 +61,14 @@ struct engine {
     uint64_t next_order;
     int64_t step;
     int busy;
+    int max_batch;          /* effective: eng_set_max_batch (the ladder), else the config's */
     /* the step in flight */
     int32_t *b_tokens, *b_pos; /* [max_batched_tokens] */
     kv_seq **b_seq;            /* [max_batched_tokens] */
     int32_t *b_rows;           /* [max_batch_size] */
     eng_seq **b_members;       /* [max_batch_size] sequences in the step */
     eng_seq **cand;            /* [max_seqs] scratch for ordering */
+    int *cand_load;            /* [max_seqs] scratch: each candidate's client load */
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
@@ -93,6 +96,7 @@ engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool
     engine *e = calloc(1, sizeof *e);
     if (!e) goto oom;
     e->cfg = *cfg, e->m = m, e->tok = tok, e->kv = kv, e->be = be, e->cb = *cb;
+    e->max_batch = cfg->max_batch_size;
     e->next_id = 1;
     size_t ms = (size_t)cfg->max_seqs, bt = (size_t)cfg->max_batched_tokens;
     e->seqs = calloc(ms, sizeof *e->seqs);
@@ -104,10 +108,11 @@ engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool
     e->b_rows = malloc((size_t)cfg->max_batch_size * sizeof(int32_t));
     e->b_members = malloc((size_t)cfg->max_batch_size * sizeof(eng_seq *));
     e->cand = malloc(ms * sizeof(eng_seq *));
+    e->cand_load = malloc(ms * sizeof(int));
     e->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     e->text = malloc((size_t)ENG_TEXT_CAP(tok));
     if (!e->seqs || !e->tok_slab || !e->reqs || !e->b_tokens || !e->b_pos || !e->b_seq ||
-        !e->b_rows || !e->b_members || !e->cand || !e->scratch || !e->text)
+        !e->b_rows || !e->b_members || !e->cand || !e->cand_load || !e->scratch || !e->text)
         goto oom;
     for (size_t i = 0; i < ms; i++) e->seqs[i].toks = e->tok_slab + i * (size_t)cfg->max_seq_len;
     return e;
@@ -127,7 +132,7 @@ void eng_free(engine *e) {
         if (s->smp_ok) sampler_free(&s->smp);
     }
     free(e->seqs), free(e->tok_slab), free(e->reqs), free(e->b_tokens), free(e->b_pos);
-    free(e->b_seq), free(e->b_rows), free(e->b_members), free(e->cand), free(e->scratch), free(e->text);
+    free(e->b_seq), free(e->b_rows), free(e->b_members), free(e->cand), free(e->cand_load), free(e->scratch), free(e->text);
     free(e);
 }
 
@@ -244,6 +249,7 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
     r->id = e->next_id++, r->n = p->n, r->ud = p->ud, r->t_arrival = now_s();
     r->ignore_eog = p->ignore_eog;
     r->logprobs = p->logprobs;
+    r->client = p->client;
     e->next_order++;
     for (int i = 0; i < p->n; i++) {
         eng_seq *s = seq_slot(e);
@@ -406,11 +412,52 @@ static int admit(engine *e, eng_seq *s) {
     return 0;
 }
 
+int eng_set_max_batch(engine *e, int n) {
+    e->max_batch = n < 1 ? 1 : n > e->cfg.max_batch_size ? e->cfg.max_batch_size : n;
+    return e->max_batch;
+}
+
+/* Running sequences beyond the effective batch give their blocks back, youngest first. */
+static void shrink_running(engine *e) {
+    int running = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) running += e->seqs[i].state == SQ_RUN;
+    for (eng_seq *v; running > e->max_batch && (v = victim(e)); running--) preempt(e, v);
+}
+
+/* Running sequences of s's client (its share of the batch so far). */
+static int client_load(const engine *e, const eng_seq *s) {
+    int n = 0;
+    if (!s->req->client) return 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++)
+        n += e->seqs[i].state == SQ_RUN && e->seqs[i].req->client == s->req->client;
+    return n;
+}
+
+/* The next waiting sequence to admit: its client has the fewest running sequences
+ * (those admitted in this step included), then the oldest. c is in age order, load[i]
+ * is c[i]'s client load and taken entries are NULL. -1 when none is left. With every
+ * client 0 this is plain first come, first served. */
+static int pick_fair(eng_seq **c, const int *load, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (c[i] && !c[i]->req->paused && (best < 0 || load[i] < load[best])) best = i;
+    return best;
+}
+
+/* s of client `client` was admitted: every waiting sequence of that client now counts
+ * one more running. */
+static void add_load(eng_seq **c, int *load, int n, int client) {
+    if (!client) return;
+    for (int i = 0; i < n; i++)
+        if (c[i] && c[i]->req->client == client) load[i]++;
+}
+
 int eng_step_begin(engine *e) {
     if (e->busy) return -EBUSY;
     e->b_n_tok = e->b_n_seq = e->b_n_logit = 0;
-    int budget = e->cfg.max_batched_tokens, max_seq = e->cfg.max_batch_size;
+    int budget = e->cfg.max_batched_tokens, max_seq = e->max_batch;
     eng_seq **c = e->cand;
+    if (e->max_batch < e->cfg.max_batch_size) shrink_running(e);
 
     /* 1. running decodes (one token left to compute), oldest first */
     int n = collect(e, SQ_RUN, c);
@@ -429,12 +476,14 @@ int eng_step_begin(engine *e) {
         if (make_room(e, s, s->n_computed + chunk, 1) < 0) continue;
         add_to_step(e, s, chunk, chunk == left);
     }
-    /* 3. waiting sequences, oldest first; they never preempt running ones, and a
-     * sequence that does not fit stops admission (first come, first served) */
+    /* 3. waiting sequences, fewest-running client first, then oldest; they never
+     * preempt running ones, and a sequence that does not fit stops admission */
     n = collect(e, SQ_WAIT, c);
-    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
+    int *load = e->cand_load;
+    for (int i = 0; i < n; i++) load[i] = client_load(e, c[i]);
+    for (int i; e->b_n_seq < max_seq && e->b_n_tok < budget && (i = pick_fair(c, load, n)) >= 0;) {
         eng_seq *s = c[i];
-        if (s->req->paused) continue;
+        c[i] = NULL;
         if (admit(e, s) < 0) break;
         int left = s->n_toks - s->n_computed;
         int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
@@ -444,6 +493,7 @@ int eng_step_begin(engine *e) {
             break;
         }
         add_to_step(e, s, chunk, chunk == left);
+        add_load(c, load, n, s->req->client);
     }
     if (e->b_n_tok == 0) return 0;
     e->batch = (model_batch){e->b_n_tok, e->b_tokens, e->b_pos, (kv_seq *const *)e->b_seq,
@@ -578,4 +628,5 @@ void eng_get_stats(const engine *e, eng_stats *st) {
         st->running += e->seqs[i].state == SQ_RUN;
         st->waiting += e->seqs[i].state == SQ_WAIT || e->seqs[i].state == SQ_PARKED;
     }
+    st->waiting_tokens = queued_tokens(e);
 }

@@ -68,6 +68,9 @@ typedef struct {
     int ignore_eog;        /* benchmarks: generate max_tokens whatever the model says */
     int logprobs;          /* report each token's logprob (a log-softmax over the
                             * vocabulary per token: skipped, and reported as 0, when off) */
+    int client;            /* who asked (the server's connection): waiting requests are
+                            * admitted fewest-running-client first, so one client with
+                            * many requests cannot starve the others; 0 for all = FIFO */
 } eng_params;
 
 typedef struct engine engine;
@@ -76,6 +79,7 @@ typedef struct {
     int64_t steps, preemptions, prompt_tokens, generation_tokens;
     int64_t prefix_queries, prefix_hits; /* tokens looked up / reused */
     int running, waiting;                /* sequences */
+    int waiting_tokens;                  /* tokens the waiting sequences must (re)compute */
 } eng_stats;
 
 /* The KV pool must have been initialised for this model; the backend runs steps of up
@@ -99,6 +103,11 @@ int eng_pause(engine *e, int64_t id, int paused);
 
 /* Build and submit the next step: 1 submitted, 0 nothing to do, negative on error. */
 int eng_step_begin(engine *e);
+/* The degrade ladder's first rung: at most n sequences per step from now on (1 ..
+ * max_batch_size; clamped). Running sequences beyond n, youngest first, are preempted
+ * at the next step (their blocks freed, recomputed when they run again): that is what
+ * relieves the KV pool. Returns the effective value. */
+int eng_set_max_batch(engine *e, int n);
 /* After the backend reported completion (poll/wait): sample, stream, retire. */
 int eng_step_end(engine *e);
 /* True while a step is in flight. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # serve.sh: `kilnd serve` end to end over one transport, with tests/net/serve_client.py.
 #
-#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|sdk]   (BUILD, MODEL, KILND
+#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|sdk|fault|ladder]   (BUILD, MODEL, KILND
 #   from the environment; limits: short handshake and idle timeouts, 4 connections at most;
 #   sdk: the client SDKs' acceptance tests, tests/sdk/, instead of serve_client.py;
 #   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75)
@@ -106,6 +106,9 @@ max_output_bytes = 16K
 EOF
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
 [ "$CHECKS" = fault ] && printf '[engine]\nstep_timeout_ms = 1000\n' >>"$W/kiln.ini"
+# the ladder: a pool of 66 blocks (1,056 tokens) and a ladder fast enough to watch
+[ "$CHECKS" = ladder ] && sed -i 's/^kv_pool_mb = 256$/kv_pool_mb = 24/' "$W/kiln.ini" && \
+  printf '[engine]\nladder_tick_ms = 50\nladder_hold_ms = 1000\ndrain_timeout_ms = 1500\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac

@@ -583,6 +583,163 @@ def restart(exp):
     check("RESTART: then the connections close", closed, extra)
 
 
+def ladder_line(a):
+    a.send("LADDER")
+    l = a.line()
+    while not l.startswith("LADDER "):
+        l = a.line()
+    return dict(kv.split("=", 1) for kv in l.split(" ")[1:])
+
+
+def ladder_pin(exp):
+    """LADDER by hand: pinned at 3 a new GEN is shed with retry_after_ms and readiness is
+    false; back to auto the ladder walks down to 0."""
+    a = Conn(token=A.admin_token)
+    u = Conn()
+    u.send("LADDER level=3")
+    l = u.line()
+    check("LADDER needs an admin", l.startswith("ERR - 403"), l)
+    a.send("LADDER level=9")
+    l = a.line()
+    check("LADDER rejects level 9", l.startswith("ERR - 400"), l)
+    a.send("LADDER level=3")
+    l = a.line()
+    check("LADDER level=3 pins shedding", l.startswith("LADDER level=3 name=shed pinned=1"), l)
+    u.send(gen_line("p1", exp["prompt"], 4))
+    l = u.line()
+    check("pinned shed: GEN gets 503 with retry_after_ms", l.startswith("ERR p1 503 overloaded retry_after_ms="), l)
+    u.send("HEALTH")
+    l = u.line()
+    check("pinned shed: not ready", "ready=0" in l and "level=3" in l, l)
+    a.send("LADDER level=auto")
+    l = a.line()
+    check("LADDER level=auto", "pinned=0" in l, l)
+    end = time.time() + 20
+    st = ladder_line(a)
+    while time.time() < end and st["level"] != "0":
+        time.sleep(0.1)
+        st = ladder_line(a)
+    check("unpinned and idle: back to level 0, full batch", st["level"] == "0" and st["batch"] == "32", repr(st))
+    a.close(), u.close()
+
+
+def ladder_climb(exp):
+    """serve.sh ... ladder: a small KV pool (66 blocks) and a fast ladder. 32 streams at
+    once push the pressure (blocks in use plus those the queue needs) past ladder_high:
+    the ladder climbs 0 -> 1 (halving the batch) -> 2 (no 8-bit KV yet: passed through)
+    -> 3 (shed); late arrivals are shed with 503 retry_after_ms and come back after the
+    time named; every request ends with END; then the ladder walks back to 0."""
+    import threading
+    a = Conn(token=A.admin_token)
+    ends, shed, bad = {}, [], []
+    lock = threading.Lock()
+
+    def client(i):
+        try:
+            c = Conn(timeout=600)
+            rid = "c%d" % i
+            for _ in range(200):
+                c.send(gen_line(rid, "%s (%d)" % (exp["prompt"], i), 48, temperature="0.7"))
+                r = collect(c, [rid])[rid][1]
+                if r.startswith("ERR %s 503 overloaded retry_after_ms=" % rid):
+                    ms = int(r.split("retry_after_ms=")[1].split()[0])
+                    with lock:
+                        shed.append(ms)
+                    time.sleep(min(ms, 3000) / 1000.0)
+                    continue
+                with lock:
+                    ends[i] = r
+                break
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            with lock:
+                bad.append("%d: %r" % (i, e))
+
+    levels = []
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    late = []
+    t0 = time.time()
+    while any(t.is_alive() for t in threads + late) and time.time() - t0 < 400:
+        st = ladder_line(a)
+        levels.append(int(st["level"]))
+        if st["level"] == "3" and not late:  # arrivals while shedding
+            late = [threading.Thread(target=client, args=(100 + i,)) for i in range(8)]
+            for t in late:
+                t.start()
+        time.sleep(0.05)
+    for t in threads + late:
+        t.join(5)
+    first3 = levels.index(3) if 3 in levels else -1
+    check("ladder: reached level 3 (shed) under 32 streams", first3 >= 0, "levels seen %r" % sorted(set(levels)))
+    check("ladder: climbed through 1 before 3", first3 > 0 and 1 in levels[:first3],
+          "first levels %r" % levels[:max(first3, 10)])
+    _, m = http_get("/metrics")
+    tr = {}
+    for l in m.splitlines():
+        if l.startswith("kiln_degrade_transitions_total{"):
+            lab, v = l.split("} ")
+            f, t = re.findall(r'"(\d)"', lab)
+            tr[(int(f), int(t))] = float(v)
+    check("ladder: /metrics counts 0->1, 1->2, 2->3",
+          tr.get((0, 1), 0) >= 1 and tr.get((1, 2), 0) >= 1 and tr.get((2, 3), 0) >= 1,
+          repr({k: v for k, v in tr.items() if v}))
+    check("ladder: requests shed with a retry_after_ms", len(shed) > 0 and min(shed) >= 100,
+          "%d shed, retry_after_ms %r" % (len(shed), sorted(set(shed))[:8]))
+    check("ladder: /metrics kiln_requests_shed_total counts them",
+          (metric(m, "kiln_requests_shed_total") or 0) >= len(shed), "%s vs %d" % (metric(m, "kiln_requests_shed_total"), len(shed)))
+    check("ladder: no client failed", not bad, repr(bad[:3]))
+    check("ladder: every request ended with END (40 of 40)",
+          len(ends) == 40 and all(v.startswith("END ") for v in ends.values()),
+          "%d ended; not END: %r" % (len(ends), [v for v in ends.values() if not v.startswith("END ")][:3]))
+    end = time.time() + 60
+    st = ladder_line(a)
+    while time.time() < end and (st["level"] != "0" or st["batch"] != "32"):
+        time.sleep(0.1)
+        st = ladder_line(a)
+    check("ladder: back to level 0 and the full batch after the load", st["level"] == "0" and st["batch"] == "32",
+          repr(st))
+    _, m = http_get("/metrics")
+    check("ladder: /metrics shows level 0, batch 32, no KV in use",
+          metric(m, "kiln_degrade_level") == 0 and metric(m, "kiln_effective_batch_size") == 32
+          and metric(m, "kiln_kv_cache_usage_perc") == 0,
+          "level %s batch %s kv %s" % (metric(m, "kiln_degrade_level"), metric(m, "kiln_effective_batch_size"),
+                                       metric(m, "kiln_kv_cache_usage_perc")))
+    a.close()
+
+
+def drain_timeout(exp):
+    """drain_timeout_ms = 1500: DRAIN refuses new work at once; a request still running
+    after 1.5 s ends with ERR 503 draining; readiness is false meanwhile; DRAIN off
+    restores service."""
+    a = Conn(token=A.admin_token)
+    u = Conn()
+    u.send(gen_line("d1", exp["prompt"], 900, extra="ignore_eos=1"))
+    l = u.line()  # the first token: it runs
+    a.send("DRAIN")
+    l = a.line()
+    check("DRAIN", l == "OK draining=1", l)
+    t0 = time.time()
+    u.send(gen_line("d2", exp["prompt"], 4))
+    a.send("HEALTH")
+    h = a.line()
+    check("draining: not ready", "ready=0" in h and "draining=1" in h, h)
+    r = collect(u, ["d1", "d2"])
+    took = time.time() - t0
+    check("draining: a new GEN gets 503 draining", r["d2"][1].startswith("ERR d2 503 draining"), r["d2"][1])
+    check("drain_timeout: the running request ends with ERR 503 draining after ~1.5 s",
+          r["d1"][1].startswith("ERR d1 503 draining") and 1.2 < took < 10, "%s after %.1f s" % (r["d1"][1], took))
+    a.send("DRAIN off")
+    l = a.line()
+    u.send(gen_line("d3", exp["prompt"], 4))
+    r = collect(u, ["d3"])
+    check("DRAIN off: served again", l == "OK draining=0" and r["d3"][1].startswith("END d3"), "%s / %s" % (l, r["d3"][1]))
+    st = wait_idle(a)
+    check("drain: nothing left running", st["running"] == "0" and st["waiting"] == "0", repr(st))
+    a.close(), u.close()
+
+
 def main():
     global A
     ap = argparse.ArgumentParser()
@@ -611,6 +768,8 @@ def main():
         steps = [limits]
     if A.checks == "fault":
         steps = [fault]
+    if A.checks == "ladder":
+        steps = [ladder_pin, ladder_climb, drain_timeout]
     if A.checks == "all":
         steps += [auth_and_roles, plaintext_on_tls_port, cancel_and_errors, disconnect_frees, long_line,
                   many_connections] + ([slow_reader] if A.lwip else [])

@@ -40,6 +40,7 @@ typedef struct {
     int32_t eog;
     int fail_next;  /* the next step fails (a device error) */
     float *logits; /* [max_logits][n_vocab] */
+    int last_seqs;  /* sequences in the last step */
 } fake_backend;
 
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -54,6 +55,8 @@ static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int pos) {
 
 static int fake_submit(backend *be, const model_batch *b) {
     fake_backend *f = (fake_backend *)be;
+    f->last_seqs = 0;
+    for (int t = 0; t < b->n_tokens; t++) f->last_seqs += t == 0 || b->seq[t] != b->seq[t - 1];
     for (int t = 0; t < b->n_tokens; t++) /* "write the KV": the token id */
         *fake_slot(f->kv, b->seq[t], b->pos[t]) = (uint16_t)b->tokens[t];
     for (int i = 0; i < b->n_logits; i++) { /* "attend": hash the whole context */
@@ -419,6 +422,76 @@ static void pausing(const model *m, const tok_t *tok) {
     rig_close(&g);
 }
 
+/* The ladder's first rung: eng_set_max_batch(1) preempts every running sequence but
+ * one at the next step, their blocks go back, and every request still finishes with
+ * the tokens it has alone (fake backend: deterministic per token). */
+static void shrinking(const model *m, const tok_t *tok) {
+    static prompt p[6];
+    static req_result r[6], alone[6];
+    rig g;
+    if (rig_open(&g, m, tok, 64, 16, 256, 8, 128, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i < 6; i++) {
+        make_prompt(&p[i], 20 + 7 * i, 90 + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]);
+        submit(&g, &p[i], 10, 1, 0.0f, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "shrink: alone %d", i);
+    }
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 6; i++) submit(&g, &p[i], 10, 1, 0.0f, &r[i]);
+    for (int i = 0; i < 3; i++)
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    int used_before = g.kv.cfg.n_blocks - kv_free_blocks(&g.kv);
+    eng_stats st;
+    eng_get_stats(g.eng, &st);
+    int running = st.running;
+    CHECK(eng_set_max_batch(g.eng, 0) == 1 && eng_set_max_batch(g.eng, 99) == 8, "shrink: clamped");
+    CHECK(eng_set_max_batch(g.eng, 1) == 1, "shrink: set 1");
+    eng_stats st0, st1;
+    eng_get_stats(g.eng, &st0);
+    CHECK(eng_step_begin(g.eng) == 1, "shrink: a step");
+    CHECK(g.fake.last_seqs == 1, "shrink: %d sequences in a batch-1 step", g.fake.last_seqs);
+    eng_step_end(g.eng);
+    eng_get_stats(g.eng, &st1);
+    int used_after = g.kv.cfg.n_blocks - kv_free_blocks(&g.kv);
+    CHECK(running > 2 && st1.preemptions - st0.preemptions == running - 1 && used_after < used_before,
+          "shrink: %lld preemptions, blocks in use %d -> %d", (long long)(st1.preemptions - st0.preemptions),
+          used_before, used_after);
+    eng_set_max_batch(g.eng, 8);
+    CHECK(eng_run_sync(g.eng) == 0, "shrink: run");
+    for (int i = 0; i < 6; i++)
+        CHECK(r[i].finished[0] == 1 && same_outputs(&r[i], &alone[i], 1), "shrink: request %d changed", i);
+    pool_ok(&g, "shrink");
+    rig_close(&g);
+}
+
+/* Fairness: client 1 queues 6 requests before client 2's one; with room for 2 at a
+ * time, client 2 is admitted with client 1's first, not after all six. */
+static void fairness(const model *m, const tok_t *tok) {
+    static prompt p;
+    static req_result r[7];
+    char err[256];
+    rig g;
+    if (rig_open(&g, m, tok, 64, 16, 256, 2, 128, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    memset(r, 0, sizeof r);
+    make_prompt(&p, 16, 77);
+    for (int i = 0; i < 7; i++) {
+        eng_params ep = {0};
+        ep.prompt = p.toks, ep.n_prompt = p.n, ep.n = 1, ep.ud = &r[i], ep.client = i < 6 ? 1 : 2;
+        sampler_params_default(&ep.sp);
+        ep.sp.temperature = 0, ep.sp.max_tokens = 4;
+        CHECK(eng_submit(g.eng, &ep, err, sizeof err) > 0, "fair: submit %d: %s", i, err);
+    }
+    int steps = 0;
+    while (!r[6].finished[0] && eng_step_begin(g.eng) == 1) eng_step_end(g.eng), steps++;
+    int done1 = 0;
+    for (int i = 0; i < 6; i++) done1 += r[i].finished[0];
+    CHECK(r[6].finished[0] == 1 && done1 <= 1, "fair: client 2 finished after %d of client 1's (%d steps)",
+          done1, steps);
+    CHECK(eng_run_sync(g.eng) == 0, "fair: run");
+    pool_ok(&g, "fair");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -486,6 +559,8 @@ int main(void) {
     forks(&m, &tok, 1);
     admission(&m, &tok);
     pausing(&m, &tok);
+    shrinking(&m, &tok);
+    fairness(&m, &tok);
     forks(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
