@@ -555,6 +555,7 @@ static void verb_gen(srv_sess *ss, const proto_line *l) {
     ep.prompt = s->prompt, ep.n_prompt = n_prompt, ep.n = g.n, ep.ud = r;
     ep.stops = g.stops, ep.n_stops = g.n_stops;
     ep.ignore_eog = g.ignore_eos, ep.logprobs = g.logprobs;
+    ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
     sampler_params *sp = &ep.sp;
     sampler_params_default(sp);
     const kiln_config *c = &s->cfg;

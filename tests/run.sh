@@ -76,7 +76,7 @@ run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault
 # The degrade ladder: a small KV pool under 32 streams climbs 0 -> 1 -> 2 -> 3 (shed with
 # retry_after_ms), every request ends, it walks back to 0; LADDER pinning; drain_timeout_ms.
-run "net/serve-ladder" tests/net/serve.sh host ladder
+run "net/serve-ladder" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host ladder
 run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
 # kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
 # heartbeat loss, crash loop and safe mode, bad config, drain and power-off

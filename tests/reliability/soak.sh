@@ -7,9 +7,10 @@
 #
 #   tests/reliability/soak.sh [--host] [--requests N] [--clients C] [--max-tokens M]
 #       [--prompt-max W] [--slow-max-tokens M] [--time-limit S] [--request-timeout S]
-#       [--seed N] [--json FILE] [--stuck-reader]
-#   --stuck-reader: afterwards, a client that stops reading must not stall the others
-#   (it does today: see the report in RELIABILITY.md; so it is not on by default)
+#       [--seed N] [--json FILE] [--no-stuck-reader]
+#   After the load, a client that stops reading altogether must not stall the others
+#   (--no-stuck-reader skips that check: kilnd fails it at the time of writing, see
+#   RELIABILITY.md).
 #   (BUILD, MODEL, KILND from the environment, as tests/net/serve.sh)
 #
 # Short run (tests/run.sh): 2,000 requests from 32 clients with --max-tokens 16
@@ -31,7 +32,7 @@ EXTRA=() MODE=tap REQUESTS=2000 CLIENTS=32 MAXT=64 PMAX=200 TLIMIT="" RTIMEOUT=3
 while [ $# -gt 0 ]; do
   case $1 in
   --host) MODE=host ;;
-  --stuck-reader) EXTRA+=(--stuck-reader) ;;
+  --no-stuck-reader) EXTRA+=(--no-stuck-reader) ;;
   --slow-max-tokens) EXTRA+=(--slow-max-tokens "$2"); shift ;;
   --requests) REQUESTS=$2; shift ;;
   --clients) CLIENTS=$2; shift ;;
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
   --json) JSON=$2; shift ;;
   *) echo "usage: soak.sh [--host] [--requests N] [--clients C] [--max-tokens M]" \
           "[--prompt-max W] [--slow-max-tokens M] [--time-limit S] [--request-timeout S] [--seed N]" \
-          "[--json FILE] [--stuck-reader]" >&2; exit 2 ;;
+          "[--json FILE] [--no-stuck-reader]" >&2; exit 2 ;;
   esac
   shift
 done
