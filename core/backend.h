@@ -77,6 +77,11 @@ int backend_cuda_probe(char *err, size_t errlen);
  * then untouched. The caller frees kv (kv_pool_free) after destroying the backend. */
 backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const backend_cuda_config *cfg,
                           char *err, size_t errlen);
+/* 8-bit KV (the ladder's rung 2, and the accuracy measurement): turn these full,
+ * written blocks to fp8 e4m3 in place; attention reads them as such until the block's
+ * first position is written again (a reused block). No step may be running. 0, or
+ * negative with be->err set. */
+int backend_cuda_kv8(backend *be, const int32_t *blocks, int n);
 /* One line about the device: name, memory, what the KV pool and weights took. */
 void backend_cuda_describe(backend *be, char *buf, size_t n);
 

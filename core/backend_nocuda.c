@@ -19,6 +19,12 @@ backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const back
     return NULL;
 }
 
+int backend_cuda_kv8(backend *be, const int32_t *blocks, int n) {
+    (void)blocks, (void)n;
+    snprintf(be->err, sizeof be->err, "8-bit KV needs the CUDA backend");
+    return -1;
+}
+
 void backend_cuda_describe(backend *be, char *buf, size_t n) {
     (void)be;
     snprintf(buf, n, "no CUDA backend");

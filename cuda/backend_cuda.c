@@ -67,7 +67,7 @@ typedef struct {
     kern_mat embd, out;
     CUdeviceptr out_norm;
     dlayer *L;
-    CUdeviceptr wmem, w16mem, kvmem, scratch;
+    CUdeviceptr wmem, w16mem, kvmem, scratch, kv8_list; /* kv8_list: [n_blocks] ints */
     size_t wbytes, w16bytes, kvbytes, scratch_bytes;
     kern_kv kvd;
     /* scratch: activations for the largest step */
@@ -324,6 +324,7 @@ static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
                         kc->n_layers, kc->n_kv_heads, kc->head_dim, kc->block_size,
                         (long long)(bb / 2)};
     CK(cu->cuMemsetD8Async(cb->kvd.fp8, 0, (size_t)kc->n_blocks, cb->st), "cuda: KV flags");
+    CK(cu->cuMemAlloc(&cb->kv8_list, (size_t)kc->n_blocks * sizeof(int32_t)), "cuda: KV block list");
     CK(cu->cuStreamSynchronize(cb->st), "cuda: KV flags");
     int r = kv_pool_init(kv, kc, NULL);
     if (r < 0) {
@@ -522,7 +523,7 @@ static void cuda_destroy(backend *be) {
             for (int i = 0; i < PROF_MAX; i++) cu->cuEventDestroy(cb->pf.ev[i]);
         }
         blas_close(cb->bl);
-        CUdeviceptr mem[] = {cb->wmem, cb->w16mem, cb->w16tmp, cb->kvmem, cb->scratch};
+        CUdeviceptr mem[] = {cb->wmem, cb->w16mem, cb->w16tmp, cb->kvmem, cb->scratch, cb->kv8_list};
         for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
             if (mem[i]) cu->cuMemFree(mem[i]);
         if (cb->stage_h) cu->cuMemFreeHost(cb->stage_h);
@@ -614,6 +615,26 @@ backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const back
     *kv = kv_new; /* the hook's context is cb, not the pool: moving the struct is safe */
     cb->kv = kv;
     return &cb->be;
+}
+
+int backend_cuda_kv8(backend *be, const int32_t *blocks, int n) {
+    cuda_backend *cb = (cuda_backend *)be;
+    const cu_api *cu = cb->cu;
+    if (cb->running || n < 0 || n > cb->n_blocks) {
+        snprintf(be->err, sizeof be->err, "cuda: kv8: a step is running or %d blocks is out of range", n);
+        return -EINVAL;
+    }
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= cb->n_blocks) {
+            snprintf(be->err, sizeof be->err, "cuda: kv8: block %d out of range", blocks[i]);
+            return -EINVAL;
+        }
+    if (!n) return 0;
+    CK(cu->cuCtxSetCurrent(cb->ctx), "cuda: cuCtxSetCurrent");
+    CK(cu->cuMemcpyHtoDAsync(cb->kv8_list, blocks, (size_t)n * sizeof(int32_t), cb->st), "cuda: kv8 list");
+    CK(kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, cb->kv8_list, n), "cuda: k_kv_to_fp8");
+    CK(cu->cuStreamSynchronize(cb->st), "cuda: kv8"); /* blocks is the caller's memory */
+    return 0;
 }
 
 void backend_cuda_describe(backend *be, char *buf, size_t n) {

@@ -90,8 +90,8 @@ CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const
     float base = c->rope_base;
     int bs = kv->bs;
     long long be = kv->block_elems;
-    CUdeviceptr data = kv->data;
-    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &layer, &nh, &nkv, &hd, &rd, &neox, &base, &bs, &be};
+    CUdeviceptr data = kv->data, fp8 = kv->fp8;
+    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &fp8, &layer, &nh, &nkv, &hd, &rd, &neox, &base, &bs, &be};
     return launch(k, k->rope_store, s, (unsigned)T, 1, 128, 0, a);
 }
 
@@ -109,10 +109,10 @@ CUresult kern_attn(const kern *k, CUstream s, const model_config *c, const kern_
 }
 
 CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n) {
-    CUdeviceptr data = kv->data, sc = kv->scale;
+    CUdeviceptr data = kv->data, sc = kv->scale, fp8 = kv->fp8;
     long long be = kv->block_elems;
     int he = kv->bs * kv->hd;
-    void *a[] = {&data, &sc, &blocks, &be, &he};
+    void *a[] = {&data, &sc, &fp8, &blocks, &be, &he};
     return launch(k, k->kv_to_fp8, s, (unsigned)n, 1, 256, (unsigned)he * 4, a);
 }
 

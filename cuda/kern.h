@@ -55,6 +55,7 @@ CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const
 CUresult kern_attn(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
                    const cplan_attn *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
                    CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles);
+/* Blocks [n] (device ints) to fp8 in place; sets their kv->fp8 flags when kv->fp8. */
 CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n);
 CUresult kern_dq_f16(const kern *k, CUstream s, CUdeviceptr dst, const kern_mat *w);
 CUresult kern_f32_to_f16(const kern *k, CUstream s, CUdeviceptr dst, CUdeviceptr x, long long n);

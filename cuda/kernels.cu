@@ -257,8 +257,8 @@ __global__ void k_bias(float *out, int ostride, const float *bias, int n, int T)
  * paged cache at slot[t] (= physical block * block_size + offset). grid (T), block 128.
  * Angles in double, as the CPU's rope_table, so both backends rotate alike. */
 __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos, const int *slot,
-                             __half *kv, int layer, int n_heads, int n_kv, int hd, int rope_dim,
-                             int neox, float base, int bs, long long block_elems) {
+                             __half *kv, uint8_t *fp8, int layer, int n_heads, int n_kv, int hd,
+                             int rope_dim, int neox, float base, int bs, long long block_elems) {
     __shared__ float cs[ATT_MAX_HD / 2][2]; /* cos, sin per rotated pair: once per token */
     int t = blockIdx.x, half = rope_dim / 2, p = pos[t];
     int qd = n_heads * hd, kd = n_kv * hd;
@@ -281,6 +281,8 @@ __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos,
     __syncthreads();
     long long blk = slot[t] / bs, off = slot[t] % bs;
     long long head_elems = (long long)bs * hd;
+    /* a block's first token makes it f16 again (it may be a freed 8-bit block reused) */
+    if (fp8 && off == 0 && layer == 0 && threadIdx.x == 0) fp8[blk] = 0;
     for (int idx = threadIdx.x; idx < kd; idx += blockDim.x) {
         int h = idx / hd, i = idx % hd;
         long long kbase = blk * block_elems + ((long long)layer * 2 * n_kv + h) * head_elems;
@@ -415,14 +417,15 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
     }
 }
 
-/* Turns whole KV blocks from f16 into fp8 e4m3 in place (the degrade ladder's 8-bit KV):
+/* Turns whole KV blocks from f16 into fp8 e4m3 in place (the degrade ladder's 8-bit KV)
+ * and flags them for attention:
  * each (layer, K|V, head) slab gets scale = absmax / 448 in scale[block][slab], and its
  * fp8 bytes go to byte offset slab*head_elems of the block, that is the block's first
  * half. Slabs are done in order by one CUDA block per KV block, each read whole before
  * it is written: slab i's bytes only overwrite f16 slab i/2, already consumed.
  * grid (n), block 256, shared memory head_elems * 4 bytes. */
-__global__ void k_kv_to_fp8(__half *kv, float *scale, const int *blocks, long long block_elems,
-                            int head_elems) {
+__global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int *blocks,
+                            long long block_elems, int head_elems) {
     extern __shared__ float sm[];
     __shared__ float red[32];
     int blk = blocks[blockIdx.x];
@@ -453,6 +456,7 @@ __global__ void k_kv_to_fp8(__half *kv, float *scale, const int *blocks, long lo
         }
         __syncthreads();
     }
+    if (flags && threadIdx.x == 0) flags[blk] = 1; /* attention now reads it as fp8 */
 }
 
 /* dst[r][i] = f16 of W row r (the cuBLAS path's weights). grid (n_rows), block 128. */

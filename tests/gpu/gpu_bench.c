@@ -18,6 +18,8 @@
 
 #include "core/backend.h"
 #include "core/threads.h"
+#include "core/tokenizer.h"
+#include <math.h>
 #include "cuda/cu.h"
 #include "cuda/kern.h"
 
@@ -212,6 +214,110 @@ static run_result run_streams(rig *r, int S) {
     return res;
 }
 
+/* ---------------------------------------------------------------- 8-bit KV accuracy */
+
+#define KV8_STEPS 32
+#define CHATML(u) "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face" \
+                  "<|im_end|>\n<|im_start|>user\n" u "<|im_end|>\n<|im_start|>assistant\n"
+/* tests/ref/parity.py's prompts */
+static const char *const KV8_PROMPTS[] = {
+    CHATML("What is the capital of France?"),
+    CHATML("Write a Python function that reverses a string."),
+    "Le café où j'ai rencontré Hélène était très agréable ; nous avons parlé de l'été à Montréal et",
+    "北京是中国的首都，也是一座历史悠久的城市。它的著名景点包括",
+    "My favourite foods are pizza 🍕, sushi 🍣 and ice cream 🍦 because",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n",
+    "The year 1969 saw 3 astronauts travel 384400 km; in 2024, ",
+};
+
+static int argmax_row(const float *x, int n) { return greedy(x, n); }
+
+/* KL(p || q) of the softmaxes of two logit rows, in double. */
+static double kl_rows(const float *p, const float *q, int n) {
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, kl = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, p[i]), mq = fmax(mq, q[i]);
+    for (int i = 0; i < n; i++) sp += exp(p[i] - mp), sq += exp(q[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - log(sp), lq = q[i] - mq - log(sq);
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
+/* One step of tokens [pos0, pos0+n) of seq, logits of the last; NULL on failure. */
+static const float *feed(rig *r, kv_seq *seq, const int32_t *toks, int n, int pos0) {
+    for (int i = 0; i < n; i++) r->tok[i] = toks[i], r->pos[i] = pos0 + i, r->seqv[i] = seq;
+    r->rows[0] = n - 1;
+    model_batch b = {n, r->tok, r->pos, r->seqv, 1, r->rows};
+    if (backend_run(r->be, &b) < 0) {
+        say("kv8: step failed: %s\n", r->be->err);
+        return NULL;
+    }
+    return r->be->ops->logits(r->be);
+}
+
+/* The parity prompts with f16 KV, then again with every full block turned to fp8 as
+ * soon as it is full (the ladder's rung 2 at its harshest: all of the cache but the
+ * block being written), teacher-forced on the f16 run's greedy tokens: the mean KL
+ * divergence of the next-token distributions, and how long greedy output stays the
+ * same. */
+static void kv8_accuracy(rig *r, const tok_t *tok) {
+    int nv = r->m->cfg.n_vocab, bs = r->kv->cfg.block_size, n_p = sizeof KV8_PROMPTS / sizeof *KV8_PROMPTS;
+    float *ref = malloc((size_t)(KV8_STEPS + 1) * nv * sizeof(float));
+    int32_t ids[1024], gen[KV8_STEPS + 1], blocks[64];
+    double kl_sum = 0, kl_max = 0;
+    int kl_n = 0, same16 = 0;
+    say("\n8-bit KV (fp8 e4m3, a scale per block, layer, K|V and head) against f16, %d steps per prompt:\n",
+        KV8_STEPS);
+    for (int p = 0; p < n_p && ref; p++) {
+        int n = tok_encode(tok, KV8_PROMPTS[p], strlen(KV8_PROMPTS[p]), 1, ids, 1024);
+        kv_seq *seq = kv_seq_new(r->kv);
+        if (n < 1 || n > 512 || !seq || kv_seq_reserve(r->kv, seq, n + KV8_STEPS + 1) < 0) {
+            say("kv8: prompt %d: cannot tokenize or reserve\n", p);
+            break;
+        }
+        const float *lg = feed(r, seq, ids, n, 0);
+        for (int i = 0; lg && i <= KV8_STEPS; i++) { /* the f16 reference, greedy */
+            memcpy(ref + (size_t)i * nv, lg, (size_t)nv * sizeof(float));
+            gen[i] = argmax_row(lg, nv);
+            if (i < KV8_STEPS) lg = feed(r, seq, &gen[i], 1, n + i);
+        }
+        kv_seq_release(r->kv, seq);
+        seq = kv_seq_new(r->kv);
+        if (!lg || !seq || kv_seq_reserve(r->kv, seq, n + KV8_STEPS + 1) < 0) break;
+        lg = feed(r, seq, ids, n, 0);
+        int nb = n / bs, same = -1;
+        for (int b = 0; b < nb; b++) blocks[b] = seq->blocks[b];
+        if (!lg || backend_cuda_kv8(r->be, blocks, nb) < 0) {
+            say("kv8: %s\n", r->be->err);
+            break;
+        }
+        double kl_p = 0;
+        for (int i = 0; i < KV8_STEPS; i++) {
+            lg = feed(r, seq, &gen[i], 1, n + i);
+            if (!lg) break;
+            double kl = kl_rows(ref + (size_t)(i + 1) * nv, lg, nv);
+            kl_p += kl, kl_sum += kl, kl_n++;
+            kl_max = kl > kl_max ? kl : kl_max;
+            if (same < 0 && argmax_row(lg, nv) != gen[i + 1]) same = i + 1;
+            int pos = n + i;
+            if ((pos + 1) % bs == 0) { /* that block is full: 8 bits from now on */
+                int32_t blk = seq->blocks[pos / bs];
+                if (backend_cuda_kv8(r->be, &blk, 1) < 0) break;
+            }
+        }
+        if (same < 0) same = KV8_STEPS + 1;
+        same16 += same > 16;
+        say("  prompt %d: %3d tokens, %2d blocks 8-bit at the start; mean KL %.5f; greedy identical for %d of %d tokens\n",
+            p, n, nb, kl_p / KV8_STEPS, same > KV8_STEPS ? KV8_STEPS + 1 : same, KV8_STEPS + 1);
+        kv_seq_release(r->kv, seq);
+    }
+    if (kl_n)
+        say("8-bit KV: mean KL %.5f nats (max %.5f) over %d next-token distributions; greedy output "
+            "identical for the first 16 tokens on %d of %d prompts\n", kl_sum / kl_n, kl_max, kl_n, same16, n_p);
+    free(ref);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static size_t weight_bytes(const model *m) {
@@ -286,6 +392,13 @@ int main(int argc, char **argv) {
         double share = bw > 0 ? bytes / (x.decode_step_ms * 1e-3) / bw : 0;
         say("%-34s %8d %12.0f %12.0f %10.3f %9.1f%%\n", "kiln kernels, graphs", streams[i], x.prefill_tps,
             x.decode_tps, x.decode_step_ms, 100 * share);
+    }
+    static tok_t tok;
+    if (tok_init_gguf(&tok, &m.gguf, err, sizeof err) == 0) {
+        kv8_accuracy(&r, &tok);
+        tok_free(&tok);
+    } else {
+        say("kv8: tokenizer: %s\n", err);
     }
     be->ops->destroy(be);
     kv_pool_free(&kv);
