@@ -114,6 +114,10 @@ struct srv {
     int64_t finished_total, finished_seen, rate_ms;
     int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
     int fault_drop_step;   /* test fault (kilnd --faults): lose the next step's completion */
+    int fault_slow_ms, fault_slow_n; /* FAULT slow_step: the next n completions come ms late */
+    int fault_write_n;     /* FAULT write_fail: the next n session writes fail (a reset) */
+    int64_t fault_kv_until; /* FAULT kv_fail: every KV block allocation fails until then */
+    int64_t slow_timer;
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
     int64_t t_start_ms, step_start_ms;
     int64_t sweep_timer, retry_timer;
@@ -128,6 +132,7 @@ struct srv {
 static double now_s(void) { return (double)loop_now_us() * 1e-6; }
 
 static int retry_after_ms(const srv *s);
+static int fault_arm(srv *s, const char *what, const proto_line *l);
 static void ladder_apply(srv *s);
 static void drain_expire(srv *s);
 
@@ -338,6 +343,12 @@ static void sess_flush(srv_sess *ss) {
         sess_kill(ss, 1);
         return;
     }
+    if (ss->s->fault_write_n > 0 && ss->n_reqs > 0 && ss->out_len > ss->out_head && ss->state == SS_READY) {
+        ss->s->fault_write_n--; /* as a write to a peer that vanished: ECONNRESET */
+        srv_log(ss->s, CFG_LOG_WARN, "fault: session %d: write failed", ss->num);
+        sess_kill(ss, 1);
+        return;
+    }
     while (ss->out_len > ss->out_head) {
         ssize_t n = tls_write(ss->tls, ss->out + ss->out_head, ss->out_len - ss->out_head);
         if (n == -EAGAIN) break;
@@ -456,17 +467,37 @@ static void kick(srv *s) {
     }
 }
 
+/* The step's results: sample, stream, retire, start the next. */
+static void step_finished(srv *s) {
+    if (eng_step_end(s->eng) < 0) srv_log(s, CFG_LOG_ERROR, "step failed: %s", s->env.be->err);
+    flush_dirty(s);
+    kick(s);
+}
+
+static int64_t slow_step_done(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    srv *s = ud;
+    s->slow_timer = 0;
+    step_finished(s);
+    return LOOP_NOMORE;
+}
+
 static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
     (void)l, (void)fd, (void)mask;
     srv *s = ud;
+    if (s->slow_timer) return; /* a slowed step is already done, its results held back */
     if (s->env.be->ops->poll(s->env.be) == 0) return; /* a stale wakeup */
     if (s->fault_drop_step) { /* as if the step never ended: the engine stays busy */
         srv_log(s, CFG_LOG_WARN, "fault: a step's completion dropped");
         return;
     }
-    if (eng_step_end(s->eng) < 0) srv_log(s, CFG_LOG_ERROR, "step failed: %s", s->env.be->err);
-    flush_dirty(s);
-    kick(s);
+    if (s->fault_slow_n > 0) { /* as a slow device: the results come fault_slow_ms late */
+        s->fault_slow_n--;
+        s->slow_timer = loop_timer_add(s->env.loop, s->fault_slow_ms, slow_step_done, s);
+        if (s->slow_timer > 0) return;
+        s->slow_timer = 0;
+    }
+    step_finished(s);
 }
 
 /* ------------------------------------------------------------------ verbs */
@@ -732,8 +763,12 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
             s->fault_drop_step = 1;
             srv_log(s, CFG_LOG_WARN, "fault drop_step armed by session %d", ss->num);
             sess_printf(ss, "OK fault=drop_step\n");
+        } else if (l->n_pos == 1 && fault_arm(s, l->pos[0].s, l) == 0) {
+            srv_log(s, CFG_LOG_WARN, "fault %s armed by session %d", l->pos[0].s, ss->num);
+            sess_printf(ss, "OK fault=%s\n", l->pos[0].s);
         } else {
-            sess_err(ss, "-", 400, "bad_request", "usage: FAULT drop_step");
+            sess_err(ss, "-", 400, "bad_request",
+                     "usage: FAULT drop_step | slow_step ms=N count=K | kv_fail ms=N | write_fail count=K");
         }
     } else { /* RESTART */
         sess_printf(ss, "OK restarting\n");
@@ -937,6 +972,30 @@ static void step_hung(srv *s) {
     flush_dirty(s);
 }
 
+/* ------------------------------------------------------------------ fault injection */
+
+/* FAULT <what> [ms=N] [count=K] (admin, kilnd serve --faults only): slow_step delays the
+ * next K step completions by N ms (a slow device); kv_fail makes every KV block
+ * allocation fail for N ms (the engine preempts and waits, loses nothing); write_fail
+ * makes the next K writes of sessions with requests in flight fail (a peer that
+ * vanished: the session is reset, its requests cancelled and their blocks freed). -1 for an unknown fault or bad numbers. */
+static int fault_arm(srv *s, const char *what, const proto_line *l) {
+    const proto_str *ms = proto_get(l, "ms"), *count = proto_get(l, "count");
+    long v_ms = ms ? strtol(ms->s, NULL, 10) : 0, v_n = count ? strtol(count->s, NULL, 10) : 1;
+    if (v_ms < 0 || v_ms > 600000 || v_n < 1 || v_n > 1000000) return -1;
+    if (!strcmp(what, "slow_step") && ms) {
+        s->fault_slow_ms = (int)v_ms, s->fault_slow_n = (int)v_n;
+    } else if (!strcmp(what, "kv_fail") && ms) {
+        s->fault_kv_until = loop_now_ms() + v_ms;
+        kv_fail_from(s->env.kv, 1);
+    } else if (!strcmp(what, "write_fail")) {
+        s->fault_write_n = (int)v_n;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ the degrade ladder */
 
 /* What a shed client should wait: the work ahead of it at the rate requests have been
@@ -1023,6 +1082,12 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     int64_t now = loop_now_ms();
     if (!s->hung && eng_busy(s->eng) && now - s->step_start_ms > s->cfg.engine.step_timeout_ms)
         step_hung(s);
+    if (s->fault_kv_until && now >= s->fault_kv_until) { /* FAULT kv_fail: the window is over */
+        s->fault_kv_until = 0;
+        kv_fail_from(s->env.kv, 0);
+        srv_log(s, CFG_LOG_WARN, "fault kv_fail over");
+        kick(s);
+    }
     if (s->draining && !s->hung && !s->drain_expired &&
         now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
         drain_expire(s);
@@ -1271,6 +1336,7 @@ void srv_free(srv *s) {
     while (s->https) http_done(s->https, 1);
     if (s->sweep_timer > 0) loop_timer_del(s->env.loop, s->sweep_timer);
     if (s->ladder_timer > 0) loop_timer_del(s->env.loop, s->ladder_timer);
+    if (s->slow_timer > 0) loop_timer_del(s->env.loop, s->slow_timer);
     if (s->retry_timer > 0) loop_timer_del(s->env.loop, s->retry_timer);
     if (s->eng) loop_fd_del(s->env.loop, s->env.be->ops->event_fd(s->env.be), LOOP_READ);
     eng_free(s->eng);

@@ -740,6 +740,60 @@ def drain_timeout(exp):
     a.close(), u.close()
 
 
+def fault_slow_kv_write(exp):
+    """--faults: a slow device (steps 300 ms late, under step_timeout_ms): requests still
+    finish and the server stays live; KV allocation failing for 1.5 s: requests wait
+    (preempted, recomputed) and all finish, the pool back to empty; a session whose write
+    fails is reset, its request cancelled, the other session unharmed."""
+    a = Conn(token=A.admin_token)
+    u = Conn()
+    a.send("FAULT slow_step ms=300 count=3")
+    l = a.line()
+    check("FAULT slow_step armed", l == "OK fault=slow_step", l)
+    t0 = time.time()
+    u.send(gen_line("s1", exp["prompt"], 6))
+    a.send("HEALTH")
+    h = a.line()
+    r = collect(u, ["s1"])
+    check("slow steps: the request finishes, later", r["s1"][1].startswith("END s1") and time.time() - t0 > 0.8,
+          "%s after %.1f s" % (r["s1"][1], time.time() - t0))
+    check("slow steps: still live", "live=1" in h, h)
+    a.send("FAULT kv_fail ms=1500")
+    l = a.line()
+    check("FAULT kv_fail armed", l == "OK fault=kv_fail", l)
+    ids = ["k%d" % i for i in range(4)]
+    for i in ids:
+        u.send(gen_line(i, exp["prompt"], 8))
+    r = collect(u, ids)
+    check("KV allocation failing: every request still ends with END",
+          all(v[1].startswith("END ") for v in r.values()), repr([v[1] for v in r.values()]))
+    st = wait_idle(a)
+    check("KV allocation failing: nothing left, blocks back", st["running"] == "0" and st["waiting"] == "0"
+          and st.get("kv_blocks_used", "0") == "0", repr(st))
+    v = Conn()
+    v.send(gen_line("w1", exp["prompt"], 200, extra="ignore_eos=1"))
+    v.line()
+    u.send(gen_line("w2", exp["prompt"], 200, extra="ignore_eos=1"))
+    u.line()
+    a.send("FAULT write_fail count=1")
+    l = a.line()
+    check("FAULT write_fail armed", l == "OK fault=write_fail", l)
+    gone = {}
+    for name, c in (("v", v), ("u", u)):
+        try:
+            rid = "w1" if name == "v" else "w2"
+            gone[name] = collect(c, [rid])[rid][1]
+        except (EOFError, ssl.SSLError, OSError) as e:
+            gone[name] = "closed: %r" % e
+    closed = [k for k, x in gone.items() if x.startswith("closed")]
+    check("write failure: exactly one session reset, the other finished",
+          len(closed) == 1 and all(x.startswith("END ") for k, x in gone.items() if k not in closed), repr(gone))
+    st = wait_idle(a)
+    check("write failure: its request cancelled, blocks back", st["running"] == "0" and st["waiting"] == "0"
+          and st.get("kv_blocks_used", "0") == "0", repr(st))
+    a.close(), u.close(), v.close()
+
+
 def main():
     global A
     ap = argparse.ArgumentParser()
@@ -767,7 +821,7 @@ def main():
     if A.checks == "limits":
         steps = [limits]
     if A.checks == "fault":
-        steps = [fault]
+        steps = [fault_slow_kv_write, fault]
     if A.checks == "ladder":
         steps = [ladder_pin, ladder_climb, drain_timeout]
     if A.checks == "all":
