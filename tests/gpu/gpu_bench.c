@@ -320,6 +320,26 @@ static void kv8_accuracy(rig *r, const tok_t *tok) {
 
 /* ---------------------------------------------------------------- main */
 
+static backend *open_cuda(const model *m, kv_pool *kv, int cublas, int graphs);
+
+/* One more configuration of the CUDA backend at 1, 16 and 64 streams (after a warm-up). */
+static void other_config(rig *r, const char *label, int cublas, int graphs) {
+    static const int streams[] = {1, 16, 64};
+    kv_pool kv;
+    backend *be = open_cuda(r->m, &kv, cublas, graphs);
+    if (!be) return;
+    r->be = be, r->kv = &kv;
+    run_streams(r, 1);
+    for (int i = 0; i < 3; i++) {
+        run_result x = run_streams(r, streams[i]);
+        if (x.ok)
+            say("%-34s %8d %12.0f %12.0f %10.3f\n", label, streams[i], x.prefill_tps, x.decode_tps,
+                x.decode_step_ms);
+    }
+    be->ops->destroy(be);
+    kv_pool_free(&kv);
+}
+
 static size_t weight_bytes(const model *m) {
     size_t b = (size_t)m->w.output.n_out * m->w.output.row_bytes;
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -403,30 +423,8 @@ int main(int argc, char **argv) {
     be->ops->destroy(be);
     kv_pool_free(&kv);
 
-    if ((be = open_cuda(&m, &kv, 0, 0))) {
-        r.be = be, r.kv = &kv;
-        run_streams(&r, 1);
-        for (int i = 0; i < 3; i++) {
-            run_result x = run_streams(&r, streams[i]);
-            if (x.ok)
-                say("%-34s %8d %12.0f %12.0f %10.3f\n", "kiln kernels, no graphs", streams[i], x.prefill_tps,
-                    x.decode_tps, x.decode_step_ms);
-        }
-        be->ops->destroy(be);
-        kv_pool_free(&kv);
-    }
-    if ((be = open_cuda(&m, &kv, 1, 1))) {
-        r.be = be, r.kv = &kv;
-        run_streams(&r, 1);
-        for (int i = 0; i < 3; i++) {
-            run_result x = run_streams(&r, streams[i]);
-            if (x.ok)
-                say("%-34s %8d %12.0f %12.0f %10.3f\n", "cuBLAS prefill (>= 64 tok), graphs", streams[i],
-                    x.prefill_tps, x.decode_tps, x.decode_step_ms);
-        }
-        be->ops->destroy(be);
-        kv_pool_free(&kv);
-    }
+    other_config(&r, "kiln kernels, no graphs", 0, 0);
+    other_config(&r, "cuBLAS prefill (>= 64 tok), graphs", 1, 1);
 
     /* where a step's time goes: KILN_CUDA_PROFILE's per-kernel breakdown (stderr) */
     setenv("KILN_CUDA_PROFILE", "1", 1);
