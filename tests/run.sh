@@ -81,6 +81,10 @@ run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
 # kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
 # heartbeat loss, crash loop and safe mode, bad config, drain and power-off
 run "boot/kiln-init" tests/boot/init_test.sh "$BUILD/gnu/kiln-init"
+# The real kilnd under kiln-init, made to hang (FAULT drop_step): its clients get 503
+# restarting, kilnd exits 75, kiln-init starts it again, readiness and service return.
+run "reliability/hang-restart" python3 tests/reliability/hang_restart.py "$BUILD/gnu/kiln-init" \
+  "$BUILD/gnu/kilnd" "$MODEL"
 # The appliance: the image boots in QEMU (TCG) to ready; a TLS GEN through the forwarded
 # port, served by lwIP on virtio-net in the guest, equals the host's greedy text; the
 # serial console; kilnd killed / hung → restarted; a bad config; poweroff → status 0.
