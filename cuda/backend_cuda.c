@@ -455,7 +455,7 @@ static int cuda_submit(backend *be, const model_batch *b) {
     }
     if (cb->copy_err != CUDA_SUCCESS) return cufail(cb, cb->copy_err, "cuda: KV copy-on-write");
     for (int t = 0; t < b->n_tokens; t++)
-        if (b->tokens[t] < 0 || b->tokens[t] >= cb->c.n_vocab || b->pos[t] >= cb->cfg.max_ctx) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= cb->c.n_vocab || b->pos[t] < 0 || b->pos[t] >= cb->cfg.max_ctx) {
             snprintf(be->err, sizeof be->err, "cuda: token %d at position %d out of range",
                      b->tokens[t], b->pos[t]);
             return -EINVAL;
@@ -624,17 +624,30 @@ int backend_cuda_kv8(backend *be, const int32_t *blocks, int n) {
         snprintf(be->err, sizeof be->err, "cuda: kv8: a step is running or %d blocks is out of range", n);
         return -EINVAL;
     }
-    for (int i = 0; i < n; i++)
+    /* each block once: two CUDA blocks converting one KV block at once would tear it */
+    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    if (!list) {
+        snprintf(be->err, sizeof be->err, "cuda: kv8: out of memory");
+        return -ENOMEM;
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++) {
         if (blocks[i] < 0 || blocks[i] >= cb->n_blocks) {
             snprintf(be->err, sizeof be->err, "cuda: kv8: block %d out of range", blocks[i]);
+            free(list);
             return -EINVAL;
         }
-    if (!n) return 0;
-    CK(cu->cuCtxSetCurrent(cb->ctx), "cuda: cuCtxSetCurrent");
-    CK(cu->cuMemcpyHtoDAsync(cb->kv8_list, blocks, (size_t)n * sizeof(int32_t), cb->st), "cuda: kv8 list");
-    CK(kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, cb->kv8_list, n), "cuda: k_kv_to_fp8");
-    CK(cu->cuStreamSynchronize(cb->st), "cuda: kv8"); /* blocks is the caller's memory */
-    return 0;
+        int dup = 0;
+        for (int j = 0; j < m && !dup; j++) dup = list[j] == blocks[i];
+        if (!dup) list[m++] = blocks[i];
+    }
+    CUresult r = m ? cu->cuCtxSetCurrent(cb->ctx) : CUDA_SUCCESS;
+    if (m && r == CUDA_SUCCESS)
+        r = cu->cuMemcpyHtoDAsync(cb->kv8_list, list, (size_t)m * sizeof(int32_t), cb->st);
+    if (m && r == CUDA_SUCCESS) r = kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, cb->kv8_list, m);
+    if (m && r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(cb->st); /* list is freed below */
+    free(list);
+    return r == CUDA_SUCCESS ? 0 : cufail(cb, r, "cuda: kv8");
 }
 
 void backend_cuda_describe(backend *be, char *buf, size_t n) {

@@ -429,6 +429,7 @@ __global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int 
     extern __shared__ float sm[];
     __shared__ float red[32];
     int blk = blocks[blockIdx.x];
+    if (flags && flags[blk]) return; /* already 8-bit: its bytes are not f16 any more */
     __half *b = kv + (long long)blk * block_elems;
     uint8_t *b8 = (uint8_t *)b;
     int n_slabs = (int)(block_elems / head_elems);
@@ -497,7 +498,7 @@ __global__ void k_argmax(int *out, const float *logits, int n_vocab) {
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = bi[0];
+    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == 0x7fffffff ? 0 : bi[0]; /* no finite max: 0 */
 }
 
 } /* extern "C" */

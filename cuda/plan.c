@@ -41,6 +41,9 @@ int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int 
         const kv_seq *s = b->seq[t];
         int run = 1, maxpos = b->pos[t];
         while (t + run < T && b->seq[t + run] == s) maxpos = b->pos[t + run] > maxpos ? b->pos[t + run] : maxpos, run++;
+        for (int i = 0; i < run; i++) /* before any size is derived from them */
+            if (b->pos[t + i] < 0)
+                return fail(err, errlen, "cuda: negative position %d at token %d", b->pos[t + i], t + i);
         int need = maxpos / block_size + 1;
         if (need > s->n_blocks || need > L->tstride)
             return fail(err, errlen, "cuda: position %d has no KV block reserved (%d blocks)", maxpos,
@@ -49,7 +52,6 @@ int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int 
         memcpy(row, s->blocks, (size_t)need * sizeof(int32_t));
         for (int i = 0; i < run; i++) {
             int p = b->pos[t + i];
-            if (p < 0) return fail(err, errlen, "cuda: negative position %d at token %d", p, t + i);
             stage[L->tokens + t + i] = b->tokens[t + i];
             stage[L->pos + t + i] = p;
             stage[L->slot + t + i] = s->blocks[p / block_size] * block_size + p % block_size;
@@ -88,10 +90,11 @@ int cplan_attn_geom(int head_dim, int group, cplan_attn *a) {
 }
 
 uint64_t cplan_graph_key(const cplan_step *s, int gemm_path) {
-    /* 20 bits each for the counts (steps stay far below a million tokens), 4 for the
-     * path; never 0, which marks an empty slot. */
-    return ((uint64_t)(s->n_tokens & 0xFFFFF) << 44 | (uint64_t)(s->n_tiles & 0xFFFFF) << 24 |
-            (uint64_t)(s->n_logits & 0xFFFFF) << 4 | (uint64_t)(gemm_path & 0xF)) + 1;
+    /* 20 bits each for the counts (steps stay far below a million tokens: cplan_graph_wanted
+     * admits only small ones), 4 for the path; never 0, which marks an empty slot. */
+    uint64_t k = (uint64_t)(s->n_tokens & 0xFFFFF) << 44 | (uint64_t)(s->n_tiles & 0xFFFFF) << 24 |
+                 (uint64_t)(s->n_logits & 0xFFFFF) << 4 | (uint64_t)(gemm_path & 0xF);
+    return k + 1 ? k + 1 : 1;
 }
 
 int cplan_graph_wanted(const cplan_step *s, int max_tokens) {

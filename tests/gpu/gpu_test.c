@@ -750,6 +750,36 @@ static double rope_err(const rope_case *c, const float *orig, const float *got, 
     return worst;
 }
 
+/* A block's first slot written at layer 0 makes it f16 again (a reused 8-bit block):
+ * with every flag set, a launch at layer 1 clears none, one at layer 0 exactly the
+ * blocks some token writes at offset 0. */
+static void check_rope_flags(const rope_case *rc, const model_config *c, kern_kv kv, CUdeviceptr q,
+                             CUdeviceptr k, CUdeviceptr v, CUdeviceptr pos, CUdeviceptr slot_d,
+                             const int32_t *slot, int T, int nb, int bs) {
+    char chk[80];
+    snprintf(chk, sizeof chk, "rope_fp8_flags[neox=%d hd=%d rope_dim=%d]", rc->neox, rc->hd, rc->rd);
+    uint8_t ones[64], got1[64], got0[64], want[64];
+    memset(ones, 1, sizeof ones);
+    memset(want, 1, sizeof want);
+    for (int t = 0; t < T; t++)
+        if (slot[t] % bs == 0) want[slot[t] / bs] = 0;
+    kv.fp8 = dalloc((size_t)nb);
+    if (nb > 64 || !kv.fp8 || !dput(kv.fp8, ones, (size_t)nb) ||
+        !ran(kern_rope_store(&G.k, G.st, c, &kv, q, k, v, pos, slot_d, 1, T), "kern_rope_store") ||
+        !dget(got1, kv.fp8, (size_t)nb) ||
+        !ran(kern_rope_store(&G.k, G.st, c, &kv, q, k, v, pos, slot_d, 0, T), "kern_rope_store") ||
+        !dget(got0, kv.fp8, (size_t)nb)) {
+        report(0, chk, "%s", nb > 64 ? "too many blocks" : g_cuerr);
+        return;
+    }
+    int bad1 = 0, bad0 = 0, cleared = 0;
+    for (int b = 0; b < nb; b++) bad1 += got1[b] != 1, bad0 += got0[b] != want[b], cleared += !want[b];
+    report(!bad1 && !bad0, chk,
+           "flags all set: layer 1 changed %d (want 0); layer 0 cleared the %d blocks written at "
+           "offset 0 with %d flags wrong",
+           bad1, cleared, bad0);
+}
+
 static void check_rope(const rope_case *rc) {
     char chk[80], chk2[80];
     snprintf(chk, sizeof chk, "rope[neox=%d hd=%d rope_dim=%d base=%g]", rc->neox, rc->hd, rc->rd,
@@ -765,6 +795,9 @@ static void check_rope(const rope_case *rc) {
     for (int i = 0; i < NB * BS; i++) perm[i] = i;
     shuffle_i32(perm, NB * BS);
     memcpy(slot, perm, sizeof slot); /* distinct slots */
+    int any0 = 0;
+    for (int t = 0; t < T; t++) any0 |= slot[t] % BS == 0;
+    if (!any0) slot[0] -= slot[0] % BS; /* some block's first slot (free: no slot has offset 0) */
     float *q0 = xmalloc(sizeof(float) * T * qd), *k0 = xmalloc(sizeof(float) * T * kd);
     float *v0 = xmalloc(sizeof(float) * T * kd), *q = xmalloc(sizeof(float) * T * qd);
     float *k = xmalloc(sizeof(float) * T * kd), *qr = xmalloc(sizeof(float) * T * qd);
@@ -789,6 +822,7 @@ static void check_rope(const rope_case *rc) {
         !dget(pool, kvd, pool_n * 2)) {
         report(0, chk, "%s", g_cuerr);
         report(0, chk2, "not run: %s", g_cuerr);
+        report(0, "rope_fp8_flags", "not run: %s", g_cuerr);
         goto out;
     }
     memcpy(qr, q0, sizeof(float) * T * qd);
@@ -828,6 +862,7 @@ static void check_rope(const rope_case *rc) {
     else
         report(1, chk2, "%d tokens into random slots of layer %d: K = f16(rotated k), V = f16(v), the "
                "other %zu elements untouched", T, LAYER, pool_n - (size_t)T * 2 * kd);
+    check_rope_flags(rc, &c, kv, qd_, kd_, vd, pd, sd, slot, T, NB, BS); /* last: it rewrites */
 out:
     free(q0), free(k0), free(v0), free(q), free(k), free(qr), free(kr);
     free(pool0), free(pool), free(want);
@@ -1105,7 +1140,7 @@ static void check_attn_invariance(attn_fx *f, const char *tag) {
 typedef struct {
     int n_slabs, n_conv;
     int32_t conv[A_BLOCKS];
-    uint8_t flags[A_BLOCKS];
+    uint8_t flags[A_BLOCKS], got_flags[A_BLOCKS]; /* expected; as the kernel left them */
     float *scale;  /* [A_BLOCKS][n_slabs] from the device */
     float *poolf;  /* [A_BLOCKS][be] the values attention should see */
     CUdeviceptr flags_d, scale_d;
@@ -1118,10 +1153,11 @@ typedef struct {
 static void check_fp8_convert(attn_fx *f, fp8_fx *e, const uint16_t *after, const char *tag) {
     char chk[64];
     snprintf(chk, sizeof chk, "fp8_convert[%s]", tag);
-    long untouched_bad = 0, scale_bad = 0, val_bad = 0;
+    long untouched_bad = 0, scale_bad = 0, val_bad = 0, flag_bad = 0;
     double worst = 0;
     char first[200] = "";
     for (int b = 0; b < A_BLOCKS; b++) {
+        flag_bad += e->got_flags[b] != e->flags[b]; /* the kernel flags what it converted */
         const uint16_t *orig = f->pool + (size_t)b * f->be, *now = after + (size_t)b * f->be;
         float *pf = e->poolf + (size_t)b * f->be;
         if (!e->flags[b]) {
@@ -1151,11 +1187,11 @@ static void check_fp8_convert(attn_fx *f, fp8_fx *e, const uint16_t *after, cons
             }
         }
     }
-    report(!untouched_bad && !scale_bad && !val_bad, chk,
+    report(!untouched_bad && !scale_bad && !val_bad && !flag_bad, chk,
            "%d blocks x %d slabs: worst error %.3g of the e4m3 bound |x|/16 + scale*2^-10; %ld "
-           "scales wrong, %ld values out of bound, %ld other blocks changed%s%s",
-           e->n_conv, e->n_slabs, worst, scale_bad, val_bad, untouched_bad, first[0] ? "; first: " : "",
-           first);
+           "scales wrong, %ld values out of bound, %ld other blocks changed, %ld fp8 flags wrong%s%s",
+           e->n_conv, e->n_slabs, worst, scale_bad, val_bad, untouched_bad, flag_bad,
+           first[0] ? "; first: " : "", first);
 }
 
 /* The fp8 checks in order; a stage that cannot run fails itself and the ones after it. */
@@ -1200,7 +1236,8 @@ static void check_fp8(attn_fx *f, const char *tag) {
     for (int b = 0; b < A_BLOCKS; b += 2) e.conv[e.n_conv++] = b, e.flags[b] = 1;
     if (!dput(blocks_d, e.conv, sizeof e.conv) ||
         !ran(kern_kv_to_fp8(&G.k, G.st, &kv8, blocks_d, e.n_conv), "kern_kv_to_fp8") ||
-        !dput(e.flags_d, e.flags, A_BLOCKS) || !dget(after, f->pool_d, pool_n * 2) ||
+        !dget(e.got_flags, e.flags_d, A_BLOCKS) || !dput(e.flags_d, e.flags, A_BLOCKS) ||
+        !dget(after, f->pool_d, pool_n * 2) ||
         !dget(e.scale, e.scale_d, sizeof(float) * A_BLOCKS * e.n_slabs)) {
         fp8_not_run(1, tag, g_cuerr);
         goto restore;

@@ -331,6 +331,8 @@ static void test_geom(void) {
     CHECK(cplan_attn_geom(0, 3, &a) == -EINVAL, "head_dim 0");
     CHECK(cplan_attn_geom(512, 3, &a) == -EINVAL, "head_dim 512");
     CHECK(cplan_attn_geom(257, 1, &a) == -EINVAL, "head_dim 257");
+    CHECK(cplan_attn_geom(60, 1, &a) == -EINVAL, "head_dim 60: k_attn moves 8-element pieces");
+    CHECK(cplan_attn_geom(4, 1, &a) == -EINVAL, "head_dim 4");
     CHECK(cplan_attn_geom(64, 0, &a) == -EINVAL, "group 0");
     CHECK(cplan_attn_geom(256, 17, &a) == -EINVAL, "group 17 at head_dim 256");
 }
