@@ -998,14 +998,15 @@ static int fault_arm(srv *s, const char *what, const proto_line *l) {
 
 /* ------------------------------------------------------------------ the degrade ladder */
 
-/* What a shed client should wait: the work ahead of it at the rate requests have been
- * finishing (DESIGN.md §5), within 100 ms .. 60 s; SRV_RETRY_MS before any finished. */
+/* What a shed client should wait: the work ahead of it (running and waiting requests)
+ * at the rate requests have been finishing (DESIGN.md §5), from SRV_RETRY_MS (also what
+ * it says with nothing ahead or nothing finished yet) up to 60 s. */
 static int retry_after_ms(const srv *s) {
     if (s->finish_rate <= 0) return SRV_RETRY_MS;
     eng_stats st;
     eng_get_stats(s->eng, &st);
-    double ms = 1000.0 * (st.running + st.waiting + 1) / s->finish_rate;
-    return ms < 100 ? 100 : ms > 60000 ? 60000 : (int)ms;
+    double ms = 1000.0 * (st.running + st.waiting) / s->finish_rate;
+    return ms < SRV_RETRY_MS ? SRV_RETRY_MS : ms > 60000 ? 60000 : (int)ms;
 }
 
 /* The ladder decided: tell the engine, log each transition, count it. */

@@ -144,7 +144,7 @@ def main() -> int:
 
     def t_shed() -> str:
         rep = adm.command("LADDER level=3")
-        if rep != "LADDER level=3":
+        if not rep.startswith("LADDER level=3 "):
             return "LADDER level=3 replied %r" % rep
         c0 = user(retries=0)
         try:
