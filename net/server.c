@@ -1045,9 +1045,12 @@ static int64_t ladder_tick_cb(loop_t *l, int64_t id, void *ud) {
     (void)l, (void)id;
     srv *s = ud;
     int64_t now = loop_now_ms();
-    if (now - s->rate_ms >= 1000) {
+    if (now - s->rate_ms >= 1000) { /* only busy seconds count: idling is not slowness */
+        eng_stats st;
+        eng_get_stats(s->eng, &st);
         double r = (double)(s->finished_total - s->finished_seen) * 1000.0 / (double)(now - s->rate_ms);
-        s->finish_rate = s->rate_ms ? 0.7 * s->finish_rate + 0.3 * r : r;
+        if (r > 0 || st.running > 0)
+            s->finish_rate = s->finish_rate > 0 ? 0.7 * s->finish_rate + 0.3 * r : r;
         s->finished_seen = s->finished_total, s->rate_ms = now;
     }
     double p = pressure(s);
