@@ -1026,18 +1026,17 @@ static void ladder_apply(srv *s) {
     met_set(s->met, s->m_batch, s->lad.batch);
 }
 
-/* What the ladder acts on: the KV blocks in use plus those the waiting requests will
- * need (their tokens in blocks), over the pool; 1 at most. Counting the queue is what
- * lets a small pool under many streams climb past rung 1: at batch 1 the blocks in use
- * are few, but the work waiting for them is not. (The pinned staging pool is carved at
- * start for the largest step and cannot run short, so it adds nothing.) */
+/* What the ladder acts on: the share of KV blocks in use (cached blocks count as free).
+ * Not the queue: shrinking the batch moves demand from the pool to the queue, and a
+ * pressure that counted both would never fall, locking the box at batch 1 and shedding
+ * (the soak saw it). So rung 3 is reached when even one sequence at batch 1 fills the
+ * pool past ladder_high (long contexts on a small pool); plain overload is the queue
+ * limits' business (503 with retry_after_ms at admission). The pinned staging pool is
+ * carved at start for the largest step and cannot run short, so it adds nothing. */
 static double pressure(const srv *s) {
     const kv_pool *kv = s->env.kv;
-    eng_stats st;
-    eng_get_stats(s->eng, &st);
-    int total = kv->cfg.n_blocks, bs = kv->cfg.block_size;
-    double need = (double)(total - kv_free_blocks(kv)) + (double)((st.waiting_tokens + bs - 1) / bs);
-    return total && need < total ? need / total : 1.0;
+    int total = kv->cfg.n_blocks;
+    return total ? (double)(total - kv_free_blocks(kv)) / total : 0.0;
 }
 
 /* Every ladder_tick_ms: the pressure and the finishing rate. */

@@ -624,11 +624,12 @@ def ladder_pin(exp):
 
 
 def ladder_climb(exp):
-    """serve.sh ... ladder: a small KV pool (66 blocks) and a fast ladder. 32 streams at
-    once push the pressure (blocks in use plus those the queue needs) past ladder_high:
-    the ladder climbs 0 -> 1 (halving the batch) -> 2 (no 8-bit KV yet: passed through)
-    -> 3 (shed); late arrivals are shed with 503 retry_after_ms and come back after the
-    time named; every request ends with END; then the ladder walks back to 0."""
+    """serve.sh ... ladder: a small KV pool (66 blocks) and a fast ladder. A long request
+    (a ~980-token context: 64 blocks) first, then 32 short streams: KV use passes
+    ladder_high, the ladder climbs 0 -> 1 (halving the batch, preempting the youngest) ->
+    2 (no 8-bit KV yet: passed through) -> 3 (shed) since at batch 1 the long one alone
+    still fills the pool; arrivals are shed with 503 retry_after_ms and come back after
+    the time named; every request ends with END; then the ladder walks back to 0."""
     import threading
     a = Conn(token=A.admin_token)
     ends, shed, bad = {}, [], []
@@ -656,6 +657,9 @@ def ladder_climb(exp):
                 bad.append("%d: %r" % (i, e))
 
     levels = []
+    long_c = Conn(timeout=600)  # the oldest request: it survives every preemption
+    long_c.send(gen_line("long", "the" + " the" * 949, 40, extra="ignore_eos=1"))
+    time.sleep(0.3)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
     for t in threads:
         t.start()
@@ -671,6 +675,9 @@ def ladder_climb(exp):
         time.sleep(0.05)
     for t in threads + late:
         t.join(5)
+    long_end = collect(long_c, ["long"])["long"][1]
+    long_c.close()
+    check("ladder: the long request ended with END", long_end.startswith("END long"), long_end)
     first3 = levels.index(3) if 3 in levels else -1
     check("ladder: reached level 3 (shed) under 32 streams", first3 >= 0, "levels seen %r" % sorted(set(levels)))
     check("ladder: climbed through 1 before 3", first3 > 0 and 1 in levels[:first3],

@@ -544,10 +544,12 @@ async def run_batch(cn, batch, client, conn_no, pool, rng):
 
 async def net_diag():
     """What the client's kernel knows when a connect fails: the neighbour (ARP) entry of
-    the server and its SYN retransmissions (soak.py runs in the namespace, with iproute2)."""
+    the server, its SYN retransmissions, and the links' counters (TX dropped on the TAP:
+    frames kilnd did not read in time) (soak.py runs in the namespace, with iproute2)."""
     out = []
     for cmd in (["ip", "-s", "neigh", "show", A.host], ["nstat", "-az", "TcpExtTCPSynRetrans", "TcpActiveOpens",
-                                                       "TcpAttemptFails", "TcpRetransSegs"]):
+                                                       "TcpAttemptFails", "TcpRetransSegs"],
+                ["ip", "-s", "-o", "link", "show"]):
         try:
             p = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.STDOUT)
@@ -858,6 +860,8 @@ async def main_async():
               out["error"], len(C.anomalies), pct(0.5), pct(0.99), e2e[-1] if e2e else 0.0,
               min(C.prompt_tokens, default=0), max(C.prompt_tokens, default=0),
               ", ".join("%s %d" % kv for kv in sorted(C.conn.items()))), flush=True)
+    if C.conn["connect_failed"]:  # retried, not failed; what the kernel saw, for the report
+        print("soak: client kernel after the load: %s" % await net_diag(), flush=True)
     if C.lost:
         fails.append("%d lost" % len(C.lost))
         for l in C.lost[:20]:

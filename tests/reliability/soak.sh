@@ -6,16 +6,25 @@
 # checks that no request is lost and nothing leaks (see soak.py for the accounting).
 #
 #   tests/reliability/soak.sh [--host] [--requests N] [--clients C] [--max-tokens M]
-#       [--prompt-max W] [--slow-max-tokens M] [--time-limit S] [--request-timeout S]
-#       [--seed N] [--json FILE] [--no-stuck-reader]
+#       [--prompt-max W] [--slow-max-tokens M] [--kv-pool-mb N] [--time-limit S]
+#       [--request-timeout S] [--hard-limit S] [--seed N] [--json FILE]
+#       [--no-stuck-reader] [--ladder]
 #   After the load, a client that stops reading altogether must not stall the others
 #   (--no-stuck-reader skips that check: kilnd fails it at the time of writing, see
 #   RELIABILITY.md).
+#   --ladder: leave kilnd's degrade ladder at its defaults. Off otherwise (ladder_high =
+#   1): with a pool this small the queue's demand keeps its pressure at 1, so it holds the
+#   batch at 1 and sheds, and the soak would test the ladder (net/serve-ladder does)
+#   instead of preemption under a full batch, many times slower.
+#   --hard-limit: soak.py is killed (and the soak fails) after this many seconds
+#   (default: --time-limit + --request-timeout + 300).
 #   (BUILD, MODEL, KILND from the environment, as tests/net/serve.sh)
 #
-# Short run (tests/run.sh): 2,000 requests from 32 clients with --max-tokens 16
-# --prompt-max 64 (about 3 minutes on 2 idle cores: prefill of the prompts is most of
-# the work, so shorter outputs alone could not bring it near that). Long run (make soak):
+# Short run (tests/run.sh): 2,000 requests from 32 clients with --max-tokens 8
+# --slow-max-tokens 16 --prompt-max 12 --kv-pool-mb 12 --no-stuck-reader, killed at 510 s
+# (2 minutes on 2 lightly loaded cores, 5 under heavy load: the prompt tokens are most
+# of the work, and half the requests are chats, ~30 tokens of template; RELIABILITY.md
+# has the figures). Long run (make soak):
 # --requests 20000 --clients 64 with the default mix (hours on 2 cores).
 # The namespace, its TAP device and kilnd are removed on exit whatever happens; every
 # step is bounded in time. Needs root for the namespace (--host does not).
@@ -29,10 +38,14 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # request starts after --time-limit seconds (default: 600 + 0.5 s per request, about
 # 2x what 2 busy cores need); those not started then fail the run.
 EXTRA=() MODE=tap REQUESTS=2000 CLIENTS=32 MAXT=64 PMAX=200 TLIMIT="" RTIMEOUT=300 SEED="" JSON=""
+HLIMIT="" LADDER=0 KVMB=24
 while [ $# -gt 0 ]; do
   case $1 in
   --host) MODE=host ;;
   --no-stuck-reader) EXTRA+=(--no-stuck-reader) ;;
+  --ladder) LADDER=1 ;;
+  --hard-limit) HLIMIT=$2; shift ;;
+  --kv-pool-mb) KVMB=$2; shift ;;
   --slow-max-tokens) EXTRA+=(--slow-max-tokens "$2"); shift ;;
   --requests) REQUESTS=$2; shift ;;
   --clients) CLIENTS=$2; shift ;;
@@ -43,12 +56,13 @@ while [ $# -gt 0 ]; do
   --seed) SEED=$2; shift ;;
   --json) JSON=$2; shift ;;
   *) echo "usage: soak.sh [--host] [--requests N] [--clients C] [--max-tokens M]" \
-          "[--prompt-max W] [--slow-max-tokens M] [--time-limit S] [--request-timeout S] [--seed N]" \
-          "[--json FILE] [--no-stuck-reader]" >&2; exit 2 ;;
+          "[--prompt-max W] [--slow-max-tokens M] [--time-limit S] [--request-timeout S]" \
+          "[--kv-pool-mb N] [--hard-limit S] [--seed N] [--json FILE] [--no-stuck-reader] [--ladder]" >&2; exit 2 ;;
   esac
   shift
 done
 TLIMIT=${TLIMIT:-$((600 + REQUESTS / 2))}
+HLIMIT=${HLIMIT:-$((TLIMIT + RTIMEOUT + 300))}
 [ -x "$KILND" ] || { echo "soak.sh: $KILND is missing (make -j2 $KILND)" >&2; exit 2; }
 [ -f "$MODEL" ] || { echo "soak.sh: $MODEL is missing (make model)" >&2; exit 2; }
 
@@ -100,8 +114,10 @@ fi
 # A KV pool far below what the batch could use: 24 MiB of 16-token blocks is about
 # 1,000 tokens (a block is 16 x 30 layers x 2 x 3 KV heads x 64 x 2 bytes = 360 KiB),
 # while 32 sequences of up to ~300 tokens each want ~9,000: the engine must preempt.
+# (The short run's 12 MiB are 34 blocks, against 32 sequences of 10..50 tokens.)
 # max_output_bytes at its minimum, so that slow readers reach the output budget and
-# their requests pause (holding KV blocks) as well.
+# their requests pause (holding KV blocks) as well. The degrade ladder off (see --ladder):
+# pressure is never above 1.
 cat >"$W/kiln.ini" <<EOF
 [model]
 path = $MODEL
@@ -110,8 +126,9 @@ threads = 2
 max_seq_len = 512
 max_batch_size = 32
 block_size = 16
-kv_pool_mb = 24
+kv_pool_mb = $KVMB
 default_max_tokens = 64
+$([ "$LADDER" = 1 ] || echo "ladder_high = 1")
 [sampling]
 temperature = 0.7
 [net]
@@ -142,15 +159,16 @@ fi
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) EXTRA+=(--rss-limit-mib 0) ;; esac
 
-# ---- the soak itself; soak.py bounds its own run by --time-limit, and the outer
-# timeout catches a client that hangs anyway
+# ---- the soak itself; soak.py bounds its own run by --time-limit, and the hard limit
+# catches a client that hangs anyway (or a machine too loaded to finish in time)
 rc=0
-timeout $((TLIMIT + RTIMEOUT + 300)) "${RUN[@]}" python3 "$HERE/soak.py" --host "$HOST" \
+timeout -k 10 "$HLIMIT" "${RUN[@]}" python3 "$HERE/soak.py" --host "$HOST" \
   --port "$PORT" --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --kilnd-pid "$PID" \
   --requests "$REQUESTS" --clients "$CLIENTS" --max-tokens "$MAXT" --prompt-max "$PMAX" \
   --time-limit "$TLIMIT" --request-timeout "$RTIMEOUT" \
   --transport "$([ "$MODE" = tap ] && echo lwip-tap || echo host)" \
   ${SEED:+--seed "$SEED"} ${JSON:+--json "$JSON"} "${EXTRA[@]}" || rc=$?
+case $rc in 124 | 137) echo "soak.sh: FAIL soak.py ran past the hard limit of $HLIMIT s" ;; esac
 
 # ---- after the abuse, a clean stop: SIGTERM drains and exits 0
 if kill -0 "$PID" 2>/dev/null; then
