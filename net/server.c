@@ -978,7 +978,8 @@ static void step_hung(srv *s) {
  * next K step completions by N ms (a slow device); kv_fail makes every KV block
  * allocation fail for N ms (the engine preempts and waits, loses nothing); write_fail
  * makes the next K writes of sessions with requests in flight fail (a peer that
- * vanished: the session is reset, its requests cancelled and their blocks freed). -1 for an unknown fault or bad numbers. */
+ * vanished: the session is reset, its requests cancelled and their blocks freed). -1
+ * for an unknown fault or bad numbers. */
 static int fault_arm(srv *s, const char *what, const proto_line *l) {
     const proto_str *ms = proto_get(l, "ms"), *count = proto_get(l, "count");
     long v_ms = ms ? strtol(ms->s, NULL, 10) : 0, v_n = count ? strtol(count->s, NULL, 10) : 1;
@@ -1067,7 +1068,8 @@ static void drain_expire(srv *s) {
     s->drain_expired = 1;
     int n = 0;
     for (srv_sess *ss = s->sessions; ss; ss = ss->next)
-        for (srv_req *r = ss->reqs; r; r = r->next) {
+        for (srv_req *r = ss->reqs, *next; r; r = next) {
+            next = r->next; /* eng_cancel may finish (and recycle) r right here */
             if (!r->failed++) sess_err(ss, r->id, 503, "draining", "drain_timeout_ms passed; retry elsewhere");
             eng_cancel(s->eng, r->eng_id);
             n++;
