@@ -350,28 +350,43 @@ static void preempt(engine *e, eng_seq *s) {
     e->stats.preemptions++;
 }
 
-/* The youngest running sequence not in the step being built, or NULL. */
+/* The running sequence to preempt, not in the step being built, or NULL: a paused one
+ * first (its client is not reading; it must not hold memory others could run in),
+ * else the youngest. */
 static eng_seq *victim(engine *e) {
     eng_seq *v = NULL;
     for (int i = 0; i < e->cfg.max_seqs; i++) {
         eng_seq *s = &e->seqs[i];
         if (s->state != SQ_RUN || s->in_step) continue;
+        if (v && v->req->paused != s->req->paused) {
+            if (s->req->paused) v = s;
+            continue;
+        }
         if (!v || s->order > v->order || (s->order == v->order && s->sample > v->sample)) v = s;
     }
     return v;
 }
 
+enum { ROOM_NO_PREEMPT, ROOM_PREEMPT, ROOM_PREEMPT_PAUSED };
+
 /* Capacity for positions [0, upto) and a private block at n_computed (forks share
- * their last partial block). May preempt younger sequences, or s itself when it is
- * the youngest (then returns -1 and s is waiting again). */
+ * their last partial block). ROOM_PREEMPT may preempt paused or younger sequences, or
+ * s itself when it is the youngest (then returns -1 and s is waiting again);
+ * ROOM_PREEMPT_PAUSED (admission) only paused ones. */
 static int make_room(engine *e, eng_seq *s, int upto, int may_preempt) {
     for (;;) {
         int r = kv_seq_reserve(e->kv, s->kv, upto);
         if (r == 0) r = kv_seq_cow(e->kv, s->kv, s->n_computed);
         if (r == 0) return 0;
-        if (r != -ENOMEM || !may_preempt) return -1;
+        if (r != -ENOMEM || may_preempt == ROOM_NO_PREEMPT) return -1;
         eng_seq *v = victim(e);
-        if (!v || v == s || v->order < s->order || (v->order == s->order && v->sample < s->sample)) {
+        if (may_preempt == ROOM_PREEMPT_PAUSED) {
+            if (!v || v == s || !v->req->paused) return -1;
+            preempt(e, v);
+            continue;
+        }
+        if (!v || v == s || (!v->req->paused && (v->order < s->order ||
+                                                 (v->order == s->order && v->sample < s->sample)))) {
             if (s->state == SQ_RUN) preempt(e, s); /* s is the youngest: it yields */
             return -1;
         }
@@ -464,7 +479,7 @@ int eng_step_begin(engine *e) {
     for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
         eng_seq *s = c[i];
         if (s->state != SQ_RUN || s->req->paused || s->n_toks - s->n_computed != 1) continue;
-        if (make_room(e, s, s->n_computed + 1, 1) < 0) continue;
+        if (make_room(e, s, s->n_computed + 1, ROOM_PREEMPT) < 0) continue;
         add_to_step(e, s, 1, 1);
     }
     /* 2. running prefills (admitted, several tokens left): the next chunk each */
@@ -473,11 +488,11 @@ int eng_step_begin(engine *e) {
         int left = s->n_toks - s->n_computed;
         if (s->state != SQ_RUN || s->req->paused || s->in_step || left <= 1) continue;
         int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
-        if (make_room(e, s, s->n_computed + chunk, 1) < 0) continue;
+        if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT) < 0) continue;
         add_to_step(e, s, chunk, chunk == left);
     }
-    /* 3. waiting sequences, fewest-running client first, then oldest; they never
-     * preempt running ones, and a sequence that does not fit stops admission */
+    /* 3. waiting sequences, fewest-running client first, then oldest; they preempt only
+     * paused running ones, and a sequence that does not fit stops admission */
     n = collect(e, SQ_WAIT, c);
     int *load = e->cand_load;
     for (int i = 0; i < n; i++) load[i] = client_load(e, c[i]);
@@ -487,7 +502,7 @@ int eng_step_begin(engine *e) {
         if (admit(e, s) < 0) break;
         int left = s->n_toks - s->n_computed;
         int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
-        if (make_room(e, s, s->n_computed + chunk, 0) < 0) {
+        if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT_PAUSED) < 0) {
             kv_seq_release(e->kv, s->kv);
             s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT;
             break;

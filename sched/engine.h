@@ -97,8 +97,9 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen);
 int eng_cancel(engine *e, int64_t id);
 
 /* Pause (1) or resume (0) a request: a paused request is not scheduled (a slow reader
- * must not make the server buffer its output without bound); it keeps its KV blocks,
- * though as the youngest it may still be preempted for others. 0 or -ENOENT. */
+ * must not make the server buffer its output without bound); it keeps its KV blocks
+ * until another sequence needs room: paused sequences are preempted first, whatever
+ * their age, and recompute when resumed. 0 or -ENOENT. */
 int eng_pause(engine *e, int64_t id, int paused);
 
 /* Build and submit the next step: 1 submitted, 0 nothing to do, negative on error. */

@@ -37,9 +37,8 @@ Checks (any failing one fails the soak):
 
   - afterwards (unless --no-stuck-reader): a client that stops reading altogether must
     not stall the others (PROTOCOL.md, flow control), though its paused request holds
-    the whole pool. (kilnd fails this at the time of writing: nothing preempts a paused
-    request, and admission stops at the first waiting request that does not fit; a
-    fix, 17f1873, passed it and was reverted. See RELIABILITY.md.)
+    the whole pool. (kilnd passes it since the engine preempts paused requests first,
+    at admission too. See RELIABILITY.md.)
 Connections that cannot be opened (TCP connect, TLS, HELLO) are retried and counted,
 not failed, unless 30 in a row fail.
 

@@ -10,8 +10,8 @@
 #       [--request-timeout S] [--hard-limit S] [--seed N] [--json FILE]
 #       [--no-stuck-reader] [--ladder]
 #   After the load, a client that stops reading altogether must not stall the others
-#   (--no-stuck-reader skips that check: kilnd fails it at the time of writing, see
-#   RELIABILITY.md).
+#   (--no-stuck-reader skips that check; kilnd passes it since the engine preempts
+#   paused requests first, see RELIABILITY.md).
 #   --ladder: leave kilnd's degrade ladder at its defaults. Off otherwise (ladder_high =
 #   1): with a pool this small the queue's demand keeps its pressure at 1, so it holds the
 #   batch at 1 and sheds, and the soak would test the ladder (net/serve-ladder does)
@@ -21,7 +21,7 @@
 #   (BUILD, MODEL, KILND from the environment, as tests/net/serve.sh)
 #
 # Short run (tests/run.sh): 2,000 requests from 32 clients with --max-tokens 8
-# --slow-max-tokens 16 --prompt-max 12 --kv-pool-mb 12 --no-stuck-reader, killed at 510 s
+# --slow-max-tokens 16 --prompt-max 12 --kv-pool-mb 12, killed at 510 s
 # (2 minutes on 2 lightly loaded cores, 5 under heavy load: the prompt tokens are most
 # of the work, and half the requests are chats, ~30 tokens of template; RELIABILITY.md
 # has the figures). Long run (make soak):

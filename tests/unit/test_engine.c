@@ -420,6 +420,22 @@ static void pausing(const model *m, const tok_t *tok) {
     CHECK(ra.finished[0] == 1 && same_outputs(&ra, &alone, 1), "pause: output changed by the pause");
     pool_ok(&g, "pause");
     rig_close(&g);
+
+    /* A pool that holds one of them: the paused (older) request yields its blocks to
+     * a newer one rather than blocking it, and recomputes when resumed. */
+    if (rig_open(&g, m, tok, 4, 8, 256, 8, 64, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    memset(&ra, 0, sizeof ra), memset(&rb, 0, sizeof rb);
+    a = submit(&g, &pa, 12, 1, 0.0f, &ra);
+    for (int i = 0; i < 2; i++)
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    eng_pause(g.eng, a, 1);
+    submit(&g, &pb, 12, 1, 0.0f, &rb);
+    while (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    CHECK(rb.finished[0] == 1, "pause: a paused request blocked a newer one from the pool");
+    CHECK(eng_pause(g.eng, a, 0) == 0 && eng_run_sync(g.eng) == 0 && ra.finished[0] == 1 &&
+          same_outputs(&ra, &alone, 1), "pause: preempted while paused, then resumed: output changed");
+    pool_ok(&g, "pause (small pool)");
+    rig_close(&g);
 }
 
 /* The ladder's first rung: eng_set_max_batch(1) preempts every running sequence but
