@@ -6,9 +6,8 @@ readiness and service return. Every wait is bounded. Exit 0 when all checks pass
 
 kilnd gets --faults through a wrapper (tests only), and the server's step_timeout_ms is
 1 s so the hang is declared quickly."""
+import argparse
 import os
-import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "boot"))
 import init_test  # noqa: E402  (its Init class runs kiln-init in test mode)
+sys.path.insert(0, os.path.join(HERE, "..", "net"))
+import serve_client  # noqa: E402  (its Conn speaks the line protocol)
 
 FAILED = []
 
@@ -27,43 +28,24 @@ def check(name, ok, detail=""):
         FAILED.append(name)
 
 
-class Conn:
-    def __init__(self, port, ca, token):
-        raw = socket.create_connection(("127.0.0.1", port), timeout=60)
-        ctx = ssl.create_default_context(cafile=ca)
-        self.s = ctx.wrap_socket(raw, server_hostname="localhost")
-        self.buf = b""
-        self.send("HELLO kiln/1 token=" + token)
-        self.hello = self.line()
-
-    def send(self, line):
-        self.s.sendall(line.encode() + b"\n")
-
-    def line(self):
-        while b"\n" not in self.buf:
-            d = self.s.recv(65536)
-            if not d:
-                raise EOFError("connection closed")
-            self.buf += d
-        l, self.buf = self.buf.split(b"\n", 1)
-        return l.decode("utf-8", "replace")
-
-    def until(self, prefix):
-        l = self.line()
-        while not l.startswith(prefix):
-            l = self.line()
-        return l
-
-
 def connect(port, ca, token, seconds):
+    """serve_client's TLS line client (HELLO sent), retried while kilnd starts."""
+    serve_client.A = argparse.Namespace(host="127.0.0.1", port=port, ca=ca, user_token=token)
     end = time.time() + seconds
     while True:
         try:
-            return Conn(port, ca, token)
+            return serve_client.Conn(token=token)
         except OSError:
             if time.time() > end:
                 raise
             time.sleep(0.2)
+
+
+def until(c, prefix):
+    l = c.line()
+    while not l.startswith(prefix):
+        l = c.line()
+    return l
 
 
 def kill_kilnds(root):
@@ -129,9 +111,9 @@ def main():
         check("kiln-init: readiness returns", True)
         c = connect(port, ca, utok, 30)
         c.send("HEALTH")
-        h = c.until("HEALTH ")
+        h = until(c, "HEALTH ")
         c.send('GEN id=after max_tokens=4 temperature=0 prompt="Hello"')
-        l = c.until("END after")
+        l = until(c, "END after")
         check("after the restart: ready and serving", "ready=1" in h and l.startswith("END after"), f"{h} / {l}")
         k.finish("poweroff")
         check("kiln-init: poweroff stops kilnd and exits 0", True)
