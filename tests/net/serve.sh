@@ -37,10 +37,8 @@ cleanup() {
 trap cleanup EXIT
 
 # ---- certificates, tokens, the expected greedy text
-"$KILND" certs --dir "$W/tls" --hosts 10.77.0.2,10.78.0.2 >/dev/null  # lwIP's addresses below
-UTOK=user-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
-ATOK=admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
-printf '# role token\nuser %s\nadmin %s\n' "$UTOK" "$ATOK" >"$W/tokens.txt"
+. "$HERE/kilnd_env.sh"
+kt_certs_tokens "$W" "$KILND" 10.77.0.2,10.78.0.2  # lwIP's addresses below
 PROMPT="What is the capital of France? Answer in one sentence."
 MAXT=24
 timeout 120 "$KILND" generate --model "$MODEL" --chat --temperature 0 --max-tokens $MAXT --threads 2 \
@@ -85,25 +83,7 @@ packet)
 *) echo "serve.sh: unknown mode $MODE" >&2; exit 2 ;;
 esac
 
-cat >"$W/kiln.ini" <<EOF
-[model]
-path = $MODEL
-[engine]
-threads = 2
-max_seq_len = 1024
-default_max_tokens = 64
-kv_pool_mb = 256
-[sampling]
-temperature = 0.7
-[net]
-$NET
-listen = 0.0.0.0:$PORT
-metrics_port = $MPORT
-cert = $W/tls/server.crt
-key = $W/tls/server.key
-tokens_file = $W/tokens.txt
-max_output_bytes = 16K
-EOF
+kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" $'max_seq_len = 1024\nkv_pool_mb = 256'
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
 [ "$CHECKS" = fault ] && printf '[engine]\nstep_timeout_ms = 1000\n' >>"$W/kiln.ini"
 # the ladder: a pool of 66 blocks (1,056 tokens) and a ladder fast enough to watch
@@ -114,16 +94,8 @@ EOF
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
 
 # ---- kilnd
-"${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" $([ "$CHECKS" = fault ] && echo --faults) \
-  >"$W/kilnd.out" 2>"$W/kilnd.err" &
-PID=$!
-for _ in $(seq 1 300); do
-  grep -q "kilnd: serving" "$W/kilnd.out" 2>/dev/null && break
-  kill -0 "$PID" 2>/dev/null || { echo "serve.sh: kilnd exited early:"; cat "$W/kilnd.err"; exit 1; }
-  sleep 0.1
-done
-grep -q "kilnd: serving" "$W/kilnd.out" || { echo "serve.sh: kilnd did not come up"; cat "$W/kilnd.err"; exit 1; }
-cat "$W/kilnd.out"
+kt_start serve.sh "$W" "${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" \
+  $([ "$CHECKS" = fault ] && echo --faults)
 if [ "$MODE" != host ]; then
   timeout 10 "${RUN_C[@]}" ping -c 1 -W 2 "$HOST" >/dev/null && echo "ok   ping $HOST (lwIP ICMP)" \
     || { echo "FAIL ping $HOST"; exit 1; }

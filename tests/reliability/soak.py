@@ -97,22 +97,10 @@ remember explain describe imagine question answer reason example history science
 language number between because before without against under above around through
 """.split()
 PREFIXES = [" ".join(random.Random(k).choice(WORDS) for _ in range(48)) for k in range(4)]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "net"))
+from serve_client import quote  # noqa: E402  (the protocol's string quoting, one copy)
+
 KINDS = ("normal", "cancel", "disconnect", "slow")
-
-
-def quote(s):
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append("\\x%02x" % ord(ch))
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
 
 
 def kv_words(line):

@@ -13,9 +13,8 @@
 #   (--no-stuck-reader skips that check; kilnd passes it since the engine preempts
 #   paused requests first, see RELIABILITY.md).
 #   --ladder: leave kilnd's degrade ladder at its defaults. Off otherwise (ladder_high =
-#   1): with a pool this small the queue's demand keeps its pressure at 1, so it holds the
-#   batch at 1 and sheds, and the soak would test the ladder (net/serve-ladder does)
-#   instead of preemption under a full batch, many times slower.
+#   1): with a pool this small the ladder would keep halving the batch, and the soak is
+#   meant to test preemption under a full batch (net/serve-ladder tests the ladder).
 #   --hard-limit: soak.py is killed (and the soak fails) after this many seconds
 #   (default: --time-limit + --request-timeout + 300).
 #   (BUILD, MODEL, KILND from the environment, as tests/net/serve.sh)
@@ -89,10 +88,8 @@ trap 'exit 130' INT TERM
 
 # ---- certificates and tokens
 ADDR=10.79.0.2  # lwIP's address in the namespace; the kernel's end of the TAP is .1
-"$KILND" certs --dir "$W/tls" --hosts "$ADDR" >/dev/null
-UTOK=user-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
-ATOK=admin-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
-printf '# role token\nuser %s\nadmin %s\n' "$UTOK" "$ATOK" >"$W/tokens.txt"
+. "$HERE/../net/kilnd_env.sh"
+kt_certs_tokens "$W" "$KILND" "$ADDR"
 
 # ---- the network
 RUN=()
@@ -118,39 +115,14 @@ fi
 # max_output_bytes at its minimum, so that slow readers reach the output budget and
 # their requests pause (holding KV blocks) as well. The degrade ladder off (see --ladder):
 # pressure is never above 1.
-cat >"$W/kiln.ini" <<EOF
-[model]
-path = $MODEL
-[engine]
-threads = 2
-max_seq_len = 512
+kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" "max_seq_len = 512
 max_batch_size = 32
 block_size = 16
 kv_pool_mb = $KVMB
-default_max_tokens = 64
-$([ "$LADDER" = 1 ] || echo "ladder_high = 1")
-[sampling]
-temperature = 0.7
-[net]
-$NET
-listen = 0.0.0.0:$PORT
-metrics_port = $MPORT
-cert = $W/tls/server.crt
-key = $W/tls/server.key
-tokens_file = $W/tokens.txt
-max_output_bytes = 16K
-EOF
+$([ "$LADDER" = 1 ] || echo "ladder_high = 1")"
 
 # ---- kilnd
-"${RUN[@]}" "$KILND" serve --config "$W/kiln.ini" >"$W/kilnd.out" 2>"$W/kilnd.err" &
-PID=$!
-for _ in $(seq 1 300); do
-  grep -q "kilnd: serving" "$W/kilnd.out" 2>/dev/null && break
-  kill -0 "$PID" 2>/dev/null || { echo "soak.sh: kilnd exited early:"; cat "$W/kilnd.err"; exit 1; }
-  sleep 0.1
-done
-grep -q "kilnd: serving" "$W/kilnd.out" || { echo "soak.sh: kilnd did not come up"; cat "$W/kilnd.err"; exit 1; }
-cat "$W/kilnd.out"
+kt_start soak.sh "$W" "${RUN[@]}" "$KILND" serve --config "$W/kiln.ini"
 if [ "$MODE" = tap ]; then
   timeout 10 "${RUN[@]}" ping -c 1 -W 2 "$HOST" >/dev/null \
     || { echo "soak.sh: no ping reply from lwIP at $HOST"; exit 1; }
