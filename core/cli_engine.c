@@ -51,6 +51,11 @@ typedef struct {
     int n_ttft, n_itl, cap_itl;
     int64_t tokens;
     int finished, failed;
+    /* Decode phase: steps that started with every submitted request past its first
+     * token and preempted nothing (so no prompt, or recomputed prompt, in the step).
+     * Their tokens over their wall time (submit to sampled) is decode_tok_s. */
+    int64_t dec_tokens;
+    double dec_s;
 } be_run;
 
 static double now_s(void) {
@@ -212,6 +217,10 @@ typedef struct {
     be_run *run;
     loop_t *lp;
     int sent, err;
+    /* the step in flight: start time, tokens and preemptions before it, decode only? */
+    double t_step;
+    int64_t tok0, pre0;
+    int dec;
 } drv;
 
 /* Keep `concurrency` requests in flight, then start a step if none is running. */
@@ -239,6 +248,10 @@ static void kick(drv *d) {
         if (d->err) loop_stop(d->lp);
         return;
     }
+    eng_stats st;
+    eng_get_stats(d->eng, &st);
+    d->t_step = now_s(), d->tok0 = d->run->tokens, d->pre0 = st.preemptions;
+    d->dec = d->run->n_ttft == d->sent; /* nobody still waits for a first token */
     int r = eng_step_begin(d->eng);
     if (r < 0 || (r == 0 && eng_pending(d->eng))) {
         fprintf(stderr, "kilnd: the engine cannot schedule the waiting requests\n");
@@ -252,6 +265,12 @@ static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
     drv *d = ud;
     if (d->be->ops->poll(d->be) == 0) return; /* a stale wakeup */
     if (eng_step_end(d->eng) < 0) d->err = 1;
+    eng_stats st;
+    eng_get_stats(d->eng, &st);
+    if (d->dec && st.preemptions == d->pre0) {
+        d->run->dec_tokens += d->run->tokens - d->tok0;
+        d->run->dec_s += now_s() - d->t_step;
+    }
     kick(d);
 }
 
@@ -302,7 +321,7 @@ int cli_bench_engine(int argc, char **argv) {
     if (!run.reqs || !run.ttft || !run.itl) goto out;
     g_run = &run;
 
-    drv d = {eng, be, &o, &pr, &run, NULL, 0, 0};
+    drv d = {.eng = eng, .be = be, .o = &o, .pr = &pr, .run = &run};
     if (!(d.lp = loop_new(1024, 16)) || loop_fd_add(d.lp, be->ops->event_fd(be), LOOP_READ, on_step_done, &d) < 0) {
         fprintf(stderr, "kilnd: cannot set up the event loop\n");
         if (d.lp) loop_free(d.lp);
@@ -319,23 +338,26 @@ int cli_bench_engine(int argc, char **argv) {
     qsort(run.ttft, (size_t)run.n_ttft, sizeof(double), cmp_d);
     qsort(run.itl, (size_t)run.n_itl, sizeof(double), cmp_d);
     double tps = run.tokens / el;
+    double dtps = run.dec_s > 0 ? run.dec_tokens / run.dec_s : 0.0;
     if (o.json)
         printf("{\"requests\":%d,\"concurrency\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                "\"threads\":%d,\"elapsed_s\":%.3f,\"output_tok_s\":%.1f,\"req_s\":%.3f,"
                "\"ttft_p50_ms\":%.1f,\"ttft_p90_ms\":%.1f,\"ttft_p99_ms\":%.1f,"
-               "\"itl_p50_ms\":%.2f,\"itl_p99_ms\":%.2f,\"steps\":%lld,\"preemptions\":%lld}\n",
+               "\"itl_p50_ms\":%.2f,\"itl_p99_ms\":%.2f,\"steps\":%lld,\"preemptions\":%lld,\"decode_tok_s\":%.1f}\n",
                o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, el, tps,
                o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
                pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
-               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions);
+               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions,
+               dtps);
     else
         printf("bench-engine: requests=%d concurrency=%d prompt=%d gen=%d threads=%d: "
                "output_tok_s=%.1f req_s=%.2f ttft_ms p50=%.1f p90=%.1f p99=%.1f "
-               "itl_ms p50=%.2f p99=%.2f steps=%lld preemptions=%lld\n",
+               "itl_ms p50=%.2f p99=%.2f steps=%lld preemptions=%lld decode_tok_s=%.1f\n",
                o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, tps,
                o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
                pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
-               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions);
+               pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions,
+               dtps);
     rc = 0;
 out:
     eng_free(eng);
