@@ -186,6 +186,31 @@ qemu: image
 test-qemu: image $(KILND)
 	python3 tests/qemu/boot_test.py
 
+# ---------------------------------------------------------------- signed images, the disk (image/)
+# kiln-image (keys, signed slot bundles) and kiln-flash (writes a disk or a slot, boot
+# counting) are host programs on libmbedcrypto. The signing key is made on first use under
+# $(BUILD)/keys (never committed); its public half is compiled into kiln-flash (and
+# kiln-init) through $(BUILD)/keys/pubkey.h, rewritten only when the key changes.
+# docs/IMAGE.md has the formats.
+IMG_SRCS := image/manifest.c image/bundle.c
+IMG_HDRS := image/manifest.h image/bundle.h
+KILN_KEY ?= $(BUILD)/keys/signing.key
+KILN_PUB := $(BUILD)/keys/signing.pub
+$(BUILD)/gnu/kiln-image: image/kiln_image.c $(IMG_SRCS) $(IMG_HDRS) | $(BUILD)/gnu/deps/.ok
+	@mkdir -p $(@D)
+	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include image/kiln_image.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+$(BUILD)/keys/pubkey.h: $(BUILD)/gnu/kiln-image FORCE
+	@mkdir -p $(@D)
+	@$(BUILD)/gnu/kiln-image keygen --if-missing --key $(KILN_KEY) --pub $(KILN_PUB)
+	@$(BUILD)/gnu/kiln-image pubkey-c --pub $(KILN_PUB) --out $@
+$(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) | $(BUILD)/gnu/deps/.ok
+	@mkdir -p $(@D)
+	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test
+image-tools: $(IMG_TOOLS)
+FORCE:
+.PHONY: image-tools FORCE
+
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
 $(MODEL): scripts/model.sh
@@ -223,7 +248,7 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS) $(IMG_TOOLS)
 	$(MAKE) musl image
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi

@@ -93,6 +93,9 @@ run "reliability/soak-short" env BUILD="$BUILD" MODEL="$MODEL" tests/reliability
   --requests 2000 --clients 32 --max-tokens 8 --slow-max-tokens 16 --prompt-max 12 \
   --kv-pool-mb 12 --time-limit 390 --request-timeout 120 --hard-limit 510 \
   --json "$log/reliability/soak-short.json"
+# Signed images: manifests and bundles (ASan+UBSan), kiln-image's commands.
+run "image/manifest" "$BUILD/gnu/tests/image_test"
+run "image/cli" tests/image/cli_test.sh "$BUILD/gnu/kiln-image"
 # The appliance: the image boots in QEMU (TCG) to ready; a TLS GEN through the forwarded
 # port, served by lwIP on virtio-net in the guest, equals the host's greedy text; the
 # serial console; kilnd killed / hung → restarted; a bad config; poweroff → status 0.
