@@ -2,17 +2,27 @@
 #include "mm/kv.h"
 
 #include <assert.h>
+#include <limits.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/quant.h"
+
 /* ---------------------------------------------------------------- sizes */
 
+/* kv8 needs the data on the host (conversion and moves are memory writes here) and an
+ * even number of bytes per block to halve. */
 static int cfg_valid(const kv_config *c) {
     return c->n_layers > 0 && c->n_kv_heads > 0 && c->head_dim > 0 && c->block_size > 0 &&
-           c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0;
+           c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0 &&
+           (!c->kv8 || (!c->external_data && c->n_blocks <= INT_MAX / 2));
 }
+
+static int n_ids_of(const kv_config *c) { return c->kv8 ? 2 * c->n_blocks : c->n_blocks; }
+static int slabs_of(const kv_config *c) { return 2 * c->n_layers * c->n_kv_heads; }
 
 /* f16 elements of one block; 0 on overflow. */
 static size_t block_elems(const kv_config *c) {
@@ -40,16 +50,17 @@ static int blocks_for(const kv_pool *p, int n) {
  * gets the allocation's page alignment. Returns the total, 0 on overflow. */
 typedef struct {
     size_t data, refcount, free_ids, scratch, hash, parent, tok, lru_prev, lru_next, index;
-    size_t seqs, tables, seq_keys, total;
-    size_t index_cap; /* slots: power of two >= 2 * n_blocks */
+    size_t seqs, tables, seq_keys, loc, owner, q8, scale, free_slots, total;
+    size_t index_cap; /* slots: power of two >= 2 * n_ids */
 } kv_layout;
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 static size_t layout_of(const kv_config *c, kv_layout *l) {
-    size_t nb = (size_t)c->n_blocks, ms = (size_t)c->max_seqs, data, tables, tok;
-    size_t be = block_elems(c);
-    if (be == 0 || __builtin_mul_overflow(nb, c->external_data ? 0 : be * sizeof(uint16_t), &data) ||
+    /* per-id metadata is sized by ids (2 per slot with kv8), the data by slots */
+    size_t nb = (size_t)n_ids_of(c), ns = (size_t)c->n_blocks, ms = (size_t)c->max_seqs;
+    size_t data, tables, tok, be = block_elems(c), k8 = c->kv8 ? 1 : 0;
+    if (be == 0 || __builtin_mul_overflow(ns, c->external_data ? 0 : be * sizeof(uint16_t), &data) ||
         __builtin_mul_overflow(ms, (size_t)c->max_blocks_per_seq * sizeof(int32_t), &tables) ||
         __builtin_mul_overflow(nb, (size_t)c->block_size * sizeof(int32_t), &tok) ||
         data > SIZE_MAX / 2 || tables > SIZE_MAX / 8 || tok > SIZE_MAX / 8 ||
@@ -72,6 +83,11 @@ static size_t layout_of(const kv_config *c, kv_layout *l) {
     l->seqs = off, off = align_up(off + ms * sizeof(kv_seq), 64);
     l->tables = off, off = align_up(off + tables, 64);
     l->seq_keys = off, off = align_up(off + 2 * tables, 64); /* u64 per page-table entry */
+    l->loc = off, off = align_up(off + nb * sizeof(int32_t), 64);
+    l->owner = off, off = align_up(off + k8 * nb * sizeof(int32_t), 64); /* units = ids */
+    l->q8 = off, off = align_up(off + k8 * nb, 64);
+    l->scale = off, off = align_up(off + k8 * nb * (size_t)slabs_of(c) * sizeof(float), 64);
+    l->free_slots = off, off = align_up(off + k8 * ns * sizeof(int32_t), 64);
     if (off > SIZE_MAX / 2) return 0;
     l->total = off;
     return off;
@@ -120,13 +136,31 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     p->seqs = (kv_seq *)(mem + l.seqs);
     p->tables = (int32_t *)(mem + l.tables);
     p->seq_keys = (uint64_t *)(mem + l.seq_keys);
+    p->n_ids = n_ids_of(cfg);
+    p->units = cfg->kv8 ? 2 : 1;
+    p->unit_elems = p->block_elems / (size_t)p->units;
+    p->loc = (int32_t *)(mem + l.loc);
+    if (cfg->kv8) {
+        p->owner = (int32_t *)(mem + l.owner);
+        p->q8 = mem + l.q8;
+        p->scale = (float *)(mem + l.scale);
+        p->free_slots = (int32_t *)(mem + l.free_slots);
+    }
     /* An arena need not hand out zeroed memory (cuMemHostAlloc); the metadata must be. */
     memset(mem + l.refcount, 0, l.total - l.refcount);
 
     /* Pushed high to low so block 0 is handed out first: deterministic for tests. */
-    for (int i = cfg->n_blocks - 1; i >= 0; i--) p->free_ids[p->n_free++] = i;
-    memset(p->lru_prev, 0xff, (size_t)cfg->n_blocks * sizeof(int32_t)); /* all -1 */
-    memset(p->lru_next, 0xff, (size_t)cfg->n_blocks * sizeof(int32_t));
+    for (int i = p->n_ids - 1; i >= 0; i--) p->free_ids[p->n_free++] = i;
+    memset(p->lru_prev, 0xff, (size_t)p->n_ids * sizeof(int32_t)); /* all -1 */
+    memset(p->lru_next, 0xff, (size_t)p->n_ids * sizeof(int32_t));
+    if (cfg->kv8) { /* ids hold no memory until taken; every slot is free */
+        memset(p->loc, 0xff, (size_t)p->n_ids * sizeof(int32_t));
+        memset(p->owner, 0xff, (size_t)p->n_ids * sizeof(int32_t));
+        for (int i = cfg->n_blocks - 1; i >= 0; i--) p->free_slots[p->n_free_slots++] = i;
+        p->n_units_free = 2 * cfg->n_blocks;
+    } else {
+        for (int i = 0; i < p->n_ids; i++) p->loc[i] = i; /* a block is its slot */
+    }
     memset(p->index, 0xff, l.index_cap * sizeof(int32_t));
     p->lru_head = p->lru_tail = -1;
     for (int i = 0; i < cfg->max_seqs; i++) {
@@ -227,7 +261,11 @@ static void index_del(kv_pool *p, int32_t b) {
 
 /* ---------------------------------------------------------------- LRU */
 
+/* Units of memory block b holds (kv8 pools count units; the others count blocks). */
+static int units_of(const kv_pool *p, int32_t b) { return p->q8 && !p->q8[b] ? 2 : 1; }
+
 static void lru_push(kv_pool *p, int32_t b) { /* most recently used end */
+    p->n_units_cached += units_of(p, b);
     p->lru_prev[b] = p->lru_tail;
     p->lru_next[b] = -1;
     if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
@@ -237,6 +275,7 @@ static void lru_push(kv_pool *p, int32_t b) { /* most recently used end */
 }
 
 static void lru_unlink(kv_pool *p, int32_t b) {
+    p->n_units_cached -= units_of(p, b);
     int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
     if (pr >= 0) p->lru_next[pr] = nx;
     else p->lru_head = nx;
@@ -255,20 +294,97 @@ static int fail_hook_fires(kv_pool *p) {
     return 1;
 }
 
-/* May n fresh blocks be taken? Counts n allocations against the fail hook, so the hook
- * sees the same allocation numbers as taking them one by one; nothing is taken. */
+/* May n fresh (f16) blocks be taken? Counts n allocations against the fail hook, so the
+ * hook sees the same allocation numbers as taking them one by one; nothing is taken.
+ * With kv8 each takes two units, and any two free or cached units can be made a slot
+ * (eviction, then compaction), so the count is exact. */
 static int can_take(kv_pool *p, int n) {
-    if (n > p->n_free + p->n_lru) return 0;
+    if (p->q8 ? 2LL * n > (long long)p->n_units_free + p->n_units_cached
+              : n > p->n_free + p->n_lru)
+        return 0;
     for (int i = 0; i < n; i++)
         if (fail_hook_fires(p)) return 0;
     return 1;
+}
+
+/* ---- kv8: units and slots */
+
+static uint16_t *unit_data(const kv_pool *p, int32_t unit) {
+    return p->data + (size_t)unit * p->unit_elems;
+}
+
+/* Give back the units of kv8 block b (now refcount 0, not cached); b keeps no memory. */
+static void units_release(kv_pool *p, int32_t b) {
+    int32_t u = p->loc[b];
+    if (!p->q8[b]) {
+        p->owner[u] = p->owner[u + 1] = -1;
+        p->n_units_free += 2;
+        p->free_slots[p->n_free_slots++] = u / 2;
+    } else {
+        p->owner[u] = -1;
+        p->n_units_free++;
+        p->n_q8--;
+        if (p->owner[u ^ 1] == -1) p->free_slots[p->n_free_slots++] = u / 2;
+    }
+    p->loc[b] = -1;
+    p->q8[b] = 0;
+}
+
+/* Evict the least recently used cached block: out of the index, its memory freed. */
+static void evict_lru(kv_pool *p) {
+    int32_t b = p->lru_head;
+    assert(b >= 0);
+    lru_unlink(p, b);
+    index_del(p, b);
+    p->stats.evictions++;
+    if (p->q8) {
+        units_release(p, b);
+        p->free_ids[p->n_free++] = b;
+    }
+}
+
+/* A whole free slot. None on the stack: two lone free halves (each in a slot whose
+ * other half holds an 8-bit block, as a slot with both halves free is on the stack)
+ * are joined by moving the 8-bit neighbour of the first into the second. The caller
+ * made sure two units are free. */
+static int32_t slot_get(kv_pool *p) {
+    if (p->n_free_slots > 0) return p->free_slots[--p->n_free_slots];
+    int32_t a = -1, c = -1, n_units = 2 * p->cfg.n_blocks;
+    for (int32_t u = 0; u < n_units && c < 0; u++)
+        if (p->owner[u] == -1) {
+            if (a < 0) a = u;
+            else c = u;
+        }
+    assert(a >= 0 && c >= 0 && a / 2 != c / 2);
+    int32_t nb = a ^ 1, x = p->owner[nb];
+    assert(x >= 0 && p->q8[x] && p->loc[x] == nb);
+    memcpy(unit_data(p, c), unit_data(p, nb), p->unit_elems * sizeof(uint16_t));
+    p->owner[c] = x, p->owner[nb] = -1, p->loc[x] = c;
+    p->stats.q8_moves++;
+    return a / 2;
+}
+
+/* kv8: a fresh f16 block (a whole slot) under a free id, evicting cached blocks until
+ * two units are free. */
+static int32_t take_kv8(kv_pool *p) {
+    while (p->n_units_free < 2) evict_lru(p);
+    int32_t slot = slot_get(p);
+    assert(p->n_free > 0); /* ids outnumber blocks: each holds at least one unit */
+    int32_t b = p->free_ids[--p->n_free];
+    p->loc[b] = 2 * slot;
+    p->owner[2 * slot] = p->owner[2 * slot + 1] = b;
+    p->q8[b] = 0;
+    p->n_units_free -= 2;
+    return b;
 }
 
 /* A fresh block at refcount 1: the free stack first, else evict the LRU cached block.
  * The caller made sure one exists (can_take). */
 static int32_t block_take(kv_pool *p) {
     int32_t b;
-    if (p->n_free > 0) {
+    if (p->q8) {
+        b = take_kv8(p);
+    } else if (p->n_free > 0) {
         b = p->free_ids[--p->n_free];
     } else {
         b = p->lru_head;
@@ -283,18 +399,24 @@ static int32_t block_take(kv_pool *p) {
 }
 
 static void block_put(kv_pool *p, int32_t b) {
-    assert(b >= 0 && b < p->cfg.n_blocks && p->refcount[b] > 0);
+    assert(b >= 0 && b < p->n_ids && p->refcount[b] > 0);
     if (--p->refcount[b] > 0) return;
-    if (p->hash[b]) lru_push(p, b); /* cached: kv_seq_match can still revive it */
-    else p->free_ids[p->n_free++] = b;
+    if (p->hash[b]) {
+        lru_push(p, b); /* cached: kv_seq_match can still revive it */
+        return;
+    }
+    if (p->q8) units_release(p, b);
+    p->free_ids[p->n_free++] = b;
 }
 
-int kv_free_blocks(const kv_pool *p) { return p->n_free + p->n_lru; }
+int kv_free_blocks(const kv_pool *p) {
+    return p->q8 ? (p->n_units_free + p->n_units_cached) / 2 : p->n_free + p->n_lru;
+}
 
 int kv_cached_blocks(const kv_pool *p) { return p->n_lru; }
 
 int kv_refcount(const kv_pool *p, int32_t block) {
-    if (block < 0 || block >= p->cfg.n_blocks) return -1;
+    if (block < 0 || block >= p->n_ids) return -1;
     return p->refcount[block];
 }
 
@@ -309,6 +431,8 @@ void kv_fail_from(kv_pool *p, int n) {
 }
 
 /* ---------------------------------------------------------------- sequences */
+
+static void q8_expand(kv_pool *p, int32_t src, int32_t dst); /* 8-bit blocks, below */
 
 kv_seq *kv_seq_new(kv_pool *p) {
     for (int i = 0; i < p->cfg.max_seqs; i++) {
@@ -370,15 +494,23 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
     if (pos < 0 || pos / p->cfg.block_size >= s->n_blocks) return -EINVAL;
     int i = pos / p->cfg.block_size;
     int32_t old = s->blocks[i];
-    if (p->refcount[old] <= 1) {
+    if (kv_is_q8(p, old)) {
+        /* Writes go to f16 blocks only: a private f16 copy of the 8-bit block (taking
+         * it may move old's data, so read it after), then old's reference dropped. */
+        if (!can_take(p, 1)) return -ENOMEM;
+        int32_t b = block_take(p);
+        q8_expand(p, old, b);
+        block_put(p, old);
+        s->blocks[i] = b;
+    } else if (p->refcount[old] <= 1) {
         /* s's alone: written in place, so it must not stay in the index (invariant 1). */
         if (p->hash[old]) index_del(p, old);
     } else {
         if (!can_take(p, 1)) return -ENOMEM;
         int32_t b = block_take(p); /* never old: old is referenced, so not cached */
         if (p->data)
-            memcpy(p->data + (size_t)b * p->block_elems, p->data + (size_t)old * p->block_elems,
-                   p->block_elems * sizeof(uint16_t));
+            memcpy(p->data + (size_t)p->loc[b] * p->unit_elems,
+                   p->data + (size_t)p->loc[old] * p->unit_elems, p->block_elems * sizeof(uint16_t));
         else
             p->copy_block(p->copy_ctx, b, old);
         p->refcount[old]--; /* was shared, so it stays >= 1 */
@@ -404,6 +536,97 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- 8-bit blocks */
+
+#define Q8_CHUNK 256 /* f32 staging per call of the f16 converters */
+
+/* One slab of n values: f16 in, int8 out, symmetric, returns the scale. dst may be src
+ * itself (in place): chunk j's bytes [j, j+1) * C overlap only source chunks <= j, each
+ * read before it is overwritten. The max is taken on the f16 bits (|h| orders like the
+ * values; the cache holds no NaN). */
+static float slab_to_q8(const uint16_t *src, int8_t *dst, size_t n) {
+    uint16_t hmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t a = src[i] & 0x7fff;
+        hmax = a > hmax ? a : hmax;
+    }
+    float amax = quant_f16_to_f32(hmax), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float tmp[Q8_CHUNK];
+    for (size_t i = 0; i < n; i += Q8_CHUNK) {
+        size_t m = n - i < Q8_CHUNK ? n - i : Q8_CHUNK;
+        quant_dequant(QT_F16, src + i, tmp, (int64_t)m);
+        for (size_t j = 0; j < m; j++) dst[i + j] = (int8_t)lrintf(tmp[j] * inv); /* |.| <= 127 */
+    }
+    return amax / 127.0f;
+}
+
+/* n int8 values times scale, as f16. */
+static void slab_to_f16(const int8_t *src, float scale, uint16_t *dst, size_t n) {
+    float tmp[Q8_CHUNK];
+    for (size_t i = 0; i < n; i += Q8_CHUNK) {
+        size_t m = n - i < Q8_CHUNK ? n - i : Q8_CHUNK;
+        for (size_t j = 0; j < m; j++) tmp[j] = (float)src[i + j] * scale;
+        quant_quantize(QT_F16, tmp, dst + i, (int64_t)m);
+    }
+}
+
+void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, int n, uint16_t *k,
+                uint16_t *v) {
+    size_t m = (size_t)n * (size_t)p->cfg.head_dim;
+    slab_to_f16(kv_q8_slab(p, block, layer, 0, head), kv_q8_scale(p, block, layer, 0, head), k, m);
+    slab_to_f16(kv_q8_slab(p, block, layer, 1, head), kv_q8_scale(p, block, layer, 1, head), v, m);
+}
+
+/* The f16 contents of 8-bit block src into f16 block dst. */
+static void q8_expand(kv_pool *p, int32_t src, int32_t dst) {
+    int slabs = slabs_of(&p->cfg);
+    const int8_t *in = (const int8_t *)unit_data(p, p->loc[src]);
+    uint16_t *out = unit_data(p, p->loc[dst]);
+    const float *sc = p->scale + (size_t)src * (size_t)slabs;
+    for (int k = 0; k < slabs; k++)
+        slab_to_f16(in + (size_t)k * p->head_elems, sc[k], out + (size_t)k * p->head_elems,
+                    p->head_elems);
+}
+
+int kv_block_to_q8(kv_pool *p, int32_t b) {
+    if (b < 0 || b >= p->n_ids || (p->q8 && p->loc[b] < 0)) return -EINVAL;
+    if (!p->q8 || p->q8[b]) return 0;
+    int slabs = slabs_of(&p->cfg);
+    int32_t u = p->loc[b];
+    uint16_t *src = unit_data(p, u);
+    int8_t *dst = (int8_t *)src;
+    float *sc = p->scale + (size_t)b * (size_t)slabs;
+    /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
+    for (int k = 0; k < slabs; k++)
+        sc[k] = slab_to_q8(src + (size_t)k * p->head_elems, dst + (size_t)k * p->head_elems,
+                           p->head_elems);
+    int cached = p->refcount[b] == 0; /* on the LRU: it now holds one unit, not two */
+    if (cached) p->n_units_cached--;
+    p->q8[b] = 1;
+    p->owner[u + 1] = -1;
+    p->n_units_free++;
+    p->n_q8++;
+    p->stats.q8_conversions++;
+    return 1;
+}
+
+int kv_seq_to_q8(kv_pool *p, kv_seq *s, int n_written, int max) {
+    if (!p->q8 || !s || !s->in_use) return 0;
+    int full = n_written / p->cfg.block_size, done = 0;
+    if (full > s->n_blocks) full = s->n_blocks;
+    for (int i = 0; i < full && done < max; i++) done += kv_block_to_q8(p, s->blocks[i]) == 1;
+    return done;
+}
+
+int kv_cached_to_q8(kv_pool *p, int max) {
+    int done = 0;
+    for (int32_t b = p->lru_head; p->q8 && b >= 0 && done < max; b = p->lru_next[b])
+        done += kv_block_to_q8(p, b) == 1;
+    return done;
+}
+
+int kv_q8_blocks(const kv_pool *p) { return p->n_q8; }
 
 /* ---------------------------------------------------------------- prefix cache */
 
@@ -460,9 +683,55 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
 
 #define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -EFAULT)
 
+/* kv8: every id's memory against the unit owners, the free-slot stack and the unit
+ * counters. Ids on the free stack hold nothing; in-use and cached ones hold one unit
+ * (8-bit) or a whole slot (f16). */
+static int check_units(const kv_pool *p, char *err, size_t errlen) {
+    int n_units = 2 * p->cfg.n_blocks, free_u = 0, cached_u = 0, q8 = 0;
+    int32_t *seen = p->scratch; /* free-slot marks; reused after kv_check's passes */
+    for (int32_t b = 0; b < p->n_ids; b++) {
+        int32_t u = p->loc[b];
+        int holds = p->refcount[b] > 0 || p->hash[b] != 0;
+        if (!holds) {
+            if (u != -1 || p->q8[b]) return FAIL("free id %d holds unit %d (q8 %d)", b, u, p->q8[b]);
+            continue;
+        }
+        if (u < 0 || u >= n_units) return FAIL("block %d: unit %d out of range", b, u);
+        if (p->owner[u] != b) return FAIL("block %d: unit %d owned by %d", b, u, p->owner[u]);
+        if (!p->q8[b] && (u % 2 || p->owner[u + 1] != b))
+            return FAIL("f16 block %d: unit %d is not a whole slot of its own", b, u);
+        q8 += p->q8[b];
+        if (p->refcount[b] == 0) cached_u += p->q8[b] ? 1 : 2;
+    }
+    for (int32_t u = 0; u < n_units; u++) {
+        int32_t b = p->owner[u];
+        if (b == -1) {
+            free_u++;
+            continue;
+        }
+        if (b < 0 || b >= p->n_ids || (p->loc[b] != u && (p->q8[b] || p->loc[b] != u - 1)))
+            return FAIL("unit %d: owner %d does not hold it", u, b);
+    }
+    memset(seen, 0, (size_t)p->n_ids * sizeof *seen);
+    int whole = 0;
+    for (int s = 0; s < p->cfg.n_blocks; s++) whole += p->owner[2 * s] == -1 && p->owner[2 * s + 1] == -1;
+    for (int k = 0; k < p->n_free_slots; k++) {
+        int32_t s = p->free_slots[k];
+        if (s < 0 || s >= p->cfg.n_blocks || seen[s]++ || p->owner[2 * s] != -1 ||
+            p->owner[2 * s + 1] != -1)
+            return FAIL("free slot stack[%d] = %d: out of range, twice or in use", k, s);
+    }
+    if (whole != p->n_free_slots)
+        return FAIL("%d slots wholly free, %d on the free-slot stack", whole, p->n_free_slots);
+    if (free_u != p->n_units_free || cached_u != p->n_units_cached || q8 != p->n_q8)
+        return FAIL("units free %d / cached %d / 8-bit blocks %d; counters say %d / %d / %d",
+                    free_u, cached_u, q8, p->n_units_free, p->n_units_cached, p->n_q8);
+    return 0;
+}
+
 int kv_check(const kv_pool *p, char *err, size_t errlen) {
     const kv_config *c = &p->cfg;
-    int nb = c->n_blocks, bs = c->block_size;
+    int nb = p->n_ids, bs = c->block_size;
     int32_t *refs = p->scratch; /* page-table references per block, then list marks */
     memset(refs, 0, (size_t)nb * sizeof *refs);
     int used = 0;
@@ -561,6 +830,6 @@ int kv_check(const kv_pool *p, char *err, size_t errlen) {
         if (f != b) return FAIL("block %d: its key %016llx finds block %d", b,
                                 (unsigned long long)p->hash[b], f);
     }
-    return 0;
+    return p->q8 ? check_units(p, err, errlen) : 0;
 }
 #undef FAIL

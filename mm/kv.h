@@ -25,7 +25,22 @@
  *
  * Block states (kv_check verifies them): free (refcount 0, not indexed, on the free
  * stack) | cached (refcount 0, indexed, on the LRU list) | in use (refcount > 0, indexed
- * or not). free + cached + in use = n_blocks; kv_free_blocks = free + cached.
+ * or not). free + cached + in use = n_ids; kv_free_blocks = free + cached (in f16 blocks).
+ *
+ * 8-bit blocks (cfg.kv8, the degrade ladder's rung 2; host data only): memory is
+ * n_blocks slots of one f16 block each, every slot two halves ("units"); an 8-bit
+ * block (int8, one scale per (layer, K|V, head) slab) takes one unit. Block ids are
+ * then handles, 2 * n_blocks of them, and loc[id] says which unit a block's data
+ * starts at, so a block converted in place (kv_block_to_q8, freeing its second unit)
+ * or moved keeps its id: page tables and the prefix index never change. Blocks are
+ * born f16 (2 units, a whole slot); when a slot is needed and none is free, two free
+ * halves of different slots are joined by moving one 8-bit block (compaction). So
+ * the pool can always allocate an f16 block while two units are free or cached, and
+ * kv_free_blocks is (free + cached units) / 2. Only f16 blocks are written:
+ * kv_seq_cow turns an 8-bit block about to be written back into a private f16 copy.
+ * Conversion and moves rewrite block data, so with kv8 every call that may allocate
+ * (kv_seq_reserve, kv_seq_cow) or convert must run while no step reads the pool.
+ * Without kv8 ids are slots, nothing moves, and everything is as above.
  *
  * Invariants the prefix cache rests on:
  *   1. An indexed block's contents never change: it holds exactly the KV of its token ids
@@ -59,6 +74,7 @@ typedef struct {
     int external_data;                  /* 1: the blocks live elsewhere (device memory):
                                          * no host data, data = NULL, and copy-on-write
                                          * goes through copy_block */
+    int kv8;                            /* 1: blocks may be turned to 8 bits (see the top) */
 } kv_config;
 
 /* Parent key of a sequence's first block. */
@@ -76,9 +92,23 @@ typedef struct kv_seq {
 
 typedef struct kv_pool {
     kv_config cfg;
-    uint16_t *data;     /* [n_blocks][block_elems] f16 */
+    uint16_t *data;     /* [n_blocks][block_elems] f16 (slots) */
     size_t block_elems; /* f16 elements per block, all layers, K and V */
     size_t head_elems;  /* block_size * head_dim: one (layer, K|V, head) slab */
+    int n_ids;          /* block ids: n_blocks, or 2 * n_blocks with kv8 */
+    int units;          /* units per slot: 1, or 2 with kv8 */
+    size_t unit_elems;  /* f16 elements of one unit: block_elems / units */
+    int32_t *loc;       /* [n_ids] first unit of a block's data; identity without kv8,
+                         * -1 for a free id with kv8 */
+    /* kv8 only (NULL otherwise): */
+    int32_t *owner;     /* [2 * n_blocks] block id in each unit, -1 free */
+    uint8_t *q8;        /* [n_ids] 1: the block is 8-bit */
+    float *scale;       /* [n_ids][n_layers * 2 * n_kv_heads] int8 scale per slab */
+    int32_t *free_slots;/* [n_blocks] stack of slots with both units free */
+    int n_free_slots;
+    int n_units_free;   /* free units (in free slots and lone halves) */
+    int n_units_cached; /* units held by cached blocks */
+    int n_q8;           /* 8-bit blocks in use or cached */
     int32_t *refcount;  /* [n_blocks] page-table references */
     int32_t *free_ids;  /* [n_blocks] stack of free block ids, top at n_free-1 */
     int n_free;
@@ -100,6 +130,8 @@ typedef struct kv_pool {
         uint64_t prefix_queries; /* prompt tokens looked up by kv_seq_match */
         uint64_t prefix_hits;    /* of those, tokens reused */
         uint64_t evictions;      /* cached blocks evicted to make room */
+        uint64_t q8_conversions; /* blocks turned to 8 bits */
+        uint64_t q8_moves;       /* 8-bit blocks moved to join two free halves */
     } stats;
     void *mem;          /* own allocation (arena NULL), else NULL */
     size_t mem_bytes;
@@ -163,17 +195,50 @@ int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
  * (n_tokens) and stats.prefix_hits. Never allocates. */
 int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
 
-/* [block_size][head_dim] f16 slabs of one (block, layer, head). */
+/* [block_size][head_dim] f16 slabs of one (block, layer, head) of an f16 block. */
 static inline uint16_t *kv_k(const kv_pool *p, int32_t block, int layer, int head) {
-    return p->data + (size_t)block * p->block_elems +
+    return p->data + (size_t)p->loc[block] * p->unit_elems +
            ((size_t)layer * 2 * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
 }
 static inline uint16_t *kv_v(const kv_pool *p, int32_t block, int layer, int head) {
-    return p->data + (size_t)block * p->block_elems +
+    return p->data + (size_t)p->loc[block] * p->unit_elems +
            (((size_t)layer * 2 + 1) * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
 }
 
-int kv_free_blocks(const kv_pool *p);   /* allocatable: free + cached (evictable) blocks */
+/* ---- 8-bit blocks (cfg.kv8) */
+
+static inline int kv_is_q8(const kv_pool *p, int32_t block) { return p->q8 && p->q8[block]; }
+/* Slab index of (layer, K|V, head) in a block: the same order as the f16 layout. */
+static inline size_t kv_slab(const kv_pool *p, int layer, int is_v, int head) {
+    return ((size_t)layer * 2 + (size_t)is_v) * (size_t)p->cfg.n_kv_heads + (size_t)head;
+}
+/* [block_size][head_dim] int8 slab of an 8-bit block; value = q * kv_q8_scale. */
+static inline const int8_t *kv_q8_slab(const kv_pool *p, int32_t block, int layer, int is_v,
+                                       int head) {
+    return (const int8_t *)(p->data + (size_t)p->loc[block] * p->unit_elems) +
+           kv_slab(p, layer, is_v, head) * p->head_elems;
+}
+static inline float kv_q8_scale(const kv_pool *p, int32_t block, int layer, int is_v, int head) {
+    return p->scale[(size_t)block * 2 * (size_t)p->cfg.n_layers * (size_t)p->cfg.n_kv_heads +
+                    kv_slab(p, layer, is_v, head)];
+}
+/* The first n rows of an 8-bit block's K and V slabs of (layer, head), as f16. */
+void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, int n, uint16_t *k,
+                uint16_t *v);
+/* Turn an f16 block (in use or cached) into 8 bits in place: per slab a symmetric int8
+ * scale (max |x| / 127), its second unit freed. 1 converted, 0 nothing to do (already
+ * 8-bit, or the pool has no kv8), -EINVAL (no such block). No step may read the pool. */
+int kv_block_to_q8(kv_pool *p, int32_t block);
+/* s's f16 blocks that lie wholly in positions [0, n_written), at most max of them,
+ * first to last: the number converted. */
+int kv_seq_to_q8(kv_pool *p, kv_seq *s, int n_written, int max);
+/* Cached f16 blocks, least recently used first, at most max: the number converted. */
+int kv_cached_to_q8(kv_pool *p, int max);
+int kv_q8_blocks(const kv_pool *p); /* 8-bit blocks in use or cached */
+
+/* Allocatable f16 blocks: free + cached (evictable) ones; with kv8, (free + cached
+ * units) / 2. */
+int kv_free_blocks(const kv_pool *p);
 int kv_cached_blocks(const kv_pool *p); /* refcount-0 blocks kept for the prefix cache (LRU) */
 int kv_refcount(const kv_pool *p, int32_t block);
 /* Consistency: refcounts equal page-table references, page tables are in range, every

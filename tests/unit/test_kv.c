@@ -6,11 +6,13 @@
  * (commit, match, LRU, eviction; cached blocks' data checked against the tokens they were
  * indexed under), then deterministic prompt-reuse, COW/truncate, OOM and key tests. */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/quant.h"
 #include "mm/kv.h"
 #include "tests/unit/check.h"
 
@@ -911,6 +913,191 @@ static void test_prefix_oom(void) {
     }
 }
 
+/* ---------------------------------------------------------------- 8-bit blocks */
+
+/* kv8: real values (8-bit blocks are read back approximately), each a function of
+ * (position, token, layer, K|V, head, dim) so a block's contents follow its tokens,
+ * and exact in f16: (k % 29 - 14) / 8. */
+static float q8_val(int pos, int32_t tok, int l, int kv, int h, int d) {
+    unsigned k = (unsigned)(tok * 7 + pos * 3 + l * 5 + kv * 11 + h * 13 + d * 17);
+    return (float)((int)(k % 29) - 14) / 8.0f;
+}
+
+static void q8_write(kv_pool *p, kv_seq *s, int pos, int32_t tok) {
+    CHECK(kv_seq_cow(p, s, pos) == 0, "cow before writing %d", pos);
+    int32_t b = s->blocks[pos / p->cfg.block_size];
+    int slot = pos % p->cfg.block_size, hd = p->cfg.head_dim;
+    CHECK(!kv_is_q8(p, b), "kv_seq_cow left block %d 8-bit", b);
+    for (int l = 0; l < p->cfg.n_layers; l++)
+        for (int h = 0; h < p->cfg.n_kv_heads; h++)
+            for (int d = 0; d < hd; d++) {
+                kv_k(p, b, l, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 0, h, d));
+                kv_v(p, b, l, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 1, h, d));
+            }
+}
+
+/* Every written position of s: exact in f16 blocks, within one int8 step (max 1.75 /
+ * 127, plus f16 rounding of the result) in 8-bit ones. */
+static int q8_read_lossy(const kv_pool *p, const kv_seq *s, const int32_t *toks, int n, int lossy) {
+    int bs = p->cfg.block_size, hd = p->cfg.head_dim;
+    uint16_t k[64], v[64];
+    for (int pos = 0; pos < n; pos++) {
+        int32_t b = s->blocks[pos / bs];
+        int slot = pos % bs;
+        for (int l = 0; l < p->cfg.n_layers; l++)
+            for (int h = 0; h < p->cfg.n_kv_heads; h++) {
+                const uint16_t *K = kv_k(p, b, l, h) + slot * hd, *V = kv_v(p, b, l, h) + slot * hd;
+                float tol = lossy ? 1.75f / 127.0f * 0.51f + 0.002f : 0.0f;
+                if (kv_is_q8(p, b)) {
+                    kv_q8_read(p, b, l, h, slot + 1, k, v);
+                    K = k + slot * hd, V = v + slot * hd;
+                    tol = 1.75f / 127.0f * 0.51f + 0.002f;
+                }
+                for (int d = 0; d < hd; d++)
+                    if (fabsf(quant_f16_to_f32(K[d]) - q8_val(pos, toks[pos], l, 0, h, d)) > tol ||
+                        fabsf(quant_f16_to_f32(V[d]) - q8_val(pos, toks[pos], l, 1, h, d)) > tol)
+                        return 0;
+            }
+    }
+    return 1;
+}
+
+static int q8_read_ok(const kv_pool *p, const kv_seq *s, const int32_t *toks, int n) {
+    return q8_read_lossy(p, s, toks, n, 0);
+}
+
+static const kv_config CFG_Q8 = {
+    .n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .block_size = 4,
+    .n_blocks = 24, .max_seqs = 8, .max_blocks_per_seq = 12, .prefix_cache = 1, .kv8 = 1,
+};
+
+/* Fill the pool, turn it to 8 bits: half the memory comes back, new f16 blocks are
+ * made by joining lone halves (moves), data survives, a write into an 8-bit block goes
+ * to a private f16 copy, and everything returns to the pool. */
+static void test_q8_basic(void) {
+    kv_pool p;
+    kv_config bad = CFG_Q8;
+    bad.external_data = 1;
+    CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 with external data refused");
+    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+    CHECK(p.n_ids == 48 && kv_free_blocks(&p) == 24, "ids %d, free %d", p.n_ids, kv_free_blocks(&p));
+    int32_t toks[6][48];
+    kv_seq *s[6];
+    for (int i = 0; i < 6; i++) { /* 6 x 16 positions: 24 blocks, the whole pool */
+        s[i] = kv_seq_new(&p);
+        CHECK(kv_seq_reserve(&p, s[i], 16) == 0, "reserve %d", i);
+        for (int pos = 0; pos < 16; pos++) q8_write(&p, s[i], pos, toks[i][pos] = (int32_t)rnd(5));
+    }
+    CHECK(kv_free_blocks(&p) == 0, "pool full: %d free", kv_free_blocks(&p));
+    kv_seq *x = kv_seq_new(&p);
+    CHECK(kv_seq_reserve(&p, x, 1) == -ENOMEM, "no room before compaction");
+    int conv = 0;
+    for (int i = 0; i < 6; i++) conv += kv_seq_to_q8(&p, s[i], i == 5 ? 13 : 16, 100);
+    CHECK(conv == 23, "converted %d of 23 full blocks (the last one is partial)", conv);
+    CHECK(kv_q8_blocks(&p) == 23 && kv_free_blocks(&p) == 11, "8-bit %d, free %d",
+          kv_q8_blocks(&p), kv_free_blocks(&p));
+    check_pool(&p, "after conversion");
+    for (int i = 0; i < 6; i++) CHECK(q8_read_ok(&p, s[i], toks[i], 16), "seq %d after conversion", i);
+    uint64_t moves = p.stats.q8_moves;
+    CHECK(kv_seq_reserve(&p, x, 44) == 0, "11 f16 blocks from the freed halves");
+    CHECK(p.stats.q8_moves > moves, "joining halves moved 8-bit blocks");
+    int32_t xt[48];
+    for (int pos = 0; pos < 44; pos++) q8_write(&p, x, pos, xt[pos] = (int32_t)rnd(5));
+    check_pool(&p, "after compaction");
+    for (int i = 0; i < 6; i++) CHECK(q8_read_ok(&p, s[i], toks[i], 16), "seq %d after moves", i);
+    CHECK(q8_read_ok(&p, x, xt, 44), "new seq");
+    CHECK(kv_free_blocks(&p) == 0, "full again");
+    /* a write into an 8-bit block needs a private f16 copy: no room, then room */
+    CHECK(kv_seq_cow(&p, s[0], 3) == -ENOMEM, "cow of an 8-bit block without room");
+    kv_seq_release(&p, x);
+    CHECK(kv_is_q8(&p, s[0]->blocks[0]), "block 0 of seq 0 is 8-bit");
+    q8_write(&p, s[0], 3, toks[0][3] = 4);
+    /* the copy holds the 8-bit values, now in f16: close, not exact */
+    CHECK(!kv_is_q8(&p, s[0]->blocks[0]) && q8_read_lossy(&p, s[0], toks[0], 16, 1), "rewritten");
+    for (int i = 0; i < 6; i++) {
+        CHECK(kv_seq_commit(&p, s[i], toks[i], 16) >= 0, "commit %d", i);
+        kv_seq_release(&p, s[i]);
+    }
+    kv_seq_release(&p, x);
+    CHECK(kv_cached_to_q8(&p, 100) > 0, "cached blocks converted");
+    check_pool(&p, "cached 8-bit");
+    CHECK(kv_free_blocks(&p) == 24, "all back: %d", kv_free_blocks(&p));
+    kv_seq *y = kv_seq_new(&p);
+    CHECK(kv_seq_match(&p, y, toks[1], 16) == 12, "8-bit prefix matched");
+    CHECK(q8_read_ok(&p, y, toks[1], 12), "matched 8-bit data");
+    CHECK(kv_seq_reserve(&p, y, 48) == 0 && kv_free_blocks(&p) >= 0, "grow past the match");
+    check_pool(&p, "grown");
+    kv_seq_release(&p, y);
+    CHECK(kv_seq_reserve(&p, kv_seq_new(&p), 48) == 0 && kv_seq_reserve(&p, kv_seq_new(&p), 48) == 0,
+          "the whole pool as f16 after evictions");
+    check_pool(&p, "evicted all");
+    kv_pool_free(&p);
+}
+
+/* Randomized: appends, forks, releases, prefix matches, conversions of sequences and of
+ * cached blocks, OOM; kv_check after every step, every sequence's data checked. */
+static void test_q8_random(int n_ops) {
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+    kv_seq *s[8] = {0};
+    int32_t toks[8][48];
+    int n[8] = {0}, enomem = 0;
+    for (int op = 0; op < n_ops; op++) {
+        int i = (int)rnd(8), what = (int)rnd(10);
+        if (!s[i]) {
+            s[i] = kv_seq_new(&p);
+            int len = 1 + (int)rnd(40);
+            for (int k = 0; k < len; k++) toks[i][k] = k < 8 ? i % 2 : (int32_t)rnd(3);
+            n[i] = kv_seq_match(&p, s[i], toks[i], len);
+            if (n[i] < 0) n[i] = 0;
+            CHECK(q8_read_ok(&p, s[i], toks[i], n[i]), "matched prefix data");
+            toks[i][47] = len; /* remembered: the prompt's length */
+        } else if (what < 5 && n[i] < 47) { /* append up to 6 */
+            int to = n[i] + 1 + (int)rnd(6), len = toks[i][47];
+            if (to > 47) to = 47;
+            if (kv_seq_reserve(&p, s[i], to) < 0) {
+                enomem++;
+                continue;
+            }
+            int k = n[i];
+            for (; k < to; k++) {
+                if (k >= len) toks[i][k] = (int32_t)rnd(3);
+                if (kv_seq_cow(&p, s[i], k) < 0) break;
+                q8_write(&p, s[i], k, toks[i][k]);
+            }
+            enomem += k < to;
+            n[i] = k;
+            kv_seq_commit(&p, s[i], toks[i], n[i]);
+        } else if (what == 5) {
+            kv_seq_to_q8(&p, s[i], n[i], 1 + (int)rnd(4));
+        } else if (what == 6) {
+            kv_cached_to_q8(&p, 1 + (int)rnd(4));
+        } else if (what == 7) { /* fork into a free slot */
+            int j = (int)rnd(8);
+            if (!s[j]) {
+                s[j] = kv_seq_fork(&p, s[i]);
+                memcpy(toks[j], toks[i], sizeof toks[i]);
+                n[j] = n[i];
+            }
+        } else {
+            kv_seq_release(&p, s[i]);
+            s[i] = NULL, n[i] = 0;
+        }
+        check_pool(&p, "random kv8");
+        if (op % 16 == 0)
+            for (int j = 0; j < 8; j++)
+                if (s[j]) CHECK(q8_read_ok(&p, s[j], toks[j], n[j]), "seq %d data, op %d", j, op);
+    }
+    for (int j = 0; j < 8; j++) kv_seq_release(&p, s[j]);
+    check_pool(&p, "random kv8 end");
+    CHECK(kv_free_blocks(&p) == CFG_Q8.n_blocks, "all blocks back: %d", kv_free_blocks(&p));
+    printf("kv8 random: %llu conversions, %llu moves, %llu evictions, %d ENOMEM\n",
+           (unsigned long long)p.stats.q8_conversions, (unsigned long long)p.stats.q8_moves,
+           (unsigned long long)p.stats.evictions, enomem);
+    CHECK(p.stats.q8_conversions > 100 && p.stats.q8_moves > 10, "the mix exercised kv8");
+    kv_pool_free(&p);
+}
+
 int main(void) {
     test_layout();
     test_seqs();
@@ -923,5 +1110,7 @@ int main(void) {
     test_oom_loop();
     test_exhaustion();
     test_arena();
+    test_q8_basic();
+    test_q8_random(20000);
     return check_done("kv");
 }
