@@ -208,8 +208,13 @@ $(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) 
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
 IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test
 image-tools: $(IMG_TOOLS)
+# image/disk.sh: the GPT disk image build/disk/kiln.img (ESP with systemd-boot and slot A's
+# UKI, slots A and B, the data partition) and the signed bundle build/disk/kiln-v1.kimg.
+# KILN_VERSION=N picks the version; KILN_BUNDLE_ONLY=1 makes only the bundle (an update).
+disk: musl model $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
+	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) image/disk.sh
 FORCE:
-.PHONY: image-tools FORCE
+.PHONY: image-tools disk FORCE
 
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)

@@ -203,6 +203,7 @@ static void setup_box(kinit *k) {
     if (r < 0 && r != -ENOENT) logring_say("kiln-init: read /etc/kiln/modules: %s", strerror(-r));
     else if (r == 0) logring_say("kiln: modules: %d loaded, %d failed (%.2f s)", mr.loaded, mr.failed, mr.secs);
 
+    disk_setup(&k->disk, 3.0); /* before kilnd: the model may be on the data partition */
     set_hostname(k);
     if (sys_ipv6_off("default") < 0) logring_note("kiln-init: IPv6 default stays on");
     if (sys_if_up("lo") < 0) logring_say("kiln-init: lo did not come up");
@@ -340,7 +341,10 @@ int main(int argc, char **argv) {
 
     char v[16];
     k->test_cmds = sys_cmdline_get(k->cmdline, "kiln.test", v, sizeof v) && strcmp(v, "0");
-    if (util_join(k->ini, sizeof k->ini, k->root, "/etc/kiln/kiln.ini") < 0 ||
+    /* The data partition's configuration, when there is one, survives reboots and updates. */
+    struct stat st;
+    int data_ini = !k->test_mode && k->disk.data_mounted && stat(DISK_CONFIG, &st) == 0;
+    if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") < 0 ||
         util_join(k->pass_file, sizeof k->pass_file, k->root, "/etc/kiln/console.pass") < 0 ||
         util_join(sock, sizeof sock, k->root, "/run/kiln/ctl.sock") < 0 ||
         util_join(path, sizeof path, k->root, "/dev/watchdog") < 0 ||

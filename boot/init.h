@@ -15,6 +15,7 @@
 
 #include "boot/console.h"
 #include "boot/ctl.h"
+#include "boot/disk.h"
 #include "boot/supervise.h"
 #include "boot/util.h"
 #include "boot/watchdog.h"
@@ -35,6 +36,7 @@ typedef struct {
     ctl ctl;
     sup sup;
     wdog wd;
+    dsk disk;                        /* the data partition (disk image boots) */
 } kinit;
 
 void kinit_halt(kinit *k, int how, const char *why); /* drain kilnd, then power off or reboot */

@@ -35,6 +35,9 @@
 #   KILN_IMAGE_INI_EXTRA   text appended to kiln.ini (e.g. a bad key, for a test variant;
 #                          use it with KILN_IMAGE_OUT so the real image is not replaced)
 #   KILN_MODULES           the root modules (default "virtio_pci virtio_net i6300esb")
+#   KILN_IMAGE_MODEL_DIR   where kiln.ini looks for the model (default /models, in the
+#                          initramfs); any other folder leaves the model out of the
+#                          initramfs (the disk image keeps it on its data partition)
 #   SOURCE_DATE_EPOCH      mtime of every entry (default 0)
 #   GZIP_LEVEL             1..9 (default 9)
 set -euo pipefail
@@ -165,7 +168,8 @@ ln -s sbin/init "$R/init"
 cp "$KILN_INIT" "$R/sbin/init"
 cp "$KILND_MUSL" "$R/bin/kilnd"
 MODEL_FILE=$(basename "$MODEL")
-cp "$MODEL" "$R/models/$MODEL_FILE"
+MODEL_DIR=${KILN_IMAGE_MODEL_DIR:-/models}
+[ "$MODEL_DIR" = /models ] && cp "$MODEL" "$R/models/$MODEL_FILE"
 cp "$D/tls/server.crt" "$D/tls/server.key" "$D/tls/ca.crt" "$R/etc/kiln/tls/"
 cp "$D/tokens.txt" "$R/etc/kiln/tokens.txt"
 : >"$R/etc/kiln/modules"
@@ -177,7 +181,7 @@ done
 cat >"$R/etc/kiln/kiln.ini" <<EOF
 ; kiln.ini of the image (image/build.sh); keys and ranges: docs/CONFIG.md
 [model]
-path = /models/$MODEL_FILE
+path = $MODEL_DIR/$MODEL_FILE
 
 [engine]
 threads = 0

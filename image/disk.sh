@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# disk.sh: `make disk` — the flashable GPT disk image, and the signed slot bundle in it.
+#
+#   build/disk/kiln.img        GPT: ESP (systemd-boot, loader.conf, the UKI of slot A),
+#                              slot A (this version's signed bundle), slot B (empty), and the
+#                              data partition (ext4: the model, persistent config)
+#   build/disk/kiln-vN.kimg    the signed slot bundle of version N (manifest + UKI): what
+#                              kiln-flash writes into a slot (docs/IMAGE.md)
+#   build/disk/uki-vN.efi      the UKI: systemd's stub + os-release + command line + Debian's
+#                              kernel + the disk's initramfs (no model: it is on the data
+#                              partition, /data/models)
+#
+# Same inputs, same bytes: fixed GUIDs and volume ids, every time SOURCE_DATE_EPOCH (default
+# 0), sorted trees, deterministic ECDSA. No loop devices, no mounting: sgdisk, mkfs.vfat -C
+# + mtools, mkfs.ext4 -d, dd. systemd-boot and the stub come from Debian's systemd-boot-efi,
+# downloaded (apt-get download) and unpacked, never installed (installing it upgrades
+# systemd on this machine).
+#
+# Environment (all optional): BUILD, MODEL, KILN_VERSION (1), KILN_KEY (BUILD/keys/signing.key),
+#   KILN_DISK_OUT (BUILD/disk/kiln.img), KILN_BUNDLE_ONLY=1 (only the bundle and its UKI:
+#   an update), KILN_IMAGE_INI_EXTRA (passed to build.sh: a test variant),
+#   KILN_CMDLINE_EXTRA (appended to the UKI's command line), SOURCE_DATE_EPOCH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PATH=$PATH:/usr/sbin:/sbin
+
+BUILD=${BUILD:-build}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+VERSION=${KILN_VERSION:-1}
+KEY=${KILN_KEY:-$BUILD/keys/signing.key}
+D=$BUILD/disk
+OUT=${KILN_DISK_OUT:-$D/kiln.img}
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
+EPOCH=$SOURCE_DATE_EPOCH
+KIMG=$BUILD/gnu/kiln-image
+
+say() { echo "disk: $*" >&2; }
+die() { echo "disk: error: $*" >&2; exit 1; }
+
+scripts/need.sh sgdisk gdisk mcopy mtools mkfs.vfat dosfstools mkfs.ext4 e2fsprogs objcopy binutils \
+  dpkg-deb dpkg apt-get apt
+[[ $VERSION =~ ^[1-9][0-9]{0,8}$ ]] || die "KILN_VERSION must be a number from 1"
+[ -x "$KIMG" ] || die "$KIMG is missing (make image-tools)"
+[ -f "$KEY" ] || die "$KEY is missing (make $BUILD/keys/pubkey.h makes one)"
+mkdir -p "$D"
+
+# ---------------------------------------------------------------- layout (MiB, fixed)
+# GPT partition names are how kiln-init and kiln-flash find them.
+ESP_MB=64 SLOT_MB=64 DATA_MB=160
+DISK_GUID=6b696c6e-0000-4000-8000-000000000000
+ESP_TYPE=C12A7328-F81F-11D2-BA4B-00A0C93EC93B
+SLOT_TYPE=6b696c6e-736c-4f74-8000-000000000001   # kiln slot (raw signed bundle)
+DATA_TYPE=0FC63DAF-8483-4772-8E79-3D69D8477DE4   # Linux filesystem
+VOLID=6b696c6e
+DATA_UUID=6b696c6e-6461-4461-8000-000000000003
+
+# ---------------------------------------------------------------- systemd-boot and the stub (cached)
+SB=$D/systemd-boot
+if [ ! -f "$SB/.ok" ]; then
+  rm -rf "$SB" && mkdir -p "$SB"
+  deb=$(ls "$D"/systemd-boot-efi_*.deb 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)
+  if [ -z "$deb" ]; then
+    tmp=$(mktemp -d "$D/dl.XXXXXX"); chmod 0777 "$tmp"
+    say "downloading systemd-boot-efi (apt-get download; not installed)"
+    (cd "$tmp" && apt-get download systemd-boot-efi >&2) ||
+      { apt-get update -qq >&2 || true; (cd "$tmp" && apt-get download systemd-boot-efi >&2); } ||
+      { rm -rf "$tmp"; die "apt-get download systemd-boot-efi failed"; }
+    mv "$tmp"/*.deb "$D"/ && rmdir "$tmp"
+    deb=$(ls "$D"/systemd-boot-efi_*.deb | LC_ALL=C sort | tail -n 1)
+  fi
+  dpkg-deb -x "$deb" "$SB/x"
+  cp "$SB/x/usr/lib/systemd/boot/efi/linuxx64.efi.stub" "$SB/x/usr/lib/systemd/boot/efi/systemd-bootx64.efi" "$SB/"
+  rm -rf "$SB/x"
+  basename "$deb" >"$SB/.ok"
+fi
+
+# ---------------------------------------------------------------- the initramfs (no model)
+MODEL_FILE=$(basename "$MODEL")
+INITRD=$D/initramfs-v$VERSION.cpio.gz
+# The disk's modules: the image's, plus the block device and the filesystems of the data
+# partition (ext4) and the ESP (vfat, for blessing a slot), and efivarfs (which entry
+# systemd-boot booted).
+KILN_MODULES="virtio_pci virtio_net i6300esb virtio_blk ext4 crc32c_generic vfat nls_cp437 nls_ascii efivarfs" \
+KILN_IMAGE_OUT=$INITRD KILN_IMAGE_MODEL_DIR=/data/models \
+KILN_IMAGE_INI_EXTRA="${KILN_IMAGE_INI_EXTRA:-}" BUILD=$BUILD MODEL=$MODEL image/build.sh
+# build.sh unpacked the kernel it used into BUILD/image/kernel.
+VMLINUZ=$(ls "$BUILD"/image/kernel/boot/vmlinuz-* 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)
+[ -n "$VMLINUZ" ] || die "no kernel under $BUILD/image/kernel (image/build.sh)"
+
+# ---------------------------------------------------------------- the UKI
+UKI=$D/uki-v$VERSION.efi
+W=$(mktemp -d "$D/work.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+printf 'ID=kiln\nNAME="kiln"\nPRETTY_NAME="kiln %s"\nVERSION_ID=%s\nIMAGE_ID=kiln\nIMAGE_VERSION=%s\n' \
+  "$VERSION" "$VERSION" "$VERSION" >"$W/osrel"
+printf 'console=ttyS0 quiet panic=-1%s' "${KILN_CMDLINE_EXTRA:+ $KILN_CMDLINE_EXTRA}" >"$W/cmdline"
+# Each section on the next 4 KiB boundary after the stub's last one (ImageBase is 0 in
+# systemd's stub: VMAs are offsets).
+end=0
+while read -r idx name size vma _; do
+  [[ $idx =~ ^[0-9]+$ ]] || continue
+  e=$(( 0x$vma + 0x$size )); [ $e -gt $end ] && end=$e
+done < <(objdump -h "$SB/linuxx64.efi.stub")
+[ $end -gt 0 ] || die "cannot read the stub's sections (objdump -h)"
+args=()
+for s in osrel:"$W/osrel" cmdline:"$W/cmdline" linux:"$VMLINUZ" initrd:"$INITRD"; do
+  name=${s%%:*} file=${s#*:}
+  at=$(( (end + 0xfff) / 0x1000 * 0x1000 ))
+  args+=(--add-section ".$name=$file" --change-section-vma ".$name=$(printf 0x%x "$at")")
+  end=$(( at + $(stat -c %s "$file") ))
+done
+objcopy "${args[@]}" "$SB/linuxx64.efi.stub" "$UKI.tmp"
+# objcopy stamps the PE header with the time of day: put SOURCE_DATE_EPOCH there, and 0 in
+# the checksum that covered it (UEFI does not check it).
+pe=$(od -An -tu4 -j 60 -N 4 "$UKI.tmp" | tr -d ' ')
+le32() { printf "\\x%02x\\x%02x\\x%02x\\x%02x" $(( $1 & 255 )) $(( $1 >> 8 & 255 )) $(( $1 >> 16 & 255 )) $(( $1 >> 24 & 255 )); }
+printf "$(le32 "$EPOCH")" | dd of="$UKI.tmp" bs=1 seek=$((pe + 8)) conv=notrunc status=none
+printf "$(le32 0)" | dd of="$UKI.tmp" bs=1 seek=$((pe + 88)) conv=notrunc status=none
+mv "$UKI.tmp" "$UKI"
+
+# ---------------------------------------------------------------- the signed bundle
+BUNDLE=$D/kiln-v$VERSION.kimg
+"$KIMG" sign --key "$KEY" --version "$VERSION" --part uki="$UKI" --out "$BUNDLE" --manifest "$D/kiln-v$VERSION.manifest"
+[ "$(stat -c %s "$BUNDLE")" -le $((SLOT_MB << 20)) ] || die "the bundle is larger than a slot ($SLOT_MB MiB)"
+if [ "${KILN_BUNDLE_ONLY:-0}" = 1 ]; then
+  say "$BUNDLE: version $VERSION ($(stat -c %s "$BUNDLE") bytes)"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- the ESP (FAT32, no mount)
+mkdir -p "$W/esp/EFI/BOOT" "$W/esp/EFI/Linux" "$W/esp/loader"
+cp "$SB/systemd-bootx64.efi" "$W/esp/EFI/BOOT/BOOTX64.EFI"
+# No default: systemd-boot orders the UKIs by their os-release version, newest first, and a
+# UKI whose boot tries ran out (kiln-b+0-3.efi) after every other one: the fallback.
+printf 'timeout 0\neditor no\nauto-entries no\nauto-firmware no\nconsole-mode keep\n' >"$W/esp/loader/loader.conf"
+cp "$UKI" "$W/esp/EFI/Linux/kiln-a.efi"
+# FAT cannot hold times before 1980: the ESP's files get 1980-01-01 or SOURCE_DATE_EPOCH.
+FAT_EPOCH=$(( EPOCH > 315532800 ? EPOCH : 315532800 ))
+find "$W/esp" -exec touch -h -d "@$FAT_EPOCH" {} +
+rm -f "$W/esp.img"
+mkfs.vfat -C -F 32 -n KILN-ESP -i "$VOLID" --invariant "$W/esp.img" $((ESP_MB * 1024)) >/dev/null
+export MTOOLS_SKIP_CHECK=1
+mcopy -s -m -i "$W/esp.img" "$W/esp/EFI" "$W/esp/loader" ::/
+
+# ---------------------------------------------------------------- the data partition (ext4)
+mkdir -p "$W/data/models" "$W/data/config"
+cp "$MODEL" "$W/data/models/$MODEL_FILE"
+find "$W/data" -exec touch -h -d "@$EPOCH" {} +
+E2FSPROGS_FAKE_TIME=$(( EPOCH > 0 ? EPOCH : 1 )) mkfs.ext4 -q -F -L kiln-data -U "$DATA_UUID" -E "hash_seed=$DATA_UUID,root_owner=0:0" -b 4096 \
+  -d "$W/data" "$W/data.img" "${DATA_MB}M" >/dev/null
+# mkfs.ext4 -d copies each file's ctime, which is when it was staged here (touch cannot
+# set it): set every inode's times to SOURCE_DATE_EPOCH (debugfs rewrites the checksums).
+{ for f in / /lost+found $(cd "$W/data" && find . -mindepth 1 | LC_ALL=C sort | sed 's|^\.||'); do
+    for t in atime ctime mtime crtime; do echo "set_inode_field $f $t @$EPOCH"; echo "set_inode_field $f ${t}_extra 0"; done
+  done; } >"$W/times.debugfs"
+debugfs -w -f "$W/times.debugfs" "$W/data.img" >/dev/null 2>"$W/debugfs.err" ||
+  { cat "$W/debugfs.err" >&2; die "debugfs (fixing the data partition's times) failed"; }
+
+# ---------------------------------------------------------------- GPT and assembly
+rm -f "$OUT.tmp"
+total=$((1 + ESP_MB + 2 * SLOT_MB + DATA_MB + 1))
+truncate -s "${total}M" "$OUT.tmp"
+sgdisk -U "$DISK_GUID" \
+  -n "1:1M:+${ESP_MB}M" -t "1:$ESP_TYPE" -c 1:kiln-esp -u "1:6b696c6e-6573-4570-8000-000000000001" \
+  -n "2:0:+${SLOT_MB}M" -t "2:$SLOT_TYPE" -c 2:kiln-a -u "2:6b696c6e-736c-4f61-8000-00000000000a" \
+  -n "3:0:+${SLOT_MB}M" -t "3:$SLOT_TYPE" -c 3:kiln-b -u "3:6b696c6e-736c-4f62-8000-00000000000b" \
+  -n "4:0:+${DATA_MB}M" -t "4:$DATA_TYPE" -c 4:kiln-data -u "4:$DATA_UUID" \
+  "$OUT.tmp" >/dev/null
+put() { dd if="$1" of="$OUT.tmp" bs=1M seek="$2" conv=notrunc,sparse status=none; }
+put "$W/esp.img" 1
+put "$BUNDLE" $((1 + ESP_MB))
+put "$W/data.img" $((1 + ESP_MB + 2 * SLOT_MB))
+mv "$OUT.tmp" "$OUT"
+(cd "$(dirname "$OUT")" && sha256sum "$(basename "$OUT")" "$(basename "$BUNDLE")" >"$(basename "$OUT").sha256")
+say "$OUT: ${total} MiB; slot A version $VERSION; UKI $(stat -c %s "$UKI") bytes; $(cut -c1-16 "$OUT.sha256" | head -n 1)"
