@@ -45,9 +45,14 @@ backend *backend_open(const model *m, const backend_want *w, kv_config *kc, mm_p
     backend_cuda_config cc = {0, w->gpu_util, w->max_batch_tokens, w->max_logits, w->max_ctx,
                               w->cublas, 64, w->graphs, w->kv_gpu_bytes};
     memset(arena, 0, sizeof *arena); /* the CPU pool's arena is not used */
+    /* The device pool is addressed by block id (cuda/), not by the half-slot units that
+     * kv8 needs, so converting there would free nothing: rung 2 passes through. */
+    int kv8 = kc->kv8;
+    kc->kv8 = 0;
     backend *be = backend_cuda_new(m, kv, kc, &cc, err, n);
     if (be || w->kind == CFG_BACKEND_CUDA) return be;
     /* auto: a device that is there but cannot hold the model is reported, then the CPU */
     fprintf(stderr, "kilnd: the CUDA backend did not start (%s): using the CPU\n", err);
+    kc->kv8 = kv8;
     return open_cpu(m, w, kc, arena, kv, err, n);
 }

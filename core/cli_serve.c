@@ -155,6 +155,7 @@ int cli_serve(int argc, char **argv) {
     kc.max_blocks_per_seq = (max_seq_len + kc.block_size - 1) / kc.block_size;
     kc.n_blocks = (int)(pool_bytes / block_bytes);
     kc.prefix_cache = c.engine.prefix_caching;
+    kc.kv8 = c.engine.kv_8bit; /* the CPU pool's; the CUDA backend turns it off */
     /* CUDA (asked for, or auto with a usable GPU): the pool lives on the device, sized
      * by gpu_memory_utilization unless kv_pool_mb caps it; else the CPU's, in the arena */
     backend_want w = {c.engine.backend, threads, c.engine.max_batched_tokens, c.engine.max_batch_size,

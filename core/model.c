@@ -441,9 +441,17 @@ static void att_task(void *ctx, int task, int n_tasks) {
     for (int i = 0; i < g * hd; i++) q[i] = qsrc[i] * scale;
     attn_state st;
     attn_init(&st, g, hd);
+    /* 8-bit blocks (the ladder's rung 2) are widened to f16 here, so one attention
+     * kernel serves both kinds */
+    static _Thread_local uint16_t k16[ATTN_MAX_BLOCK * ATTN_MAX_DIM], v16[ATTN_MAX_BLOCK * ATTN_MAX_DIM];
     for (int p0 = 0; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
         int n = n_pos - p0 < bs ? n_pos - p0 : bs;
+        if (kv_is_q8(j->kv, blk)) {
+            kv_q8_read(j->kv, blk, j->layer, kvh, n, k16, v16);
+            attn_block(&st, q, k16, v16, n);
+            continue;
+        }
         attn_block(&st, q, kv_k(j->kv, blk, j->layer, kvh), kv_v(j->kv, blk, j->layer, kvh), n);
     }
     attn_finish(&st, j->s->xb + (size_t)t * c->n_heads * hd + (size_t)kvh * g * hd, (size_t)hd);
@@ -483,6 +491,9 @@ static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
             return fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
         if (b->pos[t] < 0 || b->pos[t] >= s->max_ctx || b->pos[t] >= b->seq[t]->n_blocks * bs)
             return fail(err, en, -EINVAL, "forward: position %d has no KV block reserved",
+                        b->pos[t]);
+        if (kv_is_q8(kv, b->seq[t]->blocks[b->pos[t] / bs])) /* writes need kv_seq_cow */
+            return fail(err, en, -EINVAL, "forward: position %d lies in an 8-bit KV block",
                         b->pos[t]);
     }
     for (int i = 0; i < b->n_logits; i++)

@@ -127,6 +127,8 @@ struct srv {
     int m_running, m_waiting, m_kv, m_pq, m_ph, m_preempt, m_ptok, m_gtok, m_level, m_conns;
     int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
+    int m_kv8, m_kv8_share, m_kv8_conv;
+    uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
 };
 
 static double now_s(void) { return (double)loop_now_us() * 1e-6; }
@@ -679,6 +681,17 @@ static void verb_stats(srv_sess *ss) {
     sess_printf(ss, "%s\n", line);
 }
 
+/* The ladder's rung 2 in the metrics: 8-bit blocks, their share of the blocks held (in
+ * use or cached), and conversions so far. */
+static void set_kv8_metrics(srv *s) {
+    const kv_pool *kv = s->env.kv;
+    int held = kv->n_ids - kv->n_free, q8 = kv_q8_blocks(kv);
+    met_set(s->met, s->m_kv8, q8);
+    met_set(s->met, s->m_kv8_share, held > 0 ? (double)q8 / held : 0.0);
+    met_inc(s->met, s->m_kv8_conv, (double)(kv->stats.q8_conversions - s->kv8_conv_seen));
+    s->kv8_conv_seen = kv->stats.q8_conversions;
+}
+
 /* Gauges sampled now; engine counters advanced by what happened since the last render. */
 static int render_metrics(srv *s) {
     eng_stats st;
@@ -690,6 +703,7 @@ static int render_metrics(srv *s) {
     met_set(s->met, s->m_level, s->lad.level);
     met_set(s->met, s->m_batch, s->lad.batch);
     met_set(s->met, s->m_pressure, s->lad.pressure);
+    set_kv8_metrics(s);
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, live(s));
     met_inc(s->met, s->m_pq, (double)(st.prefix_queries - s->last.prefix_queries));
@@ -747,9 +761,9 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
                     ss->num);
             ladder_apply(s);
         }
-        sess_printf(ss, "LADDER level=%d name=%s pinned=%d batch=%d pressure=%.3f kv8=%d\n",
+        sess_printf(ss, "LADDER level=%d name=%s pinned=%d batch=%d pressure=%.3f kv8=%d kv8_blocks=%d\n",
                     s->lad.level, ladder_names[s->lad.level], s->lad.pinned >= 0, s->lad.batch,
-                    s->lad.pressure, s->lad.cfg.has_kv8);
+                    s->lad.pressure, s->lad.cfg.has_kv8, kv_q8_blocks(s->env.kv));
     } else if (!strcmp(verb, "CONFIG")) {
         verb_config(ss, l);
     } else if (!strcmp(verb, "RELOAD")) {
@@ -1013,6 +1027,8 @@ static int retry_after_ms(const srv *s) {
 /* The ladder decided: tell the engine, log each transition, count it. */
 static void ladder_apply(srv *s) {
     eng_set_max_batch(s->eng, s->lad.batch);
+    /* rung 2 and above: full blocks turn to 8 bits (shedding keeps compacting) */
+    eng_set_kv8(s->eng, s->lad.level >= LADDER_COMPACT && s->lad.level < LADDER_RESTART);
     for (int f = 0; f < LADDER_LEVELS; f++)
         for (int t = 0; t < LADDER_LEVELS; t++) {
             if (f == t) continue;
@@ -1055,7 +1071,13 @@ static int64_t ladder_tick_cb(loop_t *l, int64_t id, void *ud) {
     }
     double p = pressure(s);
     met_set(s->met, s->m_pressure, p);
-    if (ladder_tick(&s->lad, p, now)) {
+    /* rung 2 still turning blocks to 8 bits: hold there (no climb, no descent) until it
+     * has freed what it can */
+    double seen = s->lad.level == LADDER_COMPACT && eng_kv8_working(s->eng) && p > s->lad.cfg.up
+                      ? s->lad.cfg.up : p;
+    int moved = ladder_tick(&s->lad, seen, now);
+    s->lad.pressure = p; /* shown as it is, whatever the hold */
+    if (moved) {
         ladder_apply(s);
         kick(s);
     }
@@ -1250,6 +1272,9 @@ static int add_metrics(srv *s) {
     s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", NULL);
     s->m_pressure = met_add_gauge(m, "kiln_memory_pressure", "Pressure the degrade ladder acts on (KV pool use, 0..1)", NULL);
     s->m_shed = met_add_counter(m, "kiln_requests_shed_total", "Requests refused by the ladder's shed rung (503 retry_after_ms)", NULL);
+    s->m_kv8 = met_add_gauge(m, "kiln_kv_cache_8bit_blocks", "KV blocks held in 8 bits (the ladder's compact rung)", NULL);
+    s->m_kv8_share = met_add_gauge(m, "kiln_kv_cache_8bit_share", "Share of the KV blocks held (in use or cached) that are 8-bit, 0..1", NULL);
+    s->m_kv8_conv = met_add_counter(m, "kiln_kv_cache_8bit_conversions_total", "KV blocks turned to 8 bits", NULL);
     for (int f = 0; f < LADDER_LEVELS; f++)
         for (int t = 0; t < LADDER_LEVELS; t++) {
             char lab[48];
@@ -1261,7 +1286,7 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     return 0;
@@ -1320,9 +1345,10 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     }
     s->sweep_timer = loop_timer_add(env->loop, SRV_SWEEP_MS, sweep, s);
     if (s->sweep_timer < 0) { snprintf(err, errlen, "no timer for the sweep"); goto fail; }
-    /* The ladder: 8-bit KV is not in any backend's step yet, so rung 2 passes through. */
+    /* The ladder: rung 2 acts where the pool can hold 8-bit blocks (the CPU backend's,
+     * [engine] kv_8bit); elsewhere it passes through to shedding. */
     ladder_config lc = {c->engine.ladder_high, c->engine.ladder_low, c->engine.ladder_hold_ms,
-                        c->engine.max_batch_size, 0};
+                        c->engine.max_batch_size, env->kv->cfg.kv8};
     if (ladder_init(&s->lad, &lc) < 0) {
         snprintf(err, errlen, "[engine] ladder_low must be below ladder_high");
         goto fail;

@@ -62,6 +62,8 @@ struct engine {
     int64_t step;
     int busy;
     int max_batch;          /* effective: eng_set_max_batch (the ladder), else the config's */
+    int kv8;                /* eng_set_kv8: turn full blocks to 8 bits before each step */
+    int kv8_last;           /* blocks the last such pass turned */
     /* the step in flight */
     int32_t *b_tokens, *b_pos; /* [max_batched_tokens] */
     kv_seq **b_seq;            /* [max_batched_tokens] */
@@ -432,6 +434,25 @@ int eng_set_max_batch(engine *e, int n) {
     return e->max_batch;
 }
 
+int eng_set_kv8(engine *e, int on) {
+    if (!e->kv8) e->kv8_last = 0;
+    e->kv8 = on && e->kv->cfg.kv8;
+    return e->kv8;
+}
+
+/* Rung 2's work, between steps (no step reads the pool): cached blocks first, as no
+ * request is using them, then the running sequences' full, written blocks. */
+static void kv8_pass(engine *e) {
+    int left = ENG_KV8_PER_STEP - kv_cached_to_q8(e->kv, ENG_KV8_PER_STEP);
+    for (int i = 0; i < e->cfg.max_seqs && left > 0; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->state == SQ_RUN && s->kv) left -= kv_seq_to_q8(e->kv, s->kv, s->n_computed, left);
+    }
+    e->kv8_last = ENG_KV8_PER_STEP - left;
+}
+
+int eng_kv8_working(const engine *e) { return e->kv8 && e->kv8_last > 0; }
+
 /* Running sequences beyond the effective batch give their blocks back, youngest first. */
 static void shrink_running(engine *e) {
     int running = 0;
@@ -472,6 +493,7 @@ int eng_step_begin(engine *e) {
     e->b_n_tok = e->b_n_seq = e->b_n_logit = 0;
     int budget = e->cfg.max_batched_tokens, max_seq = e->max_batch;
     eng_seq **c = e->cand;
+    if (e->kv8) kv8_pass(e);
     if (e->max_batch < e->cfg.max_batch_size) shrink_running(e);
 
     /* 1. running decodes (one token left to compute), oldest first */

@@ -109,6 +109,17 @@ int eng_step_begin(engine *e);
  * at the next step (their blocks freed, recomputed when they run again): that is what
  * relieves the KV pool. Returns the effective value. */
 int eng_set_max_batch(engine *e, int n);
+/* The degrade ladder's second rung. While on, each step first turns up to
+ * ENG_KV8_PER_STEP full KV blocks to 8 bits, cached ones first (least recently used
+ * first), then the written blocks of running sequences, each freeing half its memory
+ * (mm/kv.h); a block is born f16 and turned when full, so only each sequence's last,
+ * partial block stays f16. Batch invariance is given up while it acts: attention reads
+ * the 8-bit values. Does nothing on a pool made without kv8. Returns whether it is on. */
+#define ENG_KV8_PER_STEP 64
+int eng_set_kv8(engine *e, int on);
+/* Did the last step's 8-bit pass still find blocks to turn? (The ladder waits for
+ * rung 2 to finish before it climbs to shedding.) */
+int eng_kv8_working(const engine *e);
 /* After the backend reported completion (poll/wait): sample, stream, retire. */
 int eng_step_end(engine *e);
 /* True while a step is in flight. */

@@ -42,6 +42,7 @@ static void test_defaults(void) {
     CHECK(c.engine.gpu_memory_utilization == 0.9, "gpu util");
     CHECK(c.engine.max_batch_size == 32 && c.engine.max_batched_tokens == 512, "batch");
     CHECK(c.engine.max_seq_len == 4096 && c.engine.prefix_caching == 1, "seq/prefix");
+    CHECK(c.engine.kv_8bit == 1, "kv_8bit on by default");
     CHECK(c.engine.max_queued_requests == 256 && c.engine.max_queued_tokens == 262144, "queue");
     CHECK(c.engine.default_max_tokens == 256 && c.engine.step_timeout_ms == 60000, "max tok");
     CHECK(c.sampling.temperature == 0.7 && c.sampling.top_p == 0.9 && c.sampling.top_k == 0, "samp");
@@ -149,6 +150,7 @@ static const bound bounds[] = {
     {"engine", "max_batched_tokens", {"1", "131072"}, {"0", "131073"}, "1..131072"},
     {"engine", "max_seq_len", {"16", "1048576"}, {"15", "1048577"}, "16..1048576"},
     {"engine", "prefix_caching", {"true", "false", "yes", "no", "on", "off", "1", "0"}, {"", "2", "y", "enabled", "truee"}, "true|false|yes|no|on|off|1|0"},
+    {"engine", "kv_8bit", {"true", "false", "on", "off"}, {"", "2", "8"}, "true|false|yes|no|on|off|1|0"},
     {"engine", "max_queued_requests", {"1", "65536"}, {"0", "65537"}, "1..65536"},
     {"engine", "max_queued_tokens", {"1", "16777216"}, {"0", "16777217"}, "1..16777216"},
     {"engine", "default_max_tokens", {"1", "1048576"}, {"0", "1048577"}, "1..1048576"},
