@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- traits */
 
@@ -612,9 +614,21 @@ float quant_dot_ref(uint32_t type, int64_t n, const void *w, const void *xq) {
 
 /* ---------------------------------------------------------------- dispatch */
 
-static quant_kernels level_kernels[3][QT_COUNT]; /* filled once, bottom-up */
-static int simd_max, simd_cur;
+/* The kernel tables: one per level, and a last one for AVX-512 with AMX. */
+enum { QS_AMX_TABLE = QS_AVX512 + 1 };
+static quant_kernels level_kernels[QS_AMX_TABLE + 1][QT_COUNT]; /* filled once, bottom-up */
+static int simd_max, simd_cur, amx_max, amx_cur;
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+
+/* Linux hands out AMX tile state only on request (it enlarges every context switch's
+ * save area); the permission is per process, so once here covers every thread. */
+static int amx_permit(void) {
+#if defined(__x86_64__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 
 static void simd_init(void) {
     int max = QS_SCALAR;
@@ -627,20 +641,28 @@ static void simd_init(void) {
             __builtin_cpu_supports("avx512vnni"))
             max = QS_AVX512;
     }
+    int amx = max == QS_AVX512 && __builtin_cpu_supports("amx-tile") &&
+              __builtin_cpu_supports("amx-int8");
+#else
+    int amx = 0;
 #endif
     /* KILN_SIMD=scalar|avx2|avx512 caps the level: a host can then compute exactly what
-     * a machine with less (a TCG guest: AVX2, no AVX-512) computes. */
+     * a machine with less (a TCG guest: AVX2, no AVX-512; no AMX) computes. Any value
+     * but amx turns AMX off. */
     const char *cap = getenv("KILN_SIMD");
     if (cap && !strcmp(cap, "scalar")) max = QS_SCALAR;
     else if (cap && !strcmp(cap, "avx2") && max > QS_AVX2) max = QS_AVX2;
+    if (cap && strcmp(cap, "amx")) amx = 0;
+    amx = amx && amx_permit();
     memcpy(level_kernels[QS_SCALAR], ref_kernels, sizeof ref_kernels);
     /* Only levels the CPU has: the register functions live in files compiled for
      * their ISA, so even calling one may execute instructions the CPU lacks. */
-    for (int lv = QS_AVX2; lv <= max; lv++) {
+    for (int lv = QS_AVX2; lv <= (amx ? QS_AMX_TABLE : max); lv++) {
         quant_kernels k[QT_COUNT];
         memset(k, 0, sizeof k);
         if (lv == QS_AVX2) quant_register_avx2(k);
-        else quant_register_avx512(k);
+        else if (lv == QS_AVX512) quant_register_avx512(k);
+        else quant_register_amx(k);
         for (int t = 0; t < QT_COUNT; t++) {
             quant_kernels *dst = &level_kernels[lv][t];
             *dst = level_kernels[lv - 1][t];
@@ -654,14 +676,22 @@ static void simd_init(void) {
         }
     }
     simd_max = simd_cur = max;
+    amx_max = amx_cur = amx;
 }
 
 static inline const quant_kernels *kern(uint32_t type) {
     pthread_once(&simd_once, simd_init);
-    return &level_kernels[simd_cur][type];
+    return &level_kernels[simd_cur == QS_AVX512 && amx_cur ? QS_AMX_TABLE : simd_cur][type];
 }
 
 int quant_simd(void) { pthread_once(&simd_once, simd_init); return simd_cur; }
+int quant_amx(void) { pthread_once(&simd_once, simd_init); return amx_cur; }
+int quant_amx_max(void) { pthread_once(&simd_once, simd_init); return amx_max; }
+int quant_set_amx(int on) {
+    pthread_once(&simd_once, simd_init);
+    amx_cur = on && amx_max;
+    return amx_cur;
+}
 int quant_simd_max(void) { pthread_once(&simd_once, simd_init); return simd_max; }
 int quant_set_simd(int level) {
     pthread_once(&simd_once, simd_init);

@@ -32,13 +32,19 @@ const quant_traits *quant_traits_of(uint32_t type);
  * type is unknown. */
 size_t quant_row_size(uint32_t type, int64_t n);
 
-/* SIMD level: detected once (the environment variable KILN_SIMD=scalar|avx2|avx512
- * caps it); tests may lower it to compare each level with the reference.
+/* SIMD level: detected once (the environment variable KILN_SIMD=scalar|avx2|avx512|amx
+ * caps it; avx512 means without AMX); tests may lower it to compare each level with the reference.
  * quant_set_simd returns the level actually in force (never above the machine's or
  * the cap). */
 int quant_simd(void);
 int quant_simd_max(void);
 int quant_set_simd(int level);
+/* AMX-INT8 tiles on top of the AVX-512 level (Q4_1 only, its own arithmetic): on by
+ * default where the CPU and the kernel allow it and KILN_SIMD does not cap it; in force
+ * only while the level is QS_AVX512. quant_set_amx returns whether it is now on. */
+int quant_amx(void);
+int quant_amx_max(void);
+int quant_set_amx(int on);
 
 /* Dispatched to the current SIMD level. n is a multiple of the type's block. */
 void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n);

@@ -69,6 +69,7 @@ typedef struct {
 /* Each SIMD file overwrites the entries it implements. */
 void quant_register_avx2(quant_kernels k[QT_COUNT]);
 void quant_register_avx512(quant_kernels k[QT_COUNT]);
+void quant_register_amx(quant_kernels k[QT_COUNT]);
 
 /* 6-bit scale j and min j of a Q4_K/Q5_K scales[12] array. */
 static inline void quant_scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {

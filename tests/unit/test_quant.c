@@ -3,6 +3,7 @@
  * tests/ref/quant_vectors.py, checked when build/quant_vectors.bin exists); fp16/bf16
  * edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
 #include "core/quant.h"
+#include "core/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
 #include "tests/unit/check.h"
 
 #include <math.h>
@@ -302,11 +303,98 @@ static void test_batch_invariance(uint32_t type, int64_t n, int level) {
     free(f), free(w), free(x);
 }
 
+/* The AMX level's Q4_1 arithmetic in plain C (core/quant_amx_avx512.c): per block, the
+ * exact int dot, then s = fma(i, d_w*d_x, s) and s = fma(m_w, s_x, s). fmaf is exact
+ * (one rounding) however the compiler provides it, so this must match bit for bit. */
+static float q41_amx_mirror(int64_t n, const void *w, const void *x) {
+    const blk_q4_1 *a = w;
+    const blk_q8_1 *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int d = 0;
+        for (int k = 0; k < 16; k++)
+            d += (a[i].qs[k] & 15) * b[i].qs[k] + (a[i].qs[k] >> 4) * b[i].qs[k + 16];
+        float p = quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d);
+        s = fmaf((float)d, p, s);
+        s = fmaf(quant_f16_to_f32(a[i].m), quant_f16_to_f32(b[i].s), s);
+    }
+    return s;
+}
+
+/* The AMX level's Q4_1 paths (one-column AVX-512 below AMX_MIN_NC tokens, AMX tiles of
+ * 16 tokens x 16 rows above, blocks in chunks of 32) for shapes past every edge: rows
+ * 1..40 (row groups of 16 and their remainders), tokens 1..40 (the one-column path,
+ * whole and partial 16-token tiles), block counts across the 32-block chunk. Every
+ * value equals the C mirror bit for bit (so also every other shape's value for that
+ * pair) and the reference dot within the usual tolerance. */
+static void test_amx_q41(void) {
+    if (!quant_amx_max()) {
+        printf("quant: no AMX here, the AMX tile test is skipped\n");
+        return;
+    }
+    quant_set_simd(QS_AVX512);
+    quant_set_amx(1);
+    enum { NR = 40, NC = 40 };
+    int64_t blocks[] = {1, 18, 32, 33, 49};
+    int nrs[] = {1, 2, 15, 16, 17, 33, 40}, ncs[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 40};
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+        int64_t n = blocks[bi] * 32;
+        size_t rs = quant_row_size(QT_Q4_1, n), xs = quant_row_size(QT_Q8_1, n);
+        size_t wstride = rs + 20, xstride = xs + 36, ostride = NR + 5;
+        float *f = malloc((size_t)n * 4), *tw = malloc((size_t)n * 4), *tx = malloc((size_t)n * 4);
+        unsigned char *w = calloc(NR, wstride), *x = calloc(NC, xstride);
+        float *want = malloc(sizeof(float) * NR * NC), *out = malloc(sizeof(float) * NC * ostride);
+        for (int r = 0; r < NR; r++) {
+            fill(f, n, 0.05f);
+            quant_quantize_ref(QT_Q4_1, f, w + r * wstride, n);
+        }
+        for (int c = 0; c < NC; c++) {
+            fill(f, n, 1.0f);
+            quant_quantize(QT_Q8_1, f, x + c * xstride, n);
+        }
+        int bad = 0, far = 0;
+        for (int c = 0; c < NC; c++)
+            for (int r = 0; r < NR; r++) {
+                const void *wr = w + r * wstride, *xc = x + c * xstride;
+                want[c * NR + r] = q41_amx_mirror(n, wr, xc);
+                float d = quant_dot(QT_Q4_1, n, wr, xc);
+                bad += f2u(d) != f2u(want[c * NR + r]);
+                far += !close_dot(d, quant_dot_ref(QT_Q4_1, n, wr, xc),
+                                  abs_dot(QT_Q4_1, n, wr, xc, tw, tx));
+            }
+        CHECK(bad == 0 && far == 0, "amx q4_1 n=%lld dot: %d differ from the mirror, %d far "
+              "from the reference", (long long)n, bad, far);
+        for (size_t i = 0; i < sizeof nrs / sizeof nrs[0]; i++)
+            for (size_t j = 0; j < sizeof ncs / sizeof ncs[0]; j++) {
+                int nr = nrs[i], nc = ncs[j], r0 = NR - nr, c0 = NC - nc;
+                for (size_t k = 0; k < (size_t)NC * ostride; k++) out[k] = -12345.0f;
+                quant_dot_tile(QT_Q4_1, n, w + r0 * wstride, wstride, nr, x + c0 * xstride,
+                               xstride, nc, out, ostride);
+                bad = 0;
+                for (int c = 0; c < nc; c++)
+                    for (int r = 0; r < (int)ostride; r++) {
+                        float v = out[c * ostride + r];
+                        bad += r < nr ? f2u(v) != f2u(want[(c0 + c) * NR + r0 + r])
+                                      : v != -12345.0f; /* nothing written past nr */
+                    }
+                CHECK(bad == 0, "amx q4_1 n=%lld tile %dx%d: %d differ from the mirror",
+                      (long long)n, nr, nc, bad);
+            }
+        free(f), free(tw), free(tx), free(w), free(x), free(want), free(out);
+    }
+    quant_set_simd(quant_simd_max());
+}
+
+/* Every level without AMX, then (where the machine has it) AVX-512 with AMX, printed
+ * as level 3. */
 static void test_levels(void) {
-    int max = quant_simd_max();
-    for (int level = QS_SCALAR; level <= max; level++) {
+    int max = quant_simd_max(), amx = quant_amx_max();
+    for (int pass = QS_SCALAR; pass <= max + amx; pass++) {
         int before = check_pass + check_fail, fail0 = check_fail;
+        int level = pass > max ? max : pass, with_amx = pass > max;
         CHECK(quant_set_simd(level) == level && quant_simd() == level, "set level %d", level);
+        CHECK(quant_set_amx(with_amx) == with_amx && quant_amx() == with_amx, "set amx %d",
+              with_amx);
         for (int ti = 0; ti < NTYPES; ti++) {
             int blk = quant_traits_of(all_types[ti])->block;
             /* one block, odd block counts (tails), the model's widths, 4096+ */
@@ -326,10 +414,11 @@ static void test_levels(void) {
                 test_batch_invariance(all_types[ti], n, level);
             }
         }
-        printf("quant: level %d: %d checks, %d failed\n", level,
+        printf("quant: level %d%s: %d checks, %d failed\n", level, with_amx ? "+amx" : "",
                check_pass + check_fail - before, check_fail - fail0);
     }
     quant_set_simd(max);
+    quant_set_amx(amx);
 }
 
 /* ---------------------------------------------------------------- bench */
@@ -338,6 +427,12 @@ static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* Bench levels: 0..2, and 3 for AVX-512 with AMX. */
+static void set_level(int level) {
+    quant_set_simd(level > QS_AVX512 ? QS_AVX512 : level);
+    quant_set_amx(level > QS_AVX512);
 }
 
 static void bench_one(uint32_t type, int64_t n, int level) {
@@ -351,7 +446,7 @@ static void bench_one(uint32_t type, int64_t n, int level) {
         quant_quantize_ref(type, f, w + r * rs, n);
     }
     fill(f, n, 1.0f);
-    quant_set_simd(level);
+    set_level(level);
     quant_quantize(dt, f, x, n);
     double best_dot = 1e30, best_rows = 1e30;
     volatile float sink = 0;
@@ -388,7 +483,7 @@ static void bench_tile(uint32_t type, int64_t n, int level) {
         quant_quantize_ref(type, f, w + r * rs, n);
     }
     for (size_t r = 64; r < total; r++) memcpy(w + r * rs, w + (r % 64) * rs, rs);
-    quant_set_simd(level);
+    set_level(level);
     for (int c = 0; c < NCP; c++) {
         fill(f, n, 1.0f);
         quant_quantize(dt, f, x + c * xs, n);
@@ -424,23 +519,23 @@ static void bench(void) {
     int max = quant_simd_max();
     uint32_t ttypes[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0};
     for (size_t i = 0; i < sizeof ttypes / sizeof ttypes[0]; i++)
-        for (int level = QS_AVX2; level <= max; level++) {
+        for (int level = QS_AVX2; level <= max + quant_amx_max(); level++) {
             bench_tile(ttypes[i], 576, level);
             bench_tile(ttypes[i], 1536, level);
         }
     if (getenv("QUANT_BENCH_TILE_ONLY")) {
-        quant_set_simd(max);
+        set_level(max + quant_amx_max());
         return;
     }
     uint32_t types[] = {QT_Q4_1, QT_Q8_0, QT_F32, QT_F16, QT_Q4_0, QT_Q5_0, QT_Q5_1,
                         QT_Q4_K, QT_Q5_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        for (int level = QS_SCALAR; level <= max; level++) {
+        for (int level = QS_SCALAR; level <= max + quant_amx_max(); level++) {
             int64_t ns[] = {576, 1536};
             for (int k = 0; k < 2; k++)
                 if (ns[k] % quant_traits_of(types[i])->block == 0) bench_one(types[i], ns[k], level);
         }
-    quant_set_simd(max);
+    set_level(max + quant_amx_max());
 }
 
 int main(void) {
@@ -448,6 +543,7 @@ int main(void) {
     test_traits();
     test_vectors("build/quant_vectors.bin");
     test_levels();
+    test_amx_q41();
     const char *b = getenv("QUANT_BENCH");
     if (b && *b == '1') bench();
     return check_done("quant");
