@@ -164,6 +164,11 @@ int cli_serve(int argc, char **argv) {
                       c.engine.cuda_graphs};
     if (!(be = backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
+    if (kv_seq_max_blocks(kv.cfg.n_blocks, kv.cfg.kv8) < kc.max_blocks_per_seq) { /* a CUDA pool: f16 */
+        fprintf(stderr, "kilnd: the KV pool holds %d tokens per sequence in f16; max_seq_len = %d needs more: "
+                "raise kv_pool_mb or lower max_seq_len\n", kv.cfg.n_blocks * kc.block_size, max_seq_len);
+        goto out;
+    }
     if (!kc.external_data && !arena.locked)
         fprintf(stderr, "kilnd: warning: the KV pool is not pinned (mlock failed; RLIMIT_MEMLOCK)\n");
     if (kc.external_data) {

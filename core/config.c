@@ -20,6 +20,8 @@
 
 #include <ini.h>
 
+#include "mm/kv.h"
+
 #define CFG_LINE_MAX 4096 /* INI_MAX_LINE in scripts/deps.sh; inih keeps 3 bytes for \r\n\0 */
 
 /* ---------------------------------------------------------------- the key table */
@@ -648,10 +650,14 @@ int cfg_check_model(const kiln_config *c, int n_ctx, size_t kv_bytes_per_token,
         if ((size_t)mb > SIZE_MAX >> 20) goto overflow;
         bytes = (size_t)mb << 20;
         size_t have = bytes / block_bytes;
-        if (have < blocks_per_seq) {
-            emsg(err, errlen, "[engine] kv_pool_mb = %d: holds %zu tokens (%zu bytes each); "
+        /* with kv_8bit a sequence may outgrow the f16 pool: its blocks turn to 8 bits */
+        long long room = kv_seq_max_blocks((long long)have, c->engine.kv_8bit);
+        if (room < (long long)blocks_per_seq) {
+            emsg(err, errlen, "[engine] kv_pool_mb = %d: holds %zu tokens (%zu bytes each)%s; "
                  "max_seq_len = %d needs %zu: raise kv_pool_mb or lower max_seq_len",
-                 mb, have * bs, kv_bytes_per_token, msl, blocks_per_seq * bs);
+                 mb, have * bs, kv_bytes_per_token,
+                 c->engine.kv_8bit ? ", one sequence twice that less 4 blocks in 8 bits" : "", msl,
+                 blocks_per_seq * bs);
             return -EINVAL;
         }
     } else {

@@ -235,6 +235,13 @@ int kv_seq_to_q8(kv_pool *p, kv_seq *s, int n_written, int max);
 /* Cached f16 blocks, least recently used first, at most max: the number converted. */
 int kv_cached_to_q8(kv_pool *p, int max);
 int kv_q8_blocks(const kv_pool *p); /* 8-bit blocks in use or cached */
+/* Blocks one sequence can hold in a pool of n_blocks slots: n_blocks, or with kv8 all but
+ * its last blocks in 8 bits, 2 * n_blocks - 4 (room for the partial f16 block and the
+ * next one being taken, two slots). The engine compacts a sequence that outgrows the
+ * f16 pool alone rather than recompute it forever. */
+static inline long long kv_seq_max_blocks(long long n_blocks, int kv8) {
+    return kv8 ? 2 * n_blocks - 4 : n_blocks;
+}
 
 /* Allocatable f16 blocks: free + cached (evictable) ones; with kv8, (free + cached
  * units) / 2. */

@@ -2,6 +2,7 @@
 #include "sched/engine.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,7 @@ struct engine {
     int max_batch;          /* effective: eng_set_max_batch (the ladder), else the config's */
     int kv8;                /* eng_set_kv8: turn full blocks to 8 bits before each step */
     int kv8_last;           /* blocks the last such pass turned */
+    int kv8_fresh;          /* switched on, no pass run since */
     /* the step in flight */
     int32_t *b_tokens, *b_pos; /* [max_batched_tokens] */
     kv_seq **b_seq;            /* [max_batched_tokens] */
@@ -162,8 +164,15 @@ static int queued_tokens(const engine *e) {
     return n;
 }
 
+/* Tokens one sequence can hold: the pool's f16 blocks, or about twice that with kv8 (a
+ * sequence that outgrows the f16 pool alone is compacted: make_room). */
+static int seq_room(const engine *e) {
+    long long n = kv_seq_max_blocks(e->kv->cfg.n_blocks, e->kv->cfg.kv8) * e->kv->cfg.block_size;
+    return n > INT_MAX ? INT_MAX : n < 0 ? 0 : (int)n;
+}
+
 static int check_params(const engine *e, const eng_params *p, char *err, size_t errlen) {
-    int pool_tokens = e->kv->cfg.n_blocks * e->kv->cfg.block_size;
+    int pool_tokens = seq_room(e);
     if (!p->prompt || p->n_prompt < 1) {
         snprintf(err, errlen, "the prompt is empty");
         return -EINVAL;
@@ -192,7 +201,7 @@ static int check_params(const engine *e, const eng_params *p, char *err, size_t 
 
 /* The output budget: max_tokens, the sequence limit, and what the whole pool holds. */
 static int output_budget(const engine *e, const eng_params *p) {
-    int pool_tokens = e->kv->cfg.n_blocks * e->kv->cfg.block_size;
+    int pool_tokens = seq_room(e);
     int lim = e->cfg.max_seq_len < pool_tokens ? e->cfg.max_seq_len : pool_tokens;
     int room = lim - p->n_prompt;
     return p->sp.max_tokens > 0 && p->sp.max_tokens < room ? p->sp.max_tokens : room;
@@ -382,6 +391,13 @@ static int make_room(engine *e, eng_seq *s, int upto, int may_preempt) {
         if (r == 0) return 0;
         if (r != -ENOMEM || may_preempt == ROOM_NO_PREEMPT) return -1;
         eng_seq *v = victim(e);
+        /* longer than the whole pool holds in f16 (kv8 pools allow it, mm/kv.h
+         * kv_seq_max_blocks): its own written blocks to 8 bits, with or without the
+         * ladder, rather than recompute it forever */
+        int bs = e->kv->cfg.block_size;
+        if ((upto + bs - 1) / bs > e->kv->cfg.n_blocks &&
+            kv_seq_to_q8(e->kv, s->kv, s->n_computed, INT_MAX) > 0)
+            continue;
         if (may_preempt == ROOM_PREEMPT_PAUSED) {
             if (!v || v == s || !v->req->paused) return -1;
             preempt(e, v);
@@ -394,6 +410,18 @@ static int make_room(engine *e, eng_seq *s, int upto, int may_preempt) {
         }
         preempt(e, v);
     }
+}
+
+/* A sequence longer than the pool holds in f16 (kv8) prefills in chunks that fit: its
+ * written blocks go to 8 bits first, then the chunk is cut to the room left, so it never
+ * asks for more than the pool can give and recomputes forever. */
+static int fit_chunk(engine *e, eng_seq *s, int chunk) {
+    int bs = e->kv->cfg.block_size;
+    if (!e->kv->cfg.kv8 || (s->n_toks + bs - 1) / bs <= e->kv->cfg.n_blocks) return chunk;
+    kv_seq_to_q8(e->kv, s->kv, s->n_computed, INT_MAX);
+    long long room = (long long)s->kv->n_blocks * bs - s->n_computed +
+                     (long long)kv_free_blocks(e->kv) * bs;
+    return chunk < room ? chunk : room > 1 ? (int)room : 1;
 }
 
 static void add_to_step(engine *e, eng_seq *s, int n, int want_logits) {
@@ -435,8 +463,9 @@ int eng_set_max_batch(engine *e, int n) {
 }
 
 int eng_set_kv8(engine *e, int on) {
-    if (!e->kv8) e->kv8_last = 0;
+    int was = e->kv8;
     e->kv8 = on && e->kv->cfg.kv8;
+    if (e->kv8 && !was) e->kv8_fresh = 1, e->kv8_last = 0;
     return e->kv8;
 }
 
@@ -449,9 +478,11 @@ static void kv8_pass(engine *e) {
         if (s->state == SQ_RUN && s->kv) left -= kv_seq_to_q8(e->kv, s->kv, s->n_computed, left);
     }
     e->kv8_last = ENG_KV8_PER_STEP - left;
+    e->kv8_fresh = 0;
 }
 
-int eng_kv8_working(const engine *e) { return e->kv8 && e->kv8_last > 0; }
+/* A step in flight when rung 2 came on (a long prefill) has not let it act yet. */
+int eng_kv8_working(const engine *e) { return e->kv8 && (e->kv8_fresh || e->kv8_last > 0); }
 
 /* Running sequences beyond the effective batch give their blocks back, youngest first. */
 static void shrink_running(engine *e) {
@@ -509,7 +540,7 @@ int eng_step_begin(engine *e) {
         eng_seq *s = c[i];
         int left = s->n_toks - s->n_computed;
         if (s->state != SQ_RUN || s->req->paused || s->in_step || left <= 1) continue;
-        int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
+        int chunk = fit_chunk(e, s, left < budget - e->b_n_tok ? left : budget - e->b_n_tok);
         if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT) < 0) continue;
         add_to_step(e, s, chunk, chunk == left);
     }
@@ -523,7 +554,7 @@ int eng_step_begin(engine *e) {
         c[i] = NULL;
         if (admit(e, s) < 0) break;
         int left = s->n_toks - s->n_computed;
-        int chunk = left < budget - e->b_n_tok ? left : budget - e->b_n_tok;
+        int chunk = fit_chunk(e, s, left < budget - e->b_n_tok ? left : budget - e->b_n_tok);
         if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT_PAUSED) < 0) {
             kv_seq_release(e->kv, s->kv);
             s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT;

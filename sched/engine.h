@@ -117,8 +117,8 @@ int eng_set_max_batch(engine *e, int n);
  * the 8-bit values. Does nothing on a pool made without kv8. Returns whether it is on. */
 #define ENG_KV8_PER_STEP 64
 int eng_set_kv8(engine *e, int on);
-/* Did the last step's 8-bit pass still find blocks to turn? (The ladder waits for
- * rung 2 to finish before it climbs to shedding.) */
+/* Is rung 2 still at work: switched on and not yet run (a step was in flight), or its
+ * last pass found blocks to turn? The ladder waits for it before climbing to shed. */
 int eng_kv8_working(const engine *e);
 /* After the backend reported completion (poll/wait): sample, stream, retire. */
 int eng_step_end(engine *e);

@@ -86,8 +86,9 @@ esac
 kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" $'max_seq_len = 1024\nkv_pool_mb = 256'
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
 [ "$CHECKS" = fault ] && printf '[engine]\nstep_timeout_ms = 1000\n' >>"$W/kiln.ini"
-# the ladder: a pool of 66 blocks (1,056 tokens) and a ladder fast enough to watch
-[ "$CHECKS" = ladder ] && sed -i 's/^kv_pool_mb = 256$/kv_pool_mb = 24/' "$W/kiln.ini" && \
+# the ladder: a pool of 34 blocks (544 tokens in f16, twice that in 8 bits) and a ladder
+# fast enough to watch
+[ "$CHECKS" = ladder ] && sed -i 's/^kv_pool_mb = 256$/kv_pool_mb = 12/' "$W/kiln.ini" && \
   printf '[engine]\nladder_tick_ms = 50\nladder_hold_ms = 1000\ndrain_timeout_ms = 1500\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds

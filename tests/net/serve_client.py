@@ -624,12 +624,15 @@ def ladder_pin(exp):
 
 
 def ladder_climb(exp):
-    """serve.sh ... ladder: a small KV pool (66 blocks) and a fast ladder. A long request
-    (a ~980-token context: 64 blocks) first, then 32 short streams: KV use passes
-    ladder_high, the ladder climbs 0 -> 1 (halving the batch, preempting the youngest) ->
-    2 (no 8-bit KV yet: passed through) -> 3 (shed) since at batch 1 the long one alone
-    still fills the pool; arrivals are shed with 503 retry_after_ms and come back after
-    the time named; every request ends with END; then the ladder walks back to 0."""
+    """serve.sh ... ladder: a small KV pool (34 blocks) and a fast ladder. A long request
+    (a ~480-token prompt growing to ~1,000 tokens: 62 blocks, more than the pool holds in
+    f16) first, then 32 short streams: KV use passes ladder_high, the ladder climbs
+    0 -> 1 (halving the batch, preempting the youngest) -> 2 (full blocks turned to 8
+    bits, halving their memory: the long one keeps growing) -> 3 (shed) once at batch 1
+    even the 8-bit context fills the pool; arrivals are shed with 503 retry_after_ms and
+    come back after the time named; every request ends with END; then the ladder walks
+    back to 0. Each rung's action shows in /metrics: the effective batch, the share of
+    8-bit blocks, the shed count."""
     import threading
     a = Conn(token=A.admin_token)
     ends, shed, bad = {}, [], []
@@ -656,9 +659,9 @@ def ladder_climb(exp):
             with lock:
                 bad.append("%d: %r" % (i, e))
 
-    levels = []
+    levels, seen = [], {"batch": [], "share": [], "q8": []}
     long_c = Conn(timeout=600)  # the oldest request: it survives every preemption
-    long_c.send(gen_line("long", "the" + " the" * 949, 40, extra="ignore_eos=1"))
+    long_c.send(gen_line("long", "the" + " the" * 469, 500, extra="ignore_eos=1"))
     time.sleep(0.3)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
     for t in threads:
@@ -672,6 +675,11 @@ def ladder_climb(exp):
             late = [threading.Thread(target=client, args=(100 + i,)) for i in range(8)]
             for t in late:
                 t.start()
+        if len(levels) % 5 == 0:  # each rung's action, as /metrics shows it
+            _, m = http_get("/metrics")
+            seen["batch"].append(metric(m, "kiln_effective_batch_size"))
+            seen["share"].append(metric(m, "kiln_kv_cache_8bit_share") or 0)
+            seen["q8"].append(metric(m, "kiln_kv_cache_8bit_blocks") or 0)
         time.sleep(0.05)
     for t in threads + late:
         t.join(5)
@@ -692,11 +700,24 @@ def ladder_climb(exp):
     check("ladder: /metrics counts 0->1, 1->2, 2->3",
           tr.get((0, 1), 0) >= 1 and tr.get((1, 2), 0) >= 1 and tr.get((2, 3), 0) >= 1,
           repr({k: v for k, v in tr.items() if v}))
+    first2 = levels.index(2) if 2 in levels else -1
+    check("ladder: rung 2 (compact) before shedding", 0 <= first2 < first3,
+          "first index of 2: %d, of 3: %d" % (first2, first3))
+    check("ladder: never skipped rung 2 on the way up (8-bit KV here)", tr.get((1, 3), 0) == 0,
+          repr({k: v for k, v in tr.items() if v}))
+    check("ladder: /metrics showed the batch shrunk to 1", 1 in seen["batch"], repr(sorted(set(seen["batch"]))))
+    check("ladder: /metrics showed 8-bit KV blocks (rung 2's action)",
+          max(seen["share"] or [0]) > 0.3 and max(seen["q8"] or [0]) >= 20,
+          "max share %.3f, max 8-bit blocks %s" % (max(seen["share"] or [0]), max(seen["q8"] or [0])))
+    check("ladder: /metrics counts 8-bit conversions", (metric(m, "kiln_kv_cache_8bit_conversions_total") or 0) >= 20,
+          repr(metric(m, "kiln_kv_cache_8bit_conversions_total")))
     check("ladder: requests shed with a retry_after_ms", len(shed) > 0 and min(shed) >= 100,
           "%d shed, retry_after_ms %r" % (len(shed), sorted(set(shed))[:8]))
     check("ladder: /metrics kiln_requests_shed_total counts them",
           (metric(m, "kiln_requests_shed_total") or 0) >= len(shed), "%s vs %d" % (metric(m, "kiln_requests_shed_total"), len(shed)))
     check("ladder: no client failed", not bad, repr(bad[:3]))
+    check("ladder: the long request outgrew the f16 pool (8-bit KV freed the room)",
+          "completion_tokens=500" in long_end, long_end)
     check("ladder: every request ended with END (40 of 40)",
           len(ends) == 40 and all(v.startswith("END ") for v in ends.values()),
           "%d ended; not END: %r" % (len(ends), [v for v in ends.values() if not v.startswith("END ")][:3]))

@@ -354,8 +354,16 @@ static void test_model_check(void) {
     c.engine.max_seq_len = 4096;
     c.engine.kv_pool_mb = 1;
     CHECK(cfg_check_model(&c, 8192, 256, &bytes, err, sizeof err) == 0 && bytes == 1 << 20, "%s", err);
+    c.engine.kv_8bit = 0;
     CHECK(cfg_check_model(&c, 8192, 257, &bytes, err, sizeof err) == -EINVAL &&
           strstr(err, "[engine] kv_pool_mb = 1: holds") && strstr(err, "max_seq_len = 4096 needs 4096"), "%s", err);
+    /* with kv_8bit one sequence may hold twice the pool's f16 blocks, less 4 */
+    c.engine.kv_8bit = 1;
+    CHECK(cfg_check_model(&c, 8192, 257, &bytes, err, sizeof err) == 0, "%s", err);
+    c.engine.max_seq_len = 8192; /* 1 MiB / (16 * 512) = 128 blocks: 252 in 8 bits, 256 asked */
+    CHECK(cfg_check_model(&c, 8192, 512, &bytes, err, sizeof err) == -EINVAL &&
+          strstr(err, "in 8 bits") && strstr(err, "needs 8192"), "%s", err);
+    c.engine.max_seq_len = 4096;
     c.engine.kv_pool_mb = 0;
     c.engine.max_batch_size = 1024;
     c.engine.max_seq_len = 1048576;

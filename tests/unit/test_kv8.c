@@ -18,6 +18,7 @@
 #include "core/model.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
+#include "sched/engine.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SLOW 1 /* the sanitizer build runs two prompts for a few steps */
@@ -118,6 +119,102 @@ static int encode(const tok_t *tok, const prompt *p, int32_t *ids, int cap) {
     return tok_encode(tok, text, strlen(text), p->chat, ids, cap);
 }
 
+/* ---------------------------------------------------------------- the engine */
+
+typedef struct {
+    int tokens[4], ends[4], reason[4];
+} eng_out;
+
+static void on_tok(void *ud, int64_t req, int sample, int32_t token, const char *text, int len,
+                   float lp) {
+    (void)req, (void)text, (void)len, (void)lp;
+    if (token >= 0) ((eng_out *)ud)->tokens[sample]++;
+}
+
+static void on_end(void *ud, int64_t req, int sample, int reason, const eng_usage *u,
+                   const char *msg) {
+    (void)req, (void)u, (void)msg;
+    eng_out *o = ud;
+    o->ends[sample]++;
+    o->reason[sample] = reason;
+}
+
+/* The engine over a kv8 pool of 12 blocks (192 tokens in f16): rung 2 switched on while
+ * a dozen requests (n = 2 for some, two cancelled mid-way) preempt each other; then one
+ * request longer than the whole pool in f16 (prompt 100 + 200 generated), which
+ * completes because its own blocks turn to 8 bits. Every sample ends once, nothing is
+ * left in the pool, and kv_check holds after every step. */
+static void engine_kv8(const model *m, const tok_t *tok) {
+    char err[256];
+    kv_config kc = {0};
+    model_kv_shape(m, &kc);
+    kc.block_size = 16, kc.n_blocks = 12, kc.max_seqs = 32, kc.max_blocks_per_seq = 24;
+    kc.prefix_cache = 1, kc.kv8 = 1;
+    kv_pool kv;
+    CHECK(kv_pool_init(&kv, &kc, NULL) == 0, "kv8 pool");
+    backend_cpu_config bc = {2, 128, 8, 384, 0};
+    backend *be = backend_cpu_new(m, &kv, &bc, err, sizeof err);
+    eng_config ec = {.max_batch_size = 8, .max_batched_tokens = 128, .max_seq_len = 320,
+                     .max_seqs = 32, .max_queued_requests = 64, .prefix_caching = 1};
+    eng_callbacks cb = {on_tok, on_end};
+    engine *e = be ? eng_new(&ec, m, tok, &kv, be, &cb, err, sizeof err) : NULL;
+    CHECK(e != NULL, "engine: %s", err);
+    if (!e) goto out;
+    CHECK(eng_set_kv8(e, 1) == 1, "rung 2 on");
+    enum { N = SLOW ? 4 : 12 };
+    static eng_out out[N + 1];
+    int32_t prompt[160];
+    int64_t ids[N];
+    for (int i = 0; i < N; i++) {
+        eng_params ep = {0};
+        for (int k = 0; k < 160; k++) prompt[k] = (int32_t)(300 + (k < 32 ? k : k * 7 + i * 131) % 9000);
+        ep.prompt = prompt, ep.n_prompt = 60 + (i * 37) % 100, ep.n = i % 3 == 0 ? 2 : 1;
+        ep.ud = &out[i], ep.ignore_eog = 1;
+        sampler_params_default(&ep.sp);
+        ep.sp.temperature = 0.7f, ep.sp.seed = 7, ep.sp.max_tokens = 40 + 5 * (i % 5);
+        ids[i] = eng_submit(e, &ep, err, sizeof err);
+        CHECK(ids[i] > 0, "submit %d: %s", i, err);
+    }
+    char e2[200] = "";
+    for (int step = 0; eng_pending(e) && step < 5000; step++) {
+        if (step == 6) eng_cancel(e, ids[1]), eng_cancel(e, ids[N - 1]);
+        int r = eng_step_begin(e);
+        CHECK(r >= 0, "step %d: %d", step, r);
+        if (r <= 0) break;
+        eng_step_end(e);
+        if (kv_check(&kv, e2, sizeof e2) < 0) break;
+    }
+    CHECK(e2[0] == 0, "kv_check during the run: %s", e2);
+    int ends = 0, want = 0;
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < (i % 3 == 0 ? 2 : 1); k++) want++, ends += out[i].ends[k] == 1;
+    CHECK(ends == want, "every sample ended once: %d of %d", ends, want);
+    eng_stats st;
+    eng_get_stats(e, &st);
+    printf("kv8 engine: %d samples, %lld preemptions, %llu blocks turned, %llu moves\n", want,
+           (long long)st.preemptions, (unsigned long long)kv.stats.q8_conversions,
+           (unsigned long long)kv.stats.q8_moves);
+    CHECK(kv.stats.q8_conversions > 0 && st.preemptions > 0, "rung 2 turned blocks, and still preempted");
+    /* one sequence longer than the f16 pool (192 tokens): 100 + 200, of the 320 a
+     * sequence may hold in 8 bits */
+    eng_set_kv8(e, 0);
+    eng_params ep = {0};
+    for (int k = 0; k < 100; k++) prompt[k] = (int32_t)(500 + k * 13 % 7000);
+    ep.prompt = prompt, ep.n_prompt = 100, ep.n = 1, ep.ud = &out[N], ep.ignore_eog = 1;
+    sampler_params_default(&ep.sp);
+    ep.sp.temperature = 0.0f, ep.sp.max_tokens = SLOW ? 60 : 200;
+    CHECK(eng_submit(e, &ep, err, sizeof err) > 0, "long: %s", err);
+    CHECK(eng_run_sync(e) == 0, "long request ran");
+    CHECK(out[N].ends[0] == 1 && out[N].reason[0] == EF_LENGTH && out[N].tokens[0] == ep.sp.max_tokens,
+          "longer than the f16 pool: %d tokens, reason %d", out[N].tokens[0], out[N].reason[0]);
+    CHECK(kv_check(&kv, e2, sizeof e2) == 0 && kv_free_blocks(&kv) == kc.n_blocks,
+          "pool empty after: %s, %d free", e2, kv_free_blocks(&kv));
+out:
+    eng_free(e);
+    if (be) be->ops->destroy(be);
+    kv_pool_free(&kv);
+}
+
 int main(void) {
     const char *path = getenv("MODEL") ? getenv("MODEL") : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     static model m;
@@ -174,6 +271,7 @@ int main(void) {
     free(ref);
     side_close(&f16);
     side_close(&q8);
+    engine_kv8(&m, &tok);
     tok_free(&tok);
     model_free(&m);
     return check_done("kv8");
