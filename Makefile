@@ -206,7 +206,9 @@ $(BUILD)/keys/pubkey.h: $(BUILD)/gnu/kiln-image FORCE
 $(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
-IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test
+$(BUILD)/gnu/kiln-flash: image/kiln_flash.c $(IMG_SRCS) $(IMG_HDRS) $(BUILD)/keys/pubkey.h | $(BUILD)/gnu/deps/.ok
+	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test $(BUILD)/gnu/kiln-flash
 image-tools: $(IMG_TOOLS)
 # image/disk.sh: the GPT disk image build/disk/kiln.img (ESP with systemd-boot and slot A's
 # UKI, slots A and B, the data partition) and the signed bundle build/disk/kiln-v1.kimg.
@@ -214,7 +216,15 @@ image-tools: $(IMG_TOOLS)
 disk: musl model $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
 	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) image/disk.sh
 FORCE:
-.PHONY: image-tools disk FORCE
+# The disk's QEMU test (OVMF, TCG): also version 2 (good) and version 3 (a kilnd that never
+# becomes healthy: a bad key in its kiln.ini) as update bundles.
+disk-test-inputs: disk $(BUILD)/gnu/kiln-flash
+	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_VERSION=2 KILN_BUNDLE_ONLY=1 image/disk.sh
+	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_VERSION=3 KILN_BUNDLE_ONLY=1 \
+	  KILN_IMAGE_INI_EXTRA="max_conections = 8" image/disk.sh
+test-disk: disk-test-inputs
+	python3 tests/qemu/disk_test.py --build $(BUILD)
+.PHONY: image-tools disk disk-test-inputs test-disk FORCE
 
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
@@ -254,7 +264,7 @@ fuzz: $(FUZZ_BINS)
 
 # ---------------------------------------------------------------- tests
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS) $(IMG_TOOLS)
-	$(MAKE) musl image
+	$(MAKE) musl image disk-test-inputs
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh

@@ -3,8 +3,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 
@@ -36,8 +39,102 @@ int disk_find_part(const char *name, char *dev, size_t cap) {
     return found;
 }
 
+/* ------------------------------------------------------------------ slots */
+
+#define EFI_LOADER_GUID "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f"
+
+/* The entry systemd-boot booted (its LoaderEntrySelected variable), ASCII. */
+static int loader_entry(char *out, size_t cap) {
+    out[0] = 0;
+    if (mount("efivarfs", "/sys/firmware/efi/efivars", "efivarfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 && errno != EBUSY)
+        return -errno;
+    int fd = open("/sys/firmware/efi/efivars/LoaderEntrySelected-" EFI_LOADER_GUID, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    unsigned char buf[4 + 256];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    if (n < 6) return -EINVAL;
+    size_t j = 0;
+    for (ssize_t i = 4; i + 1 < n && j + 1 < cap; i += 2) { /* 4 bytes of attributes, then UTF-16LE */
+        unsigned c = buf[i] | (unsigned)buf[i + 1] << 8;
+        if (!c) break;
+        out[j++] = c < 128 ? (char)c : '?';
+    }
+    out[j] = 0;
+    return 0;
+}
+
+/* "version N" from the manifest at the start of a slot partition; 0 if none. */
+static unsigned slot_version(const char *part) {
+    char dev[64], buf[4097];
+    if (disk_find_part(part, dev, sizeof dev) < 0) return 0;
+    int fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    if (strncmp(buf, "kiln-manifest 1\nversion ", 24)) return 0;
+    unsigned long v = strtoul(buf + 24, NULL, 10);
+    return v > 0xffffffffUL ? 0 : (unsigned)v;
+}
+
+static int tries_left(const char *entry) {
+    const char *plus = strchr(entry, '+');
+    return plus ? atoi(plus + 1) : -1;
+}
+
+static int tries_done(const char *entry) {
+    const char *plus = strchr(entry, '+'), *minus = plus ? strchr(plus, '-') : NULL;
+    return minus ? atoi(minus + 1) : 0;
+}
+
+static void scan_esp(dsk *d) {
+    d->entry[0][0] = d->entry[1][0] = 0;
+    DIR *dir = opendir(DISK_ESP_DIR "/EFI/Linux");
+    if (!dir) return;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        for (int i = 0; i < 2; i++) {
+            char pre[8];
+            snprintf(pre, sizeof pre, "kiln-%c", 'a' + i);
+            if (!strncmp(e->d_name, pre, 6) && (e->d_name[6] == '.' || e->d_name[6] == '+') &&
+                strlen(e->d_name) < sizeof d->entry[i])
+                memcpy(d->entry[i], e->d_name, strlen(e->d_name) + 1);
+        }
+    }
+    closedir(dir);
+}
+
+static void setup_slots(dsk *d) {
+    char dev[64], sel[128];
+    d->slot = -1;
+    if (disk_find_part("kiln-esp", dev, sizeof dev) < 0) return;
+    if (mkdir(DISK_ESP_DIR, 0755) < 0 && errno != EEXIST) return;
+    if (mount(dev, DISK_ESP_DIR, "vfat", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME, NULL) < 0) {
+        logring_say("kiln-init: mount %s (the ESP) on %s: %s", dev, DISK_ESP_DIR, strerror(errno));
+        return;
+    }
+    d->esp_mounted = 1;
+    d->version[0] = slot_version("kiln-a");
+    d->version[1] = slot_version("kiln-b");
+    scan_esp(d);
+    int r = loader_entry(sel, sizeof sel);
+    if (r < 0) logring_say("kiln-init: which slot booted? LoaderEntrySelected: %s", strerror(-r));
+    else if (!strncmp(sel, "kiln-a", 6) || !strncmp(sel, "kiln-b", 6)) d->slot = sel[5] - 'a';
+    if (d->slot < 0) return;
+    int me = d->slot, other = 1 - me;
+    d->trial = strchr(d->entry[me], '+') != NULL;
+    logring_say("kiln: slot %c, version %u%s", 'a' + me, d->version[me],
+                d->trial ? " (on trial: blessed once healthy, else the other slot boots when its tries run out)" : "");
+    if (d->entry[other][0] && tries_left(d->entry[other]) == 0 && tries_done(d->entry[other]) > 0)
+        logring_say("kiln: ROLLBACK: slot %c (version %u) failed its %d boot tries; back on slot %c (version %u)", 'a' + other,
+                    d->version[other], tries_done(d->entry[other]), 'a' + me, d->version[me]);
+}
+
 void disk_setup(dsk *d, double wait_s) {
     memset(d, 0, sizeof *d);
+    d->slot = -1;
     double give_up = util_now() + wait_s;
     int r;
     /* The block driver registers its disks as its module loads; give a slow one a moment. */
@@ -55,6 +152,8 @@ void disk_setup(dsk *d, double wait_s) {
         if (mount(d->data_dev, DISK_DATA_DIR, types[i], MS_NOSUID | MS_NODEV | MS_NOATIME, NULL) == 0) {
             d->data_mounted = 1;
             logring_say("kiln: data partition %s (%s) mounted on %s", d->data_dev, types[i], DISK_DATA_DIR);
+            setup_slots(d);
+            d->trial_deadline = util_now() + DISK_TRIAL_S;
             return;
         }
     }
@@ -65,4 +164,65 @@ void disk_describe(const dsk *d, char *out, size_t cap) {
     if (d->data_mounted) snprintf(out, cap, "data: %s on %s", d->data_dev, DISK_DATA_DIR);
     else if (d->data_dev[0]) snprintf(out, cap, "data: %s not mounted (see `log`)", d->data_dev);
     else snprintf(out, cap, "data: none (no kiln-data partition)");
+}
+
+int disk_tick(dsk *d, int healthy, int safe, double now) {
+    if (!d->trial || d->blessed || d->slot < 0) return 0;
+    int me = d->slot;
+    if (healthy) {
+        char from[UTIL_PATH_MAX], to[UTIL_PATH_MAX];
+        snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[me]);
+        snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c.efi", 'a' + me);
+        d->blessed = 1;
+        if (rename(from, to) < 0) {
+            logring_say("kiln-init: blessing slot %c: rename %s: %s", 'a' + me, from, strerror(errno));
+            return 0;
+        }
+        sync();
+        snprintf(d->entry[me], sizeof d->entry[me], "kiln-%c.efi", 'a' + me);
+        d->trial = 0;
+        logring_say("kiln: slot %c (version %u) is healthy: blessed", 'a' + me, d->version[me]);
+        return 0;
+    }
+    if (safe || now >= d->trial_deadline) {
+        d->blessed = 1; /* once */
+        logring_say("kiln: slot %c (version %u) on trial is not healthy (%s): rebooting for its next try", 'a' + me,
+                    d->version[me], safe ? "safe mode" : "deadline passed");
+        return 1;
+    }
+    return 0;
+}
+
+void disk_version(const dsk *d, char *out, size_t cap) {
+    if (d->slot < 0) {
+        snprintf(out, cap, "not booted from an A/B disk image (no slot)");
+        return;
+    }
+    int me = d->slot, other = 1 - me;
+    char o[96];
+    if (d->version[other]) snprintf(o, sizeof o, "version %u (%s)", d->version[other], d->entry[other][0] ? d->entry[other] : "no boot entry");
+    else snprintf(o, sizeof o, "empty");
+    snprintf(out, cap, "running: slot %c, version %u%s\nother:   slot %c, %s", 'a' + me, d->version[me],
+             d->trial ? " (on trial)" : "", 'a' + other, o);
+}
+
+int disk_switch(dsk *d, int slot, char *out, size_t cap) {
+    if (!d->esp_mounted || d->slot < 0) return snprintf(out, cap, "not booted from an A/B disk image"), -ENODEV;
+    if (slot == d->slot) return snprintf(out, cap, "slot %c is the running slot already", 'a' + slot), -EALREADY;
+    if (!d->entry[slot][0] || !d->version[slot]) return snprintf(out, cap, "slot %c has no image to boot", 'a' + slot), -ENOENT;
+    char from[UTIL_PATH_MAX], to[UTIL_PATH_MAX];
+    int other = 1 - slot;
+    /* The target slot's entry loses any counter; the other one is "no tries left": still a
+     * fallback, sorted after every entry that has tries. */
+    snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[slot]);
+    snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c.efi", 'a' + slot);
+    if (strcmp(from, to) && rename(from, to) < 0) return snprintf(out, cap, "rename %s: %s", from, strerror(errno)), -errno;
+    snprintf(d->entry[slot], sizeof d->entry[slot], "kiln-%c.efi", 'a' + slot);
+    snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[other]);
+    snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c+0.efi", 'a' + other);
+    if (d->entry[other][0] && strcmp(from, to) && rename(from, to) < 0) return snprintf(out, cap, "rename %s: %s", from, strerror(errno)), -errno;
+    snprintf(d->entry[other], sizeof d->entry[other], "kiln-%c+0.efi", 'a' + other);
+    sync();
+    snprintf(out, cap, "slot %c (version %u) boots next; `reboot` to switch", 'a' + slot, d->version[slot]);
+    return 0;
 }

@@ -14,9 +14,21 @@
 #define DISK_DATA_DIR "/data"
 #define DISK_CONFIG "/data/config/kiln.ini"
 
+#define DISK_ESP_DIR "/run/kiln/esp"
+#define DISK_TRIAL_S 180.0  /* a slot on trial not healthy by then reboots (its next try) */
+
 typedef struct {
     int data_mounted;
     char data_dev[64];   /* "/dev/vda4", "" if none */
+    /* A/B slots (docs/IMAGE.md): which one systemd-boot booted, their versions, their boot
+     * entries on the ESP (EFI/Linux/kiln-<slot>[+LEFT[-DONE]].efi). */
+    int esp_mounted;
+    int slot;                    /* 0 = a, 1 = b, -1 unknown (not booted through systemd-boot) */
+    unsigned version[2];         /* from each slot's manifest; 0 = empty or unreadable */
+    char entry[2][64];           /* the ESP file names, "" if none */
+    int trial;                   /* the booted entry is boot-counted: not blessed yet */
+    int blessed;                 /* blessed in this boot */
+    double trial_deadline;       /* util_now() */
 } dsk;
 
 /* The device node of the partition whose GPT name is name ("" and -ENOENT if none). */
@@ -25,5 +37,14 @@ int disk_find_part(const char *name, char *dev, size_t cap);
 void disk_setup(dsk *d, double wait_s);
 /* "data: /dev/vda4 on /data" or "data: none (...)" */
 void disk_describe(const dsk *d, char *out, size_t cap);
+/* Once the box is healthy: a slot on trial is blessed (its entry loses the counter). Returns
+ * 1 when the slot on trial should give up this boot (not healthy in time, or safe mode):
+ * the caller reboots, and systemd-boot counts the try. */
+int disk_tick(dsk *d, int healthy, int safe, double now);
+/* `version` and `slot`: lines for the console. */
+void disk_version(const dsk *d, char *out, size_t cap);
+/* Makes slot (0/1) the one systemd-boot boots next: the other slot's entry is marked as
+ * having no tries left (it stays as a fallback). 0, or -errno with why in out. */
+int disk_switch(dsk *d, int slot, char *out, size_t cap);
 
 #endif

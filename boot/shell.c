@@ -213,6 +213,31 @@ static void test_signal(kinit *k, int sig, const char *what) {
 static void cmd_test_kill(kinit *k, sh_args *a) { (void)a, test_signal(k, SIGKILL, "kill"); }
 static void cmd_test_hang(kinit *k, sh_args *a) { (void)a, test_signal(k, SIGSTOP, "hang"); }
 
+static void cmd_version(kinit *k, sh_args *a) {
+    (void)a;
+    char buf[512];
+    disk_version(&k->disk, buf, sizeof buf);
+    for (char *line = buf, *nl; line; line = nl) {
+        if ((nl = strchr(line, '\n'))) *nl++ = 0;
+        con_printf(&k->con, "%s", line);
+    }
+}
+
+static void cmd_slot(kinit *k, sh_args *a) {
+    if (a->argc == 1) {
+        cmd_version(k, a);
+        return;
+    }
+    if (a->argc != 2 || (strcmp(a->argv[1], "a") && strcmp(a->argv[1], "b"))) {
+        con_printf(&k->con, "usage: slot [a|b]");
+        return;
+    }
+    char msg[300];
+    disk_switch(&k->disk, a->argv[1][0] - 'a', msg, sizeof msg);
+    logring_note("kiln-init: console slot %s: %s", a->argv[1], msg);
+    con_printf(&k->con, "%s", msg);
+}
+
 static const sh_cmd commands[] = {
     {"help", "help", "this list", 0, cmd_help},
     {"status", "status", "kilnd's state, restarts, memory, interfaces, watchdog; then kilnd's own status", 0, cmd_status},
@@ -222,6 +247,8 @@ static const sh_cmd commands[] = {
     {"restart", "restart", "restart kilnd gracefully (leaves safe mode)", 0, cmd_restart},
     {"config", "config get S.K | config set S.K V", "read or change a setting (set also saves kiln.ini)", 0, cmd_config},
     {"net", "net", "kilnd's address, MAC, link state, counters", 0, cmd_net},
+    {"version", "version", "the running slot and version, and the other slot's", 0, cmd_version},
+    {"slot", "slot [a|b]", "which slot runs; `slot b`: boot slot b next (then `reboot`)", 0, cmd_slot},
     {"reboot", "reboot", "drain kilnd, then reboot", 0, cmd_reboot},
     {"poweroff", "poweroff", "drain kilnd, then power off", 0, cmd_poweroff},
     {"test-kill-kilnd", "test-kill-kilnd", "(test) SIGKILL kilnd", 1, cmd_test_kill},

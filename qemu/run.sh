@@ -21,6 +21,10 @@
 #                              under TCG that is AVX2 + FMA but no AVX-512)
 #   KILN_SERIAL                a QEMU -serial backend instead of this terminal
 #                              (e.g. unix:/tmp/kiln.sock,server=on,wait=off)
+#   KILN_DISK                  boot this GPT disk image (`make disk`) through UEFI instead:
+#                              OVMF firmware, the disk on virtio-blk (written in place), no
+#                              -kernel; KILN_OVMF_VARS names the writable UEFI variable store
+#                              (default: a fresh copy of OVMF's template next to the disk)
 # Extra arguments are passed to QEMU as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,9 +39,20 @@ SMP=${KILN_QEMU_SMP:-2}
 CPU=${KILN_QEMU_CPU:-max}
 CMDLINE="console=ttyS0 quiet${KILN_CMDLINE:+ $KILN_CMDLINE}"
 
-for f in "$KERNEL" "$INITRD"; do
-  [ -f "$f" ] || { echo "qemu: $f is missing: run 'make image' first" >&2; exit 1; }
-done
+BOOT=(-kernel "$KERNEL" -initrd "$INITRD" -append "$CMDLINE")
+if [ -n "${KILN_DISK:-}" ]; then
+  [ -f "$KILN_DISK" ] || { echo "qemu: $KILN_DISK is missing: run 'make disk' first" >&2; exit 1; }
+  scripts/need.sh /usr/share/OVMF/OVMF_CODE_4M.fd ovmf
+  VARS=${KILN_OVMF_VARS:-$KILN_DISK.vars}
+  [ -f "$VARS" ] || cp /usr/share/OVMF/OVMF_VARS_4M.fd "$VARS"
+  BOOT=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"
+        -drive "if=pflash,format=raw,unit=1,file=$VARS"
+        -drive "if=virtio,format=raw,file=$KILN_DISK")
+else
+  for f in "$KERNEL" "$INITRD"; do
+    [ -f "$f" ] || { echo "qemu: $f is missing: run 'make image' first" >&2; exit 1; }
+  done
+fi
 # need.sh installs with --no-install-recommends: the recommends pull in ~170 packages a
 # headless boot never uses.
 scripts/need.sh qemu-system-x86_64 qemu-system-x86
@@ -68,7 +83,7 @@ NETDEV+=",hostfwd=tcp:$FWD_ADDR:$METRICS_PORT-10.0.2.15:9100"
 exec qemu-system-x86_64 \
   "${ACCEL[@]}" -cpu "$CPU" -m "$MEM" -smp "$SMP" \
   -no-reboot "${SERIAL[@]}" \
-  -kernel "$KERNEL" -initrd "$INITRD" -append "$CMDLINE" \
+  "${BOOT[@]}" \
   -netdev "$NETDEV" -device virtio-net-pci,netdev=n0,romfile= \
   -device i6300esb \
   "$@"

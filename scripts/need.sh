@@ -6,7 +6,9 @@ set -euo pipefail
 updated=0
 while [ $# -ge 2 ]; do
   cmd=$1 pkg=$2; shift 2
-  command -v "$cmd" >/dev/null 2>&1 && continue
+  # A CMD with a slash is a path the package provides (a firmware file, a directory).
+  have() { case $1 in */*) [ -e "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac; }
+  have "$cmd" && continue
   echo "need: '$cmd' is missing; installing Debian package '$pkg'" >&2
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     echo "need: cannot install '$pkg' here: install it (apt-get install $pkg) and rerun" >&2
@@ -15,5 +17,5 @@ while [ $# -ge 2 ]; do
   if [ $updated = 0 ]; then apt-get update -qq >&2 || true; updated=1; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >&2 || {
     echo "need: apt-get install $pkg failed: install it by hand and rerun" >&2; exit 1; }
-  command -v "$cmd" >/dev/null 2>&1 || { echo "need: '$pkg' did not provide '$cmd'" >&2; exit 1; }
+  have "$cmd" || { echo "need: '$pkg' did not provide '$cmd'" >&2; exit 1; }
 done

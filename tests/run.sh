@@ -101,6 +101,10 @@ run "image/cli" tests/image/cli_test.sh "$BUILD/gnu/kiln-image"
 # serial console; kilnd killed / hung → restarted; a bad config; poweroff → status 0.
 run "qemu/boot" python3 tests/qemu/boot_test.py --image-dir "$BUILD/image" \
   --ref-kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --log-dir "$log"
+# The A/B disk image under UEFI (OVMF, TCG): tampered bundles refused before writing; v1
+# boots to ready and serves; kiln-flash update to v2 boots and is blessed; a v3 that never
+# gets healthy is tried twice, then the box is back on v2 and says ROLLBACK.
+run "qemu/disk" python3 tests/qemu/disk_test.py --build "$BUILD" --log-dir "$log"
 # the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
 # host sockets and over lwIP
 run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk

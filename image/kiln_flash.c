@@ -1,0 +1,377 @@
+/* kiln-flash: puts kiln on a disk (a block device or a disk image file: the same code on a
+ * file descriptor). docs/IMAGE.md.
+ *
+ *   kiln-flash install DISK_IMAGE TARGET        first install: the whole disk
+ *   kiln-flash update BUNDLE TARGET [--tries N] the inactive slot, tried N times (default 3)
+ *   kiln-flash status TARGET                    slots, versions, the ESP's boot entries
+ *
+ * Nothing is written before the signature (the key built in from BUILD/keys/pubkey.h) and
+ * every hash have been checked; what was written is read back and compared. An update goes
+ * into the slot that is not the one systemd-boot boots now, and its UKI onto the ESP as
+ * EFI/Linux/kiln-<slot>+N.efi: systemd-boot's boot counting tries it N times, and kiln-init
+ * blesses it (renames it to kiln-<slot>.efi) once the box is healthy; when the tries run out
+ * systemd-boot boots the other slot again. The ESP (FAT) is edited with mtools at the
+ * partition's offset, without mounting. Exit status: 0 done, 1 refused, 2 usage or I/O. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "image/bundle.h"
+#include "image/manifest.h"
+#include "pubkey.h" /* BUILD/keys/pubkey.h: IMG_PUBKEY_BYTES */
+
+static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
+static char err[512];
+
+#define SECTOR 512
+#define CHUNK (1u << 20)
+
+static int usage(void) {
+    fprintf(stderr, "usage: kiln-flash install DISK_IMAGE TARGET\n"
+                    "       kiln-flash update BUNDLE TARGET [--tries N]\n"
+                    "       kiln-flash status TARGET\n");
+    return 2;
+}
+
+/* ------------------------------------------------------------------ GPT */
+
+typedef struct {
+    char name[40];
+    uint64_t off, len; /* bytes */
+} part;
+
+typedef struct {
+    part p[16];
+    int n;
+} table;
+
+static uint64_t le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+static int pread_full(int fd, void *buf, size_t n, uint64_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? -errno : -ENODATA;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? -errno : -EIO;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+/* The kiln partitions (by GPT name) of the disk on fd. */
+static int read_gpt(int fd, uint64_t disk_size, table *t, const char *what) {
+    uint8_t h[SECTOR];
+    memset(t, 0, sizeof *t);
+    if (pread_full(fd, h, sizeof h, SECTOR) < 0 || memcmp(h, "EFI PART", 8))
+        return fprintf(stderr, "kiln-flash: %s: no GPT header (not a kiln disk)\n", what), -1;
+    uint64_t entries = le64(h + 72);
+    uint32_t count = le32(h + 80), esize = le32(h + 84);
+    if (esize < 128 || esize > 1024 || count > 256 || entries == 0 || entries > disk_size / SECTOR)
+        return fprintf(stderr, "kiln-flash: %s: GPT header out of range\n", what), -1;
+    uint8_t e[1024];
+    for (uint32_t i = 0; i < count; i++) {
+        if (pread_full(fd, e, esize, entries * SECTOR + (uint64_t)i * esize) < 0)
+            return fprintf(stderr, "kiln-flash: %s: GPT entries unreadable\n", what), -1;
+        uint64_t first = le64(e + 32), last = le64(e + 40);
+        int used = 0;
+        for (int j = 0; j < 16; j++) used |= e[j];
+        if (!used || t->n == 16) continue;
+        if (last < first || last >= disk_size / SECTOR) return fprintf(stderr, "kiln-flash: %s: a partition outside the disk\n", what), -1;
+        part *p = &t->p[t->n++];
+        for (int j = 0; j < 36 && j < (int)sizeof p->name - 1; j++) {
+            uint16_t c = (uint16_t)(e[56 + 2 * j] | e[57 + 2 * j] << 8);
+            if (!c) break;
+            p->name[j] = c < 128 ? (char)c : '?';
+        }
+        p->off = first * SECTOR;
+        p->len = (last - first + 1) * SECTOR;
+    }
+    return 0;
+}
+
+static const part *find(const table *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->p[i].name, name)) return &t->p[i];
+    return NULL;
+}
+
+static int open_target(const char *path, int flags, uint64_t *size) {
+    int fd = open(path, flags | O_CLOEXEC);
+    if (fd < 0) return fprintf(stderr, "kiln-flash: open %s: %s\n", path, strerror(errno)), -1;
+    off_t end = lseek(fd, 0, SEEK_END); /* a block device's size, too */
+    if (end < 0) return fprintf(stderr, "kiln-flash: %s: %s\n", path, strerror(errno)), close(fd), -1;
+    *size = (uint64_t)end;
+    return fd;
+}
+
+/* ------------------------------------------------------------------ the ESP through mtools */
+
+static int run(char *const argv[], char *out, size_t cap) {
+    int pfd[2];
+    if (pipe(pfd) < 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]), close(pfd[1]);
+        setenv("MTOOLS_SKIP_CHECK", "1", 1);
+        execvp(argv[0], argv);
+        fprintf(stderr, "kiln-flash: %s: %s (mtools is needed for the ESP)\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t n = 0;
+    for (;;) {
+        char tmp[4096];
+        ssize_t r = read(pfd[0], tmp, sizeof tmp);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        if (out && n + 1 < cap) {
+            size_t k = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
+            memcpy(out + n, tmp, k);
+            n += k;
+        }
+    }
+    if (out) out[n] = 0;
+    close(pfd[0]);
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+typedef struct {
+    char file[2][64];  /* [slot]: EFI/Linux name, "" if none */
+} esp_state;
+
+/* mtools's image@@offset */
+static void esp_spec(char *out, size_t cap, const char *target, const part *esp) {
+    snprintf(out, cap, "%s@@%llu", target, (unsigned long long)esp->off);
+}
+
+static int esp_list(const char *spec, esp_state *s) {
+    char out[8192];
+    memset(s, 0, sizeof *s);
+    char *argv[] = {"mdir", "-b", "-i", (char *)spec, "::/EFI/Linux", NULL};
+    if (run(argv, out, sizeof out) < 0) return fprintf(stderr, "kiln-flash: cannot list the ESP's EFI/Linux (mdir)\n"), -1;
+    for (char *l = out, *nl; l && *l; l = nl) {
+        if ((nl = strchr(l, '\n'))) *nl++ = 0;
+        const char *b = strrchr(l, '/');
+        b = b ? b + 1 : l;
+        for (int i = 0; i < 2; i++) {
+            char pre[8];
+            snprintf(pre, sizeof pre, "kiln-%c", 'a' + i);
+            if (!strncmp(b, pre, 6) && (b[6] == '.' || b[6] == '+') && strlen(b) < sizeof s->file[i])
+                snprintf(s->file[i], sizeof s->file[i], "%s", b);
+        }
+    }
+    return 0;
+}
+
+/* A boot-counted name's tries left, or -1 for a blessed (uncounted) one. */
+static int tries_left(const char *name) {
+    const char *plus = strchr(name, '+');
+    return plus ? atoi(plus + 1) : -1;
+}
+
+/* ------------------------------------------------------------------ commands */
+
+static int slot_version(int fd, const part *p, uint32_t *v) {
+    man_manifest m;
+    char text[MAN_MAX + 1];
+    if (bun_read_manifest(fd, p->off, &m, text, err, sizeof err) < 0) return -1;
+    *v = m.version;
+    return 0;
+}
+
+static int cmd_status(const char *target) {
+    uint64_t size;
+    int fd = open_target(target, O_RDONLY, &size);
+    if (fd < 0) return 2;
+    table t;
+    if (read_gpt(fd, size, &t, target) < 0) return close(fd), 2;
+    const part *esp = find(&t, "kiln-esp");
+    esp_state es = {0};
+    char spec[4200];
+    if (esp) esp_spec(spec, sizeof spec, target, esp), esp_list(spec, &es);
+    for (int i = 0; i < 2; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "kiln-%c", 'a' + i);
+        const part *p = find(&t, name);
+        uint32_t v;
+        man_manifest m;
+        int good = p && bun_verify(fd, p->off, p->len, pubkey, &m, err, sizeof err) == 0;
+        if (!p) printf("slot %c: no partition\n", 'a' + i);
+        else if (slot_version(fd, p, &v) < 0) printf("slot %c: empty\n", 'a' + i);
+        else printf("slot %c: version %u, %s; boot entry %s\n", 'a' + i, (unsigned)v, good ? "signature good" : "BAD signature or hash",
+                    es.file[i][0] ? es.file[i] : "(none)");
+    }
+    close(fd);
+    return 0;
+}
+
+static int copy_verified(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, const char *what) {
+    char *a = malloc(CHUNK), *b = malloc(CHUNK);
+    int rc = 0;
+    if (!a || !b) rc = -ENOMEM;
+    for (uint64_t done = 0; !rc && done < n;) {
+        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
+        if ((rc = pread_full(src, a, k, soff + done)) < 0) break;
+        if ((rc = pwrite_full(dst, a, k, doff + done)) < 0) break;
+        done += k;
+    }
+    if (!rc && fdatasync(dst) < 0 && errno != EINVAL) rc = -errno;
+    /* read back: what is on the target now is what was verified */
+    for (uint64_t done = 0; !rc && done < n;) {
+        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
+        if ((rc = pread_full(src, a, k, soff + done)) < 0 || (rc = pread_full(dst, b, k, doff + done)) < 0) break;
+        if (memcmp(a, b, k)) {
+            fprintf(stderr, "kiln-flash: %s: read back differs at byte %llu\n", what, (unsigned long long)(done));
+            rc = -EIO;
+        }
+        done += k;
+    }
+    free(a), free(b);
+    if (rc && rc != -EIO) fprintf(stderr, "kiln-flash: %s: %s\n", what, strerror(-rc));
+    return rc;
+}
+
+static int cmd_install(const char *image, const char *target) {
+    uint64_t isize, tsize;
+    int in = open_target(image, O_RDONLY, &isize);
+    if (in < 0) return 2;
+    table t;
+    if (read_gpt(in, isize, &t, image) < 0) return 1;
+    const part *a = find(&t, "kiln-a");
+    man_manifest m;
+    if (!a || !find(&t, "kiln-esp") || !find(&t, "kiln-data"))
+        return fprintf(stderr, "kiln-flash: %s: REFUSED: not a kiln disk image (partitions kiln-esp, kiln-a, kiln-data)\n", image), 1;
+    if (bun_verify(in, a->off, a->len, pubkey, &m, err, sizeof err) < 0)
+        return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: slot a: %s\n", image, err), 1;
+    int out = open(target, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (out < 0) return fprintf(stderr, "kiln-flash: open %s: %s\n", target, strerror(errno)), 2;
+    off_t end = lseek(out, 0, SEEK_END);
+    tsize = end < 0 ? 0 : (uint64_t)end;
+    struct stat st;
+    if (fstat(out, &st) == 0 && S_ISREG(st.st_mode) && tsize < isize && ftruncate(out, (off_t)isize) < 0)
+        return fprintf(stderr, "kiln-flash: %s: %s\n", target, strerror(errno)), 2;
+    else if (fstat(out, &st) == 0 && !S_ISREG(st.st_mode) && tsize < isize)
+        return fprintf(stderr, "kiln-flash: %s: REFUSED: %llu bytes, the image needs %llu\n", target, (unsigned long long)tsize,
+                       (unsigned long long)isize), 1;
+    if (copy_verified(in, 0, out, 0, isize, target) < 0) return 2;
+    printf("kiln-flash: %s: installed version %u in slot a (%llu bytes written and read back)\n", target, (unsigned)m.version,
+           (unsigned long long)isize);
+    return 0;
+}
+
+static int cmd_update(const char *bundle, const char *target, int tries) {
+    uint64_t bsize, tsize;
+    int in = open_target(bundle, O_RDONLY, &bsize);
+    if (in < 0) return 2;
+    man_manifest m;
+    if (bun_verify(in, 0, bsize, pubkey, &m, err, sizeof err) < 0)
+        return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: %s\n", bundle, err), 1;
+    if (bsize != bun_length(&m)) return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: bytes after the last part\n", bundle), 1;
+    int ui = -1;
+    for (int i = 0; i < m.nparts; i++)
+        if (!strcmp(m.parts[i].name, "uki")) ui = i;
+    if (ui < 0) return fprintf(stderr, "kiln-flash: %s: REFUSED: no `uki` part\n", bundle), 1;
+
+    int out = open_target(target, O_RDWR, &tsize);
+    if (out < 0) return 2;
+    table t;
+    if (read_gpt(out, tsize, &t, target) < 0) return 2;
+    const part *esp = find(&t, "kiln-esp"), *slots[2] = {find(&t, "kiln-a"), find(&t, "kiln-b")};
+    if (!esp || !slots[0] || !slots[1]) return fprintf(stderr, "kiln-flash: %s: not a kiln disk (kiln-esp, kiln-a, kiln-b)\n", target), 2;
+    char spec[4200];
+    esp_spec(spec, sizeof spec, target, esp);
+    esp_state es;
+    if (esp_list(spec, &es) < 0) return 2;
+    /* The slot systemd-boot boots now: of the entries it would try, the newest version. */
+    int cur = -1;
+    uint32_t best = 0;
+    for (int i = 0; i < 2; i++) {
+        uint32_t v;
+        if (!es.file[i][0] || tries_left(es.file[i]) == 0 || slot_version(out, slots[i], &v) < 0) continue;
+        if (cur < 0 || v > best) cur = i, best = v;
+    }
+    int dst = cur == 0 ? 1 : 0;
+    if (cur < 0) dst = 0;
+    if (bsize > slots[dst]->len) return fprintf(stderr, "kiln-flash: %s: REFUSED: larger than slot %c\n", bundle, 'a' + dst), 1;
+    /* The old boot entry of the target slot goes first: no half-written slot is bootable. */
+    if (es.file[dst][0]) {
+        char path[128];
+        snprintf(path, sizeof path, "::/EFI/Linux/%s", es.file[dst]);
+        char *argv[] = {"mdel", "-i", spec, path, NULL};
+        if (run(argv, NULL, 0) < 0) return fprintf(stderr, "kiln-flash: cannot remove %s from the ESP\n", es.file[dst]), 2;
+    }
+    if (copy_verified(in, 0, out, slots[dst]->off, bsize, "slot")) return 2;
+    /* The UKI onto the ESP, boot-counted, then read back through mtools and compared. */
+    char tmp[] = "/tmp/kiln-flash-uki.XXXXXX", back[] = "/tmp/kiln-flash-back.XXXXXX";
+    int tf = mkstemp(tmp), bf = mkstemp(back);
+    if (tf < 0 || bf < 0) return fprintf(stderr, "kiln-flash: mkstemp: %s\n", strerror(errno)), 2;
+    close(bf);
+    int rc = copy_verified(in, bun_part_offset(&m, ui), tf, 0, m.parts[ui].size, "uki");
+    close(tf);
+    char name[64], path[128];
+    snprintf(name, sizeof name, "kiln-%c+%d.efi", 'a' + dst, tries);
+    snprintf(path, sizeof path, "::/EFI/Linux/%s", name);
+    char *cp[] = {"mcopy", "-o", "-i", spec, tmp, path, NULL};
+    char *cpb[] = {"mcopy", "-o", "-n", "-i", spec, path, back, NULL};
+    if (!rc && (run(cp, NULL, 0) < 0 || run(cpb, NULL, 0) < 0)) {
+        fprintf(stderr, "kiln-flash: mcopy to the ESP failed\n");
+        rc = -1;
+    }
+    if (!rc) {
+        int b = open(back, O_RDONLY | O_CLOEXEC);
+        uint8_t h[32];
+        if (b < 0 || bun_hash_range(b, 0, m.parts[ui].size, h, err, sizeof err) < 0 || memcmp(h, m.parts[ui].sha256, 32)) {
+            fprintf(stderr, "kiln-flash: the ESP's copy of the UKI reads back different\n");
+            rc = -1;
+        }
+        if (b >= 0) close(b);
+    }
+    unlink(tmp), unlink(back);
+    if (rc) return 2;
+    if (fsync(out) < 0 && errno != EINVAL) return fprintf(stderr, "kiln-flash: fsync %s: %s\n", target, strerror(errno)), 2;
+    printf("kiln-flash: %s: version %u in slot %c, boot entry %s (%d tries; kiln-init blesses it once healthy)\n", target,
+           (unsigned)m.version, 'a' + dst, name, tries);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage();
+    if (!strcmp(argv[1], "install") && argc == 4) return cmd_install(argv[2], argv[3]);
+    if (!strcmp(argv[1], "status") && argc == 3) return cmd_status(argv[2]);
+    if (!strcmp(argv[1], "update") && (argc == 4 || argc == 6)) {
+        int tries = 3;
+        if (argc == 6) {
+            char *end;
+            long v = strtol(argv[5], &end, 10);
+            if (strcmp(argv[4], "--tries") || *end || v < 1 || v > 9) return fprintf(stderr, "kiln-flash: --tries 1..9\n"), 2;
+            tries = (int)v;
+        }
+        return cmd_update(argv[2], argv[3], tries);
+    }
+    return usage();
+}

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""disk_test.py: the A/B disk image under UEFI (OVMF, TCG): boot, update, bless, rollback,
+tamper (standard library only; the QEMU and protocol helpers are boot_test.py's).
+
+Builds nothing: `make test-disk` makes build/disk/kiln.img (version 1 in slot a), the signed
+bundles kiln-v2.kimg (good) and kiln-v3.kimg (a kilnd that never becomes healthy: a bad
+key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
+
+  tamper (no QEMU): a bundle with one flipped byte in its UKI, and one signed by another
+    key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
+    so is a disk image whose slot a was changed, for a first install (no target written)
+  boot 1: version 1 boots to ready; console `version` says slot a, version 1; a GEN
+  kiln-flash update v2 → boot 2: slot b, version 2, ready, blessed (its ESP entry loses the
+    boot counter); a GEN
+  kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
+    reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK
+
+Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded.
+"""
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import boot_test as bt  # noqa: E402
+
+check, say, Abort, tail = bt.check, bt.say, bt.Abort, bt.tail
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def boot(name, disk, log_dir):
+    os.environ["KILN_DISK"] = disk
+    return bt.Guest(name, "", os.path.join(log_dir, "qemu-disk-%s.log" % name))
+
+
+def user_token():
+    tokens = dict(l.split()[:2] for l in open(A.tokens) if l.strip() and not l.startswith("#"))
+    return tokens["user"]
+
+
+def ready(g, what):
+    m = g.wait(r"kiln: ready in (\d+\.\d+) s", A.ready_timeout)
+    if not check("%s: boots to ready within %d s" % (what, A.ready_timeout), m is not None, "\n" + tail(g, 25)):
+        raise Abort()
+    say("%s: ready %.1f s after QEMU started (kiln-init: %s s)" % (what, bt.now() - g.started, m.group(1)))
+
+
+def one_gen(g, what, rid):
+    line = 'GEN id=%s chat=0 temperature=0 max_tokens=2 prompt="The capital of France is"' % rid
+    try:
+        text, end = bt.gen_retry(g.port, user_token(), line, rid, bt.now() + A.gen_timeout)
+        check("%s: a GEN is served" % what, end.startswith("END %s " % rid) and text, end)
+    except Exception as e:  # noqa: BLE001
+        check("%s: a GEN is served" % what, False, str(e))
+
+
+def version_is(g, what, slot, version):
+    out = g.cmd("version")
+    check("%s: console `version` says slot %s, version %d" % (what, slot, version),
+          out is not None and re.search(r"running: slot %s, version %d\b" % (slot, version), out), repr(out))
+    return out
+
+
+def tamper(work, tmp):
+    before = sha(work)
+    flip = os.path.join(tmp, "flip.kimg")
+    shutil.copyfile(A.v2, flip)
+    with open(flip, "r+b") as f:  # one byte inside the UKI (the first part starts at 4096)
+        f.seek(4096 + 100000)
+        b = f.read(1)
+        f.seek(4096 + 100000)
+        f.write(bytes([b[0] ^ 0x01]))
+    rc, out = run([A.flash, "update", flip, work])
+    check("tamper: one flipped byte in the UKI is refused", rc == 1 and "REFUSED" in out and "uki" in out, out)
+    key, pub = os.path.join(tmp, "other.key"), os.path.join(tmp, "other.pub")
+    run([A.kimage, "keygen", "--key", key, "--pub", pub])
+    uki = os.path.join(tmp, "uki.efi")
+    shutil.copyfile(A.uki2, uki)
+    other = os.path.join(tmp, "other.kimg")
+    rc, out = run([A.kimage, "sign", "--key", key, "--version", "2", "--part", "uki=" + uki, "--out", other])
+    rc, out = run([A.flash, "update", other, work])
+    check("tamper: a bundle signed by another key is refused", rc == 1 and "bad signature" in out, out)
+    check("tamper: the disk is unchanged after both refusals", sha(work) == before)
+    bad_disk = os.path.join(tmp, "bad-disk.img")
+    shutil.copyfile(A.disk, bad_disk)
+    with open(bad_disk, "r+b") as f:  # slot a starts at 65 MiB; its UKI 4 KiB later
+        f.seek((65 << 20) + 4096 + 5000)
+        b = f.read(1)
+        f.seek((65 << 20) + 4096 + 5000)
+        f.write(bytes([b[0] ^ 0x80]))
+    target = os.path.join(tmp, "never.img")
+    rc, out = run([A.flash, "install", bad_disk, target])
+    check("tamper: installing a disk image with a changed slot is refused, nothing written",
+          rc == 1 and not os.path.exists(target), out)
+    os.unlink(bad_disk)
+
+
+def main():
+    global A
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(bt.ROOT, "build"))
+    ap.add_argument("--log-dir", default=None)
+    ap.add_argument("--ready-timeout", type=int, default=240)
+    ap.add_argument("--gen-timeout", type=int, default=240)
+    ap.add_argument("--fail-timeout", type=int, default=300)
+    A = ap.parse_args()
+    b = A.build
+    A.disk, A.v2, A.v3 = (os.path.join(b, "disk", n) for n in ("kiln.img", "kiln-v2.kimg", "kiln-v3.kimg"))
+    A.uki2 = os.path.join(b, "disk", "uki-v2.efi")
+    A.flash, A.kimage = os.path.join(b, "gnu", "kiln-flash"), os.path.join(b, "gnu", "kiln-image")
+    A.ca, A.tokens = os.path.join(b, "image", "tls", "ca.crt"), os.path.join(b, "image", "tokens.txt")
+    A.log_dir = A.log_dir or os.path.join(b, "test-logs")
+    for f in (A.disk, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
+        if not os.path.exists(f):
+            print("disk_test: %s is missing (make test-disk builds it)" % f, file=sys.stderr)
+            return 2
+    os.makedirs(A.log_dir, exist_ok=True)
+    # boot_test's Guest and gen read their settings from its A.
+    bt.A = types.SimpleNamespace(cmdline="", accel=None, kernel="", ca=A.ca, poweroff_timeout=60)
+    bt.signal.signal(bt.signal.SIGTERM, lambda *_: sys.exit(143))
+    tmp = tempfile.mkdtemp(prefix="kiln-disk-test-")
+    work = os.path.join(tmp, "disk.img")
+    shutil.copyfile(A.disk, work)
+    os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "ovmf-vars.fd")
+    guests = []
+    try:
+        tamper(work, tmp)
+
+        g = boot("v1", work, A.log_dir); guests.append(g)
+        try:
+            ready(g, "boot 1 (v1)")
+            version_is(g, "boot 1", "a", 1)
+            one_gen(g, "boot 1", "1")
+            bt.poweroff(g, "boot 1: `poweroff` ends QEMU with status 0")
+        except Abort:
+            pass
+        g.kill()
+
+        rc, out = run([A.flash, "update", A.v2, work])
+        check("kiln-flash update v2 into slot b", rc == 0 and "slot b" in out and "kiln-b+3.efi" in out, out)
+        g = boot("v2", work, A.log_dir); guests.append(g)
+        try:
+            ready(g, "boot 2 (v2)")
+            m = g.wait(r"kiln: slot b \(version 2\) is healthy: blessed", 30)
+            check("boot 2: version 2 is blessed once healthy", m is not None, "\n" + tail(g, 25))
+            version_is(g, "boot 2", "b", 2)
+            one_gen(g, "boot 2", "2")
+            bt.poweroff(g, "boot 2: `poweroff` ends QEMU with status 0")
+        except Abort:
+            pass
+        g.kill()
+        rc, out = run([A.flash, "status", work])
+        check("after boot 2: slot b's entry is blessed (kiln-b.efi)", rc == 0 and "boot entry kiln-b.efi" in out, out)
+
+        rc, out = run([A.flash, "update", A.v3, work, "--tries", "2"])
+        check("kiln-flash update v3 (never healthy) into slot a, 2 tries", rc == 0 and "slot a" in out, out)
+        for n in (1, 2):
+            g = boot("v3-try%d" % n, work, A.log_dir); guests.append(g)
+            m = g.wait(r"slot a \(version 3\) on trial is not healthy", A.fail_timeout)
+            check("boot %d (v3, try %d): not healthy, reboots for its next try" % (2 + n, n), m is not None, "\n" + tail(g, 25))
+            rc = g.exited(120)
+            check("boot %d: the reboot ends QEMU (-no-reboot)" % (2 + n), rc is not None, "still running")
+            g.kill()
+        g = boot("rollback", work, A.log_dir); guests.append(g)
+        try:
+            m = g.wait(r"kiln: ROLLBACK: ([^\n]*)\n", A.ready_timeout)
+            check("boot 5: the console says ROLLBACK to version 2", m is not None and "back on slot b (version 2)" in m.group(1),
+                  "\n" + tail(g, 25))
+            if m:
+                say("boot 5: %s" % m.group(1))
+            ready(g, "boot 5 (rollback)")
+            version_is(g, "boot 5", "b", 2)
+            bt.poweroff(g, "boot 5: `poweroff` ends QEMU with status 0")
+        except Abort:
+            pass
+        g.kill()
+    finally:
+        for g in guests:
+            g.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    say("%s (%d failed)" % ("PASS" if not bt.FAILED else "FAIL", len(bt.FAILED)))
+    return 1 if bt.FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
