@@ -1,6 +1,7 @@
-/* quant_amx: the AMX level (AVX-512 plus AMX-INT8 tiles): Q4_1 x Q8_1, the default
- * model's layers, for dot, rows and tile alike. Named *_avx512.c so the build gives it
- * the AVX-512 flags; the AMX ones come from the pragma below.
+/* quant_amx: AVX-512 plus AMX-INT8 tiles: Q4_1 x Q8_1 (the default model's layers) and
+ * Q8_0 x Q8_0 (its tied output matrix: the logits), for dot, rows and tile alike. Named
+ * *_avx512.c so the build gives it the AVX-512 flags; the AMX ones come from the pragma
+ * below.
  *
  * Why AMX: in a batched step the 512-bit VNNI tile spends ~4 vector ops per (row,
  * column, block pair) on int->float conversion, scale and accumulation. One tdpbsud
@@ -24,6 +25,14 @@
 #include <string.h>
 
 #define AMX_KB 32 /* blocks whose B tiles are built at once (16 KB, stays in L1) */
+/* Tokens from which the tile path pays for its B tiles (one token: the AVX-512 path). */
+#define AMX_MIN_NC 2
+
+/* The two weight types: Q4_1 x Q8_1 (unsigned nibbles, a min term) and Q8_0 x Q8_0. */
+enum { AMX_Q4_1, AMX_Q8_0 };
+static inline size_t amx_wb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q4_1) : sizeof(blk_q8_0); }
+static inline size_t amx_xb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q8_1) : sizeof(blk_q8_0); }
+static inline size_t amx_xq(const int k) { return k == AMX_Q4_1 ? 4 : 2; } /* qs offset */
 
 /* palette 1: tiles 0/3 C (mt x 16 int32), 1/4 A (mt x 32 bytes), 2/5 B (8 x 64 bytes). */
 typedef struct {
@@ -46,80 +55,120 @@ static void amx_config(int mt) {
         c.rows[t + 1] = (uint8_t)mt, c.colsb[t + 1] = 32;
         c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
     }
-    _tile_loadconfig(&c);
+    /* inline asm with the whole struct as operand: gcc 12 drops the stores to rows and
+     * colsb before _tile_loadconfig (it does not see the builtin read 64 bytes) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(c) : "memory");
     amx_mt = mt;
 }
 
-/* B tiles and [d, m] for nb blocks of 16 weight rows (row offsets idx: rows past nr
- * repeat the last one, their results are dropped). */
-static void amx_build_b(const uint8_t *w, __m512i idx, int nb, uint8_t (*B)[512],
-                        float (*wd)[16], float (*wm)[16]) {
+/* ---------------------------------------------------------------- B tiles */
+
+/* 16 bytes at offset o of the 16 rows r[0..15] -> v[j] (j < 4): dword n = row n's
+ * dword j. Four rows per vector (one per 128-bit lane), a 4x4 dword transpose inside
+ * each, then a 4x4 transpose of 128-bit lanes across the four. */
+static inline void amx_transpose16(const uint8_t *const *r, size_t o, __m512i v[4]) {
+    const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i t[4];
+    for (int g = 0; g < 4; g++) {
+        const uint8_t *const *q = r + 4 * g;
+        __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q[0] + o)));
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(q[1] + o)), 1);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(q[2] + o)), 2);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(q[3] + o)), 3);
+        t[g] = _mm512_permutexvar_epi32(tr, z); /* lane j: rows 4g..4g+3, dword j */
+    }
+    __m512i u0 = _mm512_shuffle_i32x4(t[0], t[1], 0x44), u1 = _mm512_shuffle_i32x4(t[0], t[1], 0xEE);
+    __m512i u2 = _mm512_shuffle_i32x4(t[2], t[3], 0x44), u3 = _mm512_shuffle_i32x4(t[2], t[3], 0xEE);
+    v[0] = _mm512_shuffle_i32x4(u0, u2, 0x88), v[1] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
+    v[2] = _mm512_shuffle_i32x4(u1, u3, 0x88), v[3] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
+}
+
+/* B tiles and d (and Q4_1's m) for nb blocks of 16 weight rows r[] (rows past nr repeat
+ * the last one; their results are dropped). idx: the rows' byte offsets from r[0]. */
+static inline void amx_build_b(const int kind, const uint8_t *const *r, __m512i idx, int nb,
+                               uint8_t (*B)[512], float (*wd)[16], float (*wm)[16]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *p = w + (size_t)b * sizeof(blk_q4_1);
-        __m512i dm = _mm512_i32gather_epi32(idx, p, 1);
+        const size_t o = (size_t)b * amx_wb(kind);
+        __m512i dm = _mm512_i32gather_epi32(idx, r[0] + o, 1), v[4];
         _mm512_storeu_ps(wd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
-        _mm512_storeu_ps(wm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
-        for (int j = 0; j < 4; j++) { /* qs dword j: elements 4j.. (low), 16+4j.. (high) */
-            __m512i q = _mm512_i32gather_epi32(idx, p + 4 + 4 * j, 1);
-            _mm512_storeu_si512(B[b] + 64 * j, _mm512_and_si512(q, m4));
-            _mm512_storeu_si512(B[b] + 64 * (j + 4), _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+        if (kind == AMX_Q4_1) {
+            _mm512_storeu_ps(wm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
+            amx_transpose16(r, o + 4, v); /* qs dword j: elements 4j.. low, 16+4j.. high */
+            for (int j = 0; j < 4; j++) {
+                _mm512_storeu_si512(B[b] + 64 * j, _mm512_and_si512(v[j], m4));
+                _mm512_storeu_si512(B[b] + 64 * (j + 4), _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m4));
+            }
+        } else {
+            for (int h = 0; h < 2; h++) {
+                amx_transpose16(r, o + 2 + 16 * h, v);
+                for (int j = 0; j < 4; j++) _mm512_storeu_si512(B[b] + 64 * (4 * h + j), v[j]);
+            }
         }
     }
 }
 
-/* The float step for one block of mt tokens: s[c] (lanes = rows) as defined above. */
-static inline void amx_epilogue(const int32_t (*C)[16], int mt, const uint8_t *x, size_t xs,
-                                const float *wd, const float *wm, __m512 *s) {
-    const __m512 vd = _mm512_loadu_ps(wd), vm = _mm512_loadu_ps(wm);
+/* ---------------------------------------------------------------- tiles */
+
+/* The float step for one block of mt tokens at x: s[c] (lanes = rows) as defined above. */
+static inline __attribute__((always_inline)) void
+amx_epilogue(const int kind, const int32_t (*C)[16], const int mt, const uint8_t *x,
+             size_t xs, const float *wd, const float *wm, __m512 *s) {
+    const __m512 vd = _mm512_loadu_ps(wd);
+    const __m512 vm = kind == AMX_Q4_1 ? _mm512_loadu_ps(wm) : _mm512_setzero_ps();
+#pragma GCC unroll 16
     for (int c = 0; c < mt; c++) {
         int h;
         memcpy(&h, x + (size_t)c * xs, 4);
-        __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(h)); /* d_x, s_x */
+        __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(kind == AMX_Q4_1 ? h : h & 0xFFFF));
         __m512 fi = _mm512_cvtepi32_ps(_mm512_loadu_si512(C[c]));
-        __m512 p = _mm512_mul_ps(vd, _mm512_broadcastss_ps(ds));
-        s[c] = _mm512_fmadd_ps(fi, p, s[c]);
-        s[c] = _mm512_fmadd_ps(vm, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), s[c]);
+        s[c] = _mm512_fmadd_ps(fi, _mm512_mul_ps(vd, _mm512_broadcastss_ps(ds)), s[c]);
+        if (kind == AMX_Q4_1)
+            s[c] = _mm512_fmadd_ps(vm, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), s[c]);
     }
 }
 
+/* One block's C tile (tiles tc, ta, tb: literals, the intrinsics paste them into the
+ * instruction) for mt tokens into C. */
+#define AMX_BLOCK(kind, tc, ta, tb, xp, xs, Bp, C)                                   \
+    do {                                                                             \
+        _tile_zero(tc);                                                              \
+        _tile_loadd(ta, (xp) + amx_xq(kind), (long)(xs));                            \
+        _tile_loadd(tb, Bp, 64);                                                     \
+        if (kind == AMX_Q4_1) _tile_dpbsud(tc, ta, tb);                              \
+        else _tile_dpbssd(tc, ta, tb);                                               \
+        _tile_stored(tc, C, 64);                                                     \
+    } while (0)
+
 /* Blocks [b0, b0+kb) of one 16-row group for mt (<= 16) tokens at x, accumulated into
  * out (s starts at 0 when first). Two tile sets take even and odd blocks so one block's
- * tile work overlaps the other's float step. */
-static void amx_cols(const uint8_t (*B)[512], const float (*wd)[16], const float (*wm)[16],
-                     int b0, int kb, const uint8_t *x, size_t xs, int mt, float *out,
-                     size_t os, __mmask16 keep, int first) {
+ * tile work overlaps the other's float step. mt is a constant (16) for whole tiles, so
+ * the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+amx_cols(const int kind, const uint8_t (*B)[512], const float (*wd)[16],
+         const float (*wm)[16], int b0, int kb, const uint8_t *x, size_t xs, const int mt,
+         float *out, size_t os, __mmask16 keep, int first) {
     int32_t C0[16][16], C1[16][16];
     __m512 s[16];
-    for (int c = 0; c < mt; c++)
-        s[c] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
+        s[c] = first || c >= mt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
     amx_config(mt);
-    const size_t xb = sizeof(blk_q8_1);
+    const size_t xb = amx_xb(kind);
     int b = 0;
     for (; b + 2 <= kb; b += 2) {
         const uint8_t *x0 = x + (size_t)(b0 + b) * xb;
-        _tile_zero(0);
-        _tile_zero(3);
-        _tile_loadd(1, x0 + 4, (long)xs);
-        _tile_loadd(2, B[b], 64);
-        _tile_loadd(4, x0 + xb + 4, (long)xs);
-        _tile_loadd(5, B[b + 1], 64);
-        _tile_dpbsud(0, 1, 2);
-        _tile_dpbsud(3, 4, 5);
-        _tile_stored(0, C0, 64);
-        _tile_stored(3, C1, 64);
-        amx_epilogue((const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
-        amx_epilogue((const int32_t (*)[16])C1, mt, x0 + xb, xs, wd[b + 1], wm[b + 1], s);
+        AMX_BLOCK(kind, 0, 1, 2, x0, xs, B[b], C0);
+        AMX_BLOCK(kind, 3, 4, 5, x0 + xb, xs, B[b + 1], C1);
+        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
+        amx_epilogue(kind, (const int32_t (*)[16])C1, mt, x0 + xb, xs, wd[b + 1], wm[b + 1], s);
     }
     if (b < kb) {
         const uint8_t *x0 = x + (size_t)(b0 + b) * xb;
-        _tile_zero(0);
-        _tile_loadd(1, x0 + 4, (long)xs);
-        _tile_loadd(2, B[b], 64);
-        _tile_dpbsud(0, 1, 2);
-        _tile_stored(0, C0, 64);
-        amx_epilogue((const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
+        AMX_BLOCK(kind, 0, 1, 2, x0, xs, B[b], C0);
+        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
     }
+#pragma GCC unroll 16
     for (int c = 0; c < mt; c++) _mm512_mask_storeu_ps(out + (size_t)c * os, keep, s[c]);
 }
 
@@ -136,95 +185,164 @@ static inline __m512i amx_hsum4x4(__m512i a, __m512i b, __m512i c, __m512i d) {
     return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
 }
 
-/* 16 raw qs bytes of 4 rows (r[0], r[4], r[8], r[12]: one per 128-bit lane) at offset o. */
-static inline __m512i amx_load4(const uint8_t *const *r, size_t o) {
-    __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + o)));
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(r[4] + o)), 1);
-    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(r[8] + o)), 2);
-    return _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(r[12] + o)), 3);
+/* Row l of a 16-row group. A whole group (uni) is evenly spaced: row 4j+k is at
+ * r[k] + g4[j] (g4 = 0, 4, 8, 12 row strides), which needs 7 registers where 16
+ * pointers spill; a last partial group goes through r[l] (rows past nr repeat the
+ * last one). */
+static inline __attribute__((always_inline)) const uint8_t *
+amx_row(const int uni, const uint8_t *const *r, const size_t *g4, int l) {
+    return uni ? r[l & 3] + g4[l >> 2] : r[l];
 }
 
-/* Rows r0.. (nrow <= 16; lane l is row min(l, nrow-1)) against one activation row. */
-static void amx_col(int nb, const uint8_t *w, size_t ws, int nrow, const uint8_t *x,
-                    float *out) {
-    const uint8_t *rp[16];
-    for (int l = 0; l < 16; l++) rp[l] = w + (size_t)(l < nrow ? l : nrow - 1) * ws;
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(nrow - 1)),
-        _mm512_set1_epi32((int)ws));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* 16 bytes at offset o of rows k, 4+k, 8+k, 12+k (one per 128-bit lane). */
+static inline __attribute__((always_inline)) __m512i
+amx_load4(const int uni, const uint8_t *const *r, const size_t *g4, int k, size_t o) {
+    __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(amx_row(uni, r, g4, k) + o)));
+    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(amx_row(uni, r, g4, 4 + k) + o)), 1);
+    q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(amx_row(uni, r, g4, 8 + k) + o)), 2);
+    return _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(amx_row(uni, r, g4, 12 + k) + o)), 3);
+}
+
+/* 32 bytes at offset o of rows lo (low half) and hi (high half). */
+static inline __attribute__((always_inline)) __m512i
+amx_load2(const int uni, const uint8_t *const *r, const size_t *g4, int lo, int hi, size_t o) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(amx_row(uni, r, g4, lo) + o))),
+        _mm256_loadu_si256((const __m256i *)(amx_row(uni, r, g4, hi) + o)), 1);
+}
+
+/* The exact int dot of block o of 16 rows with the activation block's qs xq; lane l =
+ * row l. Q4_1: 16 packed bytes a row, four rows per vector (one per 128-bit lane),
+ * against x's halves broadcast. Q8_0: 32 bytes a row, two per vector (rows 8j+k and
+ * 8j+4+k in vector 2k+j), made unsigned (w ^ 0x80 = w + 128) with 128*sum(x) taken
+ * off up front; a 128-bit lane shuffle-add first brings each row to 4 dwords. */
+static inline __attribute__((always_inline)) __m512i
+amx_col_idot(const int kind, const int uni, const uint8_t *const *r, const size_t *g4,
+             size_t o, const uint8_t *xq) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i p[4];
+    if (kind == AMX_Q4_1) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
+        __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) { /* lane g of p[k]: row 4g+k */
+            __m512i q = amx_load4(uni, r, g4, k, o + 4);
+            __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, xlo), hi, xhi);
+        }
+    } else {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xq));
+        __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, xv));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) { /* lane g of p[k]: row 4g+k */
+            __m512i a0 = _mm512_xor_si512(amx_load2(uni, r, g4, k, 4 + k, o + 2), flip);
+            __m512i a1 = _mm512_xor_si512(amx_load2(uni, r, g4, 8 + k, 12 + k, o + 2), flip);
+            a0 = _mm512_dpbusd_epi32(neg, a0, xv), a1 = _mm512_dpbusd_epi32(neg, a1, xv);
+            p[k] = _mm512_add_epi32(_mm512_shuffle_i32x4(a0, a1, 0x88), _mm512_shuffle_i32x4(a0, a1, 0xDD));
+        }
+    }
+    return amx_hsum4x4(p[0], p[1], p[2], p[3]);
+}
+
+/* Rows r[0..15] (past nrow: repeats, dropped) against one activation row x. Decode
+ * streams each weight once: fetch the same spot of the next 16 rows (ahead = 16 row
+ * strides, contiguous after these in a matrix; a prefetch past its end never faults)
+ * so memory latency overlaps compute. */
+static inline __attribute__((always_inline)) void
+amx_col(const int kind, const int uni, int nb, const uint8_t *const *r, size_t ws,
+        __m512i idx, int nrow, const uint8_t *x, float *out, size_t ahead) {
+    const size_t g4[4] = {0, 4 * ws, 8 * ws, 12 * ws};
     __m512 s = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *xb = x + (size_t)b * sizeof(blk_q8_1);
-        const size_t o = (size_t)b * sizeof(blk_q4_1);
-        __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xb + 4)));
-        __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xb + 20)));
-        __m512i acc[4];
-        for (int k = 0; k < 4; k++) { /* lane g of acc[k]: row 4g+k */
-            __m512i q = amx_load4(rp + k, o + 4);
-            __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            acc[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo), hi, xhi);
-        }
-        __m512 fi = _mm512_cvtepi32_ps(amx_hsum4x4(acc[0], acc[1], acc[2], acc[3]));
-        __m512i dm = _mm512_i32gather_epi32(idx, w + o, 1);
+        const uint8_t *xb = x + (size_t)b * amx_xb(kind);
+        const size_t o = (size_t)b * amx_wb(kind);
+        if (ahead && (o & 63) < amx_wb(kind)) /* once per cache line a block starts in */
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++)
+                _mm_prefetch((const char *)amx_row(uni, r, g4, l) + o + ahead, _MM_HINT_T0);
+        __m512 fi = _mm512_cvtepi32_ps(amx_col_idot(kind, uni, r, g4, o, xb + amx_xq(kind)));
+        __m512i dm = _mm512_i32gather_epi32(idx, r[0] + o, 1);
         __m512 vd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-        __m512 vm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
         int h;
         memcpy(&h, xb, 4);
-        __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+        __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(kind == AMX_Q4_1 ? h : h & 0xFFFF));
         s = _mm512_fmadd_ps(fi, _mm512_mul_ps(vd, _mm512_broadcastss_ps(ds)), s);
-        s = _mm512_fmadd_ps(vm, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), s);
+        if (kind == AMX_Q4_1) {
+            __m512 vm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+            s = _mm512_fmadd_ps(vm, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), s);
+        }
     }
     _mm512_mask_storeu_ps(out, (__mmask16)((1u << nrow) - 1), s);
 }
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* Tokens from which the tile path pays for its B tiles (measured: see BENCHMARKS.md). */
-#define AMX_MIN_NC 2
-
-static void amx_q41_tile(int64_t n, const void *w, size_t ws, int nr, const void *x,
-                         size_t xs, int nc, float *out, size_t os) {
+static inline __attribute__((always_inline)) void
+amx_tile(const int kind, int64_t n, const void *w, size_t ws, int nr, const void *x,
+         size_t xs, int nc, float *out, size_t os) {
     const int nb = (int)(n / QK4);
     const uint8_t *W = w, *X = x;
-    if (nc < AMX_MIN_NC) {
-        for (int c = 0; c < nc; c++)
-            for (int r = 0; r < nr; r += 16)
-                amx_col(nb, W + (size_t)r * ws, ws, nr - r < 16 ? nr - r : 16,
-                        X + (size_t)c * xs, out + (size_t)c * os + r);
-        return;
-    }
     uint8_t B[AMX_KB][512] __attribute__((aligned(64)));
     float wd[AMX_KB][16], wm[AMX_KB][16];
     for (int r = 0; r < nr; r += 16) {
         int nrow = nr - r < 16 ? nr - r : 16;
+        const uint8_t *rp[16];
+        for (int l = 0; l < 16; l++) rp[l] = W + (size_t)(r + (l < nrow ? l : nrow - 1)) * ws;
         __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(nrow - 1)),
                                          _mm512_set1_epi32((int)ws));
         __mmask16 keep = (__mmask16)((1u << nrow) - 1);
+        if (nc < AMX_MIN_NC) {
+            for (int c = 0; c < nc; c++) {
+                const uint8_t *xc = X + (size_t)c * xs;
+                float *oc = out + (size_t)c * os + r;
+                if (nrow == 16) amx_col(kind, 1, nb, rp, ws, idx, 16, xc, oc, 16 * ws);
+                else amx_col(kind, 0, nb, rp, ws, idx, nrow, xc, oc, 0);
+            }
+            continue;
+        }
         for (int b0 = 0; b0 < nb; b0 += AMX_KB) {
             int kb = nb - b0 < AMX_KB ? nb - b0 : AMX_KB;
-            amx_build_b(W + (size_t)r * ws + (size_t)b0 * sizeof(blk_q4_1), idx, kb, B, wd, wm);
-            for (int c = 0; c < nc; c += 16)
-                amx_cols((const uint8_t (*)[512])B, (const float (*)[16])wd,
-                         (const float (*)[16])wm, b0, kb, X + (size_t)c * xs, xs,
-                         nc - c < 16 ? nc - c : 16, out + (size_t)c * os + r, os, keep, b0 == 0);
+            const uint8_t *rb[16];
+            for (int l = 0; l < 16; l++) rb[l] = rp[l] + (size_t)b0 * amx_wb(kind);
+            amx_build_b(kind, rb, idx, kb, B, wd, wm);
+            const uint8_t (*cB)[512] = (const uint8_t (*)[512])B;
+            const float (*cd)[16] = (const float (*)[16])wd, (*cm)[16] = (const float (*)[16])wm;
+            int c = 0;
+            for (; c + 16 <= nc; c += 16)
+                amx_cols(kind, cB, cd, cm, b0, kb, X + (size_t)c * xs, xs, 16,
+                         out + (size_t)c * os + r, os, keep, b0 == 0);
+            if (c < nc)
+                amx_cols(kind, cB, cd, cm, b0, kb, X + (size_t)c * xs, xs, nc - c,
+                         out + (size_t)c * os + r, os, keep, b0 == 0);
         }
     }
 }
-static void amx_q41_rows(int64_t n, const void *w, size_t ws, int nr, const void *x,
-                         float *out) {
-    amx_q41_tile(n, w, ws, nr, x, 0, 1, out, 0);
-}
-static float amx_q41_dot(int64_t n, const void *w, const void *x) {
-    float o;
-    amx_q41_tile(n, w, 0, 1, x, 0, 1, &o, 0);
-    return o;
-}
+
+#define AMX_DEFINE(name, kind)                                                         \
+    static void name##_tile(int64_t n, const void *w, size_t ws, int nr, const void *x, \
+                            size_t xs, int nc, float *out, size_t os) {                \
+        amx_tile(kind, n, w, ws, nr, x, xs, nc, out, os);                              \
+    }                                                                                  \
+    static void name##_rows(int64_t n, const void *w, size_t ws, int nr, const void *x, \
+                            float *out) {                                              \
+        amx_tile(kind, n, w, ws, nr, x, 0, 1, out, 0);                                 \
+    }                                                                                  \
+    static float name##_dot(int64_t n, const void *w, const void *x) {                 \
+        float o;                                                                       \
+        amx_tile(kind, n, w, 0, 1, x, 0, 1, &o, 0);                                    \
+        return o;                                                                      \
+    }
+AMX_DEFINE(amx_q41, AMX_Q4_1)
+AMX_DEFINE(amx_q80, AMX_Q8_0)
 
 void quant_register_amx(quant_kernels k[QT_COUNT]) {
     k[QT_Q4_1].dot = amx_q41_dot;
     k[QT_Q4_1].rows = amx_q41_rows;
     k[QT_Q4_1].tile = amx_q41_tile;
+    k[QT_Q8_0].dot = amx_q80_dot;
+    k[QT_Q8_0].rows = amx_q80_rows;
+    k[QT_Q8_0].tile = amx_q80_tile;
 }

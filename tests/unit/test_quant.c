@@ -303,9 +303,9 @@ static void test_batch_invariance(uint32_t type, int64_t n, int level) {
     free(f), free(w), free(x);
 }
 
-/* The AMX level's Q4_1 arithmetic in plain C (core/quant_amx_avx512.c): per block, the
- * exact int dot, then s = fma(i, d_w*d_x, s) and s = fma(m_w, s_x, s). fmaf is exact
- * (one rounding) however the compiler provides it, so this must match bit for bit. */
+/* The AMX arithmetic in plain C (core/quant_amx_avx512.c): per block, the exact int
+ * dot, then s = fma(i, d_w*d_x, s), and for Q4_1 s = fma(m_w, s_x, s). fmaf is exact
+ * (one rounding) however the compiler provides it, so these must match bit for bit. */
 static float q41_amx_mirror(int64_t n, const void *w, const void *x) {
     const blk_q4_1 *a = w;
     const blk_q8_1 *b = x;
@@ -320,14 +320,24 @@ static float q41_amx_mirror(int64_t n, const void *w, const void *x) {
     }
     return s;
 }
+static float q80_amx_mirror(int64_t n, const void *w, const void *x) {
+    const blk_q8_0 *a = w, *b = x;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int d = 0;
+        for (int k = 0; k < 32; k++) d += a[i].qs[k] * b[i].qs[k];
+        s = fmaf((float)d, quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d), s);
+    }
+    return s;
+}
 
-/* The AMX level's Q4_1 paths (one-column AVX-512 below AMX_MIN_NC tokens, AMX tiles of
+/* The AMX paths of a type (one-column AVX-512 below AMX_MIN_NC tokens, AMX tiles of
  * 16 tokens x 16 rows above, blocks in chunks of 32) for shapes past every edge: rows
- * 1..40 (row groups of 16 and their remainders), tokens 1..40 (the one-column path,
+ * 1..40 (whole row groups of 16 and partial ones), tokens 1..40 (the one-column path,
  * whole and partial 16-token tiles), block counts across the 32-block chunk. Every
  * value equals the C mirror bit for bit (so also every other shape's value for that
  * pair) and the reference dot within the usual tolerance. */
-static void test_amx_q41(void) {
+static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const void *)) {
     if (!quant_amx_max()) {
         printf("quant: no AMX here, the AMX tile test is skipped\n");
         return;
@@ -339,36 +349,36 @@ static void test_amx_q41(void) {
     int nrs[] = {1, 2, 15, 16, 17, 33, 40}, ncs[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 40};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
         int64_t n = blocks[bi] * 32;
-        size_t rs = quant_row_size(QT_Q4_1, n), xs = quant_row_size(QT_Q8_1, n);
+        size_t rs = quant_row_size(type, n), xs = quant_row_size(quant_traits_of(type)->dot_type, n);
         size_t wstride = rs + 20, xstride = xs + 36, ostride = NR + 5;
         float *f = malloc((size_t)n * 4), *tw = malloc((size_t)n * 4), *tx = malloc((size_t)n * 4);
         unsigned char *w = calloc(NR, wstride), *x = calloc(NC, xstride);
         float *want = malloc(sizeof(float) * NR * NC), *out = malloc(sizeof(float) * NC * ostride);
         for (int r = 0; r < NR; r++) {
             fill(f, n, 0.05f);
-            quant_quantize_ref(QT_Q4_1, f, w + r * wstride, n);
+            quant_quantize_ref(type, f, w + r * wstride, n);
         }
         for (int c = 0; c < NC; c++) {
             fill(f, n, 1.0f);
-            quant_quantize(QT_Q8_1, f, x + c * xstride, n);
+            quant_quantize(quant_traits_of(type)->dot_type, f, x + c * xstride, n);
         }
         int bad = 0, far = 0;
         for (int c = 0; c < NC; c++)
             for (int r = 0; r < NR; r++) {
                 const void *wr = w + r * wstride, *xc = x + c * xstride;
-                want[c * NR + r] = q41_amx_mirror(n, wr, xc);
-                float d = quant_dot(QT_Q4_1, n, wr, xc);
+                want[c * NR + r] = mirror(n, wr, xc);
+                float d = quant_dot(type, n, wr, xc);
                 bad += f2u(d) != f2u(want[c * NR + r]);
-                far += !close_dot(d, quant_dot_ref(QT_Q4_1, n, wr, xc),
-                                  abs_dot(QT_Q4_1, n, wr, xc, tw, tx));
+                far += !close_dot(d, quant_dot_ref(type, n, wr, xc),
+                                  abs_dot(type, n, wr, xc, tw, tx));
             }
-        CHECK(bad == 0 && far == 0, "amx q4_1 n=%lld dot: %d differ from the mirror, %d far "
-              "from the reference", (long long)n, bad, far);
+        CHECK(bad == 0 && far == 0, "amx %s n=%lld dot: %d differ from the mirror, %d far "
+              "from the reference", quant_traits_of(type)->name, (long long)n, bad, far);
         for (size_t i = 0; i < sizeof nrs / sizeof nrs[0]; i++)
             for (size_t j = 0; j < sizeof ncs / sizeof ncs[0]; j++) {
                 int nr = nrs[i], nc = ncs[j], r0 = NR - nr, c0 = NC - nc;
                 for (size_t k = 0; k < (size_t)NC * ostride; k++) out[k] = -12345.0f;
-                quant_dot_tile(QT_Q4_1, n, w + r0 * wstride, wstride, nr, x + c0 * xstride,
+                quant_dot_tile(type, n, w + r0 * wstride, wstride, nr, x + c0 * xstride,
                                xstride, nc, out, ostride);
                 bad = 0;
                 for (int c = 0; c < nc; c++)
@@ -377,8 +387,8 @@ static void test_amx_q41(void) {
                         bad += r < nr ? f2u(v) != f2u(want[(c0 + c) * NR + r0 + r])
                                       : v != -12345.0f; /* nothing written past nr */
                     }
-                CHECK(bad == 0, "amx q4_1 n=%lld tile %dx%d: %d differ from the mirror",
-                      (long long)n, nr, nc, bad);
+                CHECK(bad == 0, "amx %s n=%lld tile %dx%d: %d differ from the mirror",
+                      quant_traits_of(type)->name, (long long)n, nr, nc, bad);
             }
         free(f), free(tw), free(tx), free(w), free(x), free(want), free(out);
     }
@@ -543,7 +553,8 @@ int main(void) {
     test_traits();
     test_vectors("build/quant_vectors.bin");
     test_levels();
-    test_amx_q41();
+    test_amx(QT_Q4_1, q41_amx_mirror);
+    test_amx(QT_Q8_0, q80_amx_mirror);
     const char *b = getenv("QUANT_BENCH");
     if (b && *b == '1') bench();
     return check_done("quant");
