@@ -161,7 +161,7 @@ static void engine_kv8(const model *m, const tok_t *tok) {
     CHECK(e != NULL, "engine: %s", err);
     if (!e) goto out;
     CHECK(eng_set_kv8(e, 1) == 1, "rung 2 on");
-    enum { N = SLOW ? 4 : 12 };
+    enum { N = SLOW ? 8 : 12 };
     static eng_out out[N + 1];
     int32_t prompt[160];
     int64_t ids[N];
