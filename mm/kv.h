@@ -44,7 +44,9 @@
  *
  * Invariants the prefix cache rests on:
  *   1. An indexed block's contents never change: it holds exactly the KV of its token ids
- *      under its prefix. Writes go through kv_seq_cow (call it before writing ANY position,
+ *      under its prefix (kv_block_to_q8 lowers its precision, not what it holds; an
+ *      8-bit block keeps serving matches until it is evicted, also after the ladder has
+ *      stepped down). Writes go through kv_seq_cow (call it before writing ANY position,
  *      not only in shared blocks): a shared block is copied and the copy is not indexed;
  *      an unshared indexed block is dropped from the index before the write.
  *   2. Only full blocks are indexed. kv_seq_truncate into the middle of an indexed block
