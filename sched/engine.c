@@ -481,8 +481,11 @@ static void kv8_pass(engine *e) {
     e->kv8_fresh = 0;
 }
 
-/* A step in flight when rung 2 came on (a long prefill) has not let it act yet. */
-int eng_kv8_working(const engine *e) { return e->kv8 && (e->kv8_fresh || e->kv8_last > 0); }
+/* A step in flight when rung 2 came on (a long prefill) has not let it act yet; an idle
+ * engine runs no pass, so there is nothing to wait for. */
+int eng_kv8_working(const engine *e) {
+    return e->kv8 && (e->kv8_fresh ? e->busy : e->kv8_last > 0);
+}
 
 /* Running sequences beyond the effective batch give their blocks back, youngest first. */
 static void shrink_running(engine *e) {
