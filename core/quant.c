@@ -14,6 +14,9 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 /* ---------------------------------------------------------------- traits */
 
@@ -622,6 +625,16 @@ static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 
 /* Linux hands out AMX tile state only on request (it enlarges every context switch's
  * save area); the permission is per process, so once here covers every thread. */
+/* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8); clang's __builtin_cpu_supports
+ * does not know them. */
+static int amx_cpu(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
+#else
+    return 0;
+#endif
+}
 static int amx_permit(void) {
 #if defined(__x86_64__) && defined(SYS_arch_prctl)
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
@@ -641,8 +654,7 @@ static void simd_init(void) {
             __builtin_cpu_supports("avx512vnni"))
             max = QS_AVX512;
     }
-    int amx = max == QS_AVX512 && __builtin_cpu_supports("amx-tile") &&
-              __builtin_cpu_supports("amx-int8");
+    int amx = max == QS_AVX512 && amx_cpu();
 #else
     int amx = 0;
 #endif

@@ -1,7 +1,7 @@
 /* quant_amx: AVX-512 plus AMX-INT8 tiles: Q4_1 x Q8_1 (the default model's layers) and
  * Q8_0 x Q8_0 (its tied output matrix: the logits), for dot, rows and tile alike. Named
- * *_avx512.c so the build gives it the AVX-512 flags; the AMX ones come from the pragma
- * below.
+ * *_avx512.c so the build gives it the AVX-512 flags; the tile instructions are inline
+ * asm (below), which gcc and clang (the fuzz build) both take without AMX flags.
  *
  * Why AMX: in a batched step the 512-bit VNNI tile spends ~4 vector ops per (row,
  * column, block pair) on int->float conversion, scale and accumulation. One tdpbsud
@@ -18,7 +18,6 @@
  * Tiles: A = 16 tokens x 32 int8 (the Q8_1 blocks' qs, loaded in place with the row
  * stride), B = the 16 weight rows in VNNI order (B[j][4n+t] = weight n, element
  * 4j+t: gathered and unpacked here), C = 16 tokens x 16 rows of int32. */
-#pragma GCC target("amx-tile,amx-int8")
 #include "core/quant_kern.h"
 
 #include <immintrin.h>
@@ -33,6 +32,16 @@ enum { AMX_Q4_1, AMX_Q8_0 };
 static inline size_t amx_wb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q4_1) : sizeof(blk_q8_0); }
 static inline size_t amx_xb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q8_1) : sizeof(blk_q8_0); }
 static inline size_t amx_xq(const int k) { return k == AMX_Q4_1 ? 4 : 2; } /* qs offset */
+
+/* Tile instructions (t: a tile number literal, pasted into the instruction). Loads and
+ * stores clobber memory so the compiler keeps C reads after tilestored. */
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define AMX_LOAD(t, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(base), "r"((long)(stride)) : "memory")
+#define AMX_STORE(t, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(base), "r"((long)(stride)) : "memory")
+#define AMX_DPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define AMX_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
 /* palette 1: tiles 0/3 C (mt x 16 int32), 1/4 A (mt x 32 bytes), 2/5 B (8 x 64 bytes). */
 typedef struct {
@@ -55,8 +64,8 @@ static void amx_config(int mt) {
         c.rows[t + 1] = (uint8_t)mt, c.colsb[t + 1] = 32;
         c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
     }
-    /* inline asm with the whole struct as operand: gcc 12 drops the stores to rows and
-     * colsb before _tile_loadconfig (it does not see the builtin read 64 bytes) */
+    /* the whole struct as operand: with gcc 12's _tile_loadconfig the stores to rows
+     * and colsb were dropped (it did not see the 64 bytes read) */
     __asm__ volatile("ldtilecfg %0" : : "m"(c) : "memory");
     amx_mt = mt;
 }
@@ -128,16 +137,15 @@ amx_epilogue(const int kind, const int32_t (*C)[16], const int mt, const uint8_t
     }
 }
 
-/* One block's C tile (tiles tc, ta, tb: literals, the intrinsics paste them into the
- * instruction) for mt tokens into C. */
+/* One block's C tile (tiles tc, ta, tb: literals) for mt tokens into C. */
 #define AMX_BLOCK(kind, tc, ta, tb, xp, xs, Bp, C)                                   \
     do {                                                                             \
-        _tile_zero(tc);                                                              \
-        _tile_loadd(ta, (xp) + amx_xq(kind), (long)(xs));                            \
-        _tile_loadd(tb, Bp, 64);                                                     \
-        if (kind == AMX_Q4_1) _tile_dpbsud(tc, ta, tb);                              \
-        else _tile_dpbssd(tc, ta, tb);                                               \
-        _tile_stored(tc, C, 64);                                                     \
+        AMX_ZERO(tc);                                                                \
+        AMX_LOAD(ta, (xp) + amx_xq(kind), xs);                                       \
+        AMX_LOAD(tb, Bp, 64);                                                        \
+        if (kind == AMX_Q4_1) AMX_DPBSUD(tc, ta, tb);                                \
+        else AMX_DPBSSD(tc, ta, tb);                                                 \
+        AMX_STORE(tc, C, 64);                                                        \
     } while (0)
 
 /* Blocks [b0, b0+kb) of one 16-row group for mt (<= 16) tokens at x, accumulated into
