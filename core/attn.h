@@ -2,7 +2,9 @@
  * one KV head (GQA), with an online softmax (running max and sum per query), so a
  * sequence's blocks can be visited one at a time through its page table.
  *
- * K and V rows are f16 [n][head_dim]. A plain C reference sits beside SIMD paths
+ * K and V rows are f16 [n][head_dim], or int8 with one scale for all of K and one for
+ * all of V (8-bit KV blocks, the degrade ladder's rung 2). A plain C reference sits
+ * beside SIMD paths
  * (AVX2, AVX-512) picked at run time from quant_simd(); tests/unit/test_attn.c
  * compares them. */
 #ifndef KILN_ATTN_H
@@ -28,6 +30,11 @@ void attn_init(attn_state *st, int g, int hd);
 /* Fold n keys/values into the state. q: [g][hd] f32, already scaled by 1/sqrt(hd). */
 void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
 void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
+/* The same over int8 K and V: key i is ks * K[i], value i is vs * V[i]. */
+void attn_block_q8(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
+                   float vs, int n);
+void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks,
+                       const int8_t *V, float vs, int n);
 /* out + j*out_stride receives query j's attention output. */
 void attn_finish(const attn_state *st, float *out, size_t out_stride);
 
@@ -36,5 +43,9 @@ void attn_finish(const attn_state *st, float *out, size_t out_stride);
 void attn_block_avx2(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
 void attn_block_avx512(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V,
                        int n);
+void attn_block_q8_avx2(attn_state *st, const float *q, const int8_t *K, float ks,
+                        const int8_t *V, float vs, int n);
+void attn_block_q8_avx512(attn_state *st, const float *q, const int8_t *K, float ks,
+                          const int8_t *V, float vs, int n);
 
 #endif

@@ -7,6 +7,7 @@
 #define VEC __m512
 #define W 16
 #define LOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOADB(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define SET1 _mm512_set1_ps
 #define ZERO _mm512_setzero_ps
 #define FMA _mm512_fmadd_ps
@@ -15,5 +16,6 @@
 #define STORE _mm512_storeu_ps
 #define HSUM _mm512_reduce_add_ps
 #define ATTN_FN attn_block_avx512
+#define ATTN_Q8_FN attn_block_q8_avx512
 
 #include "core/attn_simd.h"

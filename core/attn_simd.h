@@ -1,7 +1,10 @@
 /* attn_simd.h: the SIMD attention block, written once over a few vector macros and
  * included by attn_avx2.c (8 lanes) and attn_avx512.c (16 lanes). Each includer
- * defines: VEC (type), W (lanes), LOADH(p) (f16 → f32 vector), SET1, ZERO, FMA(a,b,c),
- * MUL, STORE, LOAD, HSUM(v), and the function name ATTN_FN. */
+ * defines: VEC (type), W (lanes), LOADH(p) (f16 → f32 vector), LOADB(p) (int8 → f32
+ * vector), SET1, ZERO, FMA(a,b,c), MUL, STORE, LOAD, HSUM(v), and the function names
+ * ATTN_FN (f16 K/V) and ATTN_Q8_FN (int8 K/V, a scale each). The body, in
+ * attn_simd_body.h, is included once per element type: the K scale multiplies each
+ * score, the V scale each softmax weight; for f16 both are 1, which changes no bit. */
 
 /* exp for x ≤ 0 (scores minus their running max): range-reduce by ln2, a degree-6
  * polynomial on [-ln2/2, ln2/2], scale by 2^k. Relative error ≈ 2e-7; 0 below -87. */
@@ -18,45 +21,21 @@ static inline void vexp_inplace(float *x, int n) {
     }
 }
 
+#define ATTN_BODY attn_body_f16
+#define ATTN_ELEM uint16_t
+#define ATTN_LOADE LOADH
+#include "core/attn_simd_body.h"
+
+#define ATTN_BODY attn_body_q8
+#define ATTN_ELEM int8_t
+#define ATTN_LOADE LOADB
+#include "core/attn_simd_body.h"
+
 void ATTN_FN(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
-    int g = st->g, hd = st->hd;
-    float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK];
-    float mx[ATTN_MAX_GROUP];
-    for (int j = 0; j < g; j++) mx[j] = st->m[j];
-    /* scores: each K row is converted once and dotted with every query of the group */
-    for (int i = 0; i < n; i++) {
-        VEC acc[ATTN_MAX_GROUP];
-        for (int j = 0; j < g; j++) acc[j] = ZERO();
-        for (int d = 0; d < hd; d += W) {
-            VEC k = LOADH(K + (size_t)i * hd + d);
-            for (int j = 0; j < g; j++) acc[j] = FMA(LOAD(q + j * hd + d), k, acc[j]);
-        }
-        for (int j = 0; j < g; j++) {
-            float dot = HSUM(acc[j]);
-            s[j][i] = dot;
-            if (dot > mx[j]) mx[j] = dot;
-        }
-    }
-    /* softmax weights under the new max; rescale what was accumulated before */
-    for (int j = 0; j < g; j++) {
-        float corr = st->m[j] == -__builtin_inff() ? 0.0f : __builtin_expf(st->m[j] - mx[j]);
-        for (int i = 0; i < n; i++) s[j][i] -= mx[j];
-        vexp_inplace(s[j], n);
-        float sum = 0.0f;
-        for (int i = 0; i < n; i++) sum += s[j][i];
-        st->l[j] = st->l[j] * corr + sum;
-        st->m[j] = mx[j];
-        VEC c = SET1(corr);
-        for (int d = 0; d < hd; d += W) STORE(st->acc + j * hd + d, MUL(LOAD(st->acc + j * hd + d), c));
-    }
-    /* values: each V row converted once, added into every query's output */
-    for (int i = 0; i < n; i++) {
-        for (int d = 0; d < hd; d += W) {
-            VEC v = LOADH(V + (size_t)i * hd + d);
-            for (int j = 0; j < g; j++) {
-                float *a = st->acc + j * hd + d;
-                STORE(a, FMA(SET1(s[j][i]), v, LOAD(a)));
-            }
-        }
-    }
+    attn_body_f16(st, q, K, 1.0f, V, 1.0f, n);
+}
+
+void ATTN_Q8_FN(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
+                float vs, int n) {
+    attn_body_q8(st, q, K, ks, V, vs, n);
 }

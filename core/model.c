@@ -441,15 +441,13 @@ static void att_task(void *ctx, int task, int n_tasks) {
     for (int i = 0; i < g * hd; i++) q[i] = qsrc[i] * scale;
     attn_state st;
     attn_init(&st, g, hd);
-    /* 8-bit blocks (the ladder's rung 2) are widened to f16 here, so one attention
-     * kernel serves both kinds */
-    static _Thread_local uint16_t k16[ATTN_MAX_BLOCK * ATTN_MAX_DIM], v16[ATTN_MAX_BLOCK * ATTN_MAX_DIM];
     for (int p0 = 0; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
         int n = n_pos - p0 < bs ? n_pos - p0 : bs;
-        if (kv_is_q8(j->kv, blk)) {
-            kv_q8_read(j->kv, blk, j->layer, kvh, n, k16, v16);
-            attn_block(&st, q, k16, v16, n);
+        if (kv_is_q8(j->kv, blk)) { /* an 8-bit block (the ladder's rung 2) */
+            const kv_pool *kv = j->kv;
+            attn_block_q8(&st, q, kv_q8_slab(kv, blk, j->layer, 0, kvh), kv_q8_scale(kv, blk, j->layer, 0, kvh),
+                          kv_q8_slab(kv, blk, j->layer, 1, kvh), kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
             continue;
         }
         attn_block(&st, q, kv_k(j->kv, blk, j->layer, kvh), kv_v(j->kv, blk, j->layer, kvh), n);

@@ -1,5 +1,6 @@
 /* test_attn: the SIMD attention blocks against the plain C reference, and the
- * reference against a direct two-pass softmax over all keys. */
+ * reference against a direct two-pass softmax over all keys; the int8 blocks (8-bit KV)
+ * against the f16 reference over the same values, and their SIMD paths against theirs. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,19 @@ static void blocked(block_fn fn, const float *q, int g, int hd, const uint16_t *
     for (int p = 0; p < n; p += bs) {
         int m = n - p < bs ? n - p : bs;
         fn(&st, q, K + (size_t)p * hd, V + (size_t)p * hd, m);
+    }
+    attn_finish(&st, out, (size_t)hd);
+}
+
+typedef void (*block_q8_fn)(attn_state *, const float *, const int8_t *, float, const int8_t *,
+                            float, int);
+static void blocked_q8(block_q8_fn fn, const float *q, int g, int hd, const int8_t *K, float ks,
+                       const int8_t *V, float vs, int n, int bs, float *out) {
+    static attn_state st;
+    attn_init(&st, g, hd);
+    for (int p = 0; p < n; p += bs) {
+        int m = n - p < bs ? n - p : bs;
+        fn(&st, q, K + (size_t)p * hd, ks, V + (size_t)p * hd, vs, m);
     }
     attn_finish(&st, out, (size_t)hd);
 }
@@ -91,6 +105,30 @@ int main(void) {
                         CHECK(max_rel(got, ref, g * hd) < 1e-4f, "avx512: hd %d g %d n %d err %g",
                               hd, g, n, max_rel(got, ref, g * hd));
                     }
+                    /* int8 K/V with a scale each: the reference against the f16 path
+                     * over the same values (exact in f16), then each SIMD level */
+                    int8_t *K8 = malloc((size_t)(n * hd)), *V8 = malloc((size_t)(n * hd));
+                    float ks = 1.0f / 64, vs = 1.0f / 32;
+                    for (int i = 0; i < n * hd; i++) {
+                        K8[i] = (int8_t)((int)(frand() * 127.0f)), V8[i] = (int8_t)((int)(frand() * 127.0f));
+                        K[i] = quant_f32_to_f16(K8[i] * ks), V[i] = quant_f32_to_f16(V8[i] * vs);
+                    }
+                    blocked(attn_block_ref, q, g, hd, K, V, n, bs, ref);
+                    blocked_q8(attn_block_q8_ref, q, g, hd, K8, ks, V8, vs, n, bs, got);
+                    CHECK(max_rel(got, ref, g * hd) < 1e-5f, "q8 ref vs f16 ref: hd %d g %d n %d err %g",
+                          hd, g, n, max_rel(got, ref, g * hd));
+                    float *simd = malloc(sizeof(float) * (size_t)(g * hd));
+                    if (levels >= QS_AVX2) {
+                        blocked_q8(attn_block_q8_avx2, q, g, hd, K8, ks, V8, vs, n, bs, simd);
+                        CHECK(max_rel(simd, got, g * hd) < 1e-4f, "q8 avx2: hd %d g %d n %d err %g",
+                              hd, g, n, max_rel(simd, got, g * hd));
+                    }
+                    if (levels >= QS_AVX512) {
+                        blocked_q8(attn_block_q8_avx512, q, g, hd, K8, ks, V8, vs, n, bs, simd);
+                        CHECK(max_rel(simd, got, g * hd) < 1e-4f, "q8 avx512: hd %d g %d n %d err %g",
+                              hd, g, n, max_rel(simd, got, g * hd));
+                    }
+                    free(K8), free(V8), free(simd);
                     free(q), free(K), free(V), free(ref), free(got);
                 }
     return check_done("attn");
