@@ -66,6 +66,12 @@ static void on_line(void *arg, const char *line) {
     ctl *c = arg;
     if (util_starts(line, "HB ") || !strcmp(line, "HB")) {
         c->on_event(c->ev_arg, CTL_EV_HB, strtod(line + 2, NULL));
+        const char *sv = strstr(line, " served=");
+        if (sv) {
+            char *end;
+            double k = strtod(sv + 8, &end);
+            if (end != sv + 8 && k >= 0 && k < 1e18) c->on_event(c->ev_arg, CTL_EV_SERVED, k);
+        }
         return;
     }
     if (util_starts(line, "READY")) {

@@ -1,7 +1,8 @@
 /* ctl: kiln-init's client of kilnd's control socket (a unix stream socket kilnd listens
  * on, /run/kiln/ctl.sock). Line-based:
- *   kilnd -> init, unsolicited: "HB <n>" every 500 ms from kilnd's loop; "READY <s>" once
- *                                kilnd serves.
+ *   kilnd -> init, unsolicited: "HB <n> served=<k>" every 500 ms from kilnd's loop (k: GENs
+ *                                finished by stop or length; an older kilnd sends "HB <n>");
+ *                                "READY <s>" once kilnd serves.
  *   init -> kilnd: one command line; kilnd answers zero or more lines, then ".". HB lines
  *                  may come in between; they are not part of the answer.
  * One request is outstanding at a time and each has a deadline, so a wedged kilnd never
@@ -12,9 +13,10 @@
 
 #include "boot/logring.h"
 
-enum { CTL_EV_HB, CTL_EV_READY, CTL_EV_UP, CTL_EV_DOWN };
+enum { CTL_EV_HB, CTL_EV_SERVED, CTL_EV_READY, CTL_EV_UP, CTL_EV_DOWN };
 
-typedef void (*ctl_event_fn)(void *arg, int ev, double value); /* HB: n; READY: seconds */
+/* HB: n; SERVED (right after its HB, when the HB line has served=): k; READY: seconds */
+typedef void (*ctl_event_fn)(void *arg, int ev, double value);
 typedef void (*ctl_line_fn)(void *arg, const char *line);      /* one line of an answer */
 typedef void (*ctl_done_fn)(void *arg, int status); /* 0, -ETIMEDOUT, -ECONNRESET, -ENOTCONN */
 

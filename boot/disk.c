@@ -166,9 +166,14 @@ void disk_describe(const dsk *d, char *out, size_t cap) {
     else snprintf(out, cap, "data: none (no kiln-data partition)");
 }
 
-int disk_tick(dsk *d, int healthy, int safe, double now) {
+int disk_tick(dsk *d, int ready, int healthy, int safe, double now) {
     if (!d->trial || d->blessed || d->slot < 0) return 0;
     int me = d->slot;
+    if (ready && !healthy && !d->said_waiting) {
+        d->said_waiting = 1;
+        logring_say("kiln: slot %c (version %u) on trial is ready; blessed once it has served a GEN (within %.0f s)", 'a' + me,
+                    d->version[me], d->trial_deadline - now > 0 ? d->trial_deadline - now : 0);
+    }
     if (healthy) {
         char from[UTIL_PATH_MAX], to[UTIL_PATH_MAX];
         snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[me]);
@@ -187,7 +192,7 @@ int disk_tick(dsk *d, int healthy, int safe, double now) {
     if (safe || now >= d->trial_deadline) {
         d->blessed = 1; /* once */
         logring_say("kiln: slot %c (version %u) on trial is not healthy (%s): rebooting for its next try", 'a' + me,
-                    d->version[me], safe ? "safe mode" : "deadline passed");
+                    d->version[me], safe ? "safe mode" : ready ? "ready, but no GEN served in time" : "not ready in time");
         return 1;
     }
     return 0;

@@ -27,7 +27,8 @@ typedef struct {
     unsigned version[2];         /* from each slot's manifest; 0 = empty or unreadable */
     char entry[2][64];           /* the ESP file names, "" if none */
     int trial;                   /* the booted entry is boot-counted: not blessed yet */
-    int blessed;                 /* blessed in this boot */
+    int blessed;                 /* blessed in this boot (or given up on) */
+    int said_waiting;            /* "ready; blessed after its first GEN" said */
     double trial_deadline;       /* util_now() */
 } dsk;
 
@@ -37,10 +38,11 @@ int disk_find_part(const char *name, char *dev, size_t cap);
 void disk_setup(dsk *d, double wait_s);
 /* "data: /dev/vda4 on /data" or "data: none (...)" */
 void disk_describe(const dsk *d, char *out, size_t cap);
-/* Once the box is healthy: a slot on trial is blessed (its entry loses the counter). Returns
- * 1 when the slot on trial should give up this boot (not healthy in time, or safe mode):
- * the caller reboots, and systemd-boot counts the try. */
-int disk_tick(dsk *d, int healthy, int safe, double now);
+/* Once the box is healthy (kilnd ready and one GEN served: sup_healthy), a slot on trial is
+ * blessed (its entry loses the counter); ready alone is not enough. Returns 1 when the slot
+ * on trial should give up this boot (not healthy by trial_deadline, or safe mode): the
+ * caller reboots, and systemd-boot counts the try. */
+int disk_tick(dsk *d, int ready, int healthy, int safe, double now);
 /* `version` and `slot`: lines for the console. */
 void disk_version(const dsk *d, char *out, size_t cap);
 /* Makes slot (0/1) the one systemd-boot boots next: the other slot's entry is marked as

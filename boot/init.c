@@ -276,8 +276,9 @@ static double tick(kinit *k, double now) {
     next = min2(next, wdog_tick(&k->wd, now, ok, why));
     next = min2(next, con_tick(&k->con, now));
     net_tick(k, now);
-    /* A slot on trial: blessed once kilnd is ready, else its try ends in a reboot. */
-    if (!k->halting && disk_tick(&k->disk, k->sup.boot_ready_shown, k->sup.state == SUP_SAFE, now))
+    /* A slot on trial: blessed once kilnd is ready and has served a GEN, else its try ends
+     * in a reboot. */
+    if (!k->halting && disk_tick(&k->disk, k->sup.ready, sup_healthy(&k->sup), k->sup.state == SUP_SAFE, now))
         kinit_halt(k, RB_AUTOBOOT, "the slot on trial is not healthy");
     return next < 0 ? 0 : next;
 }

@@ -38,6 +38,7 @@ int sup_init(sup *s, const char *kilnd, const char *config, const char *sock, in
     s->ctl = c;
     s->t0 = t0;
     s->log_fd = s->check_fd = -1;
+    s->served = -1;
     s->backoff = SUP_BACKOFF_MIN_S;
     return 0;
 }
@@ -200,6 +201,7 @@ static void start_serve(sup *s, double now) {
     s->state = SUP_STARTING;
     s->spawned_at = s->next_connect = now;
     s->hb_seen = s->ready = s->killed = 0;
+    s->served = -1;
     s->then = SUP_THEN_CRASH;
     s->starts++;
     logring_say("kiln: starting kilnd (pid %d)", (int)pid);
@@ -277,6 +279,7 @@ static void serve_exited(sup *s, int status, double now) {
     s->then = SUP_THEN_CRASH;
     s->killed = 0;
     s->ready = 0;
+    s->served = -1;
     if (s->halting) {
         logring_say("kiln: kilnd stopped (%s)", s->last_exit);
         if (!s->check_pid) s->state = SUP_DOWN;
@@ -329,6 +332,9 @@ void sup_on_ctl(sup *s, int ev, double value, double now) {
         s->hb_at = now;
         s->hb_seen = 1;
         s->hb_n = (long)value;
+        break;
+    case CTL_EV_SERVED:
+        if (s->pid > 0) s->served = (long long)value;
         break;
     case CTL_EV_READY:
         s->hb_at = now;
@@ -390,6 +396,8 @@ double sup_tick(sup *s, double now) {
     }
     return next;
 }
+
+int sup_healthy(const sup *s) { return s->pid > 0 && !s->killed && s->ready && s->served >= 1; }
 
 int sup_watchdog_ok(const sup *s, double now, char *why, size_t cap) {
     if (s->pid > 0 && s->killed && now - s->kill_at > SUP_KILL_GRACE_S) {
@@ -512,6 +520,7 @@ void sup_describe(const sup *s, double now, char *buf, size_t cap) {
     add(buf, cap, &u, "kilnd: %s", sup_state_name(s->state));
     if (s->pid > 0) add(buf, cap, &u, ", pid %d, up %.0f s", (int)s->pid, now - s->spawned_at);
     if (s->pid > 0 && s->hb_seen) add(buf, cap, &u, ", heartbeat %.1f s ago (#%ld)", now - s->hb_at, s->hb_n);
+    if (s->pid > 0 && s->served >= 0) add(buf, cap, &u, ", %lld GENs served", s->served);
     if (s->pid > 0 && !s->hb_seen) add(buf, cap, &u, ", no heartbeat yet");
     if (s->state == SUP_STARTING) add(buf, cap, &u, ", waiting for READY");
     if (s->killed) add(buf, cap, &u, ", killed: %s", s->kill_why);

@@ -61,6 +61,7 @@ typedef struct {
     double spawned_at, ready_at, hb_at, check_at, retry_at, stop_at, kill_at, next_connect, exit_at;
     int hb_seen, ready, killed, then, restart_refused;
     long hb_n;                   /* the last heartbeat's counter */
+    long long served;            /* GENs this kilnd finished (its HB's served=), -1 unknown */
     char kill_why[160];          /* why we SIGKILLed it */
     double backoff;              /* the next crash's delay */
     double crash_t[SUP_CRASH_LIMIT];   /* recent crash times, a ring */
@@ -87,6 +88,8 @@ void sup_restart(sup *s, double now, char *msg, size_t cap); /* the admin's rest
 void sup_shutdown(sup *s, double now);
 int sup_down(const sup *s);                                 /* shutdown finished: no children */
 int sup_watchdog_ok(const sup *s, double now, char *why, size_t cap);
+/* kilnd is ready and has finished at least one GEN (a slot on trial is blessed on this) */
+int sup_healthy(const sup *s);
 void sup_describe(const sup *s, double now, char *buf, size_t cap); /* lines for `status` */
 const char *sup_state_name(sup_state st);
 int sup_test_signal(sup *s, int sig);                       /* test-kill / test-hang */

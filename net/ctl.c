@@ -77,9 +77,9 @@ static void cmd_status(ctl *c, ctl_client *k) {
     char health[256], addr[64] = "";
     srv_health(c->s, health, sizeof health);
     net_address(c->net, addr, sizeof addr);
-    client_printf(c, k, "model=%s\nuptime_s=%.1f\ndriver=%s\naddress=%s\nconnections=%d\n",
+    client_printf(c, k, "model=%s\nuptime_s=%.1f\ndriver=%s\naddress=%s\nconnections=%d\nserved=%lld\n",
                   srv_model_name(c->s), srv_uptime_s(c->s), net_driver_name(c->net), addr,
-                  net_open_conns(c->net));
+                  net_open_conns(c->net), srv_served(c->s));
     /* the HEALTH line's pairs, one per line */
     for (char *p = strchr(health, ' '); p && *p;) {
         char *q = strchr(p + 1, ' ');
@@ -174,7 +174,7 @@ static int64_t on_heartbeat(loop_t *l, int64_t id, void *ud) {
     for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
         ctl_client *k = &c->clients[i];
         if (k->fd < 0) continue;
-        client_printf(c, k, "HB %lld\n", c->hb);
+        client_printf(c, k, "HB %lld served=%lld\n", c->hb, srv_served(c->s));
         client_flush(c, k);
     }
     return CTL_HB_MS;

@@ -1,11 +1,12 @@
 /* ctl: kilnd's control socket, for kiln-init (PID 1) on the same box.
  *
  * A unix stream socket (`kilnd serve --control PATH`). Unsolicited, to every client:
- * `HB <n>` every CTL_HB_MS from a loop timer (so heartbeats stop when the loop hangs,
- * which is what the supervisor watches) and `READY <seconds since start>` once the
- * server takes requests. Commands, one per line; every reply ends with a line ".":
+ * `HB <n> served=<GENs>` every CTL_HB_MS from a loop timer (so heartbeats stop when the
+ * loop hangs, which is what the supervisor watches; served: samples finished by stop or
+ * length, srv_served) and `READY <seconds since start>` once the server takes requests.
+ * Commands, one per line; every reply ends with a line ".":
  *   status                  key=value lines: model, uptime_s, ready, draining, level,
- *                           running, waiting, address, driver, connections
+ *                           running, waiting, address, driver, connections, served
  *   stats                   the protocol's STATS line
  *   drain | drain off       stop / resume taking requests
  *   restart                 drain, then exit 75 for the supervisor

@@ -1430,6 +1430,10 @@ void srv_set_draining(srv *s, int on) {
 }
 
 int srv_is_ready(const srv *s) { return ready(s); }
+/* GENs served: samples that ended by stop or length (kiln-init blesses a slot on it) */
+long long srv_served(const srv *s) {
+    return (long long)(met_value(s->met, s->m_reason[EF_STOP]) + met_value(s->met, s->m_reason[EF_LENGTH]));
+}
 double srv_uptime_s(const srv *s) { return (double)(loop_now_ms() - s->t_start_ms) / 1e3; }
 const char *srv_model_name(const srv *s) { return s->env.model_name; }
 

@@ -66,6 +66,7 @@ int srv_config_get(const srv *s, const char *key, char *out, size_t cap);
 int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t errlen);
 void srv_set_draining(srv *s, int on);
 int srv_is_ready(const srv *s);
+long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);
 

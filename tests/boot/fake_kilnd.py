@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """fake_kilnd.py: a stand-in for kilnd that tests/boot/init_test.py hands to kiln-init
 (--kilnd). It speaks kiln-init's side of kilnd: the two subcommands kiln-init runs and the
-control socket protocol (HB every 500 ms, READY once serving, commands answered with lines
-and a "." line).
+control socket protocol (HB every 500 ms with served=, READY once serving, commands answered
+with lines and a "." line).
 
   fake_kilnd.py check-config --config ROOT/etc/kiln/kiln.ini
       exit 0, or print one line saying what is wrong and exit 1: when ROOT/fake/check-fail
@@ -14,6 +14,7 @@ Behaviours are switched by files in ROOT/fake/ (ROOT: three folders above the co
   hang-once    1 s after READY, stop heartbeating (alive, silent); the file is removed
   exit75-once  0.5 s after READY, exit 75 ("restart me"); the file is removed
   ready-delay  seconds from start to READY (default 0.3)
+  served       the GENs served that heartbeats report (default 0), read at every HB
 Each serve start appends its pid to ROOT/fake/pids; each command received goes to
 ROOT/fake/commands. Standard library only."""
 import os
@@ -111,6 +112,13 @@ class Serve:
         self.hang_at = self.start + self.ready_delay + 1.0 if take_once(self.root, "hang-once") else None
         self.exit75_at = self.start + self.ready_delay + 0.5 if take_once(self.root, "exit75-once") else None
 
+    def served(self):
+        try:
+            with open(fake_file(self.root, "served")) as f:
+                return int(f.read())
+        except (FileNotFoundError, ValueError):
+            return 0
+
     def log(self, line):
         print(line, flush=True)
 
@@ -135,6 +143,7 @@ class Serve:
             return [
                 "model=fake.gguf", f"uptime_s={up:.0f}", "level=0", "running=0", "waiting=0",
                 f"draining={self.draining}", "address=10.0.2.15/24", f"ready={int(self.ready)}",
+                f"served={self.served()}",
             ]
         if cmd == "stats":
             return ["STATS running=0 waiting=0 kv_used=0 kv_total=512 level=0 tokens_out=0"]
@@ -203,7 +212,7 @@ class Serve:
             if not self.hanging:
                 self.hb += 1
                 for c in list(self.clients):
-                    self.send(c, [f"HB {self.hb}"])
+                    self.send(c, [f"HB {self.hb} served={self.served()}"])
 
     def run(self):
         self.record("pids", str(os.getpid()))

@@ -165,6 +165,11 @@ def t_console(k):
     k.expect(r"memory: \d+ MiB available", 3)
     k.expect(r"watchdog: .*armed, petted", 3)
     k.expect(r"kilnd reports:\n  model=fake.gguf\n(  .*\n)*  ready=1\n", 3)
+    with open(k.path("fake/served"), "w") as f:  # the HB's served= reaches the supervisor
+        f.write("2")
+    time.sleep(1.2)
+    k.send("status")
+    k.expect(r"kilnd: running, pid \d+, .*, 2 GENs served", 3)
     k.send("stats")
     k.expect(r"  STATS running=0", 3)
     k.send("net")
