@@ -617,9 +617,9 @@ float quant_dot_ref(uint32_t type, int64_t n, const void *w, const void *xq) {
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* The kernel tables: one per level, and a last one for AVX-512 with AMX. */
-enum { QS_AMX_TABLE = QS_AVX512 + 1 };
-static quant_kernels level_kernels[QS_AMX_TABLE + 1][QT_COUNT]; /* filled once, bottom-up */
+/* The kernel tables: one per level, then AVX-512 with AMX for Q4_1, and for all. */
+enum { QS_AMX_TABLE = QS_AVX512 + 1, QS_AMX_ALL_TABLE };
+static quant_kernels level_kernels[QS_AMX_ALL_TABLE + 1][QT_COUNT]; /* filled once, bottom-up */
 static int simd_max, simd_cur, amx_max, amx_cur;
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 
@@ -660,24 +660,28 @@ static void simd_init(void) {
 #endif
     /* KILN_SIMD=scalar|avx2|avx512 caps the level: a host can then compute exactly what
      * a machine with less (a TCG guest: AVX2, no AVX-512; no AMX) computes. Any value
-     * but amx turns AMX off. */
+     * but amx turns AMX off; KILN_AMX=0|all picks what AMX does (quant.h). */
     const char *cap = getenv("KILN_SIMD");
     if (cap && !strcmp(cap, "scalar")) max = QS_SCALAR;
     else if (cap && !strcmp(cap, "avx2") && max > QS_AVX2) max = QS_AVX2;
     if (cap && strcmp(cap, "amx")) amx = 0;
     amx = amx && amx_permit();
+    const char *use = getenv("KILN_AMX"); /* 0 | all; else Q4_1 only */
+    int amx_use = !amx ? QA_OFF : use && !strcmp(use, "0") ? QA_OFF
+                : use && !strcmp(use, "all") ? QA_ALL : QA_Q4_1;
     memcpy(level_kernels[QS_SCALAR], ref_kernels, sizeof ref_kernels);
     /* Only levels the CPU has: the register functions live in files compiled for
      * their ISA, so even calling one may execute instructions the CPU lacks. */
-    for (int lv = QS_AVX2; lv <= (amx ? QS_AMX_TABLE : max); lv++) {
+    for (int lv = QS_AVX2; lv <= (amx ? QS_AMX_ALL_TABLE : max); lv++) {
         quant_kernels k[QT_COUNT];
         memset(k, 0, sizeof k);
         if (lv == QS_AVX2) quant_register_avx2(k);
         else if (lv == QS_AVX512) quant_register_avx512(k);
-        else quant_register_amx(k);
+        else quant_register_amx(k, lv == QS_AMX_ALL_TABLE);
         for (int t = 0; t < QT_COUNT; t++) {
             quant_kernels *dst = &level_kernels[lv][t];
-            *dst = level_kernels[lv - 1][t];
+            /* each AMX table builds on AVX-512's, not on the one before it */
+            *dst = level_kernels[lv == QS_AMX_ALL_TABLE ? QS_AVX512 : lv - 1][t];
             if (k[t].dequant) dst->dequant = k[t].dequant;
             if (k[t].quantize) dst->quantize = k[t].quantize;
             /* A new dot makes the level below's rows/tile (built on the old dot)
@@ -688,20 +692,23 @@ static void simd_init(void) {
         }
     }
     simd_max = simd_cur = max;
-    amx_max = amx_cur = amx;
+    amx_max = amx ? QA_ALL : QA_OFF;
+    amx_cur = amx_use;
 }
 
 static inline const quant_kernels *kern(uint32_t type) {
     pthread_once(&simd_once, simd_init);
-    return &level_kernels[simd_cur == QS_AVX512 && amx_cur ? QS_AMX_TABLE : simd_cur][type];
+    int t = simd_cur != QS_AVX512 || !amx_cur ? simd_cur
+          : amx_cur == QA_ALL ? QS_AMX_ALL_TABLE : QS_AMX_TABLE;
+    return &level_kernels[t][type];
 }
 
 int quant_simd(void) { pthread_once(&simd_once, simd_init); return simd_cur; }
 int quant_amx(void) { pthread_once(&simd_once, simd_init); return amx_cur; }
 int quant_amx_max(void) { pthread_once(&simd_once, simd_init); return amx_max; }
-int quant_set_amx(int on) {
+int quant_set_amx(int use) {
     pthread_once(&simd_once, simd_init);
-    amx_cur = on && amx_max;
+    amx_cur = use < QA_OFF ? QA_OFF : use > amx_max ? amx_max : use;
     return amx_cur;
 }
 int quant_simd_max(void) { pthread_once(&simd_once, simd_init); return simd_max; }

@@ -39,12 +39,15 @@ size_t quant_row_size(uint32_t type, int64_t n);
 int quant_simd(void);
 int quant_simd_max(void);
 int quant_set_simd(int level);
-/* AMX-INT8 tiles on top of the AVX-512 level (Q4_1 only, its own arithmetic): on by
- * default where the CPU and the kernel allow it and KILN_SIMD does not cap it; in force
- * only while the level is QS_AVX512. quant_set_amx returns whether it is now on. */
+/* AMX-INT8 tiles on top of the AVX-512 level (their own arithmetic), in force only
+ * while the level is QS_AVX512: 0 off, QA_Q4_1 (the default where the CPU and kernel
+ * allow it and KILN_SIMD does not cap it) Q4_1 only, QA_ALL Q8_0 too (KILN_AMX=all; not
+ * the default: it flips a near-tie in tests/ref/tiny_parity.py, see BENCHMARKS.md).
+ * quant_set_amx returns what is now in force (never above quant_amx_max). */
+enum quant_amx_use { QA_OFF = 0, QA_Q4_1 = 1, QA_ALL = 2 };
 int quant_amx(void);
 int quant_amx_max(void);
-int quant_set_amx(int on);
+int quant_set_amx(int use);
 
 /* Dispatched to the current SIMD level. n is a multiple of the type's block. */
 void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n);

@@ -346,10 +346,11 @@ amx_tile(const int kind, int64_t n, const void *w, size_t ws, int nr, const void
 AMX_DEFINE(amx_q41, AMX_Q4_1)
 AMX_DEFINE(amx_q80, AMX_Q8_0)
 
-void quant_register_amx(quant_kernels k[QT_COUNT]) {
+void quant_register_amx(quant_kernels k[QT_COUNT], int all) {
     k[QT_Q4_1].dot = amx_q41_dot;
     k[QT_Q4_1].rows = amx_q41_rows;
     k[QT_Q4_1].tile = amx_q41_tile;
+    if (!all) return;
     k[QT_Q8_0].dot = amx_q80_dot;
     k[QT_Q8_0].rows = amx_q80_rows;
     k[QT_Q8_0].tile = amx_q80_tile;

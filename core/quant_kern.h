@@ -69,7 +69,8 @@ typedef struct {
 /* Each SIMD file overwrites the entries it implements. */
 void quant_register_avx2(quant_kernels k[QT_COUNT]);
 void quant_register_avx512(quant_kernels k[QT_COUNT]);
-void quant_register_amx(quant_kernels k[QT_COUNT]);
+/* AMX (quant_amx_avx512.c): Q4_1, and Q8_0 when all. */
+void quant_register_amx(quant_kernels k[QT_COUNT], int all);
 
 /* 6-bit scale j and min j of a Q4_K/Q5_K scales[12] array. */
 static inline void quant_scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {

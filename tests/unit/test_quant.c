@@ -342,8 +342,9 @@ static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const
         printf("quant: no AMX here, the AMX tile test is skipped\n");
         return;
     }
+    int amx0 = quant_amx();
     quant_set_simd(QS_AVX512);
-    quant_set_amx(1);
+    quant_set_amx(QA_ALL);
     enum { NR = 40, NC = 40 };
     int64_t blocks[] = {1, 18, 32, 33, 49};
     int nrs[] = {1, 2, 15, 16, 17, 33, 40}, ncs[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 40};
@@ -393,15 +394,16 @@ static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const
         free(f), free(tw), free(tx), free(w), free(x), free(want), free(out);
     }
     quant_set_simd(quant_simd_max());
+    quant_set_amx(amx0);
 }
 
-/* Every level without AMX, then (where the machine has it) AVX-512 with AMX, printed
- * as level 3. */
+/* Every level without AMX, then (where the machine has it) AVX-512 with AMX for Q4_1
+ * and with AMX for all it covers. */
 static void test_levels(void) {
-    int max = quant_simd_max(), amx = quant_amx_max();
+    int max = quant_simd_max(), amx = quant_amx_max(), amx0 = quant_amx();
     for (int pass = QS_SCALAR; pass <= max + amx; pass++) {
         int before = check_pass + check_fail, fail0 = check_fail;
-        int level = pass > max ? max : pass, with_amx = pass > max;
+        int level = pass > max ? max : pass, with_amx = pass > max ? pass - max : QA_OFF;
         CHECK(quant_set_simd(level) == level && quant_simd() == level, "set level %d", level);
         CHECK(quant_set_amx(with_amx) == with_amx && quant_amx() == with_amx, "set amx %d",
               with_amx);
@@ -424,11 +426,12 @@ static void test_levels(void) {
                 test_batch_invariance(all_types[ti], n, level);
             }
         }
-        printf("quant: level %d%s: %d checks, %d failed\n", level, with_amx ? "+amx" : "",
+        printf("quant: level %d%s: %d checks, %d failed\n", level,
+               with_amx == QA_ALL ? "+amx(all)" : with_amx ? "+amx(q4_1)" : "",
                check_pass + check_fail - before, check_fail - fail0);
     }
     quant_set_simd(max);
-    quant_set_amx(amx);
+    quant_set_amx(amx0);
 }
 
 /* ---------------------------------------------------------------- bench */
@@ -439,10 +442,10 @@ static double now_ns(void) {
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-/* Bench levels: 0..2, and 3 for AVX-512 with AMX. */
+/* Bench levels: 0..2, then 3 and 4 for AVX-512 with AMX for Q4_1 and for all. */
 static void set_level(int level) {
     quant_set_simd(level > QS_AVX512 ? QS_AVX512 : level);
-    quant_set_amx(level > QS_AVX512);
+    quant_set_amx(level > QS_AVX512 ? level - QS_AVX512 : QA_OFF);
 }
 
 static void bench_one(uint32_t type, int64_t n, int level) {
@@ -526,7 +529,7 @@ static void bench_tile(uint32_t type, int64_t n, int level) {
 }
 
 static void bench(void) {
-    int max = quant_simd_max();
+    int max = quant_simd_max(), amx0 = quant_amx();
     uint32_t ttypes[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0};
     for (size_t i = 0; i < sizeof ttypes / sizeof ttypes[0]; i++)
         for (int level = QS_AVX2; level <= max + quant_amx_max(); level++) {
@@ -534,7 +537,7 @@ static void bench(void) {
             bench_tile(ttypes[i], 1536, level);
         }
     if (getenv("QUANT_BENCH_TILE_ONLY")) {
-        set_level(max + quant_amx_max());
+        set_level(max + amx0);
         return;
     }
     uint32_t types[] = {QT_Q4_1, QT_Q8_0, QT_F32, QT_F16, QT_Q4_0, QT_Q5_0, QT_Q5_1,
@@ -545,7 +548,7 @@ static void bench(void) {
             for (int k = 0; k < 2; k++)
                 if (ns[k] % quant_traits_of(types[i])->block == 0) bench_one(types[i], ns[k], level);
         }
-    set_level(max + quant_amx_max());
+    set_level(max + amx0);
 }
 
 int main(void) {
