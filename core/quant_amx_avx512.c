@@ -119,21 +119,33 @@ static inline void amx_build_b(const int kind, const uint8_t *const *r, __m512i 
 
 /* ---------------------------------------------------------------- tiles */
 
-/* The float step for one block of mt tokens at x: s[c] (lanes = rows) as defined above. */
+/* The float step for one block of mt tokens: s[c] (lanes = rows) as defined above;
+ * xd[c], xs[c] the tokens' d and s (broadcast from memory: no shuffles). */
 static inline __attribute__((always_inline)) void
-amx_epilogue(const int kind, const int32_t (*C)[16], const int mt, const uint8_t *x,
-             size_t xs, const float *wd, const float *wm, __m512 *s) {
+amx_epilogue(const int kind, const int32_t (*C)[16], const int mt, const float *xd,
+             const float *xsum, const float *wd, const float *wm, __m512 *s) {
     const __m512 vd = _mm512_loadu_ps(wd);
     const __m512 vm = kind == AMX_Q4_1 ? _mm512_loadu_ps(wm) : _mm512_setzero_ps();
 #pragma GCC unroll 16
     for (int c = 0; c < mt; c++) {
-        int h;
-        memcpy(&h, x + (size_t)c * xs, 4);
-        __m128 ds = _mm_cvtph_ps(_mm_cvtsi32_si128(kind == AMX_Q4_1 ? h : h & 0xFFFF));
         __m512 fi = _mm512_cvtepi32_ps(_mm512_loadu_si512(C[c]));
-        s[c] = _mm512_fmadd_ps(fi, _mm512_mul_ps(vd, _mm512_broadcastss_ps(ds)), s[c]);
+        s[c] = _mm512_fmadd_ps(fi, _mm512_mul_ps(vd, _mm512_set1_ps(xd[c])), s[c]);
+        if (kind == AMX_Q4_1) s[c] = _mm512_fmadd_ps(vm, _mm512_set1_ps(xsum[c]), s[c]);
+    }
+}
+
+/* d (and Q4_1's s) of kb blocks of mt tokens at x, by block: one gather of the 16
+ * tokens' headers per block (tokens past mt repeat the last one). */
+static inline void amx_xscales(const int kind, const uint8_t *x, size_t xs, int mt, int kb,
+                               float (*xd)[16], float (*xsum)[16]) {
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i idx = _mm512_mullo_epi32(_mm512_min_epi32(lane, _mm512_set1_epi32(mt - 1)),
+                                     _mm512_set1_epi32((int)xs));
+    for (int b = 0; b < kb; b++) {
+        __m512i g = _mm512_i32gather_epi32(idx, x + (size_t)b * amx_xb(kind), 1);
+        _mm512_storeu_ps(xd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
         if (kind == AMX_Q4_1)
-            s[c] = _mm512_fmadd_ps(vm, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), s[c]);
+            _mm512_storeu_ps(xsum[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))));
     }
 }
 
@@ -157,24 +169,27 @@ amx_cols(const int kind, const uint8_t (*B)[512], const float (*wd)[16],
          const float (*wm)[16], int b0, int kb, const uint8_t *x, size_t xs, const int mt,
          float *out, size_t os, __mmask16 keep, int first) {
     int32_t C0[16][16], C1[16][16];
+    float xd[AMX_KB][16], xsum[AMX_KB][16];
     __m512 s[16];
 #pragma GCC unroll 16
     for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
         s[c] = first || c >= mt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
     amx_config(mt);
     const size_t xb = amx_xb(kind);
+    amx_xscales(kind, x + (size_t)b0 * xb, xs, mt, kb, xd, xsum);
     int b = 0;
     for (; b + 2 <= kb; b += 2) {
         const uint8_t *x0 = x + (size_t)(b0 + b) * xb;
         AMX_BLOCK(kind, 0, 1, 2, x0, xs, B[b], C0);
         AMX_BLOCK(kind, 3, 4, 5, x0 + xb, xs, B[b + 1], C1);
-        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
-        amx_epilogue(kind, (const int32_t (*)[16])C1, mt, x0 + xb, xs, wd[b + 1], wm[b + 1], s);
+        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, xd[b], xsum[b], wd[b], wm[b], s);
+        amx_epilogue(kind, (const int32_t (*)[16])C1, mt, xd[b + 1], xsum[b + 1], wd[b + 1],
+                     wm[b + 1], s);
     }
     if (b < kb) {
         const uint8_t *x0 = x + (size_t)(b0 + b) * xb;
         AMX_BLOCK(kind, 0, 1, 2, x0, xs, B[b], C0);
-        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, x0, xs, wd[b], wm[b], s);
+        amx_epilogue(kind, (const int32_t (*)[16])C0, mt, xd[b], xsum[b], wd[b], wm[b], s);
     }
 #pragma GCC unroll 16
     for (int c = 0; c < mt; c++) _mm512_mask_storeu_ps(out + (size_t)c * os, keep, s[c]);
