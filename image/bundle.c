@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define CHUNK (1u << 20)
@@ -78,6 +79,20 @@ int bun_hash_range(int fd, uint64_t off, uint64_t n, uint8_t out[32], char *err,
     free(buf);
     if (r == -ENODATA) return fail(err, cap, -EINVAL, "bundle: truncated (the data ends before the part does)");
     if (r < 0) return fail(err, cap, r, "bundle: read: %s", strerror(-r));
+    return 0;
+}
+
+int bun_check_copy(int fd, const man_part *p, char *err, size_t cap) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) return fail(err, cap, -errno, "copy of `%s`: fstat: %s", p->name, strerror(errno));
+    if (S_ISREG(st.st_mode) && (uint64_t)st.st_size != p->size)
+        return fail(err, cap, -EPERM, "copy of `%s`: %llu bytes, the signed manifest says %llu", p->name,
+                    (unsigned long long)st.st_size, (unsigned long long)p->size);
+    uint8_t h[32];
+    int r = bun_hash_range(fd, 0, p->size, h, err, cap);
+    if (r < 0) return r;
+    if (memcmp(h, p->sha256, 32))
+        return fail(err, cap, -EPERM, "copy of `%s`: sha256 differs from the signed manifest (tampered or corrupt)", p->name);
     return 0;
 }
 

@@ -29,5 +29,8 @@ int bun_read_manifest(int fd, uint64_t off, man_manifest *m, char *text, char *e
 int bun_verify(int fd, uint64_t off, uint64_t limit, const uint8_t pub[MAN_PUB_LEN], man_manifest *m, char *err, size_t cap);
 /* Hash of n bytes at off (pread in chunks). */
 int bun_hash_range(int fd, uint64_t off, uint64_t n, uint8_t out[32], char *err, size_t cap);
+/* A copy of part p elsewhere (the ESP's UKI): fd holds exactly p's bytes, no more, no less
+ * (its size is fstat's for a regular file, else the end of p). 0, -EPERM (differs). */
+int bun_check_copy(int fd, const man_part *p, char *err, size_t cap);
 
 #endif

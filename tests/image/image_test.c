@@ -189,6 +189,23 @@ static void test_bundle(void) {
     CHECK(pwrite(fd, &junk, 1, 8192 + BUN_HEAD - 1) == 1, "junk");
     CHECK(bun_verify(fd, 8192, 0, pub_a, &v, err, sizeof err) < 0 && strstr(err, "stray"), "junk in the manifest block refused");
     close(fd);
+
+    /* a copy of a part (the ESP's UKI, which kiln-init's `slot` checks) */
+    char cpath[] = "/tmp/kiln-image-copy.XXXXXX";
+    int c = mkstemp(cpath);
+    CHECK(c >= 0, "mkstemp");
+    if (c < 0) return;
+    unlink(cpath);
+    CHECK(pwrite(c, p0, sizeof p0, 0) == (ssize_t)sizeof p0, "write copy");
+    CHECK(bun_check_copy(c, &m.parts[0], err, sizeof err) == 0, "an exact copy of a part passes");
+    CHECK(bun_check_copy(c, &m.parts[1], err, sizeof err) == -EPERM, "a copy of another part refused");
+    x = (char)(p0[9999] ^ 0x40);
+    CHECK(pwrite(c, &x, 1, 9999) == 1 && bun_check_copy(c, &m.parts[0], err, sizeof err) == -EPERM &&
+          strstr(err, "sha256"), "a copy with a flipped byte refused");
+    CHECK(pwrite(c, p0 + 9999, 1, 9999) == 1 && pwrite(c, "z", 1, sizeof p0) == 1 &&
+          bun_check_copy(c, &m.parts[0], err, sizeof err) == -EPERM && strstr(err, "bytes"), "a longer copy refused");
+    CHECK(ftruncate(c, sizeof p0 - 1) == 0 && bun_check_copy(c, &m.parts[0], err, sizeof err) == -EPERM, "a shorter copy refused");
+    close(c);
 }
 
 int main(void) {
