@@ -163,16 +163,29 @@ sdk-musl: tools-musl
 
 # ---------------------------------------------------------------- kiln-init (boot/): PID 1
 # Static musl for the image; a sanitized glibc build for its host test (tests/boot/).
-# It links nothing but libc, so it is built in one step from its few files.
+# Built in one step from its few files, image/'s manifest and bundle code (console `slot`
+# verifies a slot before booting it) and libmbedcrypto, with the public key of
+# $(BUILD)/keys/pubkey.h (see the image section below). Unused code is dropped
+# (--gc-sections): mbedcrypto adds ~100 KB.
+IMG_SRCS   := image/manifest.c image/bundle.c
+IMG_HDRS   := image/manifest.h image/bundle.h
 BOOT_SRCS  := $(sort $(wildcard boot/*.c))
-BOOT_DEPS  := $(BOOT_SRCS) $(wildcard boot/*.h)
+BOOT_DEPS  := $(BOOT_SRCS) $(wildcard boot/*.h) $(IMG_SRCS) $(IMG_HDRS) $(BUILD)/keys/pubkey.h
 BOOT_FLAGS := $(filter-out -pthread -MMD -MP,$(CFLAGS_BASE))
-$(BUILD)/musl/kiln-init: $(BOOT_DEPS) | tools-musl
+BOOT_GC    := -ffunction-sections -fdata-sections -Wl,--gc-sections
+$(BUILD)/musl/kiln-init: $(BOOT_DEPS) | tools-musl $(BUILD)/musl/deps/.ok
 	@mkdir -p $(@D)
-	musl-gcc $(BOOT_FLAGS) $(OPT) -Ibuild/musl/include -static $(BOOT_SRCS) -o $@
-$(BUILD)/gnu/kiln-init: $(BOOT_DEPS)
+	musl-gcc $(BOOT_FLAGS) $(OPT) $(BOOT_GC) -Ibuild/musl/include -I$(BUILD)/musl/deps/include -I$(BUILD)/keys -static \
+	  $(BOOT_SRCS) $(IMG_SRCS) -o $@ -L$(BUILD)/musl/deps/lib -lmbedcrypto
+$(BUILD)/gnu/kiln-init: $(BOOT_DEPS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
-	gcc $(BOOT_FLAGS) -O1 -g $(SAN) $(BOOT_SRCS) -o $@
+	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys $(BOOT_SRCS) $(IMG_SRCS) -o $@ \
+	  -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+# When a slot on trial is blessed (boot/disk.c's disk_tick); tests/boot/init_test.sh runs it.
+$(BUILD)/gnu/tests/disk_tick_test: tests/boot/disk_tick_test.c $(BOOT_DEPS) | $(BUILD)/gnu/deps/.ok
+	@mkdir -p $(@D)
+	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys $< boot/util.c boot/logring.c $(IMG_SRCS) \
+	  -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
 kiln-init: $(BUILD)/musl/kiln-init
 
 # ---------------------------------------------------------------- the appliance image, QEMU
@@ -192,8 +205,6 @@ test-qemu: image $(KILND)
 # $(BUILD)/keys (never committed); its public half is compiled into kiln-flash (and
 # kiln-init) through $(BUILD)/keys/pubkey.h, rewritten only when the key changes.
 # docs/IMAGE.md has the formats.
-IMG_SRCS := image/manifest.c image/bundle.c
-IMG_HDRS := image/manifest.h image/bundle.h
 KILN_KEY ?= $(BUILD)/keys/signing.key
 KILN_PUB := $(BUILD)/keys/signing.pub
 $(BUILD)/gnu/kiln-image: image/kiln_image.c $(IMG_SRCS) $(IMG_HDRS) | $(BUILD)/gnu/deps/.ok
@@ -208,7 +219,8 @@ $(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) 
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
 $(BUILD)/gnu/kiln-flash: image/kiln_flash.c $(IMG_SRCS) $(IMG_HDRS) $(BUILD)/keys/pubkey.h | $(BUILD)/gnu/deps/.ok
 	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
-IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test $(BUILD)/gnu/kiln-flash
+IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test $(BUILD)/gnu/kiln-flash \
+             $(BUILD)/gnu/tests/disk_tick_test
 image-tools: $(IMG_TOOLS)
 # image/disk.sh: the GPT disk image build/disk/kiln.img (ESP with systemd-boot and slot A's
 # UKI, slots A and B, the data partition) and the signed bundle build/disk/kiln-v1.kimg.

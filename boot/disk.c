@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,12 @@
 
 #include "boot/logring.h"
 #include "boot/util.h"
+#include "image/bundle.h"
+#include "image/manifest.h"
+#include "pubkey.h" /* BUILD/keys/pubkey.h (kiln-image pubkey-c): IMG_PUBKEY_BYTES */
+
+/* The image signing key's public half: `slot` boots nothing it does not verify. */
+static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
 
 int disk_find_part(const char *name, char *dev, size_t cap) {
     dev[0] = 0;
@@ -211,23 +218,74 @@ void disk_version(const dsk *d, char *out, size_t cap) {
              d->trial ? " (on trial)" : "", 'a' + other, o);
 }
 
+static int why(char *out, size_t cap, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int why(char *out, size_t cap, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Slot's bundle on its partition (signature with the built-in key, every part's size and
+ * hash; image/bundle.c), then its ESP entry, the file systemd-boot would boot: exactly the
+ * manifest's `uki` part. 0, or -errno with why in out. */
+static int verify_slot(const dsk *d, int slot, char *out, size_t cap) {
+    char part[8], dev[64], path[UTIL_PATH_MAX], err[300];
+    man_manifest m;
+    snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
+    int r = disk_find_part(part, dev, sizeof dev);
+    if (r < 0) return why(out, cap, r, "no %s partition", part);
+    int fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return why(out, cap, -errno, "open %s: %s", dev, strerror(errno));
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size < 0) {
+        r = -errno;
+        close(fd);
+        return why(out, cap, r, "%s: size: %s", dev, strerror(-r));
+    }
+    r = bun_verify(fd, 0, (uint64_t)size, pubkey, &m, err, sizeof err);
+    close(fd);
+    if (r < 0) return why(out, cap, r, "%s (%s): %s", part, dev, err);
+    if (m.version != d->version[slot])
+        return why(out, cap, -ESTALE, "%s: version %u verified, %u read at boot (changed since?)", part, m.version, d->version[slot]);
+    const man_part *uki = man_find(&m, "uki");
+    if (!uki) return why(out, cap, -EINVAL, "%s: the manifest has no `uki` part", part);
+    snprintf(path, sizeof path, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[slot]);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return why(out, cap, -errno, "open %s: %s", path, strerror(errno));
+    r = bun_check_copy(fd, uki, err, sizeof err);
+    close(fd);
+    if (r < 0) return why(out, cap, r, "ESP entry %s: %s", d->entry[slot], err);
+    return 0;
+}
+
 int disk_switch(dsk *d, int slot, char *out, size_t cap) {
     if (!d->esp_mounted || d->slot < 0) return snprintf(out, cap, "not booted from an A/B disk image"), -ENODEV;
-    if (slot == d->slot) return snprintf(out, cap, "slot %c is the running slot already", 'a' + slot), -EALREADY;
+    if (slot == d->slot && d->trial)
+        return snprintf(out, cap, "slot %c is running on trial: it is blessed once healthy, or the other slot boots when its tries run out",
+                        'a' + slot), -EALREADY;
     if (!d->entry[slot][0] || !d->version[slot]) return snprintf(out, cap, "slot %c has no image to boot", 'a' + slot), -ENOENT;
+    char bad[400];
+    double t0 = util_now();
+    int r = verify_slot(d, slot, bad, sizeof bad);
+    if (r < 0) return why(out, cap, r, "REFUSED: slot %c does not verify, nothing changed: %s", 'a' + slot, bad);
+    logring_note("kiln-init: slot %c (version %u) verified in %.2f s", 'a' + slot, d->version[slot], util_now() - t0);
     char from[UTIL_PATH_MAX], to[UTIL_PATH_MAX];
     int other = 1 - slot;
     /* The target slot's entry loses any counter; the other one is "no tries left": still a
      * fallback, sorted after every entry that has tries. */
     snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[slot]);
     snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c.efi", 'a' + slot);
-    if (strcmp(from, to) && rename(from, to) < 0) return snprintf(out, cap, "rename %s: %s", from, strerror(errno)), -errno;
+    if (strcmp(from, to) && rename(from, to) < 0) return why(out, cap, -errno, "rename %s: %s", from, strerror(errno));
     snprintf(d->entry[slot], sizeof d->entry[slot], "kiln-%c.efi", 'a' + slot);
-    snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[other]);
-    snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c+0.efi", 'a' + other);
-    if (d->entry[other][0] && strcmp(from, to) && rename(from, to) < 0) return snprintf(out, cap, "rename %s: %s", from, strerror(errno)), -errno;
-    snprintf(d->entry[other], sizeof d->entry[other], "kiln-%c+0.efi", 'a' + other);
+    if (d->entry[other][0]) {
+        snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[other]);
+        snprintf(to, sizeof to, DISK_ESP_DIR "/EFI/Linux/kiln-%c+0.efi", 'a' + other);
+        if (strcmp(from, to) && rename(from, to) < 0) return why(out, cap, -errno, "rename %s: %s", from, strerror(errno));
+        snprintf(d->entry[other], sizeof d->entry[other], "kiln-%c+0.efi", 'a' + other);
+    }
     sync();
-    snprintf(out, cap, "slot %c (version %u) boots next; `reboot` to switch", 'a' + slot, d->version[slot]);
+    if (slot == d->slot) snprintf(out, cap, "slot %c (version %u, signature and hashes good) is running and boots next", 'a' + slot, d->version[slot]);
+    else snprintf(out, cap, "slot %c (version %u, signature and hashes good) boots next; `reboot` to switch", 'a' + slot, d->version[slot]);
     return 0;
 }

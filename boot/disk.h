@@ -14,7 +14,9 @@
 #define DISK_DATA_DIR "/data"
 #define DISK_CONFIG "/data/config/kiln.ini"
 
+#ifndef DISK_ESP_DIR /* tests/boot/disk_tick_test.c points it elsewhere */
 #define DISK_ESP_DIR "/run/kiln/esp"
+#endif
 #define DISK_TRIAL_S 180.0  /* a slot on trial not healthy by then reboots (its next try) */
 
 typedef struct {
@@ -46,7 +48,10 @@ int disk_tick(dsk *d, int ready, int healthy, int safe, double now);
 /* `version` and `slot`: lines for the console. */
 void disk_version(const dsk *d, char *out, size_t cap);
 /* Makes slot (0/1) the one systemd-boot boots next: the other slot's entry is marked as
- * having no tries left (it stays as a fallback). 0, or -errno with why in out. */
+ * having no tries left (it stays as a fallback). Only after slot's bundle verifies (its
+ * signature by the built-in key, every part's hash) and its ESP entry is the signed UKI;
+ * else nothing changes. The running slot may be chosen again (undoes a `slot` to the other),
+ * unless it is on trial. 0, or -errno with why in out. */
 int disk_switch(dsk *d, int slot, char *out, size_t cap);
 
 #endif

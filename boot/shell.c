@@ -248,7 +248,7 @@ static const sh_cmd commands[] = {
     {"config", "config get S.K | config set S.K V", "read or change a setting (set also saves kiln.ini)", 0, cmd_config},
     {"net", "net", "kilnd's address, MAC, link state, counters", 0, cmd_net},
     {"version", "version", "the running slot and version, and the other slot's", 0, cmd_version},
-    {"slot", "slot [a|b]", "which slot runs; `slot b`: boot slot b next (then `reboot`)", 0, cmd_slot},
+    {"slot", "slot [a|b]", "which slot runs; `slot b`: verify slot b's signed image, boot it next (then `reboot`)", 0, cmd_slot},
     {"reboot", "reboot", "drain kilnd, then reboot", 0, cmd_reboot},
     {"poweroff", "poweroff", "drain kilnd, then power off", 0, cmd_poweroff},
     {"test-kill-kilnd", "test-kill-kilnd", "(test) SIGKILL kilnd", 1, cmd_test_kill},

@@ -58,7 +58,7 @@ ROOTS=${KILN_MODULES:-virtio_pci virtio_net i6300esb}
 say() { echo "image: $*" >&2; }
 die() { echo "image: error: $*" >&2; exit 1; }
 
-scripts/need.sh cpio cpio modinfo kmod gzip gzip dpkg-deb dpkg apt-get apt
+scripts/need.sh cpio cpio modinfo kmod gzip gzip dpkg-deb dpkg apt-get apt strip binutils
 
 for f in "$KILND_MUSL" "$KILN_INIT" "$MODEL" "$KILND"; do
   [ -f "$f" ] || die "$f is missing (make musl / make model / make; kiln-init: boot/*.c)"
@@ -165,7 +165,8 @@ else
 fi
 mkdir -p "$R"/{bin,sbin,etc/kiln/tls,lib/modules/"$VER",models,proc,sys,dev,run,tmp}
 ln -s sbin/init "$R/init"
-cp "$KILN_INIT" "$R/sbin/init"
+# kiln-init without its debug sections (mostly mbedcrypto's, ~1.6 MB; the symbols stay)
+strip --strip-debug -o "$R/sbin/init" "$KILN_INIT"
 cp "$KILND_MUSL" "$R/bin/kilnd"
 MODEL_FILE=$(basename "$MODEL")
 MODEL_DIR=${KILN_IMAGE_MODEL_DIR:-/models}
