@@ -10,10 +10,14 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
     so is a disk image whose slot a was changed, for a first install (no target written)
   boot 1: version 1 boots to ready; console `version` says slot a, version 1; a GEN
-  kiln-flash update v2 → boot 2: slot b, version 2, ready, blessed (its ESP entry loses the
-    boot counter); a GEN
+  kiln-flash update v2 → boot 2: slot b, version 2, ready but not blessed before it has
+    served a GEN; a GEN; then blessed (its ESP entry loses the boot counter); console
+    `slot a` verifies slot a (signature, hashes, its ESP entry) and makes it next, `slot b`
+    back
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
-    reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK
+    reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
+    (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
+    nothing changed
 
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded.
 """
@@ -157,12 +161,28 @@ def main():
         rc, out = run([A.flash, "update", A.v2, work])
         check("kiln-flash update v2 into slot b", rc == 0 and "slot b" in out and "kiln-b+3.efi" in out, out)
         g = boot("v2", work, A.log_dir); guests.append(g)
+        blessed = r"kiln: slot b \(version 2\) is healthy: blessed"
         try:
             ready(g, "boot 2 (v2)")
-            m = g.wait(r"kiln: slot b \(version 2\) is healthy: blessed", 30)
-            check("boot 2: version 2 is blessed once healthy", m is not None, "\n" + tail(g, 25))
-            version_is(g, "boot 2", "b", 2)
+            m = g.wait(r"kiln: slot b \(version 2\) on trial is ready; blessed once it has served a GEN", 30)
+            check("boot 2: ready, but waiting for a GEN before blessing", m is not None, "\n" + tail(g, 25))
+            m = g.wait(blessed, 5)  # heartbeats (served=0) come every 500 ms meanwhile
+            out = g.cmd("version")
+            check("boot 2: before any GEN the slot is not blessed (still on trial)",
+                  m is None and out is not None and "version 2 (on trial)" in out, repr(out))
             one_gen(g, "boot 2", "2")
+            m = g.wait(blessed, 30)
+            check("boot 2: after one GEN version 2 is blessed", m is not None, "\n" + tail(g, 25))
+            version_is(g, "boot 2", "b", 2)
+            out = g.cmd("slot a", 120)
+            check("boot 2: `slot a` verifies slot a (version 1) and makes it next",
+                  out is not None and "slot a (version 1, signature and hashes good) boots next" in out, repr(out))
+            out = g.cmd("slot b", 120)
+            check("boot 2: `slot b` makes the running slot next again",
+                  out is not None and "slot b (version 2, signature and hashes good) is running and boots next" in out, repr(out))
+            m = re.search(r"verified in ([\d.]+) s", g.cmd("log 10") or "")
+            if m:
+                say("boot 2: a slot verified in %s s (TCG)" % m.group(1))
             bt.poweroff(g, "boot 2: `poweroff` ends QEMU with status 0")
         except Abort:
             pass
@@ -179,6 +199,11 @@ def main():
             rc = g.exited(120)
             check("boot %d: the reboot ends QEMU (-no-reboot)" % (2 + n), rc is not None, "still running")
             g.kill()
+        with open(work, "r+b") as f:  # slot a (v3) changed on the disk: one byte of its UKI
+            f.seek((65 << 20) + 4096 + 7000)
+            b = f.read(1)
+            f.seek((65 << 20) + 4096 + 7000)
+            f.write(bytes([b[0] ^ 0x04]))
         g = boot("rollback", work, A.log_dir); guests.append(g)
         try:
             m = g.wait(r"kiln: ROLLBACK: ([^\n]*)\n", A.ready_timeout)
@@ -188,6 +213,14 @@ def main():
                 say("boot 5: %s" % m.group(1))
             ready(g, "boot 5 (rollback)")
             version_is(g, "boot 5", "b", 2)
+            out = g.cmd("slot a", 120)
+            check("boot 5: `slot a` refuses the changed slot a (its UKI's hash)",
+                  out is not None and "REFUSED: slot a does not verify, nothing changed" in out and "`uki`" in out, repr(out))
+            if out:
+                say("boot 5: %s" % out.strip())
+            out = version_is(g, "boot 5", "b", 2)
+            check("boot 5: after the refusal slot a's entry is untouched (no tries left)",
+                  out is not None and "kiln-a+0-2.efi" in out, repr(out))
             bt.poweroff(g, "boot 5: `poweroff` ends QEMU with status 0")
         except Abort:
             pass
