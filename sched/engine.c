@@ -470,12 +470,13 @@ int eng_set_kv8(engine *e, int on) {
 }
 
 /* Rung 2's work, between steps (no step reads the pool): cached blocks first, as no
- * request is using them, then the running sequences' full, written blocks. */
+ * request is using them, then the running sequences' full, written, cold blocks. */
 static void kv8_pass(engine *e) {
     int left = ENG_KV8_PER_STEP - kv_cached_to_q8(e->kv, ENG_KV8_PER_STEP);
     for (int i = 0; i < e->cfg.max_seqs && left > 0; i++) {
         eng_seq *s = &e->seqs[i];
-        if (s->state == SQ_RUN && s->kv) left -= kv_seq_to_q8(e->kv, s->kv, s->n_computed, left);
+        int cold = s->n_computed - ENG_KV8_HOT_BLOCKS * e->kv->cfg.block_size;
+        if (s->state == SQ_RUN && s->kv && cold > 0) left -= kv_seq_to_q8(e->kv, s->kv, cold, left);
     }
     e->kv8_last = ENG_KV8_PER_STEP - left;
     e->kv8_fresh = 0;

@@ -111,11 +111,15 @@ int eng_step_begin(engine *e);
 int eng_set_max_batch(engine *e, int n);
 /* The degrade ladder's second rung. While on, each step first turns up to
  * ENG_KV8_PER_STEP full KV blocks to 8 bits, cached ones first (least recently used
- * first), then the written blocks of running sequences, each freeing half its memory
- * (mm/kv.h); a block is born f16 and turned when full, so only each sequence's last,
- * partial block stays f16. Batch invariance is given up while it acts: attention reads
+ * first), then the written blocks of running sequences but their last
+ * ENG_KV8_HOT_BLOCKS, each freeing half its memory (mm/kv.h); a block is born f16 and
+ * turned once it is full and cold. Batch invariance is given up while it acts: attention reads
  * the 8-bit values. Does nothing on a pool made without kv8. Returns whether it is on. */
 #define ENG_KV8_PER_STEP 64
+/* Each sequence's last full blocks that stay f16 ("cold" blocks are the older ones):
+ * attention leans on recent tokens, and measured on the parity prompts (test_kv8,
+ * BENCHMARKS.md) the window is what keeps 8-bit output close to f16's. */
+#define ENG_KV8_HOT_BLOCKS 2
 int eng_set_kv8(engine *e, int on);
 /* Is rung 2 still at work: switched on and not yet run (a step was in flight), or its
  * last pass found blocks to turn? The ladder waits for it before climbing to shed. */

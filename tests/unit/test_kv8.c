@@ -14,11 +14,11 @@
 
 #include "check.h"
 #include "core/backend.h"
-#include "core/chat.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "sched/engine.h"
+#include "tests/parity_prompts.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SLOW 1 /* the sanitizer build runs two prompts for a few steps */
@@ -29,23 +29,6 @@
 #define N_GEN 32   /* teacher-forced steps per prompt */
 #define AGREE 16   /* the acceptance's horizon: greedy tokens that must agree */
 #define MAX_CTX 192
-
-typedef struct {
-    const char *name, *text;
-    int chat;
-} prompt;
-
-static const prompt PROMPTS[] = { /* tests/ref/parity.py's */
-    {"chatml-capital", "What is the capital of France?", 1},
-    {"chatml-code", "Write a Python function that reverses a string.", 1},
-    {"fr-accents", "Le café où j'ai rencontré Hélène était très agréable ; "
-                   "nous avons parlé de l'été à Montréal et", 0},
-    {"zh", "北京是中国的首都，也是一座历史悠久的城市。它的著名景点包括", 0},
-    {"emoji", "My favourite foods are pizza 🍕, sushi 🍣 and ice cream 🍦 because", 0},
-    {"code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n", 0},
-    {"digits", "The year 1969 saw 3 astronauts travel 384400 km; in 2024, ", 0},
-};
-#define N_PROMPTS ((int)(sizeof PROMPTS / sizeof PROMPTS[0]))
 
 /* One side: a pool, its backend, one sequence. */
 typedef struct {
@@ -75,8 +58,9 @@ static void side_close(side *d) {
     kv_pool_free(&d->kv);
 }
 
-/* Positions [n0, n0 + n) of d's sequence from toks; the logits of the last one. */
-static const float *side_step(side *d, const int32_t *toks, int n0, int n) {
+/* Positions [n0, n0 + n) of d's sequence from toks; the logits of the last one. Then
+ * every full block but the last `hot` ones turns to 8 bits (a no-op on the f16 side). */
+static const float *side_step(side *d, const int32_t *toks, int n0, int n, int hot) {
     if (kv_seq_reserve(&d->kv, d->s, n0 + n) < 0 || kv_seq_cow(&d->kv, d->s, n0) < 0) return NULL;
     int32_t pos[MAX_CTX];
     kv_seq *seqs[MAX_CTX];
@@ -84,8 +68,7 @@ static const float *side_step(side *d, const int32_t *toks, int n0, int n) {
     int32_t row = n - 1;
     model_batch b = {n, toks + n0, pos, (kv_seq *const *)seqs, 1, &row};
     if (backend_run(d->be, &b) <= 0) return NULL;
-    /* rung 2 at its harshest: every full block to 8 bits at once (no-op on f16) */
-    kv_seq_to_q8(&d->kv, d->s, n0 + n, MAX_CTX);
+    kv_seq_to_q8(&d->kv, d->s, n0 + n - hot * d->kv.cfg.block_size, MAX_CTX);
     return d->be->ops->logits(d->be);
 }
 
@@ -108,15 +91,63 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-static int encode(const tok_t *tok, const prompt *p, int32_t *ids, int cap) {
+static int encode(const tok_t *tok, const parity_prompt *p, int32_t *ids, int cap) {
     char buf[1024];
-    const char *text = p->text;
-    if (p->chat) {
-        chat_msg msg = {"user", p->text};
-        if (chat_format(CHAT_CHATML, &msg, 1, 1, buf, sizeof buf) < 0) return -1;
-        text = buf;
+    int n = parity_text(p, buf, sizeof buf);
+    return n < 0 ? -1 : tok_encode(tok, buf, (size_t)n, 1, ids, cap);
+}
+
+/* The parity prompts side by side, the 8-bit side keeping its last `hot` full blocks in
+ * f16 (0: rung 2 at its harshest; ENG_KV8_HOT_BLOCKS: what the engine's rung 2 does).
+ * Prints the figures; checks them against bounds set from measured ones, with room. */
+static void accuracy(const model *m, const tok_t *tok, int hot) {
+    const int nv = m->cfg.n_vocab, n_prompts = SLOW ? 2 : N_PARITY_PROMPTS, n_gen = SLOW ? 8 : N_GEN;
+    side f16 = {0}, q8 = {0};
+    CHECK(side_open(&f16, m, 0) == 0 && side_open(&q8, m, 1) == 0, "two pools and backends");
+    float *ref = malloc((size_t)nv * sizeof(float));
+    double kl_sum = 0, kl_max = 0;
+    int n_kl = 0, agree16 = 0;
+    for (int pi = 0; pi < n_prompts && f16.be && q8.be; pi++) {
+        const char *name = PARITY_PROMPTS[pi].name;
+        int32_t toks[MAX_CTX];
+        int n = encode(tok, &PARITY_PROMPTS[pi], toks, MAX_CTX - N_GEN - 1);
+        CHECK(n > 0, "%s: tokenized", name);
+        if (n <= 0) continue;
+        f16.s = kv_seq_new(&f16.kv), q8.s = kv_seq_new(&q8.kv);
+        int agree = -1; /* greedy tokens equal before the first difference */
+        const float *la = side_step(&f16, toks, 0, n, 0), *lb = NULL;
+        for (int g = 0; g <= n_gen && la; g++) {
+            memcpy(ref, la, (size_t)nv * sizeof(float));
+            lb = g == 0 ? side_step(&q8, toks, 0, n, hot) : side_step(&q8, toks, n + g - 1, 1, hot);
+            CHECK(lb != NULL, "%s: 8-bit step %d", name, g);
+            if (!lb) break;
+            double kl = kl_div(ref, lb, nv);
+            kl_sum += kl, n_kl++;
+            kl_max = fmax(kl_max, kl);
+            toks[n + g] = argmax(ref, nv); /* teacher forcing: the f16 run's greedy token */
+            if (agree < 0 && argmax(lb, nv) != toks[n + g]) agree = g;
+            if (g < n_gen) la = side_step(&f16, toks, n + g, 1, 0);
+        }
+        if (agree < 0) agree = n_gen + 1;
+        agree16 += agree >= AGREE;
+        int q8_blocks = kv_q8_blocks(&q8.kv), want = (n + n_gen) / 16 - hot;
+        printf("kv8 hot=%d %-15s prompt %3d tokens: greedy agrees for %2d of %d tokens, %d of %d blocks 8-bit\n",
+               hot, name, n, agree, n_gen + 1, q8_blocks, q8.s->n_blocks);
+        CHECK(q8_blocks == (want > 0 ? want : 0), "%s: every full block but %d 8-bit (%d)", name, hot, q8_blocks);
+        kv_seq_release(&f16.kv, f16.s);
+        kv_seq_release(&q8.kv, q8.s);
+        char e[200] = "";
+        CHECK(kv_check(&q8.kv, e, sizeof e) == 0 && kv_free_blocks(&q8.kv) == q8.kv.cfg.n_blocks,
+              "8-bit pool back to empty: %s", e);
     }
-    return tok_encode(tok, text, strlen(text), p->chat, ids, cap);
+    double mean = n_kl ? kl_sum / n_kl : INFINITY;
+    printf("kv8 hot=%d: mean KL %.5f nats, max %.4f, over %d distributions; greedy identical for the "
+           "first %d tokens on %d of %d prompts\n", hot, mean, kl_max, n_kl, AGREE, agree16, n_prompts);
+    CHECK(mean < (hot ? 0.004 : 0.008), "hot=%d: mean KL %.5f", hot, mean);
+    if (!SLOW && hot) CHECK(agree16 >= 5, "greedy identical for %d tokens on %d of %d prompts", AGREE, agree16, n_prompts);
+    free(ref);
+    side_close(&f16);
+    side_close(&q8);
 }
 
 /* ---------------------------------------------------------------- the engine */
@@ -224,53 +255,8 @@ int main(void) {
         fprintf(stderr, "test_kv8: cannot load %s: %s\n", path, err);
         return 1;
     }
-    const int nv = m.cfg.n_vocab, n_prompts = SLOW ? 2 : N_PROMPTS, n_gen = SLOW ? 8 : N_GEN;
-    side f16 = {0}, q8 = {0};
-    CHECK(side_open(&f16, &m, 0) == 0 && side_open(&q8, &m, 1) == 0, "two pools and backends");
-    float *ref = malloc((size_t)nv * sizeof(float));
-    double kl_sum = 0, kl_max = 0;
-    int n_kl = 0, agree16 = 0;
-    for (int pi = 0; pi < n_prompts && f16.be && q8.be; pi++) {
-        int32_t toks[MAX_CTX];
-        int n = encode(&tok, &PROMPTS[pi], toks, MAX_CTX - N_GEN - 1);
-        CHECK(n > 0, "%s: tokenized", PROMPTS[pi].name);
-        if (n <= 0) continue;
-        f16.s = kv_seq_new(&f16.kv), q8.s = kv_seq_new(&q8.kv);
-        int agree = -1; /* greedy tokens equal before the first difference */
-        const float *la = side_step(&f16, toks, 0, n), *lb = NULL;
-        for (int g = 0; g <= n_gen && la; g++) {
-            memcpy(ref, la, (size_t)nv * sizeof(float));
-            lb = g == 0 ? side_step(&q8, toks, 0, n) : side_step(&q8, toks, n + g - 1, 1);
-            CHECK(lb != NULL, "%s: 8-bit step %d", PROMPTS[pi].name, g);
-            if (!lb) break;
-            double kl = kl_div(ref, lb, nv);
-            kl_sum += kl, n_kl++;
-            kl_max = fmax(kl_max, kl);
-            toks[n + g] = argmax(ref, nv); /* teacher forcing: the f16 run's greedy token */
-            if (agree < 0 && argmax(lb, nv) != toks[n + g]) agree = g;
-            if (g < n_gen) la = side_step(&f16, toks, n + g, 1);
-        }
-        if (agree < 0) agree = n_gen + 1;
-        agree16 += agree >= AGREE;
-        int q8_blocks = kv_q8_blocks(&q8.kv);
-        printf("kv8 %-15s prompt %3d tokens: greedy agrees for %2d of %d tokens, %d of %d blocks 8-bit\n",
-               PROMPTS[pi].name, n, agree, n_gen + 1, q8_blocks, q8.s->n_blocks);
-        CHECK(q8_blocks == (n + n_gen) / 16, "%s: every full block 8-bit (%d)", PROMPTS[pi].name, q8_blocks);
-        kv_seq_release(&f16.kv, f16.s);
-        kv_seq_release(&q8.kv, q8.s);
-        char e[200];
-        CHECK(kv_check(&q8.kv, e, sizeof e) == 0 && kv_free_blocks(&q8.kv) == q8.kv.cfg.n_blocks,
-              "8-bit pool back to empty: %s", e);
-    }
-    double mean = n_kl ? kl_sum / n_kl : INFINITY;
-    printf("kv8: mean KL %.5f nats, max %.4f, over %d distributions; greedy identical for the "
-           "first %d tokens on %d of %d prompts\n", mean, kl_max, n_kl, AGREE, agree16, n_prompts);
-    /* bounds from the measured figures (BENCHMARKS.md), with room */
-    CHECK(mean < 0.006, "mean KL %.5f", mean);
-    if (!SLOW) CHECK(agree16 >= 4, "greedy identical for %d tokens on %d of %d prompts", AGREE, agree16, n_prompts);
-    free(ref);
-    side_close(&f16);
-    side_close(&q8);
+    accuracy(&m, &tok, 0);
+    accuracy(&m, &tok, ENG_KV8_HOT_BLOCKS);
     engine_kv8(&m, &tok);
     tok_free(&tok);
     model_free(&m);
