@@ -22,6 +22,7 @@
 #include <math.h>
 #include "cuda/cu.h"
 #include "cuda/kern.h"
+#include "tests/parity_prompts.h"
 
 #define PROMPT 128
 #define GEN 128
@@ -217,18 +218,7 @@ static run_result run_streams(rig *r, int S) {
 /* ---------------------------------------------------------------- 8-bit KV accuracy */
 
 #define KV8_STEPS 32
-#define CHATML(u) "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face" \
-                  "<|im_end|>\n<|im_start|>user\n" u "<|im_end|>\n<|im_start|>assistant\n"
-/* tests/ref/parity.py's prompts */
-static const char *const KV8_PROMPTS[] = {
-    CHATML("What is the capital of France?"),
-    CHATML("Write a Python function that reverses a string."),
-    "Le café où j'ai rencontré Hélène était très agréable ; nous avons parlé de l'été à Montréal et",
-    "北京是中国的首都，也是一座历史悠久的城市。它的著名景点包括",
-    "My favourite foods are pizza 🍕, sushi 🍣 and ice cream 🍦 because",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n",
-    "The year 1969 saw 3 astronauts travel 384400 km; in 2024, ",
-};
+/* the parity prompts: tests/parity_prompts.h */
 
 static int argmax_row(const float *x, int n) { return greedy(x, n); }
 
@@ -262,7 +252,7 @@ static const float *feed(rig *r, kv_seq *seq, const int32_t *toks, int n, int po
  * divergence of the next-token distributions, and how long greedy output stays the
  * same. */
 static void kv8_accuracy(rig *r, const tok_t *tok) {
-    int nv = r->m->cfg.n_vocab, bs = r->kv->cfg.block_size, n_p = sizeof KV8_PROMPTS / sizeof *KV8_PROMPTS;
+    int nv = r->m->cfg.n_vocab, bs = r->kv->cfg.block_size, n_p = N_PARITY_PROMPTS;
     float *ref = malloc((size_t)(KV8_STEPS + 1) * nv * sizeof(float));
     int32_t ids[1024], gen[KV8_STEPS + 1], blocks[64];
     double kl_sum = 0, kl_max = 0;
@@ -270,7 +260,9 @@ static void kv8_accuracy(rig *r, const tok_t *tok) {
     say("\n8-bit KV (fp8 e4m3, a scale per block, layer, K|V and head) against f16, %d steps per prompt:\n",
         KV8_STEPS);
     for (int p = 0; p < n_p && ref; p++) {
-        int n = tok_encode(tok, KV8_PROMPTS[p], strlen(KV8_PROMPTS[p]), 1, ids, 1024);
+        char text[2048];
+        int tn = parity_text(&PARITY_PROMPTS[p], text, sizeof text);
+        int n = tn < 0 ? -1 : tok_encode(tok, text, (size_t)tn, 1, ids, 1024);
         kv_seq *seq = kv_seq_new(r->kv);
         if (n < 1 || n > 512 || !seq || kv_seq_reserve(r->kv, seq, n + KV8_STEPS + 1) < 0) {
             say("kv8: prompt %d: cannot tokenize or reserve\n", p);

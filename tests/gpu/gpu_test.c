@@ -43,6 +43,7 @@
 #include "cuda/kern.h"
 #include "cuda/plan.h"
 #include "mm/kv.h"
+#include "tests/parity_prompts.h"
 
 #define FMT(a, b) __attribute__((format(printf, a, b)))
 
@@ -1320,29 +1321,11 @@ static void group_attn(const opts *o) {
 #define CTX 2048
 #define BLOCK 16
 
-static const char *SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-
-/* tests/ref/parity.py's PROMPTS (the chat ones through ref_llama.chatml), and an eighth
- * for the batch group. */
-typedef struct {
-    const char *name, *text;
-    int chat;
-} prompt_def;
-
-static const prompt_def PROMPTS[] = {
-    {"chatml-capital", "What is the capital of France?", 1},
-    {"chatml-code", "Write a Python function that reverses a string.", 1},
-    {"fr-accents", "Le café où j'ai rencontré Hélène était très agréable ; "
-                   "nous avons parlé de l'été à Montréal et", 0},
-    {"zh", "北京是中国的首都，也是一座历史悠久的城市。它的著名景点包括", 0},
-    {"emoji", "My favourite foods are pizza 🍕, sushi 🍣 and ice cream 🍦 because", 0},
-    {"code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-             "    if n < 2:\n", 0},
-    {"digits", "The year 1969 saw 3 astronauts travel 384400 km; in 2024, ", 0},
-    {"story", "Once upon a time, in a small village by the sea, there lived", 0},
-};
-#define N_PARITY 7
-#define N_ALL 8
+/* tests/parity_prompts.h's seven, and an eighth for the batch group. */
+static const parity_prompt STORY = {"story", "Once upon a time, in a small village by the sea, there lived", 0};
+#define N_PARITY N_PARITY_PROMPTS
+#define N_ALL (N_PARITY_PROMPTS + 1)
+static const parity_prompt *prompt_at(int i) { return i < N_PARITY ? &PARITY_PROMPTS[i] : &STORY; }
 
 typedef struct {
     int n;
@@ -1351,17 +1334,11 @@ typedef struct {
 
 /* Token ids as `kilnd tokenize --special` gives them (no BOS), the chat prompts in
  * ChatML with SmolLM2's system message, exactly as ref_llama.chatml writes it. */
-static int encode_prompt(const tok_t *tok, const prompt_def *p, prompt_ids *out) {
+static int encode_prompt(const tok_t *tok, const parity_prompt *p, prompt_ids *out) {
     char buf[2048];
-    if (p->chat)
-        snprintf(buf, sizeof buf,
-                 "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
-                 "<|im_start|>assistant\n",
-                 SYSTEM, p->text);
-    else
-        snprintf(buf, sizeof buf, "%s", p->text);
+    int n = parity_text(p, buf, sizeof buf);
     int cap = (int)(sizeof out->ids / sizeof out->ids[0]);
-    out->n = tok_encode(tok, buf, strlen(buf), 1, out->ids, cap);
+    out->n = n < 0 ? -1 : tok_encode(tok, buf, (size_t)n, 1, out->ids, cap);
     return out->n > 0 ? 0 : -1;
 }
 
@@ -1525,8 +1502,8 @@ static int model_open(model_fx *f, const opts *o, const char *group) {
     }
     f->tok_ok = 1;
     for (int i = 0; i < N_ALL; i++)
-        if (encode_prompt(&f->tok, &PROMPTS[i], &f->ids[i]) < 0) {
-            report(0, group, "tokenizing prompt %s failed", PROMPTS[i].name);
+        if (encode_prompt(&f->tok, prompt_at(i), &f->ids[i]) < 0) {
+            report(0, group, "tokenizing prompt %s failed", prompt_at(i)->name);
             return -1;
         }
     info("model %s: %d layers, d_model %d, %d heads / %d KV heads of %d, vocab %d", o->model,
@@ -1590,7 +1567,7 @@ static double logit_rel(const float *a, const float *b, int n, double *shifted) 
 #define NEAR_TIE 0.05
 static void check_greedy(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) {
     char chk[64], cpu_part[200] = "";
-    snprintf(chk, sizeof chk, "greedy[%s]", PROMPTS[i].name);
+    snprintf(chk, sizeof chk, "greedy[%s]", prompt_at(i)->name);
     const run_out *g = &r[R_G1][i], *c = &r[R_CPU][i], *x = &r[R_EXACT][i];
     if (!g->ok || !c->ok || !x->ok) {
         report(0, chk, "%s", !g->ok ? g->err : !c->ok ? c->err : x->err);
@@ -1620,7 +1597,7 @@ static void check_greedy(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) 
 /* The logits at the last prompt position: within 2% of the exact CPU's range. */
 static void check_logits(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) {
     char chk[64];
-    snprintf(chk, sizeof chk, "logits[%s]", PROMPTS[i].name);
+    snprintf(chk, sizeof chk, "logits[%s]", prompt_at(i)->name);
     const run_out *g = &r[R_G1][i], *c = &r[R_CPU][i], *x = &r[R_EXACT][i];
     if (!g->ok || !c->ok || !x->ok) {
         report(0, chk, "%s", !g->ok ? g->err : !c->ok ? c->err : x->err);
@@ -1638,7 +1615,7 @@ static void check_logits(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) 
 /* graphs=0 must replay exactly what graphs=1 computes. */
 static void check_graphs(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) {
     char chk[64];
-    snprintf(chk, sizeof chk, "graphs_off_identical[%s]", PROMPTS[i].name);
+    snprintf(chk, sizeof chk, "graphs_off_identical[%s]", prompt_at(i)->name);
     const run_out *a = &r[R_G1][i], *b = &r[R_G0][i];
     if (!a->ok || !b->ok) {
         report(0, chk, "%s", !a->ok ? a->err : b->err);
@@ -1663,7 +1640,7 @@ static void check_graphs(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) 
  * never reach cuBLAS, so they must be bit-identical. */
 static void check_cublas(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) {
     char chk[64];
-    snprintf(chk, sizeof chk, "cublas[%s]", PROMPTS[i].name);
+    snprintf(chk, sizeof chk, "cublas[%s]", prompt_at(i)->name);
     const run_out *a = &r[R_G1][i], *b = &r[R_BLAS][i];
     if (!a->ok || !b->ok) {
         report(0, chk, "%s", !a->ok ? a->err : b->err);
@@ -1762,7 +1739,7 @@ static void batch_compare(batch_fx *b, const float *row, int i, int j, int nv, c
         double mx = 0;
         for (int k = 0; k < nv; k++) mx = fmax(mx, fabs((double)row[k] - want[k]));
         snprintf(b->first, sizeof b->first, "%s step %d: sequence %d (%s) row %d: max |diff| %.3g", mode,
-                 step, i, PROMPTS[i].name, j, mx);
+                 step, i, prompt_at(i)->name, j, mx);
     }
 }
 
