@@ -11,16 +11,22 @@ void attn_init(attn_state *st, int g, int hd) {
     for (int i = 0; i < g * hd; i++) st->acc[i] = 0.0f;
 }
 
+/* Element i of a K or V block: f16, or int8 times the block's scale. */
+static inline float elem(const void *p, size_t i, float scale, int q8) {
+    return q8 ? (float)((const int8_t *)p)[i] * scale : quant_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
 /* For each query: scores against the block's keys, a new running max, the old sum and
  * output rescaled by exp(old max - new max), then the block's weighted values added. */
-void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
+static void ref_block(attn_state *st, const float *q, const void *K, float ks, const void *V,
+                      float vs, int n, int q8) {
     int g = st->g, hd = st->hd;
     static _Thread_local float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK];
     for (int j = 0; j < g; j++) {
         float mx = st->m[j];
         for (int i = 0; i < n; i++) {
             float dot = 0.0f;
-            for (int d = 0; d < hd; d++) dot += q[j * hd + d] * quant_f16_to_f32(K[i * hd + d]);
+            for (int d = 0; d < hd; d++) dot += q[j * hd + d] * elem(K, (size_t)(i * hd + d), ks, q8);
             s[j][i] = dot;
             if (dot > mx) mx = dot;
         }
@@ -31,34 +37,18 @@ void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uin
         for (int i = 0; i < n; i++) {
             float p = expf(s[j][i] - mx);
             st->l[j] += p;
-            for (int d = 0; d < hd; d++) st->acc[j * hd + d] += p * quant_f16_to_f32(V[i * hd + d]);
+            for (int d = 0; d < hd; d++) st->acc[j * hd + d] += p * elem(V, (size_t)(i * hd + d), vs, q8);
         }
     }
 }
 
-/* The reference over int8 K/V: the same loops, each key and value widened and scaled. */
+void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
+    ref_block(st, q, K, 1.0f, V, 1.0f, n, 0);
+}
+
 void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks,
                        const int8_t *V, float vs, int n) {
-    int g = st->g, hd = st->hd;
-    static _Thread_local float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK];
-    for (int j = 0; j < g; j++) {
-        float mx = st->m[j];
-        for (int i = 0; i < n; i++) {
-            float dot = 0.0f;
-            for (int d = 0; d < hd; d++) dot += q[j * hd + d] * (float)K[i * hd + d];
-            s[j][i] = dot * ks;
-            if (s[j][i] > mx) mx = s[j][i];
-        }
-        float corr = expf(st->m[j] - mx);
-        st->l[j] *= corr;
-        for (int d = 0; d < hd; d++) st->acc[j * hd + d] *= corr;
-        st->m[j] = mx;
-        for (int i = 0; i < n; i++) {
-            float p = expf(s[j][i] - mx);
-            st->l[j] += p;
-            for (int d = 0; d < hd; d++) st->acc[j * hd + d] += p * vs * (float)V[i * hd + d];
-        }
-    }
+    ref_block(st, q, K, ks, V, vs, n, 1);
 }
 
 void attn_block_q8(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
