@@ -542,7 +542,8 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
 #define Q8_CHUNK 256 /* f32 staging per call of the f16 converters */
 
 /* The 8-bit format is int8 with one scale per slab (max |x| / 127). Measured on the
- * parity prompts (tests/unit/test_kv8.c, BENCHMARKS.md): fp8 e4m3 with the same scale
+ * parity prompts (tests/unit/test_kv8.c, BENCHMARKS.md; before their chat prompts had a
+ * system message): fp8 e4m3 with the same scale
  * (the CUDA backend's format) gave a higher mean KL divergence (0.0044 against 0.0034
  * nats); a scale per key channel and per value row lowered it to 0.0025 but costs an
  * eighth of the pool in scales and kept greedy output no longer. */
@@ -550,19 +551,25 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
 /* One slab of n values: f16 in, int8 out, symmetric, returns the scale. dst may be src
  * itself (in place): chunk j's bytes [j, j+1) * C overlap only source chunks <= j, each
  * read before it is overwritten. The max is taken on the f16 bits (|h| orders like the
- * values; the cache holds no NaN). */
+ * values), capped at the largest finite f16: an infinity saturates to +-127 and a NaN
+ * becomes 0, so a broken activation cannot poison the block's scale. */
 static float slab_to_q8(const uint16_t *src, int8_t *dst, size_t n) {
     uint16_t hmax = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t a = src[i] & 0x7fff;
         hmax = a > hmax ? a : hmax;
     }
+    if (hmax > 0x7bff) hmax = 0x7bff; /* 65504 */
     float amax = quant_f16_to_f32(hmax), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     float tmp[Q8_CHUNK];
     for (size_t i = 0; i < n; i += Q8_CHUNK) {
         size_t m = n - i < Q8_CHUNK ? n - i : Q8_CHUNK;
         quant_dequant(QT_F16, src + i, tmp, (int64_t)m);
-        for (size_t j = 0; j < m; j++) dst[i + j] = (int8_t)lrintf(tmp[j] * inv); /* |.| <= 127 */
+        for (size_t j = 0; j < m; j++) {
+            float v = tmp[j] * inv;
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f;
+            dst[i + j] = (int8_t)lrintf(v);
+        }
     }
     return amax / 127.0f;
 }

@@ -1034,6 +1034,33 @@ static void test_q8_basic(void) {
     kv_pool_free(&p);
 }
 
+/* Outside values: an f16 infinity or NaN in a block saturates or zeroes, never poisons
+ * the slab's scale or the other values. */
+static void test_q8_nonfinite(void) {
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+    kv_seq *s = kv_seq_new(&p);
+    int32_t toks[4] = {1, 2, 3, 4};
+    CHECK(kv_seq_reserve(&p, s, 4) == 0, "reserve");
+    for (int pos = 0; pos < 4; pos++) q8_write(&p, s, pos, toks[pos]);
+    int32_t b = s->blocks[0];
+    kv_k(&p, b, 0, 0)[0] = 0x7c00; /* +inf */
+    kv_k(&p, b, 0, 0)[1] = 0x7e00; /* NaN */
+    CHECK(kv_block_to_q8(&p, b) == 1, "converted");
+    uint16_t k[16], v[16];
+    kv_q8_read(&p, b, 0, 0, 4, k, v);
+    float sc = kv_q8_scale(&p, b, 0, 0, 0);
+    CHECK(sc > 0 && sc < 65505.0f / 127 * 1.001f, "finite scale %g", sc);
+    CHECK(quant_f16_to_f32(k[0]) > 65000.0f && quant_f16_to_f32(k[1]) == 0.0f, "inf saturated, NaN zero: %g %g",
+          quant_f16_to_f32(k[0]), quant_f16_to_f32(k[1]));
+    int finite = 1;
+    for (int i = 0; i < 16; i++) finite &= isfinite(quant_f16_to_f32(k[i])) && isfinite(quant_f16_to_f32(v[i]));
+    CHECK(finite, "every value read back is finite");
+    kv_seq_release(&p, s);
+    check_pool(&p, "non-finite");
+    kv_pool_free(&p);
+}
+
 /* Randomized: appends, forks, releases, prefix matches, conversions of sequences and of
  * cached blocks, OOM; kv_check after every step, every sequence's data checked. */
 static void test_q8_random(int n_ops) {
@@ -1112,5 +1139,6 @@ int main(void) {
     test_arena();
     test_q8_basic();
     test_q8_random(20000);
+    test_q8_nonfinite();
     return check_done("kv");
 }
