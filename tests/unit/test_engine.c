@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "model_fixture.h"
 #include "core/backend.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
@@ -562,14 +563,9 @@ static void stall_bound(const model *m, const tok_t *tok, int long_len) {
 }
 
 int main(void) {
-    const char *path = getenv("MODEL") ? getenv("MODEL") : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     static model m;
     static tok_t tok;
-    char err[512];
-    if (model_load(&m, path, err, sizeof err) < 0 || tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) {
-        fprintf(stderr, "test_engine: cannot load %s: %s\n", path, err);
-        return 1;
-    }
+    if (fixture_load(&m, &tok, "test_engine") < 0) return 1;
     invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
     accounting(&m, &tok);
     forks(&m, &tok, 1);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "model_fixture.h"
 #include "core/backend.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
@@ -247,14 +248,9 @@ out:
 }
 
 int main(void) {
-    const char *path = getenv("MODEL") ? getenv("MODEL") : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     static model m;
     static tok_t tok;
-    char err[512];
-    if (model_load(&m, path, err, sizeof err) < 0 || tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) {
-        fprintf(stderr, "test_kv8: cannot load %s: %s\n", path, err);
-        return 1;
-    }
+    if (fixture_load(&m, &tok, "test_kv8") < 0) return 1;
     accuracy(&m, &tok, 0);
     accuracy(&m, &tok, ENG_KV8_HOT_BLOCKS);
     engine_kv8(&m, &tok);
