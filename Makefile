@@ -64,7 +64,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 KILND := $(BUILD)/gnu/kilnd
 
 .PHONY: cuda gpu-progs test-gpu
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -291,8 +291,14 @@ bench: tools model venv $(KILND)
 
 # The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
 # with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing
-# may be lost or leaked (tests/reliability/).
+# may be lost or leaked (tests/reliability/, RELIABILITY.md). The short run's request
+# shape, ten times the requests and twice the clients (~10 min on 2 cores); soak-heavy
+# has long prompts and outputs (8..200 words, up to 64 tokens: hours).
 soak: tools model $(KILND)
+	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64 \
+	  --max-tokens 8 --slow-max-tokens 16 --prompt-max 16 --kv-pool-mb 12 \
+	  --time-limit 2700 --request-timeout 300 --hard-limit 3300
+soak-heavy: tools model $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) tests/reliability/soak.sh --requests 20000 --clients 64
 
 clean:
