@@ -96,6 +96,41 @@ int bun_check_copy(int fd, const man_part *p, char *err, size_t cap) {
     return 0;
 }
 
+static int write_full(int fd, const void *buf, size_t n, uint64_t off) {
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? -errno : -EIO;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+int bun_copy(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, char *err, size_t cap) {
+    char *a = malloc(CHUNK), *b = malloc(CHUNK);
+    int r = a && b ? 0 : -ENOMEM;
+    const char *what = "out of memory";
+    for (uint64_t done = 0; !r && done < n; done += CHUNK) {
+        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
+        if ((r = read_full(src, a, k, soff + done)) < 0) what = "read";
+        else if ((r = write_full(dst, a, k, doff + done)) < 0) what = "write";
+    }
+    /* EINVAL: a file or device that cannot be synced (a pipe, some test setups) */
+    if (!r && fdatasync(dst) < 0 && errno != EINVAL) r = -errno, what = "fdatasync";
+    for (uint64_t done = 0; !r && done < n; done += CHUNK) { /* read back */
+        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
+        if ((r = read_full(src, a, k, soff + done)) < 0 || (r = read_full(dst, b, k, doff + done)) < 0) what = "read back";
+        else if (memcmp(a, b, k)) {
+            free(a), free(b);
+            return fail(err, cap, -EIO, "read back differs near byte %llu", (unsigned long long)done);
+        }
+    }
+    free(a), free(b);
+    if (r == -ENODATA) return fail(err, cap, -EIO, "%s: the data ends early", what);
+    return r < 0 ? fail(err, cap, r, "%s: %s", what, strerror(-r)) : 0;
+}
+
 int bun_verify(int fd, uint64_t off, uint64_t limit, const uint8_t pub[MAN_PUB_LEN], man_manifest *m, char *err, size_t cap) {
     char text[MAN_MAX + 1];
     int r = bun_read_manifest(fd, off, m, text, err, cap);

@@ -32,5 +32,10 @@ int bun_hash_range(int fd, uint64_t off, uint64_t n, uint8_t out[32], char *err,
 /* A copy of part p elsewhere (the ESP's UKI): fd holds exactly p's bytes, no more, no less
  * (its size is fstat's for a regular file, else the end of p). 0, -EPERM (differs). */
 int bun_check_copy(int fd, const man_part *p, char *err, size_t cap);
+/* n bytes from src at soff to dst at doff, in chunks; dst synced, then read back and
+ * compared with src (what is on the target is what was read). 0, -EIO (reads back
+ * different), or -errno; err says which. kiln-flash's slot and UKI copies, kiln-init's
+ * UKI onto the ESP for a network update. */
+int bun_copy(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, char *err, size_t cap);
 
 #endif

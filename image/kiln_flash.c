@@ -29,7 +29,6 @@ static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
 static char err[512];
 
 #define SECTOR 512
-#define CHUNK (1u << 20)
 
 static int usage(void) {
     fprintf(stderr, "usage: kiln-flash install DISK_IMAGE TARGET\n"
@@ -64,17 +63,6 @@ static int pread_full(int fd, void *buf, size_t n, uint64_t off) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return r < 0 ? -errno : -ENODATA;
         got += (size_t)r;
-    }
-    return 0;
-}
-
-static int pwrite_full(int fd, const void *buf, size_t n, uint64_t off) {
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return r < 0 ? -errno : -EIO;
-        put += (size_t)r;
     }
     return 0;
 }
@@ -230,29 +218,10 @@ static int cmd_status(const char *target) {
     return 0;
 }
 
+/* bun_copy (read back and compared), saying what failed */
 static int copy_verified(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, const char *what) {
-    char *a = malloc(CHUNK), *b = malloc(CHUNK);
-    int rc = 0;
-    if (!a || !b) rc = -ENOMEM;
-    for (uint64_t done = 0; !rc && done < n;) {
-        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
-        if ((rc = pread_full(src, a, k, soff + done)) < 0) break;
-        if ((rc = pwrite_full(dst, a, k, doff + done)) < 0) break;
-        done += k;
-    }
-    if (!rc && fdatasync(dst) < 0 && errno != EINVAL) rc = -errno;
-    /* read back: what is on the target now is what was verified */
-    for (uint64_t done = 0; !rc && done < n;) {
-        size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
-        if ((rc = pread_full(src, a, k, soff + done)) < 0 || (rc = pread_full(dst, b, k, doff + done)) < 0) break;
-        if (memcmp(a, b, k)) {
-            fprintf(stderr, "kiln-flash: %s: read back differs at byte %llu\n", what, (unsigned long long)(done));
-            rc = -EIO;
-        }
-        done += k;
-    }
-    free(a), free(b);
-    if (rc && rc != -EIO) fprintf(stderr, "kiln-flash: %s: %s\n", what, strerror(-rc));
+    int rc = bun_copy(src, soff, dst, doff, n, err, sizeof err);
+    if (rc) fprintf(stderr, "kiln-flash: %s: %s\n", what, err);
     return rc;
 }
 
