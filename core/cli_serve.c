@@ -3,6 +3,8 @@
  *   kilnd serve [--config kiln.ini] [--model PATH] [--threads N] [--set section.key=value]...
  *               [--control PATH]       (the control socket for kiln-init: net/ctl.h)
  *               [--faults]             (tests: the admin verb FAULT)
+ *               [--update-slot S:PATH] (kiln-init: the inactive slot S and its partition,
+ *                                       which the admin verb UPDATE writes; net/update.h)
  *   kilnd check-config [the same flags]   (exit 0, or 1 with one line saying what is wrong)
  *   kilnd certs --dir DIR [--hosts h1,h2] [--force]
  *
@@ -36,6 +38,7 @@
 #include "sched/loop.h"
 
 static int g_faults; /* --faults: the admin verb FAULT (tests) */
+static const char *g_update_slot; /* --update-slot b:/dev/vda3 (kiln-init) */
 
 static int parse(int argc, char **argv, kiln_config *c, int *threads, const char **control) {
     char err[512];
@@ -49,6 +52,8 @@ static int parse(int argc, char **argv, kiln_config *c, int *threads, const char
         i++;
         if (!strcmp(a, "--control")) {
             *control = v;
+        } else if (!strcmp(a, "--update-slot")) {
+            g_update_slot = v;
         } else if (!strcmp(a, "--config")) {
             if (cfg_load_file(c, v, err, sizeof err) < 0) { fprintf(stderr, "kilnd: %s\n", err); return -1; }
         } else if (!strcmp(a, "--model")) {
@@ -189,7 +194,7 @@ int cli_serve(int argc, char **argv) {
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
     model_name(&m, c.model.path, name, sizeof name);
-    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults};
+    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
     sw.s = s, sw.l = l;

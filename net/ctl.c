@@ -116,6 +116,9 @@ static void run_command(ctl *c, ctl_client *k, char *line) {
             if (r == 0) client_printf(c, k, "ok\n");
             else client_printf(c, k, "%s: %s\n", r == -EAGAIN ? "later" : "error", err);
         }
+    } else if (!strncmp(line, "update ", 7)) { /* kiln-init's answer to our ASK (the network update) */
+        if (srv_update_answer(c->s, line) == 0) client_printf(c, k, "ok\n");
+        else client_printf(c, k, "error: no update waits for that\n");
     } else if (!strcmp(line, "net")) {
         char addr[64] = "";
         net_address(c->net, addr, sizeof addr);
@@ -167,6 +170,20 @@ static void on_accept(loop_t *l, int fd, void *ud, int mask) {
     client_flush(c, k);
 }
 
+/* srv_notify_fn: an ASK line to every client (kiln-init is the one there is). */
+static int ask_clients(void *ud, const char *line) {
+    ctl *c = ud;
+    int n = 0;
+    for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
+        ctl_client *k = &c->clients[i];
+        if (k->fd < 0) continue;
+        client_printf(c, k, "%s\n", line);
+        client_flush(c, k);
+        n += k->fd >= 0;
+    }
+    return n;
+}
+
 static int64_t on_heartbeat(loop_t *l, int64_t id, void *ud) {
     (void)l, (void)id;
     ctl *c = ud;
@@ -203,6 +220,7 @@ ctl *ctl_new(loop_t *l, srv *s, net_stack *net, const char *path, char *err, siz
         ctl_free(c);
         return NULL;
     }
+    srv_set_notify(s, ask_clients, c);
     if ((c->hb_timer = loop_timer_add(l, CTL_HB_MS, on_heartbeat, c)) < 0) {
         snprintf(err, errlen, "control socket: no timer");
         ctl_free(c);
@@ -214,6 +232,7 @@ ctl *ctl_new(loop_t *l, srv *s, net_stack *net, const char *path, char *err, siz
 void ctl_free(ctl *c) {
     if (!c) return;
     for (int i = 0; i < CTL_MAX_CLIENTS; i++) client_close(c, &c->clients[i]);
+    if (c->s) srv_set_notify(c->s, NULL, NULL);
     if (c->hb_timer > 0) loop_timer_del(c->l, c->hb_timer);
     if (c->fd >= 0) {
         loop_fd_del(c->l, c->fd, LOOP_READ);

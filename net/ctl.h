@@ -13,6 +13,9 @@
  *   config get S.K          S.K=value
  *   config set S.K V        ok, or "error: ..." (keys that need a restart say so)
  *   net                     driver, address, open connections
+ *   update ready|done|refused S ...   kiln-init's answer to an ASK of the network update
+ * kilnd asks kiln-init, unsolicited like HB: `ASK update-begin S`, `ASK update-activate S
+ * tries=T`, `ASK reboot` (net/server.c's UPDATE and REBOOT verbs).
  * The socket is only as private as its path: kiln-init creates it under /run/kiln
  * (mode 0700); the file itself is made mode 0600. */
 #ifndef KILN_CTL_H

@@ -616,3 +616,38 @@ nospace:
     if (cap) out[0] = '\0';
     return -ENOSPC;
 }
+
+/* ---------------------------------------------------------------- UPDATE */
+
+static int proto_hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
+
+int proto_update_parse(const proto_line *l, proto_update *u, char *err, size_t errlen) {
+    memset(u, 0, sizeof *u);
+    u->tries = 3;
+    if (strcmp(l->verb, "UPDATE")) return proto_fail(err, errlen, "expected UPDATE");
+    if (l->n_pos) return proto_fail(err, errlen, "UPDATE takes no positional words (UPDATE size=N sha256=HEX)");
+    unsigned seen = 0;
+    for (int i = 0; i < l->n_kv; i++) {
+        const proto_str *k = &l->kv[i].key, *v = &l->kv[i].val;
+        unsigned bit = !strcmp(k->s, "size") ? 1u : !strcmp(k->s, "sha256") ? 2u : !strcmp(k->s, "tries") ? 4u : 0u;
+        if (!bit) return proto_fail(err, errlen, "unknown key %s", k->s);
+        if (seen & bit) return proto_fail(err, errlen, "duplicate key %s", k->s);
+        seen |= bit;
+        long long x;
+        if (bit == 1 && (proto_int(v, 1, 1LL << 40, &x) < 0 || v->quoted))
+            return proto_fail(err, errlen, "size must be an integer in [1, 2^40]");
+        if (bit == 1) u->size = (uint64_t)x;
+        if (bit == 4 && (proto_int(v, 1, 9, &x) < 0 || v->quoted)) return proto_fail(err, errlen, "tries must be an integer in [1, 9]");
+        if (bit == 4) u->tries = (int)x;
+        if (bit == 2) {
+            if (v->len != 64) return proto_fail(err, errlen, "sha256 must be 64 lower-case hex digits");
+            for (int j = 0; j < 32; j++) {
+                int hi = proto_hexval(v->s[2 * j]), lo = proto_hexval(v->s[2 * j + 1]);
+                if (hi < 0 || lo < 0) return proto_fail(err, errlen, "sha256 must be 64 lower-case hex digits");
+                u->sha256[j] = (uint8_t)(hi << 4 | lo);
+            }
+        }
+    }
+    if ((seen & 3u) != 3u) return proto_fail(err, errlen, "usage: UPDATE size=N sha256=HEX [tries=1..9]");
+    return 0;
+}

@@ -92,6 +92,16 @@ typedef struct {
 } proto_gen;
 int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen);
 
+/* UPDATE size=N sha256=HEX [tries=T] (admin; docs/PROTOCOL.md): N 1..2^40 bytes of a signed
+ * bundle follow once the server says OK; sha256 is 64 lower-case hex digits (the whole
+ * bundle's); tries 1..9, default 3. No positional words, no other keys, no duplicates. */
+typedef struct {
+    uint64_t size;
+    uint8_t sha256[32];
+    int tries;
+} proto_update;
+int proto_update_parse(const proto_line *l, proto_update *u, char *err, size_t errlen);
+
 /* A request id as the protocol allows it (1..PROTO_ID_MAX of [A-Za-z0-9_.:-]). */
 int proto_id_ok(const char *s, size_t len);
 

@@ -13,6 +13,7 @@
 #include "net/metrics.h"
 #include "net/proto.h"
 #include "net/tls.h"
+#include "net/update.h"
 #include "sched/engine.h"
 #include "sched/ladder.h"
 
@@ -27,9 +28,16 @@
 #define SRV_MAX_HTTP 16       /* scrapes and probes at once */
 #define SRV_HTTP_MS 10000     /* an HTTP request and its answer must fit in this */
 #define SRV_GOODBYE_MS 1500   /* after draining: time for the last lines to leave */
+#define SRV_UPD_BEGIN_MS 10000     /* kiln-init removes the slot's boot entry within this */
+#define SRV_UPD_ACTIVATE_MS 180000 /* ... and verifies and activates the slot within this */
+#define SRV_UPD_PROGRESS (1u << 20) /* an UPDATE progress line every this many bytes */
+#define SRV_UPD_SLICE (4u << 20)   /* update bytes taken per wakeup before the loop goes on */
 
 enum { ROLE_NONE, ROLE_USER, ROLE_ADMIN };
 enum { SS_TLS, SS_HELLO, SS_READY, SS_CLOSING };
+/* A network update: kiln-init clears the slot's entry (BEGIN), the bytes come (DATA),
+ * kiln-init verifies and activates (ACTIVATE). */
+enum { UP_IDLE, UP_BEGIN, UP_DATA, UP_ACTIVATE };
 
 typedef struct srv_sess srv_sess;
 
@@ -64,6 +72,8 @@ struct srv_sess {
     srv_sess *prev, *next; /* every session */
     srv_sess *next_dirty;  /* output to flush after the step */
     int dirty;
+    uint64_t raw_left;     /* bytes of an UPDATE still to come: data, not lines */
+    int64_t resume_timer;  /* reading resumes here after an update slice */
 };
 
 /* An HTTP connection on metrics_port: one request, one response, close. */
@@ -129,6 +139,14 @@ struct srv {
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
     int m_kv8, m_kv8_share, m_kv8_conv;
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
+    /* the network update (UPDATE): one at a time */
+    upd up;
+    int up_state, up_tries;
+    srv_sess *up_sess;     /* the session that sent it; NULL once it is gone */
+    int64_t up_deadline_ms; /* kiln-init's answer is due */
+    uint64_t up_progress;  /* the next progress line at this many bytes */
+    srv_notify_fn notify;  /* kiln-init's control socket (net/ctl.c) */
+    void *notify_ud;
 };
 
 static double now_s(void) { return (double)loop_now_us() * 1e-6; }
@@ -137,6 +155,11 @@ static int retry_after_ms(const srv *s);
 static int fault_arm(srv *s, const char *what, const proto_line *l);
 static void ladder_apply(srv *s);
 static void drain_expire(srv *s);
+static void verb_update(srv_sess *ss, const proto_line *l);
+static void verb_reboot(srv_sess *ss);
+static void update_data(srv_sess *ss, const char *p, size_t n);
+static void update_lost(srv_sess *ss);
+static void update_sweep(srv *s);
 
 static void srv_log(const srv *s, int level, const char *fmt, ...) {
     if (level > s->cfg.log.level) return;
@@ -766,6 +789,10 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
                     s->lad.pressure, s->lad.cfg.has_kv8, kv_q8_blocks(s->env.kv));
     } else if (!strcmp(verb, "CONFIG")) {
         verb_config(ss, l);
+    } else if (!strcmp(verb, "UPDATE")) {
+        verb_update(ss, l);
+    } else if (!strcmp(verb, "REBOOT")) {
+        verb_reboot(ss);
     } else if (!strcmp(verb, "RELOAD")) {
         int n = load_tokens(s, err, sizeof err);
         if (n < 0) sess_err(ss, "-", 500, "internal", err);
@@ -827,7 +854,8 @@ static void handle_line(srv_sess *ss, char *line, size_t len) {
         sess_printf(ss, "OK bye\n");
         sess_close(ss);
     } else if (!strcmp(v, "DRAIN") || !strcmp(v, "LADDER") || !strcmp(v, "CONFIG") ||
-               !strcmp(v, "RELOAD") || !strcmp(v, "RESTART") || !strcmp(v, "FAULT")) {
+               !strcmp(v, "RELOAD") || !strcmp(v, "RESTART") || !strcmp(v, "FAULT") || !strcmp(v, "UPDATE") ||
+               !strcmp(v, "REBOOT")) {
         verb_admin(ss, v, &l);
     } else if (!strcmp(v, "HELLO")) {
         sess_err(ss, "-", 400, "bad_request", "already greeted");
@@ -842,6 +870,12 @@ static void handle_line(srv_sess *ss, char *line, size_t len) {
 static void sess_input(srv_sess *ss, const char *p, size_t n) {
     size_t max = (size_t)ss->s->cfg.net.max_line_bytes;
     while (n > 0 && !ss->close_when_flushed) {
+        if (ss->raw_left) { /* an UPDATE's bytes */
+            size_t take = n < ss->raw_left ? n : (size_t)ss->raw_left;
+            update_data(ss, p, take);
+            p += take, n -= take;
+            continue;
+        }
         const char *nl = memchr(p, '\n', n);
         size_t take = nl ? (size_t)(nl - p) : n;
         if (ss->in_len + take > max) {
@@ -872,6 +906,8 @@ static void sess_input(srv_sess *ss, const char *p, size_t n) {
 static ssize_t bio_read(void *ctx, void *buf, size_t cap) { return net_read(ctx, buf, cap); }
 static ssize_t bio_write(void *ctx, const void *buf, size_t len) { return net_write(ctx, buf, len); }
 
+static int resume_later(srv_sess *ss);
+
 static void on_readable(void *ud) {
     srv_sess *ss = ud;
     srv *s = ss->s;
@@ -887,7 +923,9 @@ static void on_readable(void *ud) {
         srv_log(s, CFG_LOG_DEBUG, "session %d: %s %s", ss->num, tls_version(ss->tls), tls_suite(ss->tls));
     }
     char buf[16384];
+    size_t raw = 0;
     for (;;) { /* until -EAGAIN: decrypted bytes may wait inside TLS with nothing new below */
+        if (ss->raw_left && raw >= SRV_UPD_SLICE && resume_later(ss) == 0) break; /* others' turn */
         ssize_t n = tls_read(ss->tls, buf, sizeof buf);
         if (n == -EAGAIN) break;
         if (n <= 0) {
@@ -897,6 +935,7 @@ static void on_readable(void *ud) {
         }
         ss->last_rx_ms = loop_now_ms();
         if (ss->state == SS_CLOSING || ss->close_when_flushed) continue; /* dropped */
+        if (ss->raw_left) raw += (size_t)n;
         sess_input(ss, buf, (size_t)n);
     }
     flush_dirty(s);
@@ -950,6 +989,8 @@ static int on_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud
 static void sess_free(srv_sess *ss) {
     srv *s = ss->s;
     sess_drop_requests(ss);
+    update_lost(ss);
+    if (ss->resume_timer > 0) loop_timer_del(s->env.loop, ss->resume_timer);
     if (ss->c) net_abort(ss->c);
     if (ss->dirty) { /* off the flush list */
         for (srv_sess **p = &s->dirty; *p; p = &(*p)->next_dirty)
@@ -984,6 +1025,179 @@ static void step_hung(srv *s) {
     }
     s->goodbye_ms = loop_now_ms() + SRV_GOODBYE_MS;
     flush_dirty(s);
+}
+
+/* ------------------------------------------------------------------ the network update */
+
+/* UPDATE size=N sha256=HEX [tries=T] (admin): the bytes of a signed bundle go into the
+ * inactive slot's partition (net/update.h), kiln-init verifies and activates it. The steps:
+ * kiln-init is asked to remove the slot's boot entry (ASK update-begin), then `OK update`
+ * and the client's N raw bytes (progress lines on the way), the hash compared, then
+ * kiln-init is asked to verify and activate (ASK update-activate), and the session hears
+ * `OK update done ...` or an ERR. Anything that breaks on the way activates nothing. */
+
+static void update_reset(srv *s) {
+    if (upd_busy(&s->up)) upd_abort(&s->up);
+    if (s->up_sess) s->up_sess->raw_left = 0;
+    s->up_state = UP_IDLE, s->up_sess = NULL, s->up_deadline_ms = 0;
+}
+
+static int ask_init(srv *s, const char *what) {
+    char line[128];
+    snprintf(line, sizeof line, "ASK %s", what);
+    return s->notify ? s->notify(s->notify_ud, line) : 0;
+}
+
+/* The update failed: the session (if still there) hears why, the log says what is left. */
+static void update_fail(srv *s, int code, const char *slug, const char *msg) {
+    srv_log(s, CFG_LOG_WARN, "update refused: %s: nothing activated (slot %c has no boot entry); the running slot is untouched",
+            msg, s->up.slot);
+    if (s->up_sess) sess_err(s->up_sess, "-", code, slug, msg);
+    update_reset(s);
+}
+
+static void verb_update(srv_sess *ss, const proto_line *l) {
+    srv *s = ss->s;
+    proto_update u;
+    char err[256];
+    if (proto_update_parse(l, &u, err, sizeof err) < 0) { sess_err(ss, "-", 400, "bad_request", err); return; }
+    if (!upd_enabled(&s->up)) {
+        sess_err(ss, "-", 501, "not_implemented", "no slot to update: not booted from an A/B disk image");
+        return;
+    }
+    if (s->up_state != UP_IDLE) { sess_err(ss, "-", 409, "busy", "another update is in progress"); return; }
+    int r = upd_open(&s->up, u.size, u.sha256, err, sizeof err);
+    if (r < 0) {
+        sess_err(ss, "-", r == -EFBIG ? 413 : 500, r == -EFBIG ? "too_long" : "internal", err);
+        return;
+    }
+    char what[32];
+    snprintf(what, sizeof what, "update-begin %c", s->up.slot);
+    if (ask_init(s, what) <= 0) {
+        upd_abort(&s->up);
+        sess_err(ss, "-", 503, "unavailable", "no kiln-init on the control socket to activate an update");
+        return;
+    }
+    /* From here the connection carries the bundle's bytes, not lines (sent after OK). */
+    s->up_state = UP_BEGIN, s->up_sess = ss, s->up_tries = u.tries;
+    s->up_deadline_ms = loop_now_ms() + SRV_UPD_BEGIN_MS;
+    s->up_progress = SRV_UPD_PROGRESS;
+    ss->raw_left = u.size;
+    srv_log(s, CFG_LOG_INFO, "update: session %d sends %llu bytes for slot %c", ss->num, (unsigned long long)u.size, s->up.slot);
+}
+
+static void update_data(srv_sess *ss, const char *p, size_t n) {
+    srv *s = ss->s;
+    char err[256];
+    if (s->up_sess != ss || s->up_state != UP_DATA) { /* bytes before OK: they cannot be told from lines */
+        if (s->up_sess == ss) update_fail(s, 400, "bad_request", "update bytes before OK update");
+        ss->raw_left = 0;
+        sess_close(ss);
+        return;
+    }
+    if (upd_write(&s->up, p, n, err, sizeof err) < 0) {
+        update_fail(s, 500, "internal", err);
+        sess_close(ss); /* the rest of the bytes would be read as lines */
+        return;
+    }
+    ss->raw_left -= n;
+    if (s->up.done >= s->up_progress || !ss->raw_left) {
+        sess_printf(ss, "UPDATE progress bytes=%llu total=%llu\n", (unsigned long long)s->up.done, (unsigned long long)s->up.size);
+        while (s->up_progress <= s->up.done) s->up_progress += SRV_UPD_PROGRESS;
+    }
+    if (ss->raw_left) return;
+    int r = upd_finish(&s->up, err, sizeof err);
+    if (r < 0) { update_fail(s, r == -EBADMSG ? 422 : 500, r == -EBADMSG ? "refused" : "internal", err); return; }
+    char what[48];
+    snprintf(what, sizeof what, "update-activate %c tries=%d", s->up.slot, s->up_tries);
+    if (ask_init(s, what) <= 0) { update_fail(s, 503, "unavailable", "kiln-init left the control socket"); return; }
+    s->up_state = UP_ACTIVATE;
+    s->up_deadline_ms = loop_now_ms() + SRV_UPD_ACTIVATE_MS;
+    sess_printf(ss, "UPDATE verifying slot=%c\n", s->up.slot);
+    srv_log(s, CFG_LOG_INFO, "update: %llu bytes in slot %c, sha256 good; kiln-init verifies", (unsigned long long)s->up.size, s->up.slot);
+}
+
+/* The session goes: a transfer under way is over, and nothing is activated. */
+static void update_lost(srv_sess *ss) {
+    srv *s = ss->s;
+    if (s->up_sess != ss) return;
+    if (s->up_state == UP_ACTIVATE) { /* all bytes are in: kiln-init's answer goes to the log */
+        s->up_sess = NULL;
+        return;
+    }
+    s->up_sess = NULL;
+    char msg[160];
+    snprintf(msg, sizeof msg, "session %d lost after %llu of %llu bytes", ss->num, (unsigned long long)s->up.done,
+             (unsigned long long)s->up.size);
+    update_fail(s, 0, NULL, msg);
+}
+
+static void update_sweep(srv *s) {
+    if (s->up_state != UP_BEGIN && s->up_state != UP_ACTIVATE) return;
+    if (loop_now_ms() < s->up_deadline_ms) return;
+    srv_sess *ss = s->up_sess;
+    update_fail(s, 503, "unavailable", "kiln-init did not answer in time");
+    if (ss) sess_close(ss); /* it may be sending bytes that are not lines */
+}
+
+int srv_update_answer(srv *s, const char *line) {
+    char verdict[16], slot = 0;
+    int used = 0;
+    if (sscanf(line, "update %15s %c %n", verdict, &slot, &used) < 2 || slot != s->up.slot) return -ENOENT;
+    const char *rest = used ? line + used : "";
+    srv_sess *ss = s->up_sess;
+    if (!strcmp(verdict, "ready") && s->up_state == UP_BEGIN) {
+        s->up_state = UP_DATA;
+        if (ss) sess_printf(ss, "OK update slot=%c max=%llu\n", s->up.slot, (unsigned long long)s->up.cap);
+    } else if (!strcmp(verdict, "done") && s->up_state == UP_ACTIVATE) {
+        unsigned version = 0;
+        const char *v = strstr(rest, "version=");
+        if (v) version = (unsigned)strtoul(v + 8, NULL, 10);
+        srv_log(s, CFG_LOG_INFO, "update: slot %c verified and activated by kiln-init (%s); it boots next", s->up.slot, rest);
+        if (ss) sess_printf(ss, "OK update done slot=%c version=%u tries=%d\n", s->up.slot, version, s->up_tries);
+        update_reset(s);
+    } else if (!strcmp(verdict, "refused") && (s->up_state == UP_BEGIN || s->up_state == UP_ACTIVATE)) {
+        char msg[480];
+        snprintf(msg, sizeof msg, "kiln-init: %s", rest);
+        if (ss && s->up_state == UP_BEGIN) ss->raw_left = 0; /* no OK was sent: no bytes come */
+        update_fail(s, 422, "refused", msg);
+    } else {
+        return -ENOENT;
+    }
+    flush_dirty(s);
+    return 0;
+}
+
+void srv_set_notify(srv *s, srv_notify_fn fn, void *ud) { s->notify = fn, s->notify_ud = ud; }
+
+/* REBOOT (admin): kiln-init drains kilnd and reboots the box (into a slot just updated). */
+static void verb_reboot(srv_sess *ss) {
+    srv *s = ss->s;
+    if (s->up_state != UP_IDLE) { sess_err(ss, "-", 409, "busy", "an update is in progress"); return; }
+    if (ask_init(s, "reboot") <= 0) {
+        sess_err(ss, "-", 503, "unavailable", "no kiln-init on the control socket to reboot the box");
+        return;
+    }
+    srv_log(s, CFG_LOG_WARN, "REBOOT by session %d: kiln-init reboots the box", ss->num);
+    sess_printf(ss, "OK rebooting\n");
+}
+
+/* Reading an update's bytes pauses after a slice so the loop serves the others; this
+ * picks it up again on the next pass. 0, or -1 (no timer: go on reading now). */
+static int64_t resume_read(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    srv_sess *ss = ud;
+    ss->resume_timer = 0;
+    on_readable(ss);
+    return LOOP_NOMORE;
+}
+
+static int resume_later(srv_sess *ss) {
+    if (ss->resume_timer > 0) return 0;
+    int64_t t = loop_timer_add(ss->s->env.loop, 0, resume_read, ss);
+    if (t < 0) return -1;
+    ss->resume_timer = t;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ fault injection */
@@ -1118,6 +1332,7 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     if (s->draining && !s->hung && !s->drain_expired &&
         now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
         drain_expire(s);
+    update_sweep(s);
     for (srv_sess *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
         if (ss->state == SS_CLOSING) {
@@ -1297,6 +1512,11 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     if (!s) { snprintf(err, errlen, "out of memory"); return NULL; }
     s->env = *env;
     s->cfg = *env->cfg;
+    if (upd_init(&s->up, env->update_slot) < 0) {
+        snprintf(err, errlen, "--update-slot wants a|b:PATH, not %.64s", env->update_slot);
+        free(s);
+        return NULL;
+    }
     s->t_start_ms = loop_now_ms();
     const kiln_config *c = &s->cfg;
     char e2[512];
@@ -1364,6 +1584,7 @@ fail:
 void srv_free(srv *s) {
     if (!s) return;
     while (s->sessions) sess_kill(s->sessions, 1);
+    if (upd_busy(&s->up)) upd_abort(&s->up);
     while (s->https) http_done(s->https, 1);
     if (s->sweep_timer > 0) loop_timer_del(s->env.loop, s->sweep_timer);
     if (s->ladder_timer > 0) loop_timer_del(s->env.loop, s->ladder_timer);

@@ -37,6 +37,7 @@ typedef struct {
     const char *model_name;
     int max_seq_len; /* in force: the config's, capped by the model's context */
     int faults;      /* allow the admin verb FAULT (tests: kilnd serve --faults) */
+    const char *update_slot; /* "b:/dev/vda3": the slot UPDATE writes (kiln-init says); NULL none */
 } srv_env;
 
 /* Loads the TLS files and the tokens file, creates the engine, registers the
@@ -69,5 +70,13 @@ int srv_is_ready(const srv *s);
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);
+
+/* kiln-init, through the control socket: fn sends it one line ("ASK ...", boot/ctl.h) and
+ * returns how many listeners got it. The network update and REBOOT need one. */
+typedef int (*srv_notify_fn)(void *ud, const char *line);
+void srv_set_notify(srv *s, srv_notify_fn fn, void *ud);
+/* kiln-init's answer to an ASK of the update ("update ready|done|refused <slot> ..."):
+ * 0, or -ENOENT when no update waits for it. */
+int srv_update_answer(srv *s, const char *line);
 
 #endif

@@ -5,8 +5,8 @@
  *   - every word, key and value of an accepted line lies inside the buffer, is
  *     NUL-terminated there and has no NUL before its length (len == strlen);
  *   - keys are [a-z][a-z0-9_]*, verbs are A-Z, counts are within the limits;
- *   - proto_hello_parse and proto_gen_parse either fail with a message or give values
- *     within the documented ranges;
+ *   - proto_hello_parse, proto_gen_parse and proto_update_parse either fail with a
+ *     message or give values within the documented ranges;
  *   - every string that is valid UTF-8 goes through proto_quote and splits back from
  *     `X <quoted>` to the same bytes. */
 #include <errno.h>
@@ -156,6 +156,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     proto_gen g;
     if (proto_gen_parse(&l, &g, err, sizeof err) == 0) check_gen(&g);
     else check_msg(err, sizeof err, "gen error");
+
+    proto_update u;
+    if (proto_update_parse(&l, &u, err, sizeof err) == 0) {
+        if (strcmp(l.verb, "UPDATE") || u.size < 1 || u.size > (1ull << 40) || u.tries < 1 || u.tries > 9 || l.n_pos)
+            fail("update", "out of range accepted");
+    } else {
+        check_msg(err, sizeof err, "update error");
+    }
 
     for (int i = 0; i < l.n_pos; i++) round_trip(&l.pos[i]);
     for (int i = 0; i < l.n_kv; i++) round_trip(&l.kv[i].val);

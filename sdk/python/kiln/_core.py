@@ -42,7 +42,7 @@ Notify = Callable[[], None]
 DEFAULT_MAX_LINE = 16 * 1024 * 1024
 
 #: Verbs that have their own methods and cannot go through ``command()``.
-RESERVED_VERBS = frozenset({"HELLO", "GEN", "CANCEL", "QUIT"})
+RESERVED_VERBS = frozenset({"HELLO", "GEN", "CANCEL", "QUIT", "UPDATE"})
 
 #: Admin or info verbs whose replies are multi-line bodies ending with ``.``.
 BODY_VERBS = frozenset({"METRICS"})

@@ -20,6 +20,7 @@ tokens queues the lines of the others, which are handed out when those are itera
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import socket
 import ssl
@@ -57,6 +58,7 @@ from .protocol import (
     build_cancel,
     build_gen,
     build_hello,
+    parse_err,
     parse_health,
     parse_hello_reply,
     parse_stats,
@@ -661,4 +663,54 @@ class Client:
         raises KilnError (403 on a user connection). HELLO, GEN, CANCEL and QUIT
         have their own methods and raise ValueError here."""
         verb, body = command_shape(line)
-        return self._command(line.strip(" "), body, retryable=verb != "RESTART")
+        return self._command(line.strip(" "), body, retryable=verb not in ("RESTART", "REBOOT"))
+
+    def update(
+        self,
+        path: str,
+        tries: int = 3,
+        progress: Optional[Callable[[int, int], None]] = None,
+        timeout: float = 300.0,
+    ) -> Dict[str, str]:
+        """UPDATE (admin): streams the signed image bundle at ``path`` (what
+        ``kiln-image sign`` makes) into the box's inactive slot; kiln-init verifies it
+        with its built-in key and makes it the next boot, tried ``tries`` times (then
+        :meth:`reboot`). ``progress(bytes, total)`` is called for each progress line.
+        Returns the final line's pairs (``{"slot": "b", "version": "2", "tries": "3"}``).
+        Raises KilnError: 422 refused (the bundle does not verify, or its bytes changed on
+        the way; nothing is activated), 409 busy, 413 too_long, 403 on a user connection,
+        501 on a box not booted from an A/B disk. Not retried: a broken transfer is
+        reported, and the running slot is untouched."""
+        h, size = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+                size += len(chunk)
+        line = "UPDATE size=%d sha256=%s tries=%d" % (size, h.hexdigest(), tries)
+        self._command(line, False, retryable=False)  # "OK update slot=S max=N"
+        conn = self._ensure()
+        deadline = time.monotonic() + timeout
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 16), b""):
+                    conn.send(chunk, self._opts.timeout)
+            while True:
+                raw = conn.read_line(deadline)
+                got = split_line(raw, strict=False)
+                if got.verb == "UPDATE":
+                    if progress is not None and got.pos[:1] == ("progress",):
+                        progress(int(got.get("bytes", "0") or 0), int(got.get("total", "0") or 0))
+                elif got.verb == "OK" and got.pos[:2] == ("update", "done"):
+                    return got.as_dict()
+                elif got.verb == "ERR" and got.pos[:1] == ("-",):
+                    raise parse_err(got)
+                else:  # a line of another request on this connection
+                    conn.demux.feed(raw)
+        except (OSError, ssl.SSLError, EOFError) as exc:
+            self._lost(conn, exc)
+            raise KilnConnectionError("the update's connection was lost: %s" % exc) from None
+
+    def reboot(self) -> str:
+        """REBOOT (admin): kiln-init drains kilnd and reboots the box (into the slot an
+        :meth:`update` made next). The connection closes soon after the reply."""
+        return self._command("REBOOT", False, retryable=False)
