@@ -22,6 +22,7 @@ int ctl_init(ctl *c, const char *path, ctl_event_fn on_event, void *ev_arg) {
 }
 
 int ctl_connected(const ctl *c) { return c->fd >= 0; }
+void ctl_on_ask(ctl *c, ctl_ask_fn fn, void *arg) { c->on_ask = fn, c->ask_arg = arg; }
 int ctl_busy(const ctl *c) { return c->pending; }
 
 static void finish(ctl *c, int status) {
@@ -76,6 +77,11 @@ static void on_line(void *arg, const char *line) {
     }
     if (util_starts(line, "READY")) {
         c->on_event(c->ev_arg, CTL_EV_READY, strtod(line + 5, NULL));
+        return;
+    }
+    if (util_starts(line, "ASK ")) { /* never part of an answer: answers never start so */
+        if (c->on_ask) c->on_ask(c->ask_arg, line + 4);
+        else logring_note("kiln-init: ctl: kilnd asks, nobody listens: %.160s", line);
         return;
     }
     int end = !strcmp(line, ".");

@@ -2,7 +2,9 @@
  * on, /run/kiln/ctl.sock). Line-based:
  *   kilnd -> init, unsolicited: "HB <n> served=<k>" every 500 ms from kilnd's loop (k: GENs
  *                                finished by stop or length; an older kilnd sends "HB <n>");
- *                                "READY <s>" once kilnd serves.
+ *                                "READY <s>" once kilnd serves;
+ *                                "ASK <what>": kilnd asks kiln-init to act (a network
+ *                                update's steps, a reboot; see ctl_on_ask).
  *   init -> kilnd: one command line; kilnd answers zero or more lines, then ".". HB lines
  *                  may come in between; they are not part of the answer.
  * One request is outstanding at a time and each has a deadline, so a wedged kilnd never
@@ -19,6 +21,7 @@ enum { CTL_EV_HB, CTL_EV_SERVED, CTL_EV_READY, CTL_EV_UP, CTL_EV_DOWN };
 typedef void (*ctl_event_fn)(void *arg, int ev, double value);
 typedef void (*ctl_line_fn)(void *arg, const char *line);      /* one line of an answer */
 typedef void (*ctl_done_fn)(void *arg, int status); /* 0, -ETIMEDOUT, -ECONNRESET, -ENOTCONN */
+typedef void (*ctl_ask_fn)(void *arg, const char *what);  /* an ASK line, without "ASK " */
 
 typedef struct {
     char path[108];        /* sun_path */
@@ -33,9 +36,13 @@ typedef struct {
     ctl_done_fn on_done;
     void *arg;
     int owed;              /* answers of timed-out requests still to come: dropped */
+    ctl_ask_fn on_ask;     /* NULL: ASK lines are noted and ignored */
+    void *ask_arg;
 } ctl;
 
 int ctl_init(ctl *c, const char *path, ctl_event_fn on_event, void *ev_arg);
+/* kilnd's ASK lines go to fn; kiln-init answers with a request of its own (ctl_request). */
+void ctl_on_ask(ctl *c, ctl_ask_fn fn, void *arg);
 int ctl_connect(ctl *c);   /* 1 connected, 0 not yet (no listener), <0 error */
 void ctl_close(ctl *c);    /* fails the pending request with -ECONNRESET */
 int ctl_connected(const ctl *c);

@@ -113,6 +113,26 @@ static void scan_esp(dsk *d) {
     closedir(dir);
 }
 
+static int verify_slot(const dsk *d, int slot, char *out, size_t cap);
+
+/* The running slot, checked once at boot as `slot` checks one (no Secure Boot: nothing
+ * else looks at the UKI systemd-boot loaded). It booted already, so a failure cannot stop
+ * it; it is said loudly, and a slot on trial that fails is never blessed (its tries run
+ * out and the other slot boots again). */
+static void verify_running(dsk *d) {
+    char bad[400];
+    double t0 = util_now();
+    int me = d->slot;
+    if (verify_slot(d, me, bad, sizeof bad) == 0) {
+        logring_say("kiln: slot %c (version %u) verified: signature, part hashes, its ESP entry (%.2f s)", 'a' + me,
+                    d->version[me], util_now() - t0);
+        return;
+    }
+    d->unverified = 1;
+    logring_say("kiln: WARNING: the running slot %c does NOT verify: %s", 'a' + me, bad);
+    logring_say("kiln: WARNING: it runs anyway (no Secure Boot);%s reflash it or update the other slot", d->trial ? " on trial, it is never blessed;" : "");
+}
+
 static void setup_slots(dsk *d) {
     char dev[64], sel[128];
     d->slot = -1;
@@ -134,6 +154,7 @@ static void setup_slots(dsk *d) {
     d->trial = strchr(d->entry[me], '+') != NULL;
     logring_say("kiln: slot %c, version %u%s", 'a' + me, d->version[me],
                 d->trial ? " (on trial: blessed once healthy, else the other slot boots when its tries run out)" : "");
+    verify_running(d);
     if (d->entry[other][0] && tries_left(d->entry[other]) == 0 && tries_done(d->entry[other]) > 0)
         logring_say("kiln: ROLLBACK: slot %c (version %u) failed its %d boot tries; back on slot %c (version %u)", 'a' + other,
                     d->version[other], tries_done(d->entry[other]), 'a' + me, d->version[me]);
@@ -181,6 +202,11 @@ int disk_tick(dsk *d, int ready, int healthy, int safe, double now) {
         logring_say("kiln: slot %c (version %u) on trial is ready; blessed once it has served a GEN (within %.0f s)", 'a' + me,
                     d->version[me], d->trial_deadline - now > 0 ? d->trial_deadline - now : 0);
     }
+    if (healthy && d->unverified) { /* healthy, but not what was signed: its tries run out */
+        if (!d->said_unverified++)
+            logring_say("kiln: slot %c (version %u) is healthy but did not verify at boot: not blessed", 'a' + me, d->version[me]);
+        healthy = 0;
+    }
     if (healthy) {
         char from[UTIL_PATH_MAX], to[UTIL_PATH_MAX];
         snprintf(from, sizeof from, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[me]);
@@ -227,12 +253,10 @@ static int why(char *out, size_t cap, int code, const char *fmt, ...) {
     return code;
 }
 
-/* Slot's bundle on its partition (signature with the built-in key, every part's size and
- * hash; image/bundle.c), then its ESP entry, the file systemd-boot would boot: exactly the
- * manifest's `uki` part. 0, or -errno with why in out. */
-static int verify_slot(const dsk *d, int slot, char *out, size_t cap) {
-    char part[8], dev[64], path[UTIL_PATH_MAX], err[300];
-    man_manifest m;
+/* Slot's bundle on its partition: signature with the built-in key, every part's size and
+ * hash (image/bundle.c). 0 with *m, or -errno with why in out. */
+static int verify_part(int slot, man_manifest *m, char *out, size_t cap) {
+    char part[8], dev[64], err[300];
     snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
     int r = disk_find_part(part, dev, sizeof dev);
     if (r < 0) return why(out, cap, r, "no %s partition", part);
@@ -244,15 +268,26 @@ static int verify_slot(const dsk *d, int slot, char *out, size_t cap) {
         close(fd);
         return why(out, cap, r, "%s: size: %s", dev, strerror(-r));
     }
-    r = bun_verify(fd, 0, (uint64_t)size, pubkey, &m, err, sizeof err);
+    r = bun_verify(fd, 0, (uint64_t)size, pubkey, m, err, sizeof err);
     close(fd);
-    if (r < 0) return why(out, cap, r, "%s (%s): %s", part, dev, err);
+    return r < 0 ? why(out, cap, r, "%s (%s): %s", part, dev, err) : 0;
+}
+
+/* The slot's partition (verify_part), then its ESP entry, the file systemd-boot would boot:
+ * exactly the manifest's `uki` part. 0, or -errno with why in out. */
+static int verify_slot(const dsk *d, int slot, char *out, size_t cap) {
+    char path[UTIL_PATH_MAX], err[300];
+    man_manifest m;
+    int r = verify_part(slot, &m, out, cap);
+    if (r < 0) return r;
     if (m.version != d->version[slot])
-        return why(out, cap, -ESTALE, "%s: version %u verified, %u read at boot (changed since?)", part, m.version, d->version[slot]);
+        return why(out, cap, -ESTALE, "kiln-%c: version %u verified, %u read at boot (changed since?)", 'a' + slot, m.version,
+                   d->version[slot]);
     const man_part *uki = man_find(&m, "uki");
-    if (!uki) return why(out, cap, -EINVAL, "%s: the manifest has no `uki` part", part);
+    if (!uki) return why(out, cap, -EINVAL, "kiln-%c: the manifest has no `uki` part", 'a' + slot);
     snprintf(path, sizeof path, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[slot]);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return why(out, cap, -errno, "open %s: %s", path, strerror(errno));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return why(out, cap, -errno, "open %s: %s", path, strerror(errno));
     r = bun_check_copy(fd, uki, err, sizeof err);
     close(fd);
     if (r < 0) return why(out, cap, r, "ESP entry %s: %s", d->entry[slot], err);
@@ -288,4 +323,93 @@ int disk_switch(dsk *d, int slot, char *out, size_t cap) {
     if (slot == d->slot) snprintf(out, cap, "slot %c (version %u, signature and hashes good) is running and boots next", 'a' + slot, d->version[slot]);
     else snprintf(out, cap, "slot %c (version %u, signature and hashes good) boots next; `reboot` to switch", 'a' + slot, d->version[slot]);
     return 0;
+}
+
+/* ------------------------------------------------------------------ network update */
+
+/* The slot a network update may write: the one not running, with the running one blessed
+ * (while it is on trial the other slot is its fallback). 0, or -errno with why. */
+static int update_target_ok(const dsk *d, int slot, char *out, size_t cap) {
+    if (!d->esp_mounted || d->slot < 0) return why(out, cap, -ENODEV, "not booted from an A/B disk image");
+    if (slot != 1 - d->slot) return why(out, cap, -EPERM, "slot %c is the running slot: it is never written", 'a' + d->slot);
+    if (d->trial)
+        return why(out, cap, -EBUSY, "slot %c runs on trial: slot %c is its fallback until it is blessed (after a GEN)", 'a' + d->slot,
+                   'a' + slot);
+    return 0;
+}
+
+int disk_update_begin(dsk *d, int slot, char *out, size_t cap) {
+    int r = update_target_ok(d, slot, out, cap);
+    if (r < 0) return r;
+    if (d->entry[slot][0]) { /* before the first byte: a half-written slot is never bootable */
+        char path[UTIL_PATH_MAX];
+        snprintf(path, sizeof path, DISK_ESP_DIR "/EFI/Linux/%s", d->entry[slot]);
+        if (unlink(path) < 0 && errno != ENOENT) return why(out, cap, -errno, "unlink %s: %s", path, strerror(errno));
+        sync();
+    }
+    logring_say("kiln: network update: slot %c's boot entry %s removed, kilnd writes the slot (slot %c runs, untouched)", 'a' + slot,
+                d->entry[slot][0] ? d->entry[slot] : "(none)", 'a' + d->slot);
+    d->entry[slot][0] = 0;
+    d->version[slot] = 0;
+    return 0;
+}
+
+/* The UKI (part ui of m, in the slot's partition) onto the ESP as name: through a temporary
+ * file that systemd-boot ignores, checked against the manifest, then renamed. */
+static int install_uki(int slot, const man_manifest *m, int ui, const char *name, char *out, size_t cap) {
+    char part[8], dev[64], tmp[UTIL_PATH_MAX], dst[UTIL_PATH_MAX], err[300];
+    snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
+    int r = disk_find_part(part, dev, sizeof dev);
+    if (r < 0) return why(out, cap, r, "no %s partition", part);
+    snprintf(tmp, sizeof tmp, DISK_ESP_DIR "/EFI/Linux/.kiln-%c.new", 'a' + slot);
+    snprintf(dst, sizeof dst, DISK_ESP_DIR "/EFI/Linux/%s", name);
+    int src = open(dev, O_RDONLY | O_CLOEXEC);
+    if (src < 0) return why(out, cap, -errno, "open %s: %s", dev, strerror(errno));
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        r = -errno;
+        close(src);
+        return why(out, cap, r, "create %s: %s", tmp, strerror(-r));
+    }
+    r = bun_copy(src, bun_part_offset(m, ui), fd, 0, m->parts[ui].size, err, sizeof err);
+    if (r == 0) r = bun_check_copy(fd, &m->parts[ui], err, sizeof err);
+    close(fd), close(src);
+    if (r == 0 && rename(tmp, dst) < 0) r = -errno, snprintf(err, sizeof err, "rename to %s: %s", dst, strerror(errno));
+    if (r < 0) unlink(tmp);
+    sync();
+    return r < 0 ? why(out, cap, r, "the UKI onto the ESP: %s", err) : 0;
+}
+
+int disk_activate(dsk *d, int slot, int tries, char *out, size_t cap) {
+    char bad[400];
+    man_manifest m;
+    int r = update_target_ok(d, slot, out, cap);
+    if (r < 0) return r;
+    double t0 = util_now();
+    if ((r = verify_part(slot, &m, bad, sizeof bad)) < 0) {
+        logring_say("kiln: network update REFUSED: slot %c does not verify, nothing activated (slot %c runs, untouched): %s", 'a' + slot,
+                    'a' + d->slot, bad);
+        return why(out, cap, r, "slot %c does not verify: %s", 'a' + slot, bad);
+    }
+    const man_part *uki = man_find(&m, "uki");
+    if (!uki) return why(out, cap, -EINVAL, "the manifest has no `uki` part");
+    char name[64];
+    snprintf(name, sizeof name, "kiln-%c+%d.efi", 'a' + slot, tries);
+    if ((r = install_uki(slot, &m, (int)(uki - m.parts), name, bad, sizeof bad)) < 0) {
+        logring_say("kiln: network update failed, nothing activated: %s", bad);
+        return why(out, cap, r, "%s", bad);
+    }
+    d->version[slot] = m.version;
+    snprintf(d->entry[slot], sizeof d->entry[slot], "%s", name);
+    logring_say("kiln: network update: slot %c has version %u (signature and hashes good, %.2f s), boot entry %s: it boots next "
+                "(%d tries; `reboot`)", 'a' + slot, m.version, util_now() - t0, name, tries);
+    snprintf(out, cap, "version=%u tries=%d entry=%s", m.version, tries, name);
+    return 0;
+}
+
+int disk_update_slot(const dsk *d, char *dev, size_t cap) {
+    char part[8];
+    if (!d->esp_mounted || d->slot < 0) return -1;
+    snprintf(part, sizeof part, "kiln-%c", 'a' + (1 - d->slot));
+    return disk_find_part(part, dev, cap) < 0 ? -1 : 1 - d->slot;
 }

@@ -31,6 +31,8 @@ typedef struct {
     int trial;                   /* the booted entry is boot-counted: not blessed yet */
     int blessed;                 /* blessed in this boot (or given up on) */
     int said_waiting;            /* "ready; blessed after its first GEN" said */
+    int unverified;              /* the running slot did not verify at boot: never blessed */
+    int said_unverified;
     double trial_deadline;       /* util_now() */
 } dsk;
 
@@ -53,5 +55,16 @@ void disk_version(const dsk *d, char *out, size_t cap);
  * else nothing changes. The running slot may be chosen again (undoes a `slot` to the other),
  * unless it is on trial. 0, or -errno with why in out. */
 int disk_switch(dsk *d, int slot, char *out, size_t cap);
+
+/* A network update (kilnd's UPDATE verb, docs/IMAGE.md) into slot, which must be the one
+ * not running, with the running one blessed. begin: the slot's ESP entry is removed before
+ * kilnd writes its first byte, so a half-written slot is never bootable. activate: the
+ * bundle kilnd wrote into the partition verifies (built-in key, every hash), its UKI goes
+ * onto the ESP as kiln-<slot>+<tries>.efi (read back and checked); out gets
+ * "version=N tries=T entry=NAME". Else nothing is activated. 0, or -errno with why in out. */
+int disk_update_begin(dsk *d, int slot, char *out, size_t cap);
+int disk_activate(dsk *d, int slot, int tries, char *out, size_t cap);
+/* The slot a network update writes (the one not running), -1 when none; dev its partition. */
+int disk_update_slot(const dsk *d, char *dev, size_t cap);
 
 #endif

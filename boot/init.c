@@ -59,6 +59,43 @@ static void on_ctl_event(void *arg, int ev, double value) {
     sup_on_ctl(&k->sup, ev, value, util_now());
 }
 
+/* ------------------------------------------------------------------ kilnd asks */
+
+/* kilnd's ASK lines (boot/ctl.h): the steps of a network update (kilnd writes the inactive
+ * slot's partition; kiln-init, which holds the key and the ESP, makes that slot unbootable
+ * before and verifies and activates it after) and an admin's REBOOT. The answer goes back
+ * as a request of ours once the control socket is free (ask_tick). */
+static void on_ask(void *arg, const char *what) {
+    kinit *k = arg;
+    char out[400];
+    int slot = -1, tries = 3;
+    char c = 0;
+    if (!strcmp(what, "reboot")) {
+        kinit_halt(k, RB_AUTOBOOT, "an admin's REBOOT over the network");
+        return;
+    }
+    int begin = sscanf(what, "update-begin %c", &c) == 1;
+    int act = !begin && sscanf(what, "update-activate %c tries=%d", &c, &tries) == 2;
+    if (c == 'a' || c == 'b') slot = c - 'a';
+    if ((!begin && !act) || slot < 0 || tries < 1 || tries > 9) {
+        logring_note("kiln-init: ctl: kilnd asks what we do not do: %.160s", what);
+        return;
+    }
+    int r = begin ? disk_update_begin(&k->disk, slot, out, sizeof out) : disk_activate(&k->disk, slot, tries, out, sizeof out);
+    if (r == 0) snprintf(k->ask_reply, sizeof k->ask_reply, "update %s %c %s", begin ? "ready" : "done", c, begin ? "" : out);
+    else snprintf(k->ask_reply, sizeof k->ask_reply, "update refused %c %s", c, out);
+}
+
+static void ask_done(void *arg, int status) {
+    (void)arg;
+    if (status < 0) logring_note("kiln-init: ctl: the update answer to kilnd: %s", strerror(-status));
+}
+
+static void ask_tick(kinit *k) {
+    if (!k->ask_reply[0] || !ctl_connected(&k->ctl) || ctl_busy(&k->ctl)) return;
+    if (ctl_request(&k->ctl, k->ask_reply, SUP_CTL_TIMEOUT_S, NULL, ask_done, k) == 0) k->ask_reply[0] = 0;
+}
+
 /* ------------------------------------------------------------------ the end */
 
 void kinit_halt(kinit *k, int how, const char *why) {
@@ -276,6 +313,7 @@ static double tick(kinit *k, double now) {
     next = min2(next, wdog_tick(&k->wd, now, ok, why));
     next = min2(next, con_tick(&k->con, now));
     net_tick(k, now);
+    ask_tick(k);
     /* A slot on trial: blessed once kilnd is ready and has served a GEN, else its try ends
      * in a reboot. */
     if (!k->halting && disk_tick(&k->disk, k->sup.ready, sup_healthy(&k->sup), k->sup.state == SUP_SAFE, now))
@@ -360,6 +398,10 @@ int main(int argc, char **argv) {
         sup_enter_safe(&k->sup, "internal error: paths too long");
     }
     wdog_init(&k->wd, path, k->test_mode);
+    ctl_on_ask(&k->ctl, on_ask, k);
+    char dev[64];
+    int us = disk_update_slot(&k->disk, dev, sizeof dev);
+    if (us >= 0) snprintf(k->sup.update, sizeof k->sup.update, "%c:%s", 'a' + us, dev);
 
     char pass[128];
     if (util_read_file(k->pass_file, pass, sizeof pass) > 0 && *util_trim(pass)) con_set_password(&k->con, util_trim(pass));

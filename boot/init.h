@@ -37,6 +37,7 @@ typedef struct {
     sup sup;
     wdog wd;
     dsk disk;                        /* the data partition (disk image boots) */
+    char ask_reply[512];             /* kiln-init's answer to a kilnd ASK, to send; "" none */
 } kinit;
 
 void kinit_halt(kinit *k, int how, const char *why); /* drain kilnd, then power off or reboot */

@@ -184,7 +184,9 @@ static void crashed(sup *s, double now, const char *why) {
 }
 
 static void start_serve(sup *s, double now) {
-    char *argv[] = {s->kilnd, (char *)"serve", (char *)"--config", s->config, (char *)"--control", s->sock, NULL};
+    char *argv[] = {s->kilnd, (char *)"serve", (char *)"--config", s->config, (char *)"--control", s->sock,
+                    /* the inactive slot, for a network update (docs/IMAGE.md) */
+                    s->update[0] ? (char *)"--update-slot" : NULL, s->update, NULL};
     /* A socket file left by the previous kilnd would only refuse connections; and a kilnd
      * that does not replace it could never listen. */
     if (unlink(s->sock) < 0 && errno != ENOENT) logring_note("kiln-init: unlink %s: %s", s->sock, strerror(errno));

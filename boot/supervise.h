@@ -47,6 +47,7 @@ typedef struct {
     char workdir[UTIL_PATH_MAX]; /* kilnd's cwd: the config's folder, for relative paths */
     int test_mode;
     char *const *envp;           /* kilnd's environment */
+    char update[96];             /* "b:/dev/vda3": the slot kilnd's UPDATE verb may write, "" none */
     sigset_t child_mask;         /* the signal mask kiln-init started with: children get it */
     ctl *ctl;
     double t0;                   /* kiln-init's start */
