@@ -9,17 +9,24 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
   tamper (no QEMU): a bundle with one flipped byte in its UKI, and one signed by another
     key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
     so is a disk image whose slot a was changed, for a first install (no target written)
-  boot 1: version 1 boots to ready; console `version` says slot a, version 1; a GEN
-  kiln-flash update v2 → boot 2: slot b, version 2, ready but not blessed before it has
-    served a GEN; a GEN; then blessed (its ESP entry loses the boot counter); console
-    `slot a` verifies slot a (signature, hashes, its ESP entry) and makes it next, `slot b`
-    back
+  boot 1: version 1 boots to ready, kiln-init says slot a verified; console `version` says
+    slot a, version 1; a GEN; over the network (the admin verb UPDATE, the kiln SDK's
+    update()): a v2 bundle with one flipped byte in its UKI is refused by kiln-init's
+    verification, nothing activated; a transfer broken in the middle (the client closes)
+    activates nothing; REBOOT (the verb)
+  boot 1b: still slot a, version 1, ready and serving; the network update of v2 into
+    slot b, with progress lines, `OK update done slot=b version=2 tries=3`; REBOOT
+  boot 2: slot b, version 2, ready but not blessed before it has served a GEN; a GEN;
+    then blessed (its ESP entry loses the boot counter); console `slot a` verifies slot a
+    (signature, hashes, its ESP entry) and makes it next, `slot b` back
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
     reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
     (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
     nothing changed
 
-Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded.
+Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
+in over the network and v3 with kiln-flash: both writers of a slot are exercised, and
+kiln-init blesses and rolls back the same way whoever wrote it.
 """
 import argparse
 import hashlib
@@ -33,6 +40,9 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import boot_test as bt  # noqa: E402
+
+sys.path.insert(0, os.path.join(bt.ROOT, "sdk", "python"))
+import kiln  # noqa: E402
 
 check, say, Abort, tail = bt.check, bt.say, bt.Abort, bt.tail
 
@@ -55,9 +65,56 @@ def boot(name, disk, log_dir):
     return bt.Guest(name, "", os.path.join(log_dir, "qemu-disk-%s.log" % name))
 
 
-def user_token():
+def token(role="user"):
     tokens = dict(l.split()[:2] for l in open(A.tokens) if l.strip() and not l.startswith("#"))
-    return tokens["user"]
+    return tokens[role]
+
+
+def user_token():
+    return token("user")
+
+
+def admin(g):
+    """An admin client of the kiln SDK on the guest's forwarded port."""
+    return kiln.Client("127.0.0.1", g.port, token=token("admin"), cafile=A.ca, server_hostname="localhost",
+                       timeout=120, retries=0)
+
+
+def net_update(g, bundle):
+    """The SDK's update(): (the final line's pairs or None, the KilnError or None, progress calls)."""
+    seen = []
+    t0 = bt.now()
+    try:
+        with admin(g) as c:
+            res = c.update(bundle, progress=lambda k, n: seen.append((k, n)), timeout=300)
+        say("network update of %s: %.1f s (%d progress lines)" % (os.path.basename(bundle), bt.now() - t0, len(seen)))
+        return res, None, seen
+    except kiln.KilnError as e:
+        return None, e, seen
+
+
+def net_reboot(g, what):
+    try:
+        with admin(g) as c:
+            r = c.reboot()
+    except kiln.KilnError as e:
+        r = str(e)
+    rc = g.exited(120)
+    check("%s: REBOOT over the network reboots the box (QEMU ends, -no-reboot)" % what, r == "OK rebooting" and rc is not None,
+          "%r rc %s\n%s" % (r, rc, tail(g, 15)))
+
+
+def broken_transfer(g, bundle):
+    """UPDATE, half the bytes, then the connection closes."""
+    data = open(bundle, "rb").read()
+    c = bt.Conn(g.port, token("admin"), 60)
+    try:
+        c.send("UPDATE size=%d sha256=%s" % (len(data), hashlib.sha256(data).hexdigest()))
+        ok = c.line()
+        c.s.sendall(data[: len(data) // 2])
+    finally:
+        c.close()
+    return ok
 
 
 def ready(g, what):
@@ -151,15 +208,46 @@ def main():
         g = boot("v1", work, A.log_dir); guests.append(g)
         try:
             ready(g, "boot 1 (v1)")
+            check("boot 1: kiln-init verified the running slot at boot",
+                  g.wait(r"kiln: slot a \(version 1\) verified: signature, part hashes, its ESP entry", 5) is not None,
+                  "\n" + tail(g, 25))
             version_is(g, "boot 1", "a", 1)
             one_gen(g, "boot 1", "1")
-            bt.poweroff(g, "boot 1: `poweroff` ends QEMU with status 0")
+            res, err, _ = net_update(g, os.path.join(tmp, "flip.kimg"))
+            check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
+                  err is not None and err.code == 422 and "does not verify" in str(err), "%r %r" % (res, err))
+            m = g.wait(r"kiln: network update REFUSED: slot b does not verify, nothing activated", 10)
+            out = g.cmd("version")
+            check("boot 1: after the refusal nothing is activated (the console says so; slot b is empty)",
+                  m is not None and out is not None and "other:   slot b, empty" in out, "%r\n%s" % (out, tail(g, 10)))
+            ok = broken_transfer(g, A.v2)
+            m = g.wait(r"kilnd: warn: update refused: session \d+ lost after \d+ of \d+ bytes: nothing activated", 30)
+            check("boot 1: a transfer broken in the middle activates nothing (kilnd says so)",
+                  ok.startswith("OK update slot=b") and m is not None, "%r\n%s" % (ok, tail(g, 10)))
+            out = version_is(g, "boot 1", "a", 1)
+            check("boot 1: after the broken transfer slot b has no boot entry", out is not None and "slot b, empty" in out, repr(out))
+            net_reboot(g, "boot 1")
         except Abort:
             pass
         g.kill()
 
-        rc, out = run([A.flash, "update", A.v2, work])
-        check("kiln-flash update v2 into slot b", rc == 0 and "slot b" in out and "kiln-b+3.efi" in out, out)
+        g = boot("v1-again", work, A.log_dir); guests.append(g)
+        try:
+            ready(g, "boot 1b (v1 after the broken transfer)")
+            version_is(g, "boot 1b", "a", 1)
+            one_gen(g, "boot 1b", "1b")
+            res, err, seen = net_update(g, A.v2)
+            check("boot 1b: the network update of v2: OK update done slot=b version=2 tries=3",
+                  err is None and res == {"slot": "b", "version": "2", "tries": "3"}, "%r %r\n%s" % (res, err, tail(g, 10)))
+            size = os.path.getsize(A.v2)
+            check("boot 1b: progress lines up to the bundle's size", len(seen) >= 10 and seen[-1] == (size, size), seen[-3:])
+            m = g.wait(r"kiln: network update: slot b has version 2 \(signature and hashes good[^\n]*kiln-b\+3\.efi", 10)
+            check("boot 1b: kiln-init verified and activated slot b (kiln-b+3.efi)", m is not None, "\n" + tail(g, 10))
+            net_reboot(g, "boot 1b")
+        except Abort:
+            pass
+        g.kill()
+
         g = boot("v2", work, A.log_dir); guests.append(g)
         blessed = r"kiln: slot b \(version 2\) is healthy: blessed"
         try:
