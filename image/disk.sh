@@ -113,7 +113,7 @@ objcopy "${args[@]}" "$SB/linuxx64.efi.stub" "$UKI.tmp"
 # objcopy stamps the PE header with the time of day: put SOURCE_DATE_EPOCH there, and 0 in
 # the checksum that covered it (UEFI does not check it).
 pe=$(od -An -tu4 -j 60 -N 4 "$UKI.tmp" | tr -d ' ')
-le32() { printf "\\x%02x\\x%02x\\x%02x\\x%02x" $(( $1 & 255 )) $(( $1 >> 8 & 255 )) $(( $1 >> 16 & 255 )) $(( $1 >> 24 & 255 )); }
+le32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(( $1 & 255 )) $(( $1 >> 8 & 255 )) $(( $1 >> 16 & 255 )) $(( $1 >> 24 & 255 )); }
 printf "$(le32 "$EPOCH")" | dd of="$UKI.tmp" bs=1 seek=$((pe + 8)) conv=notrunc status=none
 printf "$(le32 0)" | dd of="$UKI.tmp" bs=1 seek=$((pe + 88)) conv=notrunc status=none
 mv "$UKI.tmp" "$UKI"
@@ -171,5 +171,7 @@ put "$W/esp.img" 1
 put "$BUNDLE" $((1 + ESP_MB))
 put "$W/data.img" $((1 + ESP_MB + 2 * SLOT_MB))
 mv "$OUT.tmp" "$OUT"
-(cd "$(dirname "$OUT")" && sha256sum "$(basename "$OUT")" "$(basename "$BUNDLE")" >"$(basename "$OUT").sha256")
+# each file named in its own folder (KILN_DISK_OUT may be elsewhere: tests/image/repro_test.sh)
+{ (cd "$(dirname "$OUT")" && sha256sum "$(basename "$OUT")"); (cd "$(dirname "$BUNDLE")" && sha256sum "$(basename "$BUNDLE")"); } >"$OUT.sha256.tmp"
+mv "$OUT.sha256.tmp" "$OUT.sha256"
 say "$OUT: ${total} MiB; slot A version $VERSION; UKI $(stat -c %s "$UKI") bytes; $(cut -c1-16 "$OUT.sha256" | head -n 1)"

@@ -100,6 +100,9 @@ run "reliability/soak-short" env BUILD="$BUILD" MODEL="$MODEL" tests/reliability
 # Signed images: manifests and bundles (ASan+UBSan), kiln-image's commands.
 run "image/manifest" "$BUILD/gnu/tests/image_test"
 run "image/cli" tests/image/cli_test.sh "$BUILD/gnu/kiln-image"
+# make disk's reproducibility: disk.sh twice more from the same inputs, the same sha256
+# as the disk image make made (~20 s)
+run "image/reproducible" tests/image/repro_test.sh "$BUILD" "$MODEL"
 # The appliance: the image boots in QEMU (TCG) to ready; a TLS GEN through the forwarded
 # port, served by lwIP on virtio-net in the guest, equals the host's greedy text; the
 # serial console; kilnd killed / hung → restarted; a bad config; poweroff → status 0.
