@@ -12,16 +12,30 @@
 #define ZERO _mm256_setzero_ps
 #define FMA _mm256_fmadd_ps
 #define MUL _mm256_mul_ps
+#define ADD _mm256_add_ps
+#define SUB _mm256_sub_ps
+#define MAXV _mm256_max_ps
+#define RINT(v) _mm256_round_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define LDEXP(e, k) _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(e), \
+                                        _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)))
+#define ZERO_BELOW(x, lim, e) _mm256_and_ps(_mm256_cmp_ps((x), SET1(lim), _CMP_GE_OQ), (e))
 #define LOAD _mm256_loadu_ps
 #define STORE _mm256_storeu_ps
 #define ATTN_FN attn_block_avx2
 #define ATTN_Q8_FN attn_block_q8_avx2
 
-static inline float HSUM(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* Within each 128-bit half: unpack pairs lanes (a0+a2, b0+b2, a1+a3, b1+b3), the
+ * shuffles finish each vector's half-sum: [a b c d] per half. */
+static inline __m256 RED4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Two RED4 results: add their halves, keys 0..3 in the low half, 4..7 in the high. */
+static inline __m256 REDW(const __m256 *u) {
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
 #include "core/attn_simd.h"

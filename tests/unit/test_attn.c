@@ -1,9 +1,11 @@
 /* test_attn: the SIMD attention blocks against the plain C reference, and the
  * reference against a direct two-pass softmax over all keys; the int8 blocks (8-bit KV)
- * against the f16 reference over the same values, and their SIMD paths against theirs. */
+ * against the f16 reference over the same values, and their SIMD paths against theirs.
+ * ATTN_BENCH=1 also prints the time of one decode token's attention per path. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "core/attn.h"
@@ -68,12 +70,49 @@ static float max_rel(const float *a, const float *b, int n) {
     return e / mag;
 }
 
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* One decode token of SmolLM2-135M per KV head: 3 queries, head_dim 64, 192 positions
+ * in blocks of 16; ns per call of a whole pass, best of 5 runs. */
+static void bench(void) {
+    enum { G = 3, HD = 64, N = 192, BS = 16, REPS = 2000 };
+    static float q[G * HD], out[G * HD];
+    static uint16_t K[N * HD], V[N * HD];
+    static int8_t K8[N * HD], V8[N * HD];
+    for (int i = 0; i < G * HD; i++) q[i] = frand() / 8;
+    for (int i = 0; i < N * HD; i++)
+        K[i] = quant_f32_to_f16(frand()), V[i] = quant_f32_to_f16(frand()),
+        K8[i] = (int8_t)(frand() * 127), V8[i] = (int8_t)(frand() * 127);
+    struct { const char *name; block_fn f16; block_q8_fn q8; int level; } paths[] = {
+        {"ref", attn_block_ref, attn_block_q8_ref, QS_SCALAR},
+        {"avx2", attn_block_avx2, attn_block_q8_avx2, QS_AVX2},
+        {"avx512", attn_block_avx512, attn_block_q8_avx512, QS_AVX512},
+    };
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (quant_simd_max() < paths[p].level) continue;
+        double best = 1e30, best8 = 1e30;
+        for (int run = 0; run < 5; run++) {
+            double t0 = now_ns();
+            for (int r = 0; r < REPS; r++) blocked(paths[p].f16, q, G, HD, K, V, N, BS, out);
+            double t1 = now_ns();
+            for (int r = 0; r < REPS; r++) blocked_q8(paths[p].q8, q, G, HD, K8, 0.01f, V8, 0.01f, N, BS, out);
+            double t2 = now_ns();
+            best = fmin(best, (t1 - t0) / REPS), best8 = fmin(best8, (t2 - t1) / REPS);
+        }
+        printf("attn bench %-6s g %d hd %d n %d: f16 %8.0f ns  int8 %8.0f ns\n", paths[p].name, G, HD, N, best, best8);
+    }
+}
+
 int main(void) {
-    const int dims[] = {16, 64, 128}, groups[] = {1, 3, 8}, lens[] = {1, 7, 16, 33, 300};
+    const int dims[] = {16, 64, 128}, groups[] = {1, 3, 5, 8}, lens[] = {1, 7, 16, 33, 300};
     const int bss[] = {16, 32};
     int levels = quant_simd_max();
     for (size_t di = 0; di < 3; di++)
-        for (size_t gi = 0; gi < 3; gi++)
+        for (size_t gi = 0; gi < 4; gi++)
             for (size_t li = 0; li < 5; li++)
                 for (size_t bi = 0; bi < 2; bi++) {
                     int hd = dims[di], g = groups[gi], n = lens[li], bs = bss[bi];
@@ -131,5 +170,7 @@ int main(void) {
                     free(K8), free(V8), free(simd);
                     free(q), free(K), free(V), free(ref), free(got);
                 }
+    const char *b = getenv("ATTN_BENCH");
+    if (b && *b == '1') bench();
     return check_done("attn");
 }
