@@ -258,6 +258,17 @@ KILN_API char *kiln_metrics(kiln_client *c, size_t *len, kiln_error *err);
 KILN_API int kiln_command(kiln_client *c, const char *line, char *reply, size_t cap,
                           kiln_error *err);
 
+/* UPDATE (admin; docs/PROTOCOL.md): streams the signed image bundle at path (kiln-image
+ * sign's .kimg) into the box's inactive slot, to be tried `tries` times (1..9) once it
+ * verifies; then REBOOT (kiln_command) boots it. on_progress (may be NULL) gets each
+ * progress line's bytes and total. reply gets the last line ("OK update done slot=b
+ * version=2 tries=3", or the ERR). Returns 0, the ERR's code (422: the bundle does not
+ * verify or changed on the way; 409 another update runs; 403 ...) or a library code;
+ * nothing is retried. Nothing else may be in flight on c. */
+typedef void (*kiln_on_progress)(void *ud, uint64_t bytes, uint64_t total);
+KILN_API int kiln_update(kiln_client *c, const char *path, int tries, kiln_on_progress on_progress,
+                         void *ud, char *reply, size_t cap, kiln_error *err);
+
 /* A verb whose reply is a multi-line body ending in "." ("CONFIG", "METRICS"): the body
  * dot-unstuffed as for kiln_metrics (malloc'd, caller frees). An ERR reply instead of a
  * body gives NULL with its code in *err. */

@@ -12,9 +12,9 @@ in QEMU). Checked: a user connection gets 403; bad keys 400; too large 413; no k
 UPDATE gets 409 and other sessions are served; a wrong sha256 refused (422) with no
 activation asked; a disconnect mid-stream frees the slot for the next UPDATE and
 activates nothing; bytes before OK close the session; kiln-init's refusal reaches the
-client; REBOOT reaches kiln-init. Standard library and the kiln package (sdk/python).
+client; REBOOT reaches kiln-init. With --cli, the C SDK's kiln_update through `kiln update`. Standard library and the kiln package (sdk/python).
 
-  tests/net/update_test.py --kilnd build/gnu/kilnd --model MODEL
+  tests/net/update_test.py --kilnd build/gnu/kilnd --model MODEL [--cli build/gnu/kiln]
 """
 import argparse
 import hashlib
@@ -107,6 +107,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kilnd", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--cli", help="the kiln CLI (sdk/c): also `kiln update`")
     A = ap.parse_args()
     d = tempfile.mkdtemp(prefix="kiln-update-")
     proc = None
@@ -192,6 +193,23 @@ def main():
         check("activation asked with tries=2", state["tries"] == "update-activate b tries=2", state)
         with open(slot, "rb") as f:
             check("the slot file holds the bytes sent", f.read(len(data)) == data)
+
+        # the C SDK through the CLI: `kiln update`, kiln-init answering at once
+        if A.cli:
+            init.answer = lambda what: ("update ready b" if what.startswith("update-begin") else
+                                        "update done b version=8 tries=4 entry=kiln-b+4.efi" if what.startswith("update-activate b tries=4")
+                                        else None)
+            p = subprocess.run([A.cli, "--host", "127.0.0.1:%d" % port, "--ca", ca, "--server-name", "localhost",
+                                "--token", atok, "update", d + "/good.kimg", "--tries", "4"],
+                               capture_output=True, text=True, timeout=60)
+            check("kiln update (libkiln's kiln_update): OK update done, progress on stderr",
+                  p.returncode == 0 and p.stdout.strip() == "OK update done slot=b version=8 tries=4" and
+                  "of %d bytes" % len(data) in p.stderr, (p.returncode, p.stdout, p.stderr[-300:]))
+            p = subprocess.run([A.cli, "--host", "127.0.0.1:%d" % port, "--ca", ca, "--server-name", "localhost",
+                                "--token", utok, "update", d + "/good.kimg"], capture_output=True, text=True, timeout=60)
+            check("kiln update with a user token fails (403)", p.returncode == 1 and "403" in p.stderr + p.stdout,
+                  (p.returncode, p.stdout, p.stderr))
+            init.answer = good
 
         # a wrong sha256: refused, no activation asked
         init.asks.clear()

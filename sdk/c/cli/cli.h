@@ -256,5 +256,6 @@ int cmd_stats(int argc, char **argv, cli_global *g);
 int cmd_metrics(int argc, char **argv, cli_global *g);
 int cmd_health(int argc, char **argv, cli_global *g);
 int cmd_bench(int argc, char **argv, cli_global *g);
+int cmd_update(int argc, char **argv, cli_global *g);
 
 #endif

@@ -1,4 +1,5 @@
-/* cmd_info.c: the one-shot verbs: `kiln stats`, `kiln metrics`, `kiln health`. */
+/* cmd_info.c: the one-shot verbs: `kiln stats`, `kiln metrics`, `kiln health`, and the
+ * admin's `kiln update` (a network update). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,4 +142,54 @@ int cmd_health(int argc, char **argv, cli_global *g) {
                 : "live=%d ready=%d level=%d running=%d waiting=%d draining=%d\n",
            h.live, h.ready, h.level, h.running, h.waiting, h.draining);
     return h.live && h.ready ? EXIT_OK : EXIT_FAIL;
+}
+
+static void update_progress(void *ud, uint64_t bytes, uint64_t total) {
+    (void)ud;
+    fprintf(stderr, "kiln: update: %llu of %llu bytes\n", (unsigned long long)bytes, (unsigned long long)total);
+}
+
+/* `kiln update BUNDLE [--tries N] [--reboot]`: the network update (admin). */
+int cmd_update(int argc, char **argv, cli_global *g) {
+    static const char help[] =
+        "usage: kiln update BUNDLE [--tries N] [--reboot] [--quiet] [connection flags]\n"
+        "Streams a signed image bundle (kiln-image sign's .kimg) into the box's inactive\n"
+        "slot (UPDATE; an admin token is needed). The box's kiln-init verifies it with its\n"
+        "built-in key before it becomes the next boot, tried N times (1..9, default 3).\n"
+        "--reboot: then REBOOT the box into it. Progress on stderr; the result on stdout.\n\n";
+    const char *bundle = NULL;
+    int tries = 3, reboot = 0, quiet = 0, k, rc;
+    argp p;
+    argp_init(&p, argc, argv, argv[0]);
+    while (argp_next(&p)) {
+        if (argp_is(&p, "--help") || argp_is(&p, "-h")) {
+            fputs(help, stdout);
+            fputs(conf_flags_help, stdout);
+            return EXIT_OK;
+        }
+        if (argp_pos(&p) && !bundle) bundle = p.arg;
+        else if (argp_is(&p, "--tries")) { if (argp_int(&p, &tries, 1, 9)) return EXIT_USAGE; }
+        else if (argp_is(&p, "--reboot")) { if (argp_no_value(&p) < 0) return EXIT_USAGE; reboot = 1; }
+        else if (argp_is(&p, "--quiet")) { if (argp_no_value(&p) < 0) return EXIT_USAGE; quiet = 1; }
+        else if ((k = conf_flag(&p, g)) != 0) { if (k < 0) return EXIT_USAGE; }
+        else return argp_unknown(&p);
+    }
+    if (!bundle) {
+        cli_err("update: which bundle? (kiln update BUNDLE)");
+        return EXIT_USAGE;
+    }
+    kiln_client *c = cli_connect(g, &rc);
+    if (!c) return rc;
+    kiln_error err = {0};
+    char reply[512], rb[128] = "";
+    int st = kiln_update(c, bundle, tries, quiet ? NULL : update_progress, NULL, reply, sizeof reply, &err);
+    if (st == 0) printf("%s\n", reply);
+    if (st == 0 && reboot && (st = kiln_command(c, "REBOOT", rb, sizeof rb, &err)) == 0) printf("%s\n", rb);
+    if (st != 0) {
+        cli_kiln_err(&err);
+        kiln_close(c);
+        return EXIT_FAIL;
+    }
+    kiln_close(c);
+    return EXIT_OK;
 }

@@ -1,6 +1,6 @@
 /* kiln: the command-line client of kilnd (docs/PROTOCOL.md), on libkiln (sdk/c/kiln.h).
  *   kiln [connection flags] <command> [flags]
- * Commands: generate, chat, bench, stats, metrics, health (cmd_*.c). Connection flags
+ * Commands: generate, chat, bench, stats, metrics, health, update (cmd_*.c). Connection flags
  * may come before or after the command. Exit status: 0 ok, 1 failure, 2 usage error,
  * 130 generate interrupted by Ctrl-C. */
 #include <string.h>
@@ -18,6 +18,8 @@ static void usage(FILE *f) {
             "  stats                  server counters (STATS), one key=value per line\n"
             "  metrics                the Prometheus metrics text (METRICS)\n"
             "  health                 HEALTH; exit status 0 when live and ready, else 1\n"
+            "  update BUNDLE          an admin's network update: a signed image bundle into\n"
+            "                         the box's inactive slot (then --reboot, or REBOOT)\n"
             "  help [COMMAND]         this text, or a command's flags\n"
             "  version                print the version\n"
             "`kiln COMMAND --help` lists a command's flags.\n\n");
@@ -34,6 +36,7 @@ static const struct {
 } commands[] = {
     {"generate", cmd_generate}, {"chat", cmd_chat}, {"bench", cmd_bench},
     {"stats", cmd_stats},       {"metrics", cmd_metrics}, {"health", cmd_health},
+    {"update", cmd_update},
 };
 
 static cmd_fn find_cmd(const char *name) {

@@ -3,11 +3,13 @@
  * arrive while waiting are dispatched to their callbacks; the first other line is the
  * reply. Verbs are never called from callbacks, so a broken connection can be torn
  * down right here. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "mbedtls/sha256.h"
 
 /* Longest command line we send: admin verbs are short. */
 #define KL_CMD_MAX 4096
@@ -254,4 +256,81 @@ char *kiln_command_body(kiln_client *c, const char *line, size_t *len, kiln_erro
 
 char *kiln_metrics(kiln_client *c, size_t *len, kiln_error *err) {
     return kiln_command_body(c, "METRICS", len, err);
+}
+
+/* ------------------------------------------------------------------ UPDATE */
+
+#define KL_UPD_CHUNK 65536
+
+/* The file's size and sha256 as hex. 0, or KILN_EINVAL with err set. */
+static int file_sha256(FILE *f, const char *path, uint64_t *size, char hex[65], kiln_error *err) {
+    static char buf[KL_UPD_CHUNK];
+    unsigned char h[32];
+    mbedtls_sha256_context sha;
+    mbedtls_sha256_init(&sha);
+    mbedtls_sha256_starts(&sha, 0);
+    size_t n;
+    *size = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        mbedtls_sha256_update(&sha, (const unsigned char *)buf, n);
+        *size += n;
+    }
+    mbedtls_sha256_finish(&sha, h);
+    mbedtls_sha256_free(&sha);
+    if (ferror(f) || *size == 0) {
+        kl_err(err, KILN_EINVAL, "%s: %s", path, ferror(f) ? strerror(errno) : "empty");
+        return KILN_EINVAL;
+    }
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    return 0;
+}
+
+/* The file's bytes after "OK update": each write bounded by the io timeout. */
+static int send_file(kiln_client *c, FILE *f, kiln_error *err) {
+    static char buf[KL_UPD_CHUNK];
+    size_t n;
+    rewind(f);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        kiln_error e;
+        int r = kl_tls_write(c, buf, n, kl_now_ms() + c->o.io_timeout_ms, &e);
+        if (r < 0) return fail_drop(c, r, &e, err);
+    }
+    if (ferror(f)) {
+        kl_err(err, KILN_EINVAL, "read the bundle: %s", strerror(errno));
+        kl_drop(c, KILN_EINVAL, err->message); /* the server waits for bytes that never come */
+        return KILN_EINVAL;
+    }
+    c->last_rx_ms = kl_now_ms();
+    return 0;
+}
+
+int kiln_update(kiln_client *c, const char *path, int tries, kiln_on_progress on_progress, void *ud,
+                char *reply, size_t cap, kiln_error *err) {
+    if (reply && cap) reply[0] = '\0';
+    if (tries < 1 || tries > 9) {
+        kl_err(err, KILN_EINVAL, "tries must be 1..9");
+        return KILN_EINVAL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kl_err(err, KILN_EINVAL, "%s: %s", path, strerror(errno));
+        return KILN_EINVAL;
+    }
+    uint64_t size;
+    char hex[65], line[160], *got;
+    size_t len;
+    int r = file_sha256(f, path, &size, hex, err);
+    snprintf(line, sizeof line, "UPDATE size=%llu sha256=%s tries=%d", (unsigned long long)size, hex, tries);
+    if (!r) r = kiln_command(c, line, reply, cap, err); /* "OK update slot=S max=N" */
+    if (!r) r = send_file(c, f, err);
+    fclose(f);
+    while (!r) { /* progress lines, then OK update done or an ERR */
+        if ((r = verb_line(c, &got, &len, err))) break;
+        if (reply && cap) snprintf(reply, cap, "%s", got);
+        if (is_err(got, len)) return err_reply(got, len, err);
+        if (!strncmp(got, "OK update done", 14)) return 0;
+        unsigned long long k, n;
+        if (on_progress && sscanf(got, "UPDATE progress bytes=%llu total=%llu", &k, &n) == 2) on_progress(ud, k, n);
+    }
+    return r;
 }
