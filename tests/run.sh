@@ -78,10 +78,10 @@ run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh h
 # retry_after_ms), every request ends, it walks back to 0; LADDER pinning; drain_timeout_ms.
 run "net/serve-ladder" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host ladder
 run "net/control-socket" tests/net/ctl_test.sh "$BUILD/gnu/kilnd" "$MODEL"
-# The network update verbs (UPDATE, REBOOT) on host sockets, a file standing in for the
+# The network update verbs (UPDATE, REBOOT; ASan kilnd) on host sockets, a file standing in for the
 # inactive slot and this test playing kiln-init on the control socket (the image's own
 # end-to-end update is qemu/disk).
-run "net/update" python3 tests/net/update_test.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --cli "$BUILD/gnu/kiln"
+run "net/update" python3 tests/net/update_test.py --kilnd "$BUILD/asan/kilnd" --model "$MODEL" --cli "$BUILD/gnu/kiln"
 # kiln-init (PID 1) in its host test mode, supervising a fake kilnd: console, restarts,
 # heartbeat loss, crash loop and safe mode, bad config, drain and power-off
 run "boot/kiln-init" tests/boot/init_test.sh "$BUILD/gnu/kiln-init"

@@ -269,9 +269,13 @@ def main():
         if proc:
             proc.terminate()
             try:
-                proc.wait(10)
+                proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            with open(d + "/kilnd.err") as f:
+                log = f.read()
+            check("kilnd stopped cleanly (exit 0, no sanitizer report)", proc.returncode == 0 and "Sanitizer" not in log,
+                  "exit %s" % proc.returncode)
         if FAILED:
             try:
                 print(open(d + "/kilnd.err").read()[-2000:])
