@@ -1106,7 +1106,8 @@ static void update_data(srv_sess *ss, const char *p, size_t n) {
         while (s->up_progress <= s->up.done) s->up_progress += SRV_UPD_PROGRESS;
     }
     if (ss->raw_left) return;
-    int r = upd_finish(&s->up, err, sizeof err);
+    int64_t t0 = loop_now_ms();
+    int r = upd_finish(&s->up, err, sizeof err); /* the device's sync: the one long call */
     if (r < 0) { update_fail(s, r == -EBADMSG ? 422 : 500, r == -EBADMSG ? "refused" : "internal", err); return; }
     char what[48];
     snprintf(what, sizeof what, "update-activate %c tries=%d", s->up.slot, s->up_tries);
@@ -1114,7 +1115,8 @@ static void update_data(srv_sess *ss, const char *p, size_t n) {
     s->up_state = UP_ACTIVATE;
     s->up_deadline_ms = loop_now_ms() + SRV_UPD_ACTIVATE_MS;
     sess_printf(ss, "UPDATE verifying slot=%c\n", s->up.slot);
-    srv_log(s, CFG_LOG_INFO, "update: %llu bytes in slot %c, sha256 good; kiln-init verifies", (unsigned long long)s->up.size, s->up.slot);
+    srv_log(s, CFG_LOG_INFO, "update: %llu bytes in slot %c (synced in %lld ms), sha256 good; kiln-init verifies",
+            (unsigned long long)s->up.size, s->up.slot, (long long)(loop_now_ms() - t0));
 }
 
 /* The session goes: a transfer under way is over, and nothing is activated. */
