@@ -18,7 +18,8 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     slot b, with progress lines, `OK update done slot=b version=2 tries=3`; REBOOT
   boot 2: slot b, version 2, ready but not blessed before it has served a GEN; a GEN;
     then blessed (its ESP entry loses the boot counter); console `slot a` verifies slot a
-    (signature, hashes, its ESP entry) and makes it next, `slot b` back
+    (signature, hashes, its ESP entry) and makes it next, `slot b` back; a network update
+    broken in the middle: slot a's entry went before its first byte, nothing activated
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
     reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
     (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
@@ -271,6 +272,13 @@ def main():
             m = re.search(r"verified in ([\d.]+) s", g.cmd("log 10") or "")
             if m:
                 say("boot 2: a slot verified in %s s (TCG)" % m.group(1))
+            ok = broken_transfer(g, A.v2)  # now slot a has an entry (kiln-a+0.efi) to lose first
+            m = g.wait(r"kiln: network update: slot a's boot entry kiln-a\+0\.efi removed, kilnd writes the slot", 30)
+            m2 = g.wait(r"kilnd: warn: update refused: session \d+ lost after", 30, m.end() if m else 0)
+            out = g.cmd("version")
+            check("boot 2: a network update removes slot a's entry before its first byte; broken, it activates nothing",
+                  ok.startswith("OK update slot=a") and m is not None and m2 is not None and out is not None and
+                  "other:   slot a, empty" in out, "%r %r\n%s" % (ok, out, tail(g, 10)))
             bt.poweroff(g, "boot 2: `poweroff` ends QEMU with status 0")
         except Abort:
             pass
