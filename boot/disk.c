@@ -224,8 +224,10 @@ int disk_tick(dsk *d, int ready, int healthy, int safe, double now) {
     }
     if (safe || now >= d->trial_deadline) {
         d->blessed = 1; /* once */
+        const char *reason = safe ? "safe mode" : d->unverified ? "it did not verify at boot"
+                          : ready ? "ready, but no GEN served in time" : "not ready in time";
         logring_say("kiln: slot %c (version %u) on trial is not healthy (%s): rebooting for its next try", 'a' + me,
-                    d->version[me], safe ? "safe mode" : ready ? "ready, but no GEN served in time" : "not ready in time");
+                    d->version[me], reason);
         return 1;
     }
     return 0;

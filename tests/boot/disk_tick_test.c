@@ -1,8 +1,11 @@
 /* disk_tick_test: when kiln-init blesses a slot on trial (boot/disk.c disk_tick), on the
  * host: not while kilnd is only ready, yes once it is healthy (ready and one GEN served:
  * the entry kiln-b+2-1.efi becomes kiln-b.efi), a reboot for the next try when the trial
- * deadline passes with no GEN served or in safe mode, nothing for a blessed slot. The
- * ESP's EFI/Linux is a folder under /tmp. Built with ASan+UBSan; run by init_test.sh. */
+ * deadline passes with no GEN served or in safe mode, nothing for a blessed slot, never a
+ * blessing for a slot that did not verify at boot. A network update's first step
+ * (disk_update_begin): the other slot's entry goes, never the running one's, not while on
+ * trial; activation without the slot's partition activates nothing. The ESP's EFI/Linux
+ * is a folder under /tmp. Built with ASan+UBSan; run by init_test.sh. */
 #define DISK_ESP_DIR "/tmp/kiln-disk-tick-test"
 #include "boot/disk.c"
 
@@ -72,6 +75,27 @@ int main(void) {
     unlink(DISK_ESP_DIR "/EFI/Linux/kiln-b+2-1.efi");
     CHECK(disk_tick(&d, 1, 1, 0, 30) == 0 && d.trial, "an entry that cannot be renamed stays on trial (said why)");
 
+    trial(&d, 100);
+    d.unverified = 1; /* the running slot did not verify at boot */
+    CHECK(disk_tick(&d, 1, 1, 0, 30) == 0 && !d.blessed && exists("kiln-b+2-1.efi"), "unverified: healthy, still not blessed");
+    CHECK(disk_tick(&d, 1, 1, 0, 100) == 1 && exists("kiln-b+2-1.efi"), "unverified: its try ends at the deadline");
+
+    /* the network update: running slot b (blessed), slot a the target */
+    char out[400];
+    trial(&d, 100);
+    CHECK(disk_update_begin(&d, 0, out, sizeof out) == -EBUSY && exists("kiln-b+2-1.efi"), "on trial: no update (slot a is the fallback)");
+    d.trial = 0;
+    int fd = open(DISK_ESP_DIR "/EFI/Linux/kiln-a.efi", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+    CHECK(disk_update_begin(&d, 1, out, sizeof out) == -EPERM && exists("kiln-b+2-1.efi"), "the running slot is never a target");
+    CHECK(disk_update_begin(&d, 0, out, sizeof out) == 0 && !exists("kiln-a.efi") && !d.entry[0][0] && !d.version[0],
+          "begin: the other slot's entry is gone before any byte");
+    CHECK(disk_activate(&d, 0, 3, out, sizeof out) < 0 && !d.entry[0][0] && !exists("kiln-a+3.efi"),
+          "activate without the slot's partition: refused, nothing activated");
+    d.slot = -1;
+    CHECK(disk_update_begin(&d, 0, out, sizeof out) == -ENODEV, "not booted from an A/B disk: no update");
+
+    unlink(DISK_ESP_DIR "/EFI/Linux/kiln-b+2-1.efi");
     unlink(DISK_ESP_DIR "/EFI/Linux/kiln-b.efi");
     rmdir(DISK_ESP_DIR "/EFI/Linux"), rmdir(DISK_ESP_DIR "/EFI"), rmdir(DISK_ESP_DIR);
     printf("disk_tick_test: %d passed, %d failed\n", passed, failed);

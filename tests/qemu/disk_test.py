@@ -23,7 +23,8 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
     reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
     (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
-    nothing changed
+    nothing changed; slot b's partition (not its ESP entry) was changed too: it boots, and
+    kiln-init's boot check warns that the running slot does not verify
 
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
 in over the network and v3 with kiln-flash: both writers of a slot are exercised, and
@@ -300,6 +301,12 @@ def main():
             b = f.read(1)
             f.seek((65 << 20) + 4096 + 7000)
             f.write(bytes([b[0] ^ 0x04]))
+            # and slot b's partition (v2, what boot 5 runs), not its ESP entry: it boots, and
+            # kiln-init's check of the running slot at boot says it does not verify
+            f.seek((129 << 20) + 4096 + 9000)
+            b = f.read(1)
+            f.seek((129 << 20) + 4096 + 9000)
+            f.write(bytes([b[0] ^ 0x10]))
         g = boot("rollback", work, A.log_dir); guests.append(g)
         try:
             m = g.wait(r"kiln: ROLLBACK: ([^\n]*)\n", A.ready_timeout)
@@ -307,6 +314,9 @@ def main():
                   "\n" + tail(g, 25))
             if m:
                 say("boot 5: %s" % m.group(1))
+            m = g.wait(r"kiln: WARNING: the running slot b does NOT verify: [^\n]*`uki`", 5)
+            check("boot 5: slot b's partition changed: kiln-init warns on the console that the running slot does not verify",
+                  m is not None, "\n" + tail(g, 25))
             ready(g, "boot 5 (rollback)")
             version_is(g, "boot 5", "b", 2)
             out = g.cmd("slot a", 120)
