@@ -1048,10 +1048,14 @@ static int ask_init(srv *s, const char *what) {
     return s->notify ? s->notify(s->notify_ud, line) : 0;
 }
 
-/* The update failed: the session (if still there) hears why, the log says what is left. */
+/* The update failed: the session (if still there) hears why, the log says what is left:
+ * before kiln-init said ready the slot may still have its entry (kiln-init refused: it
+ * does), after that it has none. */
 static void update_fail(srv *s, int code, const char *slug, const char *msg) {
-    srv_log(s, CFG_LOG_WARN, "update refused: %s: nothing activated (slot %c has no boot entry); the running slot is untouched",
-            msg, s->up.slot);
+    const char *left = s->up_state == UP_BEGIN ? (code == 422 ? "its boot entry unchanged" : "its boot entry perhaps removed")
+                                               : "no boot entry";
+    srv_log(s, CFG_LOG_WARN, "update refused: %s: nothing activated (slot %c: %s); the running slot is untouched", msg,
+            s->up.slot, left);
     if (s->up_sess) sess_err(s->up_sess, "-", code, slug, msg);
     update_reset(s);
 }
