@@ -11,8 +11,8 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     so is a disk image whose slot a was changed, for a first install (no target written)
   boot 1: version 1 boots to ready, kiln-init says slot a verified; console `version` says
     slot a, version 1; a GEN; over the network (the admin verb UPDATE, the kiln SDK's
-    update()): a v2 bundle with one flipped byte in its UKI is refused by kiln-init's
-    verification, nothing activated; a transfer broken in the middle (the client closes)
+    update()): a v2 bundle with one flipped byte in its UKI, and one signed by another key,
+    are refused by kiln-init's verification, nothing activated; a transfer broken in the middle (the client closes)
     activates nothing; REBOOT (the verb)
   boot 1b: still slot a, version 1, ready and serving; the network update of v2 into
     slot b, with progress lines, `OK update done slot=b version=2 tries=3`; REBOOT
@@ -219,6 +219,9 @@ def main():
             check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
                   err is not None and err.code == 422 and "does not verify" in str(err), "%r %r" % (res, err))
             m = g.wait(r"kiln: network update REFUSED: slot b does not verify, nothing activated", 10)
+            res, err2, _ = net_update(g, os.path.join(tmp, "other.kimg"))
+            check("boot 1: a network update signed by another key is refused (422, bad signature)",
+                  err2 is not None and err2.code == 422 and "bad signature" in str(err2), "%r %r" % (res, err2))
             out = g.cmd("version")
             check("boot 1: after the refusal nothing is activated (the console says so; slot b is empty)",
                   m is not None and out is not None and "other:   slot b, empty" in out, "%r\n%s" % (out, tail(g, 10)))
