@@ -9,6 +9,8 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
   tamper (no QEMU): a bundle with one flipped byte in its UKI, and one signed by another
     key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
     so is a disk image whose slot a was changed, for a first install (no target written)
+  kiln-flash v2 (a second copy of the disk): `kiln-flash update` writes v2 into slot b;
+    it boots on trial, is not blessed before a GEN and is blessed after one
   boot 1: version 1 boots to ready, kiln-init says slot a verified; console `version` says
     slot a, version 1; a GEN; over the network (the admin verb UPDATE, the kiln SDK's
     update()): a v2 bundle with one flipped byte in its UKI, and one signed by another key,
@@ -27,8 +29,9 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     kiln-init's boot check warns that the running slot does not verify
 
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
-in over the network and v3 with kiln-flash: both writers of a slot are exercised, and
-kiln-init blesses and rolls back the same way whoever wrote it.
+in over the network on the main disk (and with kiln-flash on a copy), v3 with kiln-flash:
+both writers of a slot are exercised, and kiln-init blesses and rolls back the same way
+whoever wrote it.
 """
 import argparse
 import hashlib
@@ -176,6 +179,35 @@ def tamper(work, tmp):
     os.unlink(bad_disk)
 
 
+def flash_update(tmp):
+    """kiln-flash's own update path, on a copy of the disk: v2 written into slot b of the
+    image file boots next, is not blessed before a GEN and is blessed after one. (The main
+    disk takes v2 over the network below, so both ways of updating are proven.)"""
+    disk = os.path.join(tmp, "flash-disk.img")
+    shutil.copyfile(A.disk, disk)
+    rc, out = run([A.flash, "update", A.v2, disk])
+    check("kiln-flash update v2 into the image file's slot b", rc == 0 and "slot b" in out, out)
+    vars_before = os.environ["KILN_OVMF_VARS"]
+    os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "flash-vars.fd")
+    g = boot("flash-v2", disk, A.log_dir)
+    blessed = r"kiln: slot b \(version 2\) is healthy: blessed"
+    try:
+        ready(g, "kiln-flash v2")
+        m = g.wait(r"kiln: slot b \(version 2\) on trial is ready; blessed once it has served a GEN", 30)
+        check("kiln-flash v2: boots version 2 on trial, not blessed before a GEN", m is not None, "\n" + tail(g, 25))
+        one_gen(g, "kiln-flash v2", "f2")
+        check("kiln-flash v2: blessed after one GEN", g.wait(blessed, 30) is not None, "\n" + tail(g, 25))
+        version_is(g, "kiln-flash v2", "b", 2)
+        bt.poweroff(g, "kiln-flash v2: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    g.kill()
+    os.environ["KILN_OVMF_VARS"] = vars_before
+    rc, out = run([A.flash, "status", disk])
+    check("kiln-flash v2: slot b's entry is blessed on the disk (kiln-b.efi)", rc == 0 and "boot entry kiln-b.efi" in out, out)
+    os.unlink(disk)
+
+
 def main():
     global A
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -206,6 +238,7 @@ def main():
     guests = []
     try:
         tamper(work, tmp)
+        flash_update(tmp)
 
         g = boot("v1", work, A.log_dir); guests.append(g)
         try:
