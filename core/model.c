@@ -11,6 +11,7 @@
 #include "core/attn.h"
 #include "core/quant.h"
 #include "core/threads.h"
+#include "core/vmath.h"
 
 #define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4 */
 #define MM_CHUNK_WIDE 64 /* for the vocabulary-wide output matrix: longer runs of each
@@ -305,7 +306,60 @@ static void rope_apply(const model_config *c, float *vec, int n_heads, const flo
     }
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
+/* ------------------------------------------------------------------ per-token work */
+
+/* fn(ctx, t0, t1) over tokens [t0, t1). The norms, activation quantization, RoPE and
+ * cache writes between the matmuls are per token; with a batch (a decode step of many
+ * streams, a prompt chunk) they run in the pool instead of on the caller alone while
+ * the other threads wait. Below PAR_MIN_TOKENS the hand-off costs more than it saves.
+ * A token's result is the same either way. */
+#define PAR_MIN_TOKENS 8
+typedef void (*tok_fn)(void *ctx, int t0, int t1);
+typedef struct {
+    tok_fn fn;
+    void *ctx;
+    int n_tok, per;
+} tok_job;
+
+static void tok_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    const tok_job *j = ctx;
+    int t0 = task * j->per, t1 = t0 + j->per < j->n_tok ? t0 + j->per : j->n_tok;
+    j->fn(j->ctx, t0, t1);
+}
+
+static void per_token(thr_pool *tp, int T, tok_fn fn, void *ctx) {
+    int nt = tp ? thr_pool_size(tp) : 1;
+    if (nt < 2 || T < PAR_MIN_TOKENS) {
+        fn(ctx, 0, T);
+        return;
+    }
+    tok_job j = {fn, ctx, T, (T + 2 * nt - 1) / (2 * nt)}; /* two ranges per thread */
+    thr_run(tp, tok_task, &j, (T + j.per - 1) / j.per);
+}
+
+typedef struct {
+    float *out;
+    const float *x;
+    const float *w;
+    int n, stride, in_stride;
+    float eps;
+    const int32_t *rows; /* token t reads x row rows[t] (NULL: row t) */
+} norm_job;
+
+static void norm_range(void *ctx, int t0, int t1) {
+    const norm_job *j = ctx;
+    for (int t = t0; t < t1; t++)
+        rmsnorm(j->out + (size_t)t * j->stride, j->x + (size_t)(j->rows ? j->rows[t] : t) * j->in_stride,
+                j->w, j->n, j->eps);
+}
+
+/* out[t] = rmsnorm(x[rows ? rows[t] : t]) for t < T, rows d wide. */
+static void norm_tokens(thr_pool *tp, int T, float *out, const float *x, const int32_t *rows,
+                        const float *w, int d, float eps) {
+    norm_job j = {out, x, w, d, d, d, eps, rows};
+    per_token(tp, T, norm_range, &j);
+}
 
 /* ------------------------------------------------------------------ parallel matmul */
 
@@ -374,24 +428,38 @@ static void mm_task(void *ctx, int task, int n_tasks) {
         for (int t = 0; t < part.n_tok; t++) {
             float *o = o0 + (size_t)t * j->ostride[m];
             const float *a = tmp[0] + t * nr, *u = tmp[1] + t * nr;
-            if (j->epi == EPI_STORE) for (int r = 0; r < nr; r++) o[r] = a[r];
-            else if (j->epi == EPI_ADD) for (int r = 0; r < nr; r++) o[r] += a[r];
-            else for (int r = 0; r < nr; r++) o[r] = silu(a[r]) * u[r];
+            if (j->epi == EPI_STORE) memcpy(o, a, (size_t)nr * sizeof(float));
+            else if (j->epi == EPI_ADD) vm_add(o, a, nr);
+            else vm_swiglu(o, a, u, nr);
         }
     }
 }
 
 /* Quantize T rows of x (stride xs floats, n wide) to the dot type of w, reusing a
  * buffer already holding that type for this input. Slot bookkeeping is per call. */
-static const uint8_t *prep_x(model_state *s, int *used, const float *x, int xs, int n, int T,
-                             const model_mat *w) {
+typedef struct {
+    uint32_t type;
+    const float *x;
+    int xs, n;
+    uint8_t *dst;
+    size_t dst_stride;
+} quant_job;
+
+static void quant_range(void *ctx, int t0, int t1) {
+    const quant_job *j = ctx;
+    for (int t = t0; t < t1; t++)
+        quant_quantize(j->type, j->x + (size_t)t * j->xs, j->dst + (size_t)t * j->dst_stride, j->n);
+}
+
+static const uint8_t *prep_x(model_state *s, thr_pool *tp, int *used, const float *x, int xs,
+                             int n, int T, const model_mat *w) {
     int dt = s->exact ? QT_F32 : quant_traits_of(w->type)->dot_type;
     for (int i = 0; i < *used; i++)
         if (s->xq_type[i] == dt) return s->xq[i];
     int i = (*used)++;
     s->xq_type[i] = dt;
-    for (int t = 0; t < T; t++)
-        quant_quantize((uint32_t)dt, x + (size_t)t * xs, s->xq[i] + (size_t)t * s->xq_stride, n);
+    quant_job j = {(uint32_t)dt, x, xs, n, s->xq[i], s->xq_stride};
+    per_token(tp, T, quant_range, &j);
     return s->xq[i];
 }
 
@@ -403,7 +471,7 @@ static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, 
     int used = 0, total = 0;
     for (int i = 0; i < n_mats; i++) {
         j.w[i] = w[i];
-        j.xq[i] = prep_x(s, &used, x, xs, w[i]->n_in, T, w[i]);
+        j.xq[i] = prep_x(s, tp, &used, x, xs, w[i]->n_in, T, w[i]);
         j.bias[i] = bias ? bias[i] : NULL;
         j.out[i] = out[i];
         j.ostride[i] = ostride[i];
@@ -423,51 +491,82 @@ typedef struct {
     model_state *s;
     const kv_pool *kv;
     int layer;
+    int heads; /* KV heads per task: all of a token's, or 1 when there are few tokens */
 } att_job;
 
-/* The query heads of one token that share a KV head, against the sequence's positions
- * [0, pos], block by block through the page table (online softmax in core/attn). */
-static void att_task(void *ctx, int task, int n_tasks) {
-    (void)n_tasks;
-    const att_job *j = ctx;
+#define ATT_MAX_KV_HEADS 8 /* KV heads one task walks together (more: one per task) */
+
+/* The query heads of one token that share each of its KV heads [h0, h0 + nh), against
+ * the sequence's positions [0, pos], block by block through the page table (online
+ * softmax in core/attn). A block's K rows of all heads of a layer lie side by side (V's
+ * too: mm/kv.h), so walking the heads inside the block loop reads one run of memory
+ * instead of nh scattered ones: a decode step's KV is far larger than the caches, and
+ * the hardware prefetcher follows runs. Every head's arithmetic is the same either way. */
+static void att_heads(const att_job *j, int t, int h0, int nh) {
     const model_config *c = &j->m->cfg;
-    int hd = c->head_dim, bs = j->kv->cfg.block_size, g = c->n_heads / c->n_kv_heads;
-    int t = task / c->n_kv_heads, kvh = task % c->n_kv_heads;
+    const kv_pool *kv = j->kv;
+    int hd = c->head_dim, bs = kv->cfg.block_size, g = c->n_heads / c->n_kv_heads;
     const kv_seq *sq = j->b->seq[t];
     int n_pos = j->b->pos[t] + 1;
-    float q[ATTN_MAX_GROUP * ATTN_MAX_DIM];
+    float q[ATT_MAX_KV_HEADS][ATTN_MAX_GROUP * ATTN_MAX_DIM];
+    attn_state st[ATT_MAX_KV_HEADS];
     float scale = 1.0f / sqrtf((float)hd);
-    const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)kvh * g * hd;
-    for (int i = 0; i < g * hd; i++) q[i] = qsrc[i] * scale;
-    attn_state st;
-    attn_init(&st, g, hd);
+    for (int h = 0; h < nh; h++) {
+        const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd;
+        for (int i = 0; i < g * hd; i++) q[h][i] = qsrc[i] * scale;
+        attn_init(&st[h], g, hd);
+    }
     for (int p0 = 0; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
         int n = n_pos - p0 < bs ? n_pos - p0 : bs;
-        if (kv_is_q8(j->kv, blk)) { /* an 8-bit block (the ladder's rung 2) */
-            const kv_pool *kv = j->kv;
-            attn_block_q8(&st, q, kv_q8_slab(kv, blk, j->layer, 0, kvh), kv_q8_scale(kv, blk, j->layer, 0, kvh),
-                          kv_q8_slab(kv, blk, j->layer, 1, kvh), kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
-            continue;
+        for (int h = 0; h < nh; h++) {
+            int kvh = h0 + h;
+            if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
+                attn_block_q8(&st[h], q[h], kv_q8_slab(kv, blk, j->layer, 0, kvh),
+                              kv_q8_scale(kv, blk, j->layer, 0, kvh), kv_q8_slab(kv, blk, j->layer, 1, kvh),
+                              kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
+            else
+                attn_block(&st[h], q[h], kv_k(kv, blk, j->layer, kvh), kv_v(kv, blk, j->layer, kvh), n);
         }
-        attn_block(&st, q, kv_k(j->kv, blk, j->layer, kvh), kv_v(j->kv, blk, j->layer, kvh), n);
     }
-    attn_finish(&st, j->s->xb + (size_t)t * c->n_heads * hd + (size_t)kvh * g * hd, (size_t)hd);
+    for (int h = 0; h < nh; h++)
+        attn_finish(&st[h], j->s->xb + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd, (size_t)hd);
 }
 
-/* Write this step's K and V rows into the cache (f16) at each token's position. */
-static void kv_store(const model_config *c, model_state *s, kv_pool *kv, const model_batch *b,
-                     int layer) {
-    int hd = c->head_dim, bs = kv->cfg.block_size, kd = c->n_kv_heads * hd;
-    for (int t = 0; t < b->n_tokens; t++) {
-        int pos = b->pos[t];
-        int32_t blk = b->seq[t]->blocks[pos / bs];
+static void att_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    const att_job *j = ctx;
+    int per_tok = j->m->cfg.n_kv_heads / j->heads;
+    att_heads(j, task / per_tok, task % per_tok * j->heads, j->heads);
+}
+
+typedef struct {
+    const model_config *c;
+    model_state *s;
+    kv_pool *kv;
+    const model_batch *b;
+    int layer;
+} rope_store_job;
+
+/* RoPE on the step's q and k rows, then k and v into the cache (f16) at each token's
+ * position: tokens of one sequence write different rows, so ranges run in parallel. */
+static void rope_store_range(void *ctx, int t0, int t1) {
+    const rope_store_job *j = ctx;
+    const model_config *c = j->c;
+    model_state *s = j->s;
+    int hd = c->head_dim, bs = j->kv->cfg.block_size, kd = c->n_kv_heads * hd;
+    int qd = c->n_heads * hd, half = c->rope_dim / 2;
+    for (int t = t0; t < t1; t++) {
+        rope_apply(c, s->q + (size_t)t * qd, c->n_heads, s->rope + (size_t)t * half * 2);
+        rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, s->rope + (size_t)t * half * 2);
+        int pos = j->b->pos[t];
+        int32_t blk = j->b->seq[t]->blocks[pos / bs];
         int slot = pos % bs;
         for (int h = 0; h < c->n_kv_heads; h++) {
             quant_quantize(QT_F16, s->k + (size_t)t * kd + h * hd,
-                           kv_k(kv, blk, layer, h) + (size_t)slot * hd, hd);
+                           kv_k(j->kv, blk, j->layer, h) + (size_t)slot * hd, hd);
             quant_quantize(QT_F16, s->v + (size_t)t * kd + h * hd,
-                           kv_v(kv, blk, layer, h) + (size_t)slot * hd, hd);
+                           kv_v(j->kv, blk, j->layer, h) + (size_t)slot * hd, hd);
         }
     }
 }
@@ -505,7 +604,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     const model_config *c = &m->cfg;
     if (check_batch(m, s, kv, b, err, en) < 0) return NULL;
     int T = b->n_tokens, d = c->d_model, hd = c->head_dim;
-    int qd = c->n_heads * hd, kd = c->n_kv_heads * hd, half = c->rope_dim / 2;
+    int qd = c->n_heads * hd, kd = c->n_kv_heads * hd;
 
     for (int t = 0; t < T; t++) /* token embeddings */
         quant_dequant(m->w.tok_embd.type,
@@ -516,21 +615,20 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->w.layers[l];
         /* attention: norm, q/k/v projections, rope, cache write */
-        for (int t = 0; t < T; t++)
-            rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, L->attn_norm, d, c->rms_eps);
+        norm_tokens(tp, T, s->xb, s->x, NULL, L->attn_norm, d, c->rms_eps);
         const model_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
         const float *bias[3] = {L->bq, L->bk, L->bv};
         float *qkv_out[3] = {s->q, s->k, s->v};
         int qkv_stride[3] = {qd, kd, kd};
         matmul(s, tp, s->xb, d, T, EPI_STORE, 3, qkv, bias, qkv_out, qkv_stride);
-        for (int t = 0; t < T; t++) {
-            rope_apply(c, s->q + (size_t)t * qd, c->n_heads, s->rope + (size_t)t * half * 2);
-            rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, s->rope + (size_t)t * half * 2);
-        }
-        kv_store(c, s, kv, b, l);
+        rope_store_job rj = {c, s, kv, b, l};
+        per_token(tp, T, rope_store_range, &rj);
         /* attention over the paged cache, output into xb, then x += Wo·xb */
-        att_job aj = {m, b, s, kv, l};
-        int n_att = T * c->n_kv_heads;
+        /* a task per token when there are enough to share among the threads (a decode
+         * batch, a prompt chunk), else one per token and KV head (a lone decode) */
+        int whole = c->n_kv_heads <= ATT_MAX_KV_HEADS && T >= 4 * (tp ? thr_pool_size(tp) : 1);
+        att_job aj = {m, b, s, kv, l, whole ? c->n_kv_heads : 1};
+        int n_att = T * (c->n_kv_heads / aj.heads);
         if (tp) thr_run(tp, att_task, &aj, n_att);
         else for (int i = 0; i < n_att; i++) att_task(&aj, i, n_att);
         const model_mat *wo[1] = {&L->wo};
@@ -538,8 +636,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         int xs[1] = {d};
         matmul(s, tp, s->xb, qd, T, EPI_ADD, 1, wo, NULL, xo, xs);
         /* feed-forward: x += W_down·(silu(W_gate·n) * W_up·n), n = norm(x) */
-        for (int t = 0; t < T; t++)
-            rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, L->ffn_norm, d, c->rms_eps);
+        norm_tokens(tp, T, s->xb, s->x, NULL, L->ffn_norm, d, c->rms_eps);
         const model_mat *gu[2] = {&L->w_gate, &L->w_up};
         float *hb[2] = {s->hb, s->hb};
         int hs[2] = {c->ffn_dim, c->ffn_dim};
@@ -549,9 +646,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     }
 
     /* final norm and logits, only for the requested rows */
-    for (int i = 0; i < b->n_logits; i++)
-        rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)b->logit_rows[i] * d, m->w.out_norm, d,
-                c->rms_eps);
+    norm_tokens(tp, b->n_logits, s->xb, s->x, b->logit_rows, m->w.out_norm, d, c->rms_eps);
     if (b->n_logits > 0) {
         const model_mat *wout[1] = {&m->w.output};
         float *lo[1] = {s->logits};

@@ -1,0 +1,24 @@
+/* vec_avx2.h: the vector macros of core/vec.h for 8-lane AVX2 + FMA + F16C, for the
+ * files built with AVX2 flags that write their kernels once over these macros
+ * (attention, vmath). No include guard: one includer per translation unit. */
+#include <immintrin.h>
+
+#define VEC __m256
+#define W 8
+#define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define LOADB(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define SET1 _mm256_set1_ps
+#define ZERO _mm256_setzero_ps
+#define FMA _mm256_fmadd_ps
+#define MUL _mm256_mul_ps
+#define ADD _mm256_add_ps
+#define SUB _mm256_sub_ps
+#define MAXV _mm256_max_ps
+#define MINV _mm256_min_ps
+#define DIV _mm256_div_ps
+#define RINT(v) _mm256_round_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define LDEXP(e, k) _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(e), \
+                                        _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)))
+#define ZERO_BELOW(x, lim, e) _mm256_and_ps(_mm256_cmp_ps((x), SET1(lim), _CMP_GE_OQ), (e))
+#define LOAD _mm256_loadu_ps
+#define STORE _mm256_storeu_ps

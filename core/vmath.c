@@ -1,0 +1,32 @@
+/* vmath: the references and the dispatcher (see vmath.h). */
+#include "core/vmath.h"
+
+#include <math.h>
+
+#include "core/quant.h"
+
+void vm_swiglu_ref(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void vm_add_ref(float *out, const float *a, int n) {
+    for (int i = 0; i < n; i++) out[i] += a[i];
+}
+
+void vm_swiglu(float *out, const float *gate, const float *up, int n) {
+#if defined(__x86_64__)
+    int lvl = quant_simd();
+    if (lvl >= QS_AVX512) return vm_swiglu_avx512(out, gate, up, n);
+    if (lvl >= QS_AVX2) return vm_swiglu_avx2(out, gate, up, n);
+#endif
+    vm_swiglu_ref(out, gate, up, n);
+}
+
+void vm_add(float *out, const float *a, int n) {
+#if defined(__x86_64__)
+    int lvl = quant_simd();
+    if (lvl >= QS_AVX512) return vm_add_avx512(out, a, n);
+    if (lvl >= QS_AVX2) return vm_add_avx2(out, a, n);
+#endif
+    vm_add_ref(out, a, n);
+}

@@ -1,0 +1,8 @@
+/* vmath_avx512: vmath's 16-lane AVX-512 paths (see vmath_simd.h). */
+#include "core/vmath.h"
+
+#include "core/vec_avx512.h"
+
+#define VM_SWIGLU_FN vm_swiglu_avx512
+#define VM_ADD_FN vm_add_avx512
+#include "core/vmath_simd.h"
