@@ -494,7 +494,10 @@ typedef struct {
     int heads; /* KV heads per task: all of a token's, or 1 when there are few tokens */
 } att_job;
 
-#define ATT_MAX_KV_HEADS 8 /* KV heads one task walks together (more: one per task) */
+/* KV heads one task walks together (more: one per task). att_heads' frame holds that
+ * many queries and states, ~260 KB: compute threads get 4 MiB stacks (threads.c,
+ * backend_cpu.c), musl's default of 128 KB would not do. */
+#define ATT_MAX_KV_HEADS 8
 
 /* The query heads of one token that share each of its KV heads [h0, h0 + nh), against
  * the sequence's positions [0, pos], block by block through the page table (online
