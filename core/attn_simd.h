@@ -1,13 +1,21 @@
 /* attn_simd.h: the SIMD attention block, written once over the vector macros of
- * core/vec.h and included by attn_avx2.c (8 lanes) and attn_avx512.c (16 lanes). Each
- * includer also defines RED4(a,b,c,d) (four vectors to one whose every 128-bit quarter
- * holds the four vectors' sums over that quarter), REDW(u) (W/4 RED4 results to the W
- * sums, vector r's in lane r), and the function names ATTN_FN (f16 K/V) and ATTN_Q8_FN
- * (int8 K/V, a scale each). The body, in attn_simd_body.h, is included once per element
+ * core/vec.h and included by attn_avx2.c (8 lanes) and attn_avx512.c (16 lanes). RED4
+ * (below) folds four vectors to one whose every 128-bit lane holds the four vectors'
+ * sums over that lane; each includer defines REDW(u) (W/4 RED4 results to the W sums,
+ * vector r's in lane r, which crosses 128-bit lanes differently per width), and the
+ * function names ATTN_FN (f16 K/V) and ATTN_Q8_FN (int8 K/V, a scale each). The body, in attn_simd_body.h, is included once per element
  * type: the K scale multiplies each score, the V scale each softmax weight; for f16 both
  * are 1, which changes no bit. */
 
 #include "core/vec.h"
+
+/* Within each 128-bit lane: the unpacks pair lanes (a0+a2, b0+b2, a1+a3, b1+b3), the
+ * shuffles finish each vector's sum over that lane: [a b c d] per 128 bits. */
+static inline VEC RED4(VEC a, VEC b, VEC c, VEC d) {
+    VEC ab = ADD(UNPACKLO(a, b), UNPACKHI(a, b));
+    VEC cd = ADD(UNPACKLO(c, d), UNPACKHI(c, d));
+    return ADD(SHUF4(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)), SHUF4(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+}
 
 #define ATTN_BODY attn_body_f16
 #define ATTN_SCORES attn_scores_f16
