@@ -3,9 +3,9 @@
  * (below) folds four vectors to one whose every 128-bit lane holds the four vectors'
  * sums over that lane; each includer defines REDW(u) (W/4 RED4 results to the W sums,
  * vector r's in lane r, which crosses 128-bit lanes differently per width), and the
- * function names ATTN_FN (f16 K/V) and ATTN_Q8_FN (int8 K/V, a scale each). The body, in attn_simd_body.h, is included once per element
- * type: the K scale multiplies each score, the V scale each softmax weight; for f16 both
- * are 1, which changes no bit. */
+ * function names ATTN_FN (f16 K/V) and ATTN_Q8_FN (int8 K/V, a scale each). The body,
+ * in attn_simd_body.h, is included once per element type: the K scale multiplies each
+ * score, the V scale each softmax weight; for f16 both are 1, which changes no bit. */
 
 #include "core/vec.h"
 
