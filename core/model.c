@@ -9,13 +9,16 @@
 #include <string.h>
 
 #include "core/attn.h"
+#include "core/qpack.h"
 #include "core/quant.h"
 #include "core/threads.h"
 #include "core/vmath.h"
 
-#define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4 */
+#define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4
+                        * and of a packed group's QP_ROWS */
 #define MM_CHUNK_WIDE 64 /* for the vocabulary-wide output matrix: longer runs of each
                           * token's logits per store (its rows are 196 KB apart) */
+_Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0, "tasks start on a packed group");
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
 #define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
 
@@ -127,7 +130,7 @@ static int load_mat(model *m, const char *name, int n_in, int n_out, model_mat *
     if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || quant_row_size(t->type, n_in) == 0)
         return fail(err, en, -ENOTSUP, "model: tensor '%s' has unsupported type %u", name,
                     t->type);
-    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in)};
+    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in), NULL};
     return 0;
 }
 
@@ -219,7 +222,45 @@ struct model_state {
     int xq_type[MAX_XQ];
     size_t xq_stride;    /* bytes per token row in xq */
     int exact;           /* f32 activations (model_state_set_exact) */
+    model_layer *layers; /* the model's layers, with packed copies where wanted */
+    model_mat output;
+    uint8_t *packed;     /* one allocation holding every packed matrix */
 };
+
+/* Packed copies (core/qpack) of the matrices that want one, in one allocation: a
+ * first pass sizes it, a second packs. */
+static size_t pack_one(model_mat *w, uint8_t *mem, size_t at) {
+    size_t n = qp_wanted(w->type) ? qp_bytes(w->type, w->n_in, w->n_out) : 0;
+    if (!n) return at;
+    if (mem) {
+        qp_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, mem + at);
+        w->packed = mem + at;
+    }
+    return at + ((n + 63) & ~(size_t)63);
+}
+
+static size_t pack_all(model_state *s, const model *m, uint8_t *mem) {
+    size_t at = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        model_layer *L = &s->layers[l];
+        model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = pack_one(mats[i], mem, at);
+    }
+    return pack_one(&s->output, mem, at);
+}
+
+static int pack_weights(model_state *s, const model *m) {
+    size_t nl = (size_t)m->cfg.n_layers;
+    s->layers = malloc(nl * sizeof *s->layers);
+    if (!s->layers) return -1;
+    memcpy(s->layers, m->w.layers, nl * sizeof *s->layers);
+    s->output = m->w.output;
+    size_t bytes = pack_all(s, m, NULL);
+    if (!bytes) return 0;
+    if (!(s->packed = aligned_alloc(64, bytes))) return -1;
+    pack_all(s, m, s->packed);
+    return 0;
+}
 
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx) {
     const model_config *c = &m->cfg;
@@ -243,7 +284,8 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
-    int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits;
+    int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
+             pack_weights(s, m) == 0;
     for (int i = 0; i < MAX_XQ; i++) {
         s->xq[i] = aligned_alloc(64, T * s->xq_stride);
         ok = ok && s->xq[i];
@@ -268,6 +310,7 @@ void model_state_free(model_state *s) {
     free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->hb);
     free(s->rope), free(s->logits);
     for (int i = 0; i < MAX_XQ; i++) free(s->xq[i]);
+    free(s->layers), free(s->packed);
     free(s);
 }
 
@@ -383,6 +426,18 @@ typedef struct {
     int exact;           /* xq holds f32 rows: dequantize weights, dot in f32 */
 } mm_job;
 
+/* Rows [r0, r0 + nr) of w against nt activation rows: out[t*os + r]. The packed kernel
+ * where the matrix has a packed copy, else the row-major one; either computes every
+ * row x token pair the same way whatever the batch. */
+static void mm_tile(const model_mat *w, int r0, int nr, const uint8_t *xq, size_t xs, int nt,
+                    float *out, size_t os) {
+    if (w->packed)
+        qp_tile(w->type, w->n_in, w->packed, r0, nr, xq, xs, nt, out, os);
+    else
+        quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes,
+                       w->row_bytes, nr, xq, xs, nt, out, os);
+}
+
 static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
     const model_mat *w = j->w[m];
     const uint8_t *rows = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
@@ -393,10 +448,8 @@ static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
             for (int t = 0; t < j->n_tok; t++)
                 tmp[t * nr + r] = quant_dot(QT_F32, w->n_in, wrow, j->xq[m] + (size_t)t * j->xstride);
         }
-    } else /* one kernel for every batch size: a token's result never depends on its
-            * batch (quant_dot_tile computes each row x column pair the same way) */
-        quant_dot_tile(w->type, w->n_in, rows, w->row_bytes, nr, j->xq[m], j->xstride, j->n_tok,
-                       tmp, (size_t)nr);
+    } else /* one kernel for every batch size: a token's result never depends on its batch */
+        mm_tile(w, r0, nr, j->xq[m], j->xstride, j->n_tok, tmp, (size_t)nr);
     if (j->bias[m])
         for (int t = 0; t < j->n_tok; t++)
             for (int r = 0; r < nr; r++) tmp[t * nr + r] += j->bias[m][r0 + r];
@@ -417,10 +470,7 @@ static void mm_task(void *ctx, int task, int n_tasks) {
         for (int i = 0; i < j->n_mats; i++) part.xq[i] = j->xq[i] + (size_t)t0 * j->xstride;
         float *o0 = j->out[m] + (size_t)t0 * j->ostride[m] + r0;
         if (j->epi == EPI_STORE && !j->bias[m] && !j->exact) { /* straight into out */
-            const model_mat *w = j->w[m];
-            quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes,
-                           w->row_bytes, nr, part.xq[m], j->xstride, part.n_tok, o0,
-                           (size_t)j->ostride[m]);
+            mm_tile(j->w[m], r0, nr, part.xq[m], j->xstride, part.n_tok, o0, (size_t)j->ostride[m]);
             continue;
         }
         mm_rows(&part, m, r0, nr, tmp[0]);
@@ -616,7 +666,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     rope_table(c, b, s->rope);
 
     for (int l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->w.layers[l];
+        const model_layer *L = &s->layers[l];
         /* attention: norm, q/k/v projections, rope, cache write */
         norm_tokens(tp, T, s->xb, s->x, NULL, L->attn_norm, d, c->rms_eps);
         const model_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -651,7 +701,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     /* final norm and logits, only for the requested rows */
     norm_tokens(tp, b->n_logits, s->xb, s->x, b->logit_rows, m->w.out_norm, d, c->rms_eps);
     if (b->n_logits > 0) {
-        const model_mat *wout[1] = {&m->w.output};
+        const model_mat *wout[1] = {&s->output};
         float *lo[1] = {s->logits};
         int ls[1] = {c->n_vocab};
         matmul(s, tp, s->xb, d, b->n_logits, EPI_STORE, 1, wout, NULL, lo, ls);

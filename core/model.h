@@ -32,12 +32,15 @@ typedef struct {
     char arch[32];
 } model_config;
 
-/* A weight matrix: n_out rows of n_in elements, row-major, of quant type `type`. */
+/* A weight matrix: n_out rows of n_in elements, row-major, of quant type `type`.
+ * packed: the same rows in core/qpack's layout, or NULL; only a model_state's copy of
+ * the weights has it (the model's own, shared with other backends, never does). */
 typedef struct {
     const void *data;
     uint32_t type;
     int n_in, n_out;
     size_t row_bytes;
+    const void *packed;
 } model_mat;
 
 typedef struct {
@@ -83,7 +86,9 @@ typedef struct model_state model_state;
 int model_load(model *m, const char *path, char *err, size_t errlen);
 void model_free(model *m);
 /* Scratch for batches of up to max_tokens tokens and max_logits logit rows over
- * contexts of up to max_ctx positions. NULL on allocation failure. */
+ * contexts of up to max_ctx positions, and the CPU kernels' view of the weights: the
+ * matrices whose type has a packed layout at the current SIMD level (qp_wanted) are
+ * copied into it once here (~0.6 bytes per weight). NULL on allocation failure. */
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx);
 void model_state_free(model_state *s);
 /* Verification mode: matmuls dequantize weight rows and multiply by f32 activations

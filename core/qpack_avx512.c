@@ -1,0 +1,86 @@
+/* qpack_avx512: the packed Q4_1 x Q8_1 tile with AVX-512 VNNI (layout and arithmetic
+ * in qpack.h). Lane r of every vector is row r of the group: a chunk's 64 bytes hold 4
+ * bytes of each of the 16 rows, so its low nibbles times the column's 4 activation
+ * bytes of that chunk, broadcast, are one vpdpbusd for all 16 rows; its high nibbles
+ * another. Eight of them sum a block exactly (int32, in two chains for latency), then
+ * one conversion and two FMAs per 16 rows finish the block, in qpack.h's order. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "core/qpack.h"
+#include "core/quant_kern.h"
+
+#define QP_INLINE static inline __attribute__((always_inline))
+#define QP_GBLK (QP_ROWS * sizeof(blk_q4_1))
+#define QP_MAXC 8 /* columns per pass: 8 weight vectors + 8 accumulators stay in registers */
+
+/* The 4 activation bytes at p, in every dword lane. */
+QP_INLINE __m512i qp_bcast(const uint8_t *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* One group of 16 rows x C columns over all nb blocks; acc lane r is row r. */
+QP_INLINE void qp_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                        size_t xs, __m512 acc[QP_MAXC]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_GBLK;
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        __m512i w[8];
+        for (int k = 0; k < 4; k++) {
+            __m512i v = _mm512_loadu_si512((const void *)(gb + 64 + 64 * k));
+            w[2 * k] = _mm512_and_si512(v, m4);
+            w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        for (int c = 0; c < C; c++) {
+            const uint8_t *xb = x + c * xs + b * sizeof(blk_q8_1);
+            const uint8_t *q = xb + 4; /* the 32 activation bytes */
+            __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                lo = _mm512_dpbusd_epi32(lo, w[2 * k], qp_bcast(q + 4 * k));
+                hi = _mm512_dpbusd_epi32(hi, w[2 * k + 1], qp_bcast(q + 16 + 4 * k));
+            }
+            __m512 fi = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+            /* [d_x, s_x] of the block; vcvtph2ps reads 4 halves, the last 2 are qs */
+            __m512 ds = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb)));
+            __m512 dx = _mm512_permutexvar_ps(_mm512_setzero_si512(), ds);
+            __m512 sx = _mm512_permutexvar_ps(one, ds);
+            acc[c] = _mm512_fmadd_ps(fi, _mm512_mul_ps(d, dx), acc[c]);
+            acc[c] = _mm512_fmadd_ps(m, sx, acc[c]);
+        }
+    }
+}
+
+QP_INLINE void qp_cols(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                       const uint8_t *x, size_t xs, float *out, size_t os) {
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_GBLK;
+        __m512 acc[QP_MAXC];
+        qp_group(C, nb, g, x, xs, acc);
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
+    }
+}
+
+void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    const int64_t nb = n / QK4;
+    const uint8_t *W = wp, *X = xq;
+    int c = 0;
+    for (; c + QP_MAXC <= nc; c += QP_MAXC) qp_cols(QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os);
+    switch (nc - c) {
+    case 7: qp_cols(7, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 6: qp_cols(6, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 5: qp_cols(5, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 4: qp_cols(4, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 3: qp_cols(3, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 2: qp_cols(2, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    case 1: qp_cols(1, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
+    }
+}
