@@ -473,15 +473,19 @@ static void mm_task(void *ctx, int task, int n_tasks) {
             mm_tile(j->w[m], r0, nr, part.xq[m], j->xstride, part.n_tok, o0, (size_t)j->ostride[m]);
             continue;
         }
+        /* the epilogue in as few calls as it can: a task's piece of a token's row is
+         * short (16 floats), so a call per token would cost more than its work */
         mm_rows(&part, m, r0, nr, tmp[0]);
-        if (j->epi == EPI_SWIGLU) mm_rows(&part, 1, r0, nr, tmp[1]);
-        for (int t = 0; t < part.n_tok; t++) {
-            float *o = o0 + (size_t)t * j->ostride[m];
-            const float *a = tmp[0] + t * nr, *u = tmp[1] + t * nr;
-            if (j->epi == EPI_STORE) memcpy(o, a, (size_t)nr * sizeof(float));
-            else if (j->epi == EPI_ADD) vm_add(o, a, nr);
-            else vm_swiglu(o, a, u, nr);
+        if (j->epi == EPI_SWIGLU) { /* tmp holds [token][nr]: elementwise over all of it */
+            mm_rows(&part, 1, r0, nr, tmp[1]);
+            vm_swiglu(tmp[0], tmp[0], tmp[1], part.n_tok * nr);
         }
+        if (j->epi == EPI_ADD) {
+            vm_add_rows(o0, (size_t)j->ostride[m], tmp[0], (size_t)nr, nr, part.n_tok);
+            continue;
+        }
+        for (int t = 0; t < part.n_tok; t++)
+            memcpy(o0 + (size_t)t * j->ostride[m], tmp[0] + t * nr, (size_t)nr * sizeof(float));
     }
 }
 

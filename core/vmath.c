@@ -30,3 +30,12 @@ void vm_add(float *out, const float *a, int n) {
 #endif
     vm_add_ref(out, a, n);
 }
+
+void vm_add_rows(float *out, size_t os, const float *a, size_t as, int n, int rows) {
+    void (*add)(float *, const float *, int) = vm_add_ref;
+#if defined(__x86_64__)
+    int lvl = quant_simd();
+    add = lvl >= QS_AVX512 ? vm_add_avx512 : lvl >= QS_AVX2 ? vm_add_avx2 : vm_add_ref;
+#endif
+    for (int r = 0; r < rows; r++) add(out + (size_t)r * os, a + (size_t)r * as, n);
+}

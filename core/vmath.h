@@ -7,6 +7,8 @@
 #ifndef KILN_VMATH_H
 #define KILN_VMATH_H
 
+#include <stddef.h>
+
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). The SIMD paths use a
  * polynomial exp (relative error ~2e-7; core/vec.h), the reference libm's expf. */
 void vm_swiglu(float *out, const float *gate, const float *up, int n);
@@ -19,5 +21,8 @@ void vm_add(float *out, const float *a, int n);
 void vm_add_ref(float *out, const float *a, int n);
 void vm_add_avx2(float *out, const float *a, int n);
 void vm_add_avx512(float *out, const float *a, int n);
+/* vm_add over `rows` rows: out + r*os += a + r*as, n elements each. One dispatch for
+ * all of them: a matmul task adds 16-element pieces of many tokens' rows. */
+void vm_add_rows(float *out, size_t os, const float *a, size_t as, int n, int rows);
 
 #endif

@@ -70,6 +70,17 @@ static void test_add(const char *name, add_fn fn) {
     CHECK(memcmp(o1, o2, sizeof o1) == 0, "%s add: the same bits as the reference", name);
 }
 
+/* vm_add_rows: each row as vm_add_ref gives it, nothing outside the rows touched */
+static void test_add_rows(void) {
+    enum { N = 16, ROWS = 9, OS = 40, AS = 21 };
+    static float a[ROWS * AS], o1[ROWS * OS], o2[ROWS * OS];
+    for (int i = 0; i < ROWS * AS; i++) a[i] = frand() * 100;
+    for (int i = 0; i < ROWS * OS; i++) o1[i] = o2[i] = frand();
+    for (int r = 0; r < ROWS; r++) vm_add_ref(o1 + r * OS, a + r * AS, N);
+    vm_add_rows(o2, OS, a, AS, N, ROWS);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0, "add_rows: each row the reference's bits, the gaps untouched");
+}
+
 static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -103,5 +114,6 @@ int main(void) {
         test_add(paths[p].name, paths[p].add);
         if (b && *b == '1') bench(paths[p].name, paths[p].sw);
     }
+    test_add_rows();
     return check_done("vmath");
 }
