@@ -13,6 +13,9 @@
 #define QP_INLINE static inline __attribute__((always_inline))
 #define QP_GBLK (QP_ROWS * sizeof(blk_q4_1))
 #define QP_MAXC 8 /* columns per pass: 8 weight vectors + 8 accumulators stay in registers */
+/* C and the chunk count are constants at each call: unrolled, the weight vectors and
+ * accumulators live in registers (-O2 would keep them in memory) */
+#define QP_UNROLL _Pragma("GCC unroll 8")
 
 /* The 4 activation bytes at p, in every dword lane. */
 QP_INLINE __m512i qp_bcast(const uint8_t *p) {
@@ -26,22 +29,22 @@ QP_INLINE void qp_group(const int C, int64_t nb, const uint8_t *g, const uint8_t
                         size_t xs, __m512 acc[QP_MAXC]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i one = _mm512_set1_epi32(1);
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_GBLK;
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
         __m512i w[8];
-        for (int k = 0; k < 4; k++) {
+        QP_UNROLL for (int k = 0; k < 4; k++) {
             __m512i v = _mm512_loadu_si512((const void *)(gb + 64 + 64 * k));
             w[2 * k] = _mm512_and_si512(v, m4);
             w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
-        for (int c = 0; c < C; c++) {
+        QP_UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + c * xs + b * sizeof(blk_q8_1);
             const uint8_t *q = xb + 4; /* the 32 activation bytes */
             __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-            for (int k = 0; k < 4; k++) {
+            QP_UNROLL for (int k = 0; k < 4; k++) {
                 lo = _mm512_dpbusd_epi32(lo, w[2 * k], qp_bcast(q + 4 * k));
                 hi = _mm512_dpbusd_epi32(hi, w[2 * k + 1], qp_bcast(q + 16 + 4 * k));
             }
@@ -64,7 +67,7 @@ QP_INLINE void qp_cols(const int C, int64_t nb, const uint8_t *wp, int r0, int n
         qp_group(C, nb, g, x, xs, acc);
         int left = nr - r;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
+        QP_UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
     }
 }
 
