@@ -87,3 +87,82 @@ void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
     case 1: qp_cols(1, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
     }
 }
+
+/* ---------------------------------------------------------------- Q8_0 */
+
+#define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2))
+
+/* Per column and block of a pass: d_x as f32 and 128 * (sum of the block's quants),
+ * the term the biased weights add (qpack.h). Made once per call, shared by its groups. */
+typedef struct {
+    float dx[QP_MAXC][QP_MAX_N / QK4];
+    int32_t corr[QP_MAXC][QP_MAX_N / QK4];
+} q80_xtab;
+
+static void q80_xtab_fill(q80_xtab *t, int C, int64_t nb, const uint8_t *x, size_t xs) {
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int c = 0; c < C; c++)
+        for (int64_t b = 0; b < nb; b++) {
+            const blk_q8_0 *xb = (const blk_q8_0 *)(x + c * xs + b * sizeof(blk_q8_0));
+            /* the unsigned bytes q + 128 summed in four 64-bit lanes, then 32 * 128 off */
+            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->qs), bias);
+            __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+            t->corr[c][b] = 128 * sum;
+            t->dx[c][b] = _cvtsh_ss(xb->d);
+        }
+}
+
+QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                         size_t xs, const q80_xtab *t, __m512 acc[QP_MAXC]) {
+    QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * Q80_GBLK;
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512i w[8];
+        QP_UNROLL for (int k = 0; k < 8; k++) w[k] = _mm512_loadu_si512((const void *)(gb + 64 * (1 + k)));
+        QP_UNROLL for (int c = 0; c < C; c++) {
+            const uint8_t *q = x + c * xs + b * sizeof(blk_q8_0) + 2;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            QP_UNROLL for (int k = 0; k < 8; k += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[k], qp_bcast(q + 4 * k));
+                s1 = _mm512_dpbusd_epi32(s1, w[k + 1], qp_bcast(q + 4 * k + 4));
+            }
+            __m512i i = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(t->corr[c][b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(t->dx[c][b])),
+                                     acc[c]);
+        }
+    }
+}
+
+QP_INLINE void q80_cols(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                        const uint8_t *x, size_t xs, float *out, size_t os, q80_xtab *t) {
+    q80_xtab_fill(t, C, nb, x, xs);
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * Q80_GBLK;
+        __m512 acc[QP_MAXC];
+        q80_group(C, nb, g, x, xs, t, acc);
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        QP_UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
+    }
+}
+
+void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    const int64_t nb = n / QK4;
+    const uint8_t *W = wp, *X = xq;
+    q80_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
+    int c = 0;
+    for (; c + QP_MAXC <= nc; c += QP_MAXC) q80_cols(QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t);
+    switch (nc - c) {
+    case 7: q80_cols(7, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 6: q80_cols(6, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 5: q80_cols(5, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 4: q80_cols(4, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 3: q80_cols(3, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 2: q80_cols(2, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 1: q80_cols(1, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    }
+}

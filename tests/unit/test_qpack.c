@@ -1,4 +1,4 @@
-/* test_qpack: the packed Q4_1 kernels (core/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
  * row offsets, column counts on and off the 8-column pass, and widths from one block
  * to SmolLM2's 1536; the reference against the row-major quant_dot_ref (the same dot up
@@ -20,24 +20,24 @@ static float frand(void) { /* [-1, 1) */
     return (float)((rng >> 40) / (double)(1ull << 23)) - 1.0f;
 }
 
-/* nr Q4_1 rows of n, each with its own scale and offset (weights of a real layer
+/* nr rows of n of `type`, each with its own scale and offset (weights of a real layer
  * differ row to row), row-major with stride rs. */
-static void make_rows(uint8_t *w, size_t rs, int nr, int64_t n) {
+static void make_rows(uint32_t type, uint8_t *w, size_t rs, int nr, int64_t n) {
     float *f = malloc((size_t)n * sizeof(float));
     for (int r = 0; r < nr; r++) {
         float sc = 0.01f + 0.2f * fabsf(frand()), off = 0.05f * frand();
         for (int64_t i = 0; i < n; i++) f[i] = off + sc * frand();
-        quant_quantize_ref(QT_Q4_1, f, w + (size_t)r * rs, n);
+        quant_quantize_ref(type, f, w + (size_t)r * rs, n);
     }
     free(f);
 }
 
-static void make_cols(uint8_t *x, size_t xs, int nc, int64_t n) {
+static void make_cols(uint32_t dt, uint8_t *x, size_t xs, int nc, int64_t n) {
     float *f = malloc((size_t)n * sizeof(float));
     for (int c = 0; c < nc; c++) {
         float sc = 0.1f + 3.0f * fabsf(frand());
         for (int64_t i = 0; i < n; i++) f[i] = sc * frand();
-        quant_quantize_ref(QT_Q8_1, f, x + (size_t)c * xs, n);
+        quant_quantize_ref(dt, f, x + (size_t)c * xs, n);
     }
     free(f);
 }
@@ -47,22 +47,26 @@ static void test_bytes(void) {
     CHECK(qp_bytes(QT_Q4_1, 576, 17) == 2 * 16 * 18 * 20, "a partial group is padded");
     CHECK(qp_bytes(QT_Q4_1, 33, 16) == 0, "n off the block");
     CHECK(qp_bytes(QT_Q4_1, 576, 0) == 0, "no rows");
-    CHECK(qp_bytes(QT_Q8_0, 576, 16) == 0, "Q8_0 has no packed layout");
-    CHECK(!qp_wanted(QT_Q8_0), "Q8_0 is not packed");
+    CHECK(qp_bytes(QT_Q8_0, 576, 16) == 16 * 18 * 36, "Q8_0: 36 bytes per row and block");
+    CHECK(qp_bytes(QT_Q8_0, QP_MAX_N, 1) > 0 && qp_bytes(QT_Q8_0, QP_MAX_N + 32, 1) == 0,
+          "Q8_0 rows up to QP_MAX_N");
+    CHECK(qp_bytes(QT_Q4_0, 576, 16) == 0 && !qp_wanted(QT_Q4_0), "Q4_0 has no packed layout");
 }
 
 /* One shape: NR rows packed, every (r0, nr) range and column count against the
  * reference at the current level, and the reference against quant_dot_ref. */
-static void test_shape(int64_t n, int NR, int level, int against_rowmajor) {
+static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_rowmajor) {
     enum { NC = 19, PAD = 4 };
-    size_t rs = quant_row_size(QT_Q4_1, n), xs = quant_row_size(QT_Q8_1, n);
-    size_t pb = qp_bytes(QT_Q4_1, n, NR);
+    uint32_t dt = quant_traits_of(T)->dot_type;
+    const char *tn = quant_traits_of(T)->name;
+    size_t rs = quant_row_size(T, n), xs = quant_row_size(dt, n);
+    size_t pb = qp_bytes(T, n, NR);
     uint8_t *w = malloc(rs * NR), *x = malloc(xs * NC);
     uint8_t *p = aligned_alloc(64, (pb + 63) & ~(size_t)63);
     float *got = malloc(sizeof(float) * NC * (NR + PAD)), *want = malloc(sizeof(float) * NC * (NR + PAD));
-    make_rows(w, rs, NR, n);
-    make_cols(x, xs, NC, n);
-    qp_pack(QT_Q4_1, n, w, rs, NR, p);
+    make_rows(T, w, rs, NR, n);
+    make_cols(dt, x, xs, NC, n);
+    qp_pack(T, n, w, rs, NR, p);
     int r0s[] = {0, 16, 32};
     int ncs[] = {1, 2, 3, 7, 8, 9, 16, NC};
     for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
@@ -76,22 +80,23 @@ static void test_shape(int64_t n, int NR, int level, int against_rowmajor) {
                 int nc = ncs[ci];
                 size_t os = (size_t)nr + PAD; /* PAD sentinels after each column's rows */
                 for (size_t i = 0; i < (size_t)NC * (NR + PAD); i++) got[i] = want[i] = -7.0f;
-                qp_tile_ref(QT_Q4_1, n, p, r0, nr, x, xs, nc, want, os);
-                qp_tile(QT_Q4_1, n, p, r0, nr, x, xs, nc, got, os);
+                qp_tile_ref(T, n, p, r0, nr, x, xs, nc, want, os);
+                qp_tile(T, n, p, r0, nr, x, xs, nc, got, os);
                 CHECK(memcmp(got, want, sizeof(float) * (size_t)NC * (NR + PAD)) == 0,
-                      "L%d n %lld rows [%d, %d) x %d columns: the reference's bits, nothing stored "
-                      "past the rows", level, (long long)n, r0, r0 + nr, nc);
+                      "%s L%d n %lld rows [%d, %d) x %d columns: the reference's bits, nothing "
+                      "stored past the rows", tn, level, (long long)n, r0, r0 + nr, nc);
             }
         }
     }
     /* batch invariance: each column alone gives its bits in the full tile */
-    qp_tile(QT_Q4_1, n, p, 0, NR, x, xs, NC, want, (size_t)NR);
+    qp_tile(T, n, p, 0, NR, x, xs, NC, want, (size_t)NR);
     int same = 1;
     for (int c = 0; c < NC; c++) {
-        qp_tile(QT_Q4_1, n, p, 0, NR, x + (size_t)c * xs, xs, 1, got, (size_t)NR);
+        qp_tile(T, n, p, 0, NR, x + (size_t)c * xs, xs, 1, got, (size_t)NR);
         same &= memcmp(got, want + (size_t)c * NR, sizeof(float) * NR) == 0;
     }
-    CHECK(same, "L%d n %lld: a column alone gives its bits in a %d-column tile", level, (long long)n, NC);
+    CHECK(same, "%s L%d n %lld: a column alone gives its bits in a %d-column tile", tn, level, (long long)n,
+          NC);
     if (against_rowmajor) { /* the same dot as the row-major reference, up to rounding:
                              * within 1e-5 of the sum of |w_i x_i| (cancellation makes a
                              * bound relative to the dot itself meaningless) */
@@ -100,17 +105,17 @@ static void test_shape(int64_t n, int NR, int level, int against_rowmajor) {
         double worst = 0.0;
         for (int c = 0; c < NC && bad < 0; c++)
             for (int r = 0; r < NR && bad < 0; r++) {
-                quant_dequant_ref(QT_Q4_1, w + (size_t)r * rs, wf, n);
-                quant_dequant_ref(QT_Q8_1, x + (size_t)c * xs, xf, n);
+                quant_dequant_ref(T, w + (size_t)r * rs, wf, n);
+                quant_dequant_ref(dt, x + (size_t)c * xs, xf, n);
                 double mag = 1e-30;
                 for (int64_t i = 0; i < n; i++) mag += fabs((double)wf[i] * xf[i]);
-                float ref = quant_dot_ref(QT_Q4_1, n, w + (size_t)r * rs, x + (size_t)c * xs);
+                float ref = quant_dot_ref(T, n, w + (size_t)r * rs, x + (size_t)c * xs);
                 double err = fabs((double)want[(size_t)c * NR + r] - ref) / mag;
                 if (err > worst) worst = err;
                 if (err > 1e-5) bad = c * NR + r;
             }
-        CHECK(bad < 0, "n %lld: packed reference within 1e-5 of quant_dot_ref (worst %.3g, at %d)",
-              (long long)n, worst, bad);
+        CHECK(bad < 0, "%s n %lld: packed reference within 1e-5 of quant_dot_ref (worst %.3g, at %d)",
+              tn, (long long)n, worst, bad);
         free(wf), free(xf);
     }
     free(w), free(x), free(p), free(got), free(want);
@@ -122,36 +127,39 @@ static double now_ns(void) {
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-/* As model.c runs them: 16-row tasks over a 4096-row matrix, decode (1 column, weights
- * streamed from a 64 MiB buffer, past the caches) and a batch (32 columns, one matrix). */
-static void bench(int64_t n) {
-    enum { MROWS = 4096, CH = 16, NCB = 32 };
-    size_t rs = quant_row_size(QT_Q4_1, n), xs = quant_row_size(QT_Q8_1, n);
+/* As model.c runs them: CH-row tasks over a 4096-row matrix (16 for the layers, 64 for
+ * the output matrix), decode (1 column, weights streamed from a 64 MiB buffer, past
+ * the caches) and a batch (32 columns, one matrix). */
+static void bench(uint32_t T, int64_t n, int CH) {
+    enum { MROWS = 4096, NCB = 32 };
+    uint32_t dt = quant_traits_of(T)->dot_type;
+    size_t rs = quant_row_size(T, n), xs = quant_row_size(dt, n);
     int nmat = (int)((64u << 20) / (rs * MROWS)) + 1;
-    size_t rows = (size_t)nmat * MROWS, pb = qp_bytes(QT_Q4_1, n, (int)rows);
+    size_t rows = (size_t)nmat * MROWS, pb = qp_bytes(T, n, (int)rows);
     uint8_t *w = malloc(rs * rows), *p = aligned_alloc(64, pb), *x = malloc(xs * NCB);
     float *out = malloc(sizeof(float) * MROWS * NCB);
-    make_rows(w, rs, 64, n);
+    make_rows(T, w, rs, 64, n);
     for (size_t r = 64; r < rows; r++) memcpy(w + r * rs, w + (r % 64) * rs, rs);
-    qp_pack(QT_Q4_1, n, w, rs, (int)rows, p);
-    make_cols(x, xs, NCB, n);
+    qp_pack(T, n, w, rs, (int)rows, p);
+    make_cols(dt, x, xs, NCB, n);
     double best[4] = {1e30, 1e30, 1e30, 1e30};
     for (int it = 0; it < 15; it++) {
         double t[5];
         t[0] = now_ns();
-        for (size_t r = 0; r < rows; r += CH) quant_dot_tile(QT_Q4_1, n, w + r * rs, rs, CH, x, xs, 1, out + r % MROWS, CH);
+        for (size_t r = 0; r < rows; r += CH) quant_dot_tile(T, n, w + r * rs, rs, CH, x, xs, 1, out + r % MROWS, CH);
         t[1] = now_ns();
-        for (size_t r = 0; r < rows; r += CH) qp_tile(QT_Q4_1, n, p, (int)r, CH, x, xs, 1, out + r % MROWS, CH);
+        for (size_t r = 0; r < rows; r += CH) qp_tile(T, n, p, (int)r, CH, x, xs, 1, out + r % MROWS, CH);
         t[2] = now_ns();
-        for (int r = 0; r < MROWS; r += CH) quant_dot_tile(QT_Q4_1, n, w + (size_t)r * rs, rs, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
+        for (int r = 0; r < MROWS; r += CH) quant_dot_tile(T, n, w + (size_t)r * rs, rs, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
         t[3] = now_ns();
-        for (int r = 0; r < MROWS; r += CH) qp_tile(QT_Q4_1, n, p, r, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
+        for (int r = 0; r < MROWS; r += CH) qp_tile(T, n, p, r, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
         t[4] = now_ns();
         for (int k = 0; k < 4; k++)
             if (t[k + 1] - t[k] < best[k]) best[k] = t[k + 1] - t[k];
     }
-    printf("bench L%d n=%-5lld decode: row-major %6.1f  packed %6.1f ns/row (%.2fx)   "
-           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", quant_simd(), (long long)n,
+    printf("bench L%d %s n=%-5lld decode: row-major %6.1f  packed %6.1f ns/row (%.2fx)   "
+           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", quant_simd(),
+           quant_traits_of(T)->name, (long long)n,
            best[0] / rows, best[1] / rows, best[0] / best[1], NCB, best[2] / MROWS / NCB,
            best[3] / MROWS / NCB, best[2] / best[3]);
     free(w), free(p), free(x), free(out);
@@ -165,14 +173,17 @@ int main(void) {
     for (int level = QS_SCALAR; level <= max; level++) {
         quant_set_simd(level);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
-            for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++)
-                test_shape(ns[i], nrs[j], level, level == QS_SCALAR);
+            for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
+                test_shape(QT_Q4_1, ns[i], nrs[j], level, level == QS_SCALAR);
+                test_shape(QT_Q8_0, ns[i], nrs[j], level, level == QS_SCALAR);
+            }
     }
     quant_set_simd(max);
     const char *b = getenv("QPACK_BENCH");
     if (b && *b == '1') {
-        bench(576);
-        bench(1536);
+        bench(QT_Q4_1, 576, 16);
+        bench(QT_Q4_1, 1536, 16);
+        bench(QT_Q8_0, 576, 64);
     }
     return check_done("qpack");
 }
