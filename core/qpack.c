@@ -46,6 +46,7 @@ static void pack_q41(uint8_t *gb, int lane, const blk_q4_1 *b) {
 
 static void pack_q80(uint8_t *gb, int lane, const blk_q8_0 *b) {
     memcpy(gb + 2 * lane, &b->d, 2);
+    memset(gb + 2 * QP_ROWS + 2 * lane, 0, 2); /* the padding */
     for (int k = 0; k < 8; k++)
         for (int e = 0; e < 4; e++)
             gb[4 * QP_ROWS * (1 + k) + 4 * lane + e] = (uint8_t)(b->qs[4 * k + e] + 128);
@@ -54,16 +55,19 @@ static void pack_q80(uint8_t *gb, int lane, const blk_q8_0 *b) {
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst) {
     size_t bytes = qp_bytes(type, n, nr), gb = gblk(type, n);
     if (!bytes) return;
-    memset(dst, 0, bytes); /* the last group's missing rows */
     const int64_t nb = n / QK4;
-    const size_t rb = quant_traits_of(type)->bytes;
+    const size_t rb = quant_traits_of(type)->bytes, group = (size_t)nb * gb;
+    if (nr % QP_ROWS) memset((uint8_t *)dst + bytes - group, 0, group); /* missing rows */
+    /* row by row: the reads run front to back, and the 16 rows of a group write into
+     * the same few KB (one group: nb * gb bytes), which stay in cache */
     for (int r = 0; r < nr; r++) {
         const uint8_t *row = (const uint8_t *)w + (size_t)r * ws;
-        uint8_t *g = (uint8_t *)dst + (size_t)(r / QP_ROWS) * nb * gb;
-        for (int64_t b = 0; b < nb; b++) {
-            if (type == QT_Q4_1) pack_q41(g + b * gb, r % QP_ROWS, (const blk_q4_1 *)(row + b * rb));
-            else pack_q80(g + b * gb, r % QP_ROWS, (const blk_q8_0 *)(row + b * rb));
-        }
+        uint8_t *g = (uint8_t *)dst + (size_t)(r / QP_ROWS) * group;
+        int lane = r % QP_ROWS;
+        if (type == QT_Q4_1)
+            for (int64_t b = 0; b < nb; b++) pack_q41(g + b * gb, lane, (const blk_q4_1 *)(row + b * rb));
+        else
+            for (int64_t b = 0; b < nb; b++) pack_q80(g + b * gb, lane, (const blk_q8_0 *)(row + b * rb));
     }
 }
 

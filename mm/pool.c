@@ -29,6 +29,11 @@ static void *host_map(size_t bytes, int *locked, char *err, size_t errlen) {
         snprintf(err, errlen, "mmap %zu bytes: %s", len, strerror(errno));
         return NULL;
     }
+    /* Huge pages where the kernel gives them (THP "madvise" mode, as on these hosts):
+     * attention reads KV blocks scattered through the pool, each on its own 4 KB page
+     * otherwise, and a page walk per block read. Advice only: ignored where not
+     * available. */
+    madvise(base, len, MADV_HUGEPAGE);
     /* Pinning is best effort: under a low RLIMIT_MEMLOCK the arena still works, only
      * slower to DMA from and swappable. The caller reports locked=0. */
     *locked = mlock(base, len) == 0;
