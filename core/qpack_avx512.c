@@ -11,7 +11,8 @@
 #include "core/quant_kern.h"
 
 #define QP_INLINE static inline __attribute__((always_inline))
-#define QP_GBLK (QP_ROWS * sizeof(blk_q4_1))
+#define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))
+#define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2))
 #define QP_MAXC 8 /* columns per pass: 8 weight vectors + 8 accumulators stay in registers */
 /* C and the chunk count are constants at each call: unrolled, the weight vectors and
  * accumulators live in registers (-O2 would keep them in memory) */
@@ -24,14 +25,16 @@ QP_INLINE __m512i qp_bcast(const uint8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* ---------------------------------------------------------------- Q4_1 */
+
 /* One group of 16 rows x C columns over all nb blocks; acc lane r is row r. */
-QP_INLINE void qp_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+QP_INLINE void q41_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
                         size_t xs, __m512 acc[QP_MAXC]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i one = _mm512_set1_epi32(1);
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_GBLK;
+        const uint8_t *gb = g + b * Q41_GBLK;
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
         __m512i w[8];
@@ -59,38 +62,8 @@ QP_INLINE void qp_group(const int C, int64_t nb, const uint8_t *g, const uint8_t
     }
 }
 
-QP_INLINE void qp_cols(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
-                       const uint8_t *x, size_t xs, float *out, size_t os) {
-    for (int r = 0; r < nr; r += QP_ROWS) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_GBLK;
-        __m512 acc[QP_MAXC];
-        qp_group(C, nb, g, x, xs, acc);
-        int left = nr - r;
-        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        QP_UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
-    }
-}
-
-void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                        int nc, float *out, size_t os) {
-    const int64_t nb = n / QK4;
-    const uint8_t *W = wp, *X = xq;
-    int c = 0;
-    for (; c + QP_MAXC <= nc; c += QP_MAXC) qp_cols(QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os);
-    switch (nc - c) {
-    case 7: qp_cols(7, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 6: qp_cols(6, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 5: qp_cols(5, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 4: qp_cols(4, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 3: qp_cols(3, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 2: qp_cols(2, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    case 1: qp_cols(1, nb, W, r0, nr, X + c * xs, xs, out + c * os, os); break;
-    }
-}
-
 /* ---------------------------------------------------------------- Q8_0 */
 
-#define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2))
 
 /* Per column and block of a pass: d_x as f32 and 128 * (sum of the block's quants),
  * the term the biased weights add (qpack.h). Made once per call, shared by its groups. */
@@ -136,33 +109,53 @@ QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_
     }
 }
 
-QP_INLINE void q80_cols(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
-                        const uint8_t *x, size_t xs, float *out, size_t os, q80_xtab *t) {
-    q80_xtab_fill(t, C, nb, x, xs);
+/* ---------------------------------------------------------------- both */
+
+/* C columns (a constant at each call) over rows [r0, r0 + nr): group by group, the
+ * last one's missing rows masked off the stores. q80: the type (a constant too). */
+QP_INLINE void qp_pass(const int q80, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                       const uint8_t *x, size_t xs, float *out, size_t os, q80_xtab *t) {
+    if (q80) q80_xtab_fill(t, C, nb, x, xs);
+    const size_t gblk = q80 ? Q80_GBLK : Q41_GBLK;
     for (int r = 0; r < nr; r += QP_ROWS) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * Q80_GBLK;
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
         __m512 acc[QP_MAXC];
-        q80_group(C, nb, g, x, xs, t, acc);
+        if (q80) q80_group(C, nb, g, x, xs, t, acc);
+        else q41_group(C, nb, g, x, xs, acc);
         int left = nr - r;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         QP_UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
     }
 }
 
-void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                        int nc, float *out, size_t os) {
+/* Passes of QP_MAXC columns, then one of the rest: each pass a constant width. */
+QP_INLINE void qp_tile_any(const int q80, int64_t n, const void *wp, int r0, int nr,
+                           const void *xq, size_t xs, int nc, float *out, size_t os,
+                           q80_xtab *t) {
     const int64_t nb = n / QK4;
     const uint8_t *W = wp, *X = xq;
-    q80_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
     int c = 0;
-    for (; c + QP_MAXC <= nc; c += QP_MAXC) q80_cols(QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t);
+    for (; c + QP_MAXC <= nc; c += QP_MAXC)
+        qp_pass(q80, QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, t);
+    X += c * xs, out += c * os;
     switch (nc - c) {
-    case 7: q80_cols(7, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 6: q80_cols(6, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 5: q80_cols(5, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 4: q80_cols(4, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 3: q80_cols(3, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 2: q80_cols(2, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
-    case 1: q80_cols(1, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, &t); break;
+    case 7: qp_pass(q80, 7, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 6: qp_pass(q80, 6, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 5: qp_pass(q80, 5, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 4: qp_pass(q80, 4, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 3: qp_pass(q80, 3, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 2: qp_pass(q80, 2, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 1: qp_pass(q80, 1, nb, W, r0, nr, X, xs, out, os, t); break;
     }
+}
+
+void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qp_tile_any(0, n, wp, r0, nr, xq, xs, nc, out, os, NULL);
+}
+
+void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    q80_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
+    qp_tile_any(1, n, wp, r0, nr, xq, xs, nc, out, os, &t);
 }
