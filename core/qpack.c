@@ -14,9 +14,9 @@
 int qp_wanted(uint32_t type) {
 #if defined(__x86_64__)
     /* AMX, where in force, has its own tiles over the row-major layout */
-    if (quant_simd() < QS_AVX512) return 0;
-    if (type == QT_Q4_1) return quant_amx() < QA_Q4_1;
-    if (type == QT_Q8_0) return quant_amx() < QA_ALL;
+    int lvl = quant_simd();
+    if (type == QT_Q4_1) return lvl >= QS_AVX2 && (lvl < QS_AVX512 || quant_amx() < QA_Q4_1);
+    if (type == QT_Q8_0) return lvl >= QS_AVX512 && quant_amx() < QA_ALL;
 #endif
     (void)type;
     return 0;
@@ -132,9 +132,11 @@ void qp_tile_ref(uint32_t type, int64_t n, const void *wp, int r0, int nr, const
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os) {
 #if defined(__x86_64__)
-    if (quant_simd() >= QS_AVX512 && qp_bytes(type, n, r0 + nr) && r0 % QP_ROWS == 0) {
-        if (type == QT_Q4_1) return qp_q41_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
-        return qp_q80_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    int lvl = quant_simd();
+    if (qp_bytes(type, n, r0 + nr) && r0 % QP_ROWS == 0) {
+        if (lvl >= QS_AVX512 && type == QT_Q4_1) return qp_q41_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+        if (lvl >= QS_AVX512) return qp_q80_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+        if (lvl >= QS_AVX2 && type == QT_Q4_1) return qp_q41_tile_avx2(n, wp, r0, nr, xq, xs, nc, out, os);
     }
 #endif
     qp_tile_ref(type, n, wp, r0, nr, xq, xs, nc, out, os);

@@ -40,7 +40,8 @@
 #define QP_ROWS 16 /* rows per packed group */
 
 /* 1 when `type` has a packed layout with a fast kernel at the current SIMD level (so a
- * loader should pack it), 0 when the row-major quant_dot_tile is the better path. */
+ * loader should pack it), 0 when the row-major quant_dot_tile is the better path:
+ * Q4_1 from AVX2 up, Q8_0 at AVX-512; neither where AMX runs them. */
 int qp_wanted(uint32_t type);
 #define QP_MAX_N 16384 /* widest Q8_0 row packed (the kernel's per-column tables) */
 
@@ -65,5 +66,9 @@ void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
+/* The AVX2 kernel (qpack_avx2.c), Q4_1 only: Q8_0's biased bytes times the activations
+ * would overflow vpmaddubsw's 16-bit sums, so at AVX2 Q8_0 stays row-major. */
+void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
 
 #endif

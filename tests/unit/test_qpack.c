@@ -181,9 +181,13 @@ int main(void) {
     quant_set_simd(max);
     const char *b = getenv("QPACK_BENCH");
     if (b && *b == '1') {
-        bench(QT_Q4_1, 576, 16);
-        bench(QT_Q4_1, 1536, 16);
-        bench(QT_Q8_0, 576, 64);
+        for (int level = QS_AVX2; level <= max; level++) {
+            quant_set_simd(level);
+            bench(QT_Q4_1, 576, 16);
+            bench(QT_Q4_1, 1536, 16);
+            if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
+        }
+        quant_set_simd(max);
     }
     return check_done("qpack");
 }
