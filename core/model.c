@@ -324,13 +324,6 @@ void model_state_free(model_state *s) {
 
 /* ------------------------------------------------------------------ small kernels */
 
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
-
 /* cos/sin of pos * base^(-2i/rope_dim) for each token, computed once per step. */
 static void rope_table(const model_config *c, const model_batch *b, float *tab) {
     int half = c->rope_dim / 2;
@@ -401,7 +394,7 @@ typedef struct {
 static void norm_range(void *ctx, int t0, int t1) {
     const norm_job *j = ctx;
     for (int t = t0; t < t1; t++)
-        rmsnorm(j->out + (size_t)t * j->stride, j->x + (size_t)(j->rows ? j->rows[t] : t) * j->in_stride,
+        vm_rmsnorm(j->out + (size_t)t * j->stride, j->x + (size_t)(j->rows ? j->rows[t] : t) * j->in_stride,
                 j->w, j->n, j->eps);
 }
 
@@ -484,16 +477,16 @@ static void mm_task(void *ctx, int task, int n_tasks) {
         /* the epilogue in as few calls as it can: a task's piece of a token's row is
          * short (16 floats), so a call per token would cost more than its work */
         mm_rows(&part, m, r0, nr, tmp[0]);
-        if (j->epi == EPI_SWIGLU) { /* tmp holds [token][nr]: elementwise over all of it */
+        size_t os = (size_t)j->ostride[m];
+        if (j->epi == EPI_SWIGLU) {
             mm_rows(&part, 1, r0, nr, tmp[1]);
-            vm_swiglu(tmp[0], tmp[0], tmp[1], part.n_tok * nr);
+            vm_swiglu_rows(o0, os, tmp[0], tmp[1], (size_t)nr, nr, part.n_tok);
+        } else if (j->epi == EPI_ADD) {
+            vm_add_rows(o0, os, tmp[0], (size_t)nr, nr, part.n_tok);
+        } else {
+            for (int t = 0; t < part.n_tok; t++)
+                memcpy(o0 + (size_t)t * os, tmp[0] + t * nr, (size_t)nr * sizeof(float));
         }
-        if (j->epi == EPI_ADD) {
-            vm_add_rows(o0, (size_t)j->ostride[m], tmp[0], (size_t)nr, nr, part.n_tok);
-            continue;
-        }
-        for (int t = 0; t < part.n_tok; t++)
-            memcpy(o0 + (size_t)t * j->ostride[m], tmp[0] + t * nr, (size_t)nr * sizeof(float));
     }
 }
 

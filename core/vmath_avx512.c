@@ -5,4 +5,5 @@
 
 #define VM_SWIGLU_FN vm_swiglu_avx512
 #define VM_ADD_FN vm_add_avx512
+#define VM_RMSNORM_FN vm_rmsnorm_avx512
 #include "core/vmath_simd.h"

@@ -1,6 +1,6 @@
 /* vmath_simd.h: vmath's SIMD paths, written once over the vector macros of core/vec.h
  * and included by vmath_avx2.c and vmath_avx512.c, which name the functions
- * (VM_SWIGLU_FN, VM_ADD_FN). */
+ * (VM_SWIGLU_FN, VM_ADD_FN, VM_RMSNORM_FN). */
 #include <string.h>
 
 #include "core/vec.h"
@@ -28,4 +28,32 @@ void VM_ADD_FN(float *out, const float *a, int n) {
     int i = 0;
     for (; i + W <= n; i += W) STORE(out + i, ADD(LOAD(out + i), LOAD(a + i)));
     for (; i < n; i++) out[i] += a[i]; /* an add is exact either way */
+}
+
+/* The sum of squares in vmath.h's 16 lanes: 16 / W vectors side by side, a last chunk
+ * of fewer than 16 through a zero-padded copy (adding 0 * 0 changes nothing), then
+ * the reference's fold of the 16 lanes in C. */
+void VM_RMSNORM_FN(float *out, const float *x, const float *w, int n, float eps) {
+    VEC acc[16 / W];
+    for (int k = 0; k < 16 / W; k++) acc[k] = ZERO();
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16 / W; k++) {
+            VEC v = LOAD(x + i + k * W);
+            acc[k] = ADD(acc[k], MUL(v, v));
+        }
+    if (i < n) {
+        float t[16] = {0};
+        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
+        for (int k = 0; k < 16 / W; k++) {
+            VEC v = LOAD(t + k * W);
+            acc[k] = ADD(acc[k], MUL(v, v));
+        }
+    }
+    float s[16];
+    for (int k = 0; k < 16 / W; k++) STORE(s + k * W, acc[k]);
+    float scale = vm_rms_scale(s, n, eps);
+    VEC sv = SET1(scale);
+    for (i = 0; i + W <= n; i += W) STORE(out + i, MUL(MUL(LOAD(x + i), sv), LOAD(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i]; /* the same two roundings */
 }

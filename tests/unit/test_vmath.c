@@ -1,4 +1,4 @@
-/* test_vmath: the SIMD SwiGLU and residual add against the plain C references, over
+/* test_vmath: the SIMD SwiGLU, residual add and RMSNorm against the plain C references, over
  * lengths that end on and off a vector (the padded tail), inputs from tiny to past exp's
  * range, and the check that an element's result does not depend on its place in a row.
  * VMATH_BENCH=1 also prints ns per SwiGLU row of SmolLM2-135M (1536). */
@@ -13,6 +13,7 @@
 
 typedef void (*swiglu_fn)(float *, const float *, const float *, int);
 typedef void (*add_fn)(float *, const float *, int);
+typedef void (*norm_fn)(float *, const float *, const float *, int, float);
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) { /* [-1, 1) */
@@ -79,6 +80,42 @@ static void test_add_rows(void) {
     for (int r = 0; r < ROWS; r++) vm_add_ref(o1 + r * OS, a + r * AS, N);
     vm_add_rows(o2, OS, a, AS, N, ROWS);
     CHECK(memcmp(o1, o2, sizeof o1) == 0, "add_rows: each row the reference's bits, the gaps untouched");
+    /* vm_swiglu_rows: each row as vm_swiglu gives it at this level */
+    static float g[ROWS * AS], u[ROWS * AS];
+    for (int i = 0; i < ROWS * AS; i++) g[i] = frand() * 8, u[i] = frand();
+    for (int i = 0; i < ROWS * OS; i++) o1[i] = o2[i] = frand();
+    for (int r = 0; r < ROWS; r++) vm_swiglu(o1 + r * OS, g + r * AS, u + r * AS, N);
+    vm_swiglu_rows(o2, OS, g, u, AS, N, ROWS);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0, "swiglu_rows: each row vm_swiglu's bits, the gaps untouched");
+}
+
+/* every path gives the reference's bits (one summation order, vmath.h), on lengths on
+ * and off the 16 lanes, inputs from tiny to large */
+static void test_rmsnorm(const char *name, norm_fn fn) {
+    enum { N = 1536 + 13 };
+    static float x[N], w[N], want[N], got[N];
+    const float scales[] = {1e-6f, 1.0f, 300.0f};
+    int lens[] = {1, 7, 15, 16, 17, 33, 576, 1536, N};
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int n = lens[li];
+            for (int i = 0; i < n; i++) x[i] = frand() * scales[si], w[i] = 1.0f + frand();
+            vm_rmsnorm_ref(want, x, w, n, 1e-5f);
+            fn(got, x, w, n, 1e-5f);
+            CHECK(memcmp(got, want, (size_t)n * sizeof(float)) == 0, "%s rmsnorm: scale %g n %d: the "
+                  "reference's bits", name, scales[si], n);
+        }
+    /* and the reference is an RMSNorm: against a double-precision one */
+    int n = 576;
+    for (int i = 0; i < n; i++) x[i] = frand() * 3, w[i] = 1.0f + frand();
+    fn(got, x, w, n, 1e-5f);
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / n + 1e-5);
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++)
+        if (fabs(got[i] - x[i] * sc * w[i]) > 1e-6 * (fabs(x[i] * sc * w[i]) + 1e-6)) bad = i;
+    CHECK(bad < 0, "%s rmsnorm: within 1e-6 of a double-precision RMSNorm (element %d)", name, bad);
 }
 
 static double now_ns(void) {
@@ -102,16 +139,17 @@ static void bench(const char *name, swiglu_fn fn) {
 
 int main(void) {
     int levels = quant_simd_max();
-    struct { const char *name; swiglu_fn sw; add_fn add; int level; } paths[] = {
-        {"ref", vm_swiglu_ref, vm_add_ref, QS_SCALAR},
-        {"avx2", vm_swiglu_avx2, vm_add_avx2, QS_AVX2},
-        {"avx512", vm_swiglu_avx512, vm_add_avx512, QS_AVX512},
+    struct { const char *name; swiglu_fn sw; add_fn add; norm_fn norm; int level; } paths[] = {
+        {"ref", vm_swiglu_ref, vm_add_ref, vm_rmsnorm_ref, QS_SCALAR},
+        {"avx2", vm_swiglu_avx2, vm_add_avx2, vm_rmsnorm_avx2, QS_AVX2},
+        {"avx512", vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512, QS_AVX512},
     };
     const char *b = getenv("VMATH_BENCH");
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
         if (levels < paths[p].level) continue;
         test_swiglu(paths[p].name, paths[p].sw);
         test_add(paths[p].name, paths[p].add);
+        test_rmsnorm(paths[p].name, paths[p].norm);
         if (b && *b == '1') bench(paths[p].name, paths[p].sw);
     }
     test_add_rows();
