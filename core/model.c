@@ -394,8 +394,8 @@ typedef struct {
 static void norm_range(void *ctx, int t0, int t1) {
     const norm_job *j = ctx;
     for (int t = t0; t < t1; t++)
-        vm_rmsnorm(j->out + (size_t)t * j->stride, j->x + (size_t)(j->rows ? j->rows[t] : t) * j->in_stride,
-                j->w, j->n, j->eps);
+        vm_rmsnorm(j->out + (size_t)t * j->stride,
+                   j->x + (size_t)(j->rows ? j->rows[t] : t) * j->in_stride, j->w, j->n, j->eps);
 }
 
 /* out[t] = rmsnorm(x[rows ? rows[t] : t]) for t < T, rows d wide. */

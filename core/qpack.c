@@ -132,11 +132,13 @@ void qp_tile_ref(uint32_t type, int64_t n, const void *wp, int r0, int nr, const
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os) {
 #if defined(__x86_64__)
-    int lvl = quant_simd();
-    if (qp_bytes(type, n, r0 + nr) && r0 % QP_ROWS == 0) {
-        if (lvl >= QS_AVX512 && type == QT_Q4_1) return qp_q41_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
-        if (lvl >= QS_AVX512) return qp_q80_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
-        if (lvl >= QS_AVX2 && type == QT_Q4_1) return qp_q41_tile_avx2(n, wp, r0, nr, xq, xs, nc, out, os);
+    int lvl = quant_simd(), q41 = type == QT_Q4_1;
+    void (*fn)(int64_t, const void *, int, int, const void *, size_t, int, float *, size_t) =
+        lvl >= QS_AVX512 ? (q41 ? qp_q41_tile_avx512 : qp_q80_tile_avx512)
+        : lvl >= QS_AVX2 && q41 ? qp_q41_tile_avx2 : NULL;
+    if (fn && qp_bytes(type, n, r0 + nr) && r0 % QP_ROWS == 0) {
+        fn(n, wp, r0, nr, xq, xs, nc, out, os);
+        return;
     }
 #endif
     qp_tile_ref(type, n, wp, r0, nr, xq, xs, nc, out, os);

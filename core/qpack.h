@@ -43,6 +43,7 @@
  * loader should pack it), 0 when the row-major quant_dot_tile is the better path:
  * Q4_1 from AVX2 up, Q8_0 at AVX-512; neither where AMX runs them. */
 int qp_wanted(uint32_t type);
+
 #define QP_MAX_N 16384 /* widest Q8_0 row packed (the kernel's per-column tables) */
 
 /* Bytes of the packed copy of nr rows of n elements (n a multiple of 32); 0 when the
@@ -53,9 +54,9 @@ size_t qp_bytes(uint32_t type, int64_t n, int nr);
  * aligned for the fast kernels). */
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst);
 /* out[c*os + r] = dot(row r0 + r, xq + c*xs) for r < nr and c < nc, where r0 is a
- * multiple of QP_ROWS and xq holds rows of the type's dot type (Q8_1 for Q4_1, Q8_0 for
- * Q8_0). Runs
- * the fastest kernel of the current SIMD level; all give the reference's bits. */
+ * multiple of QP_ROWS and xq holds rows of the type's dot type (Q8_1 for Q4_1, Q8_0
+ * for Q8_0). Runs the fastest kernel of the current SIMD level (the reference where
+ * none has one); all give the reference's bits. */
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os);
 /* The plain C definition, never removed. */

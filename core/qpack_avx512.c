@@ -1,9 +1,10 @@
-/* qpack_avx512: the packed Q4_1 x Q8_1 tile with AVX-512 VNNI (layout and arithmetic
- * in qpack.h). Lane r of every vector is row r of the group: a chunk's 64 bytes hold 4
- * bytes of each of the 16 rows, so its low nibbles times the column's 4 activation
- * bytes of that chunk, broadcast, are one vpdpbusd for all 16 rows; its high nibbles
- * another. Eight of them sum a block exactly (int32, in two chains for latency), then
- * one conversion and two FMAs per 16 rows finish the block, in qpack.h's order. */
+/* qpack_avx512: the packed Q4_1 x Q8_1 and Q8_0 x Q8_0 tiles with AVX-512 VNNI (layouts
+ * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
+ * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
+ * activation bytes of it, broadcast, is one vpdpbusd for all 16 rows (for Q4_1 its low
+ * nibbles one, its high nibbles another). Eight of them sum a block exactly (int32, in
+ * two chains for latency), then one conversion and one or two FMAs per 16 rows finish
+ * the block, in qpack.h's order. */
 #include <immintrin.h>
 #include <string.h>
 

@@ -146,11 +146,13 @@ static void bench(uint32_t T, int64_t n, int CH) {
     for (int it = 0; it < 15; it++) {
         double t[5];
         t[0] = now_ns();
-        for (size_t r = 0; r < rows; r += CH) quant_dot_tile(T, n, w + r * rs, rs, CH, x, xs, 1, out + r % MROWS, CH);
+        for (size_t r = 0; r < rows; r += CH)
+            quant_dot_tile(T, n, w + r * rs, rs, CH, x, xs, 1, out + r % MROWS, CH);
         t[1] = now_ns();
         for (size_t r = 0; r < rows; r += CH) qp_tile(T, n, p, (int)r, CH, x, xs, 1, out + r % MROWS, CH);
         t[2] = now_ns();
-        for (int r = 0; r < MROWS; r += CH) quant_dot_tile(T, n, w + (size_t)r * rs, rs, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
+        for (int r = 0; r < MROWS; r += CH)
+            quant_dot_tile(T, n, w + (size_t)r * rs, rs, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
         t[3] = now_ns();
         for (int r = 0; r < MROWS; r += CH) qp_tile(T, n, p, r, CH, x, xs, NCB, out + (size_t)r * NCB, CH);
         t[4] = now_ns();
