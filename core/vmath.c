@@ -20,49 +20,43 @@ void vm_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-void vm_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+/* Each function's paths, indexed by path(): the C reference, AVX2, AVX-512. */
 #if defined(__x86_64__)
-    int lvl = quant_simd();
-    if (lvl >= QS_AVX512) return vm_rmsnorm_avx512(out, x, w, n, eps);
-    if (lvl >= QS_AVX2) return vm_rmsnorm_avx2(out, x, w, n, eps);
+#define PATHS(f) {f##_ref, f##_avx2, f##_avx512}
+#else
+#define PATHS(f) {f##_ref, f##_ref, f##_ref}
 #endif
-    vm_rmsnorm_ref(out, x, w, n, eps);
+typedef void (*swiglu_fn)(float *, const float *, const float *, int);
+typedef void (*add_fn)(float *, const float *, int);
+typedef void (*rmsnorm_fn)(float *, const float *, const float *, int, float);
+static const swiglu_fn swiglu_paths[3] = PATHS(vm_swiglu);
+static const add_fn add_paths[3] = PATHS(vm_add);
+static const rmsnorm_fn rmsnorm_paths[3] = PATHS(vm_rmsnorm);
+
+/* The path of the current SIMD level. */
+static int path(void) {
+    int lvl = quant_simd();
+    return lvl >= QS_AVX512 ? 2 : lvl >= QS_AVX2 ? 1 : 0;
+}
+
+void vm_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    rmsnorm_paths[path()](out, x, w, n, eps);
 }
 
 void vm_swiglu(float *out, const float *gate, const float *up, int n) {
-#if defined(__x86_64__)
-    int lvl = quant_simd();
-    if (lvl >= QS_AVX512) return vm_swiglu_avx512(out, gate, up, n);
-    if (lvl >= QS_AVX2) return vm_swiglu_avx2(out, gate, up, n);
-#endif
-    vm_swiglu_ref(out, gate, up, n);
+    swiglu_paths[path()](out, gate, up, n);
 }
 
-void vm_add(float *out, const float *a, int n) {
-#if defined(__x86_64__)
-    int lvl = quant_simd();
-    if (lvl >= QS_AVX512) return vm_add_avx512(out, a, n);
-    if (lvl >= QS_AVX2) return vm_add_avx2(out, a, n);
-#endif
-    vm_add_ref(out, a, n);
-}
+void vm_add(float *out, const float *a, int n) { add_paths[path()](out, a, n); }
 
 void vm_swiglu_rows(float *out, size_t os, const float *gate, const float *up, size_t gs, int n,
                     int rows) {
-    void (*sw)(float *, const float *, const float *, int) = vm_swiglu_ref;
-#if defined(__x86_64__)
-    int lvl = quant_simd();
-    sw = lvl >= QS_AVX512 ? vm_swiglu_avx512 : lvl >= QS_AVX2 ? vm_swiglu_avx2 : vm_swiglu_ref;
-#endif
+    swiglu_fn sw = swiglu_paths[path()];
     for (int r = 0; r < rows; r++)
         sw(out + (size_t)r * os, gate + (size_t)r * gs, up + (size_t)r * gs, n);
 }
 
 void vm_add_rows(float *out, size_t os, const float *a, size_t as, int n, int rows) {
-    void (*add)(float *, const float *, int) = vm_add_ref;
-#if defined(__x86_64__)
-    int lvl = quant_simd();
-    add = lvl >= QS_AVX512 ? vm_add_avx512 : lvl >= QS_AVX2 ? vm_add_avx2 : vm_add_ref;
-#endif
+    add_fn add = add_paths[path()];
     for (int r = 0; r < rows; r++) add(out + (size_t)r * os, a + (size_t)r * as, n);
 }
