@@ -17,7 +17,9 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(filter-out core/main.c,$(wildcard core/*.c mm/*.c sched/*.c net/*.c)) cuda/plan.c)
+LIB_SRCS  := $(sort $(wildcard core/*.c mm/*.c sched/*.c net/*.c) cuda/plan.c)
+# The kilnd program (kilnd/: main and its subcommands) on top of the library.
+KILND_SRCS := $(sort $(wildcard kilnd/*.c))
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 # Test programs that are not unit tests (e.g. the transport echo server of tests/net/).
@@ -31,6 +33,7 @@ DEP_LIBS  := -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih
 # (the libraries built by `make deps`: inih, lwIP, mbedTLS, per toolchain)
 define variant
 $(1)_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/obj/%.o,$$(LIB_SRCS))
+$(1)_KILND_OBJS := $$(patsubst %.c,$(BUILD)/$(1)/obj/%.o,$$(KILND_SRCS))
 $(1)_DEPS := $(BUILD)/$(5)/deps
 $(BUILD)/$(1)/obj/%.o: %.c | $(BUILD)/$(5)/deps/.ok
 	@mkdir -p $$(@D)
@@ -38,7 +41,7 @@ $(BUILD)/$(1)/obj/%.o: %.c | $(BUILD)/$(5)/deps/.ok
 $(BUILD)/$(1)/libkilnd.a: $$($(1)_OBJS)
 	@rm -f $$@
 	ar rcs $$@ $$^
-$(BUILD)/$(1)/kilnd: $(BUILD)/$(1)/obj/core/main.o $(BUILD)/$(1)/libkilnd.a
+$(BUILD)/$(1)/kilnd: $$($(1)_KILND_OBJS) $(BUILD)/$(1)/libkilnd.a
 	$(2) $(3) $$^ -o $$@ -L$(BUILD)/$(5)/deps/lib $$(DEP_LIBS) -lm -pthread $(4)
 $(BUILD)/$(1)/tests/net/%: $(BUILD)/$(1)/obj/tests/net/%.o $(BUILD)/$(1)/libkilnd.a
 	@mkdir -p $$(@D)
@@ -98,7 +101,7 @@ CUDA_ARCH := $(foreach a,80 86 89 90 90a,-gencode arch=compute_$(a),code=sm_$(a)
 CUDA_SRCS := cuda/cu.c cuda/kern.c cuda/blas.c cuda/backend_cuda.c
 CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/obj/fatbin.o
 # What the GPU programs take from the engine: no network, no config parser (no deps).
-CORE_SRCS := $(sort $(filter-out core/main.c core/cli_% core/config.c,$(wildcard core/*.c mm/*.c)) cuda/plan.c)
+CORE_SRCS := $(sort $(filter-out core/config.c,$(wildcard core/*.c mm/*.c)) cuda/plan.c)
 CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
 GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
 $(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu
@@ -113,7 +116,7 @@ $(BUILD)/cuda/obj/%.o: %.c
 $(BUILD)/cuda/libcore.a: $(CORE_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
-$(BUILD)/cuda/kilnd: $(BUILD)/gnu/obj/core/main.o $(CUDA_OBJS) $(BUILD)/gnu/libkilnd.a
+$(BUILD)/cuda/kilnd: $(gnu_KILND_OBJS) $(CUDA_OBJS) $(BUILD)/gnu/libkilnd.a
 	gcc $(OPT) $^ -o $@ -L$(BUILD)/gnu/deps/lib $(DEP_LIBS) -ldl -lm -pthread
 $(BUILD)/cuda/gpu_%: $(BUILD)/cuda/obj/tests/gpu/gpu_%.o $(CUDA_OBJS) $(BUILD)/cuda/libcore.a
 	gcc $(OPT) $^ -o $@ -ldl -lm -pthread

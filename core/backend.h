@@ -85,25 +85,6 @@ int backend_cuda_kv8(backend *be, const int32_t *blocks, int n);
 /* One line about the device: name, memory, what the KV pool and weights took. */
 void backend_cuda_describe(backend *be, char *buf, size_t n);
 
-/* ---- choosing one */
-
-typedef struct {
-    int kind;             /* CFG_BACKEND_AUTO, _CPU or _CUDA (core/config.h) */
-    int threads, max_batch_tokens, max_logits, max_ctx, exact; /* as backend_cpu_config */
-    size_t kv_bytes;      /* the CPU's KV pool */
-    size_t kv_gpu_bytes;  /* the GPU's: 0 = what the memory budget leaves, else at most */
-    double gpu_util;      /* as backend_cuda_config */
-    int cublas, graphs;
-} backend_want;
-
-/* Starts the backend w asks for, with its KV pool of kc's shape (kc->n_blocks is set
- * here): CUDA when asked, or with `auto` when a device is usable (else it says on
- * stderr why not and uses the CPU); the CPU backend's pool is carved from arena (pinned
- * by mlock). NULL with err set; nothing is left allocated then. The caller destroys the
- * backend, then kv_pool_free(kv) and mm_pool_free(arena). */
-backend *backend_open(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
-                      kv_pool *kv, char *err, size_t n);
-
 static inline int backend_run(backend *be, const model_batch *b) {
     int r = be->ops->submit(be, b);
     return r < 0 ? r : be->ops->wait(be);

@@ -1,11 +1,11 @@
-/* backend_open: which backend runs the model, and the KV pool that goes with it. */
+/* backend: which backend runs the model, and the KV pool that goes with it. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "core/backend.h"
+#include "kilnd/kilnd.h"
 
-static backend *open_cpu(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
+static backend *open_cpu(const model *m, const kd_backend_want *w, kv_config *kc, mm_pool *arena,
                          kv_pool *kv, char *err, size_t n) {
     size_t bb = kv_block_bytes(kc);
     if (!bb) {
@@ -34,7 +34,7 @@ static backend *open_cpu(const model *m, const backend_want *w, kv_config *kc, m
     return be;
 }
 
-backend *backend_open(const model *m, const backend_want *w, kv_config *kc, mm_pool *arena,
+backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc, mm_pool *arena,
                       kv_pool *kv, char *err, size_t n) {
     char why[256] = "";
     /* auto in a kilnd without the CUDA backend is simply the CPU: nothing to report */

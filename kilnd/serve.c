@@ -1,4 +1,4 @@
-/* cli_serve: `kilnd serve` (the appliance's main job) and `kilnd certs`.
+/* serve: `kilnd serve` (the appliance's main job) and `kilnd check-config`.
  *
  *   kilnd serve [--config kiln.ini] [--model PATH] [--threads N] [--set section.key=value]...
  *               [--control PATH]       (the control socket for kiln-init: net/ctl.h)
@@ -6,15 +6,12 @@
  *               [--update-slot S:PATH] (kiln-init: the inactive slot S and its partition,
  *                                       which the admin verb UPDATE writes; net/update.h)
  *   kilnd check-config [the same flags]   (exit 0, or 1 with one line saying what is wrong)
- *   kilnd certs --dir DIR [--hosts h1,h2] [--force]
  *
  * serve loads the model, carves the KV pool, starts the CPU backend, brings up the
  * transport ([net] driver) and the server, prints one line "kilnd: serving ..." on
  * stdout once it accepts connections, and runs the loop until SIGTERM/SIGINT (drain:
  * running requests finish, a second signal stops at once) or an admin's RESTART
  * (exit status 75, for the supervisor). */
-#include "core/cli_serve.h"
-
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -36,6 +33,7 @@
 #include "net/server.h"
 #include "net/tls.h"
 #include "sched/loop.h"
+#include "kilnd/kilnd.h"
 
 static int g_faults; /* --faults: the admin verb FAULT (tests) */
 static const char *g_update_slot; /* --update-slot b:/dev/vda3 (kiln-init) */
@@ -115,7 +113,7 @@ static void on_signal(loop_t *l, int fd, void *ud, int mask) {
     }
 }
 
-int cli_serve(int argc, char **argv) {
+int kd_serve(int argc, char **argv) {
     static kiln_config c;
     int threads;
     const char *control;
@@ -163,11 +161,11 @@ int cli_serve(int argc, char **argv) {
     kc.kv8 = c.engine.kv_8bit; /* the CPU pool's; the CUDA backend turns it off */
     /* CUDA (asked for, or auto with a usable GPU): the pool lives on the device, sized
      * by gpu_memory_utilization unless kv_pool_mb caps it; else the CPU's, in the arena */
-    backend_want w = {c.engine.backend, threads, c.engine.max_batched_tokens, c.engine.max_batch_size,
+    kd_backend_want w = {c.engine.backend, threads, c.engine.max_batched_tokens, c.engine.max_batch_size,
                       max_seq_len, 0, pool_bytes, c.engine.kv_pool_mb ? pool_bytes : 0,
                       c.engine.gpu_memory_utilization, c.engine.cuda_prefill == CFG_PREFILL_CUBLAS,
                       c.engine.cuda_graphs};
-    if (!(be = backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+    if (!(be = kd_backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
     if (kv_seq_max_blocks(kv.cfg.n_blocks, kv.cfg.kv8) < kc.max_blocks_per_seq) { /* a CUDA pool: f16 */
         fprintf(stderr, "kilnd: the KV pool holds %d tokens per sequence in f16; max_seq_len = %d needs more: "
@@ -247,7 +245,7 @@ out:
 
 /* What kiln-init runs before each start: the config, the model file, the TLS files
  * and the tokens file, checked without binding a port or allocating the KV pool. */
-int cli_check_config(int argc, char **argv) {
+int kd_check_config(int argc, char **argv) {
     static kiln_config c;
     int threads;
     const char *control;
@@ -274,25 +272,5 @@ int cli_check_config(int argc, char **argv) {
     if (!f) { fprintf(stderr, "kilnd: tokens file %s: %s\n", c.net.tokens_file, strerror(errno)); return 1; }
     fclose(f);
     printf("kilnd: config ok\n");
-    return 0;
-}
-
-int cli_certs(int argc, char **argv) {
-    const char *dir = NULL, *hosts = "";
-    int force = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--force")) { force = 1; continue; }
-        if (i + 1 >= argc) { fprintf(stderr, "kilnd: %s needs a value\n", argv[i]); return 2; }
-        if (!strcmp(argv[i], "--dir")) dir = argv[++i];
-        else if (!strcmp(argv[i], "--hosts")) hosts = argv[++i];
-        else { fprintf(stderr, "kilnd: unknown flag '%s'\n", argv[i]); return 2; }
-    }
-    if (!dir) { fprintf(stderr, "kilnd: certs needs --dir DIR\n"); return 2; }
-    char err[512];
-    if (tls_certs_create(dir, hosts, force, err, sizeof err) < 0) {
-        fprintf(stderr, "kilnd: certs: %s\n", err);
-        return 1;
-    }
-    printf("kilnd: development CA and certificates in %s (ca.crt, server.crt/key, client.crt/key)\n", dir);
     return 0;
 }

@@ -1,6 +1,6 @@
-/* cli_tok.c: tokenize / detokenize from the command line, for people and for the
- * tokenizer parity test (tests/ref/tok_parity.py), which drives the --hex forms. */
-#include "core/cli_tok.h"
+/* tokenize: `kilnd tokenize` and `kilnd detokenize` from the command line, for people and
+ * for the tokenizer parity test (tests/ref/tok_parity.py), which drives the --hex forms. */
+#include "kilnd/kilnd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,7 +92,7 @@ static int print_ids(const char *cmd, const tok_t *t, const char *text, size_t l
     return 0;
 }
 
-int cli_tokenize(int argc, char **argv) {
+int kd_tokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "tokenize";
     cli_opts o;
     if (parse(argc, argv, &o, 1) < 0 || (!o.hex && !o.text) || (o.hex && o.text)) {
@@ -169,7 +169,7 @@ static int detok_line(const char *cmd, const tok_t *t, const char *s, int hex, i
     return 0;
 }
 
-int cli_detokenize(int argc, char **argv) {
+int kd_detokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "detokenize";
     cli_opts o;
     if (parse(argc, argv, &o, 0) < 0) {

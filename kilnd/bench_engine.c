@@ -1,4 +1,4 @@
-/* cli_engine: `kilnd bench-engine`, the offline driver. Requests go through the real
+/* bench_engine: `kilnd bench-engine`, the offline driver. Requests go through the real
  * scheduler (continuous batching, chunked prefill, prefix cache, preemption) without
  * the network; it reports aggregate throughput and latency percentiles.
  *
@@ -23,13 +23,13 @@
 #include <unistd.h>
 
 #include "core/backend.h"
-#include "core/cli_engine.h"
 #include "core/config.h"
 #include "core/model.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "sched/engine.h"
 #include "sched/loop.h"
+#include "kilnd/kilnd.h"
 
 typedef struct {
     const char *model, *prompt_file;
@@ -274,7 +274,7 @@ static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
     kick(d);
 }
 
-int cli_bench_engine(int argc, char **argv) {
+int kd_bench_engine(int argc, char **argv) {
     be_opts o;
     if (parse(argc, argv, &o) < 0) return 2;
     char err[512];
@@ -304,9 +304,9 @@ int cli_bench_engine(int argc, char **argv) {
         kc.n_blocks = (int)(((size_t)o.kv_pool_mb << 20) / kv_block_bytes(&kc));
     kc.prefix_cache = o.prefix;
     size_t kv_bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
-    backend_want w = {o.backend, o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0, kv_bytes,
+    kd_backend_want w = {o.backend, o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0, kv_bytes,
                       kv_bytes, 0.9, 0, 1};
-    if (!(be = backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
+    if (!(be = kd_backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
     eng_config ec = {.max_batch_size = o.max_batch, .max_batched_tokens = o.max_batched_tokens,
                      .max_seq_len = seq_len, .max_seqs = o.concurrency,
