@@ -24,9 +24,12 @@
 
 #include "core/backend.h"
 #include "core/config.h"
+#include "core/chat.h"
 #include "core/model.h"
+#include "core/prompt.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
+#include "sched/drive.h"
 #include "sched/engine.h"
 #include "sched/loop.h"
 #include "kilnd/kilnd.h"
@@ -187,31 +190,37 @@ static int load_prompts(const be_opts *o, const tok_t *tok, int n_vocab, be_prom
     char line[65536];
     size_t cap = 1 << 16, used = 0;
     int ncap = 64;
+    prompt_builder pb; /* plain text, as a GEN with chat=0 */
+    if (prompt_init(&pb, tok, CHAT_CHATML, sizeof line) < 0) { fclose(f); return -1; }
     p->toks = malloc(cap * sizeof(int32_t));
     p->off = malloc((size_t)ncap * sizeof(int)), p->len = malloc((size_t)ncap * sizeof(int));
     while (p->toks && p->off && p->len && fgets(line, sizeof line, f)) {
         size_t l = strcspn(line, "\n");
         if (l == 0) continue;
-        if (used + l + 2 > cap) { cap = (used + l + 2) * 2; p->toks = realloc(p->toks, cap * sizeof(int32_t)); }
+        line[l] = 0;
+        prompt_req r = {NULL, line, l, 0, 0};
+        int k = prompt_build(&pb, &r);
+        if (k <= 0) continue;
+        if (used + (size_t)k > cap) { cap = (used + (size_t)k) * 2; p->toks = realloc(p->toks, cap * sizeof(int32_t)); }
         if (p->n == ncap) { ncap *= 2; p->off = realloc(p->off, (size_t)ncap * sizeof(int)); p->len = realloc(p->len, (size_t)ncap * sizeof(int)); }
         if (!p->toks || !p->off || !p->len) break;
-        int k = tok_encode(tok, line, l, 0, p->toks + used, (int)(cap - used));
-        if (k <= 0) continue;
+        memcpy(p->toks + used, pb.ids, (size_t)k * sizeof(int32_t));
         p->off[p->n] = (int)used, p->len[p->n] = k, p->n++;
         used += (size_t)k;
     }
     fclose(f);
+    prompt_free(&pb);
     if (p->n == 0) { fprintf(stderr, "kilnd: no prompts in %s\n", o->prompt_file); return -1; }
     return 0;
 }
 
 /* ------------------------------------------------------------------ driving on the loop */
 
-/* The engine runs on the cooperative loop as the server will: a step is submitted and
- * the loop sleeps in epoll until the backend's eventfd says it finished. */
+/* The engine runs on the cooperative loop through the server's driver (sched/drive.h):
+ * a step is submitted and the loop sleeps in epoll until the backend's eventfd says it
+ * finished. */
 typedef struct {
     engine *eng;
-    backend *be;
     const be_opts *o;
     const be_prompts *pr;
     be_run *run;
@@ -221,13 +230,14 @@ typedef struct {
     double t_step;
     int64_t tok0, pre0;
     int dec;
-} drv;
+} bench_drv;
 
-/* Keep `concurrency` requests in flight, then start a step if none is running. */
-static void kick(drv *d) {
+/* Before each step: keep `concurrency` requests in flight. */
+static void before_step(void *ud) {
+    bench_drv *d = ud;
     const be_opts *o = d->o;
     char err[256];
-    while (d->sent < o->requests && d->sent - d->run->finished < o->concurrency) {
+    while (!d->err && d->sent < o->requests && d->sent - d->run->finished < o->concurrency) {
         eng_params ep = {0};
         int pi = d->sent % d->pr->n;
         ep.prompt = d->pr->toks + (o->prompt_file ? d->pr->off[pi] : d->sent * o->prompt_tokens);
@@ -240,38 +250,43 @@ static void kick(drv *d) {
         if (eng_submit(d->eng, &ep, err, sizeof err) < 0) {
             fprintf(stderr, "kilnd: %s\n", err);
             d->err = 1;
-            break;
+            loop_stop(d->lp);
+            return;
         }
         d->sent++;
-    }
-    if (d->err || eng_busy(d->eng)) {
-        if (d->err) loop_stop(d->lp);
-        return;
     }
     eng_stats st;
     eng_get_stats(d->eng, &st);
     d->t_step = now_s(), d->tok0 = d->run->tokens, d->pre0 = st.preemptions;
     d->dec = d->run->n_ttft == d->sent; /* nobody still waits for a first token */
-    int r = eng_step_begin(d->eng);
-    if (r < 0 || (r == 0 && eng_pending(d->eng))) {
-        fprintf(stderr, "kilnd: the engine cannot schedule the waiting requests\n");
-        d->err = 1;
-    }
-    if (r <= 0) loop_stop(d->lp); /* done, or stuck */
 }
 
-static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
-    (void)l, (void)fd, (void)mask;
-    drv *d = ud;
-    if (d->be->ops->poll(d->be) == 0) return; /* a stale wakeup */
-    if (eng_step_end(d->eng) < 0) d->err = 1;
+static void after_step(void *ud) {
+    bench_drv *d = ud;
     eng_stats st;
     eng_get_stats(d->eng, &st);
     if (d->dec && st.preemptions == d->pre0) {
         d->run->dec_tokens += d->run->tokens - d->tok0;
         d->run->dec_s += now_s() - d->t_step;
     }
-    kick(d);
+}
+
+static void on_idle(void *ud, int pending) {
+    bench_drv *d = ud;
+    if (pending) {
+        fprintf(stderr, "kilnd: the engine cannot schedule the waiting requests\n");
+        d->err = 1;
+    }
+    loop_stop(d->lp); /* done, or stuck */
+}
+
+static void on_log(void *ud, int level, const char *msg) {
+    bench_drv *d = ud;
+    fprintf(stderr, "kilnd: %s\n", msg);
+    if (level == DRIVE_LOG_ERROR) { /* offline, a failed step is the end of the run */
+        d->err = 1;
+        loop_stop(d->lp);
+    }
 }
 
 int kd_bench_engine(int argc, char **argv) {
@@ -321,15 +336,18 @@ int kd_bench_engine(int argc, char **argv) {
     if (!run.reqs || !run.ttft || !run.itl) goto out;
     g_run = &run;
 
-    drv d = {.eng = eng, .be = be, .o = &o, .pr = &pr, .run = &run};
-    if (!(d.lp = loop_new(1024, 16)) || loop_fd_add(d.lp, be->ops->event_fd(be), LOOP_READ, on_step_done, &d) < 0) {
+    bench_drv d = {.eng = eng, .o = &o, .pr = &pr, .run = &run};
+    drive dv = {0};
+    drive_hooks dh = {before_step, after_step, on_idle, on_log, NULL, &d};
+    if (!(d.lp = loop_new(1024, 16)) || drive_init(&dv, d.lp, eng, be, &kv, &dh) < 0) {
         fprintf(stderr, "kilnd: cannot set up the event loop\n");
         if (d.lp) loop_free(d.lp);
         goto out;
     }
     double t0 = now_s();
-    kick(&d);
+    drive_kick(&dv);
     int lr = d.err ? 0 : loop_run(d.lp);
+    drive_free(&dv);
     loop_free(d.lp);
     if (lr < 0 || d.err || run.failed) goto out;
     double el = now_s() - t0;

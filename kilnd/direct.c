@@ -7,7 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/chat.h"
 #include "core/model.h"
 #include "mm/kv.h"
 
@@ -146,56 +145,3 @@ int dr_parse(int argc, char **argv, dr_opts *o) {
     if (o->chunk < 1 || o->chunk > 4096) { fprintf(stderr, "kilnd: --chunk must be 1..4096\n"); return -1; }
     return 0;
 }
-
-/* Token ids of the prompt: explicit ids, or the text (chat-formatted when asked). */
-int dr_prompt(const dr_runner *e, const dr_opts *o, int32_t **out) {
-    if (o->prompt_ids) {
-        size_t n = strlen(o->prompt_ids) / 2 + 2;
-        int32_t *ids = malloc(n * sizeof *ids);
-        int k = 0;
-        for (const char *p = o->prompt_ids; ids && *p;) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p || v < 0 || v >= tok_n_vocab(&e->tok)) {
-                fprintf(stderr, "kilnd: bad --prompt-ids near '%s'\n", p);
-                free(ids);
-                return -1;
-            }
-            ids[k++] = (int32_t)v;
-            p = *end == ',' ? end + 1 : end;
-        }
-        *out = ids;
-        return ids ? k : -1;
-    }
-    if (!o->prompt) { fprintf(stderr, "kilnd: --prompt or --prompt-ids is required\n"); return -1; }
-    const char *text = o->prompt;
-    char *formatted = NULL;
-    if (o->chat) {
-        size_t cap = strlen(o->prompt) + (o->system ? strlen(o->system) : 0) + 4096;
-        formatted = malloc(cap);
-        chat_msg msgs[2];
-        int n = 0;
-        if (o->system) msgs[n++] = (chat_msg){"system", o->system};
-        msgs[n++] = (chat_msg){"user", o->prompt};
-        int kind = chat_detect(&e->m.gguf);
-        int len = formatted ? chat_format(kind, msgs, n, 1, formatted, cap) : -1;
-        if (len < 0) {
-            fprintf(stderr, "kilnd: cannot apply the chat template\n");
-            free(formatted);
-            return -1;
-        }
-        text = formatted;
-    }
-    size_t len = strlen(text);
-    int32_t *ids = malloc((len + 2) * sizeof *ids);
-    int n = ids ? tok_encode(&e->tok, text, len, o->chat || o->special, ids, (int)len + 2) : -1;
-    free(formatted);
-    if (n < 0) {
-        fprintf(stderr, "kilnd: tokenizing the prompt failed\n");
-        free(ids);
-        return -1;
-    }
-    *out = ids;
-    return n;
-}
-

@@ -1,6 +1,7 @@
-/* direct: one request straight through the backend, no scheduler: what `kilnd bench`
- * measures (prefill and decode alone) and what `kilnd generate` runs. The flags both
- * subcommands take are parsed here too. */
+/* direct: the model and tokenizer loaded from the command line, and one sequence run
+ * straight through the backend with no scheduler: what `kilnd bench` measures (prefill
+ * and decode alone). The flags `kilnd generate` and `kilnd bench` share are parsed
+ * here too; generate runs the engine as the server does (kilnd/generate.c). */
 #ifndef KILN_KILND_DIRECT_H
 #define KILN_KILND_DIRECT_H
 
@@ -48,8 +49,4 @@ int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int exact)
 const float *dr_feed(dr_runner *e, kv_seq *seq, const int32_t *toks, int n, int pos);
 /* argv from the subcommand's name on; 0, or -1 with the reason on stderr. */
 int dr_parse(int argc, char **argv, dr_opts *o);
-/* Token ids of the prompt: explicit ids, or the text (chat-formatted when asked).
- * The count (*out malloc'ed), or -1 with the reason on stderr. */
-int dr_prompt(const dr_runner *e, const dr_opts *o, int32_t **out);
-
 #endif

@@ -1,17 +1,97 @@
 /* generate: `kilnd generate`, one request from the command line, its text streamed to
- * stdout (or its ids, --ids) and its speed to stderr. */
+ * stdout (or its ids, --ids) and its speed to stderr. The request takes the server's
+ * path: its prompt is built by core/prompt, and it runs in the engine (sched/engine)
+ * on the loop through the driver (sched/drive), so what generate prints is what a
+ * client of `kilnd serve` gets, and the parity tests that run generate test that path. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/prompt.h"
 #include "kilnd/direct.h"
+#include "sched/drive.h"
+#include "sched/engine.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+/* ------------------------------------------------------------------ the prompt */
+
+/* --prompt-ids 1,2,3 into ids (cap entries): the count, or -1 with the reason said. */
+static int parse_ids(const char *s, const tok_t *tok, int32_t *ids, int cap) {
+    int k = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= tok_n_vocab(tok) || k == cap) {
+            fprintf(stderr, "kilnd: bad --prompt-ids near '%s'\n", p);
+            return -1;
+        }
+        ids[k++] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return k;
+}
+
+/* The prompt's ids in pb->ids: explicit ids, or the text through core/prompt (the
+ * template [model] chat_template = auto picks, as the server does by default). */
+static int build_prompt(const dr_runner *e, const dr_opts *o, prompt_builder *pb) {
+    if (!o->prompt_ids && !o->prompt) {
+        fprintf(stderr, "kilnd: --prompt or --prompt-ids is required\n");
+        return -1;
+    }
+    const char *text = o->prompt ? o->prompt : "";
+    size_t in = o->prompt_ids ? strlen(o->prompt_ids) : strlen(text) + (o->system ? strlen(o->system) : 0);
+    if (prompt_init(pb, &e->tok, prompt_chat_kind(&e->m.gguf, CFG_TEMPLATE_AUTO), in) < 0) {
+        fprintf(stderr, "kilnd: out of memory\n");
+        return -1;
+    }
+    if (o->prompt_ids) return parse_ids(o->prompt_ids, &e->tok, pb->ids, pb->ids_cap);
+    prompt_req r = {o->system, text, strlen(text), o->chat, o->special};
+    int n = prompt_build(pb, &r);
+    if (n < 0) fprintf(stderr, "kilnd: %s\n", prompt_strerror(n));
+    return n < 0 ? -1 : n;
+}
+
+/* ------------------------------------------------------------------ the request */
+
+typedef struct {
+    const dr_opts *o;
+    loop_t *lp;
+    int n_out;            /* ids printed */
+    int finished, reason; /* enum eng_finish */
+    eng_usage usage;
+    char msg[256];        /* EF_ERROR's explanation */
+} gen_run;
+
+static void on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len,
+                     float lp) {
+    (void)id, (void)sample, (void)lp;
+    gen_run *g = ud;
+    if (g->o->ids) {
+        if (tok >= 0) printf(g->n_out++ ? " %d" : "%d", tok);
+    } else if (len > 0) {
+        fwrite(text, 1, (size_t)len, stdout);
+    }
+    fflush(stdout);
+}
+
+static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u,
+                      const char *msg) {
+    (void)id, (void)sample;
+    gen_run *g = ud;
+    g->finished = 1, g->reason = reason, g->usage = *u;
+    snprintf(g->msg, sizeof g->msg, "%s", msg ? msg : "");
+}
+
+static void on_idle(void *ud, int pending) {
+    gen_run *g = ud;
+    if (pending) fprintf(stderr, "kilnd: the engine cannot schedule the request\n");
+    loop_stop(g->lp);
+}
+
+static void on_log(void *ud, int level, const char *msg) {
+    gen_run *g = ud;
+    fprintf(stderr, "kilnd: %s\n", msg);
+    if (level == DRIVE_LOG_ERROR) loop_stop(g->lp);
 }
 
 static int write_logits(const char *path, const float *lg, int n) {
@@ -23,28 +103,77 @@ static int write_logits(const char *path, const float *lg, int n) {
     return 0;
 }
 
-/* Print newly decoded text through the stop-string matcher. Returns 1 once stopped. */
-static int emit_text(stopper *st, const char *piece, int n) {
-    char out[1024];
-    int stopped = 0;
-    size_t k = stopper_feed(st, piece, (size_t)n, out, sizeof out, &stopped);
-    fwrite(out, 1, k, stdout);
-    fflush(stdout);
-    return stopped;
+/* One engine with room for exactly this request (the prompt and what it may generate)
+ * on a loop, the request submitted, the loop run until the engine is idle. */
+static int run_request(dr_runner *e, const dr_opts *o, const int32_t *prompt, int n_prompt,
+                       int total, float *logits, gen_run *g) {
+    char err[512];
+    kv_config kc = {0};
+    model_kv_shape(&e->m, &kc);
+    kc.block_size = DR_BLOCK_SIZE;
+    kc.max_blocks_per_seq = (total + DR_BLOCK_SIZE - 1) / DR_BLOCK_SIZE;
+    kc.n_blocks = kc.max_blocks_per_seq;
+    kc.max_seqs = 1;
+    size_t bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
+    kd_backend_want w = {o->backend, o->threads, o->chunk, 1, total, o->exact, bytes, bytes, 0.9, 0, 1};
+    if (!(e->be = kd_backend_open(&e->m, &w, &kc, &e->arena, &e->kv, err, sizeof err))) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        return -1;
+    }
+    e->loaded_kv = 1;
+    eng_config ec = {.max_batch_size = 1, .max_batched_tokens = o->chunk, .max_seq_len = total,
+                     .max_seqs = 1, .max_queued_requests = 1};
+    eng_callbacks cb = {on_token, on_finish};
+    engine *eng = eng_new(&ec, &e->m, &e->tok, &e->kv, e->be, &cb, err, sizeof err);
+    loop_t *lp = eng ? loop_new(1024, 8) : NULL;
+    drive d = {0};
+    drive_hooks dh = {.idle = on_idle, .log = on_log, .ud = g};
+    int rc = -1;
+    if (!eng) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        goto out;
+    }
+    if (!lp || drive_init(&d, lp, eng, e->be, &e->kv, &dh) < 0) {
+        fprintf(stderr, "kilnd: cannot set up the event loop\n");
+        goto out;
+    }
+    g->lp = lp;
+    eng_params ep = {.prompt = prompt, .n_prompt = n_prompt, .sp = o->sp, .n = 1,
+                     .stops = o->stops, .n_stops = o->n_stops, .ud = g, .first_logits = logits};
+    ep.sp.max_tokens = o->max_tokens;
+    if (eng_submit(eng, &ep, err, sizeof err) < 0) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        goto out;
+    }
+    drive_kick(&d);
+    if (loop_run(lp) == 0 && g->finished) rc = 0;
+out:
+    drive_free(&d);
+    if (lp) loop_free(lp);
+    eng_free(eng);
+    return rc;
 }
 
 int kd_generate(int argc, char **argv) {
     dr_opts o;
     if (dr_parse(argc, argv, &o) < 0) { kd_usage(); return 2; }
+    for (int i = 0; i < o.n_stops; i++)
+        if (!o.stops[i][0] || strlen(o.stops[i]) > STOPPER_MAX_LEN) {
+            fprintf(stderr, "kilnd: each --stop must be 1..%d bytes\n", STOPPER_MAX_LEN);
+            return 2;
+        }
+    if (o.max_tokens == 0 && o.dump_logits) {
+        fprintf(stderr, "kilnd: --dump-logits needs --max-tokens of at least 1\n");
+        return 2;
+    }
     dr_runner e;
     if (dr_load(&e, o.model) < 0) return 1;
     int ctx = o.ctx > 0 ? o.ctx : e.m.cfg.n_ctx_train;
-    int32_t *prompt = NULL;
-    int n_prompt = dr_prompt(&e, &o, &prompt);
+    prompt_builder pb = {0};
+    float *logits = NULL;
+    gen_run g = {.o = &o};
     int rc = 1;
-    sampler smp;
-    int smp_ok = 0;
-    kv_seq *seq = NULL;
+    int n_prompt = build_prompt(&e, &o, &pb);
     if (n_prompt < 0) goto out;
     if (n_prompt == 0) { fprintf(stderr, "kilnd: the prompt is empty\n"); goto out; }
     int total = n_prompt + o.max_tokens;
@@ -53,70 +182,30 @@ int kd_generate(int argc, char **argv) {
                 n_prompt, o.max_tokens, ctx);
         goto out;
     }
-    /* The KV pool holds exactly this request: the prompt and what it may generate. */
-    if (dr_start(&e, o.backend, o.threads, total, o.chunk, o.exact) < 0) goto out;
-    if (sampler_init(&smp, &o.sp, e.m.cfg.n_vocab) < 0) { fprintf(stderr, "kilnd: bad sampling parameters\n"); goto out; }
-    smp_ok = 1;
-    for (int i = 0; i < n_prompt; i++) sampler_accept(&smp, prompt[i], 1);
-    stopper st;
-    if (stopper_init(&st, o.stops, o.n_stops) < 0) {
-        fprintf(stderr, "kilnd: each --stop must be 1..%d bytes\n", STOPPER_MAX_LEN);
+    if (o.dump_logits && !(logits = calloc((size_t)e.m.cfg.n_vocab, sizeof *logits))) {
+        fprintf(stderr, "kilnd: out of memory\n");
         goto out;
     }
-    seq = kv_seq_new(&e.kv);
-    if (!seq || kv_seq_reserve(&e.kv, seq, total) < 0) { fprintf(stderr, "kilnd: KV pool too small\n"); goto out; }
-
-    double t0 = now_s();
-    const float *lg = dr_feed(&e, seq, prompt, n_prompt, 0);
-    if (!lg) goto out;
-    double t1 = now_s();
-    if (o.dump_logits && write_logits(o.dump_logits, lg, e.m.cfg.n_vocab) < 0) goto out;
-
-    float *work = malloc((size_t)e.m.cfg.n_vocab * sizeof *work);
-    tok_stream ts;
-    tok_stream_init(&ts, &e.tok, 0);
-    char *piece = malloc((size_t)TOK_STREAM_CAP(&e.tok));
-    int n_gen = 0, stopped = 0;
-    const char *reason = "length";
-    while (work && piece && n_gen < o.max_tokens && !stopped) {
-        memcpy(work, lg, (size_t)e.m.cfg.n_vocab * sizeof *work);
-        int32_t id = sampler_sample(&smp, work, NULL);
-        sampler_accept(&smp, id, 0);
-        n_gen++;
-        if (tok_is_eog(&e.tok, id)) { reason = "stop"; break; }
-        if (o.ids) {
-            printf(n_gen > 1 ? " %d" : "%d", id);
-            fflush(stdout);
-        } else {
-            int k = tok_stream_push(&ts, id, piece, TOK_STREAM_CAP(&e.tok));
-            if (k > 0 && emit_text(&st, piece, k)) { reason = "stop"; stopped = 1; break; }
-        }
-        if (n_gen == o.max_tokens) break;
-        lg = dr_feed(&e, seq, &id, 1, n_prompt + n_gen - 1);
-        if (!lg) goto out_free;
+    /* nothing to generate: the engine is not started (as the server answers at once) */
+    if (o.max_tokens > 0 && run_request(&e, &o, pb.ids, n_prompt, total, logits, &g) < 0) goto out;
+    if (g.finished && g.reason == EF_ERROR) {
+        fprintf(stderr, "kilnd: step failed: %s\n", g.msg);
+        goto out;
     }
-    if (!o.ids && !stopped) {
-        int k = tok_stream_flush(&ts, piece, TOK_STREAM_CAP(&e.tok));
-        if (k > 0) emit_text(&st, piece, k);
-        char rest[1024];
-        size_t m = stopper_flush(&st, rest, sizeof rest);
-        fwrite(rest, 1, m, stdout);
-    }
+    if (logits && write_logits(o.dump_logits, logits, e.m.cfg.n_vocab) < 0) goto out;
     printf("\n");
     fflush(stdout);
-    double t2 = now_s();
+    const eng_usage *u = &g.usage;
+    int n_gen = u->completion_tokens;
+    double dec_s = u->e2e_s - u->ttft_s;
     fprintf(stderr, "kilnd: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s "
-            "(%.1f tok/s), finish=%s\n", n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t2 - t1,
-            n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, reason);
+            "(%.1f tok/s), finish=%s\n", n_prompt, u->ttft_s, u->ttft_s > 0 ? n_prompt / u->ttft_s : 0.0,
+            n_gen, dec_s, n_gen > 1 && dec_s > 0 ? (n_gen - 1) / dec_s : 0.0,
+            o.max_tokens == 0 || g.reason == EF_LENGTH ? "length" : "stop");
     rc = 0;
-out_free:
-    free(work);
-    free(piece);
 out:
-    if (seq) kv_seq_release(&e.kv, seq);
-    if (smp_ok) sampler_free(&smp);
-    free(prompt);
+    free(logits);
+    prompt_free(&pb);
     dr_close(&e);
     return rc;
 }
-

@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/chat.h"
+#include "core/prompt.h"
 #include "core/sampler.h"
 #include "net/http.h"
 #include "net/metrics.h"
 #include "net/proto.h"
 #include "net/tls.h"
 #include "net/update.h"
+#include "sched/drive.h"
 #include "sched/engine.h"
 #include "sched/ladder.h"
 
@@ -23,7 +24,9 @@
 #define SRV_LINGER_MS 2000    /* reading (and dropping) input after our close */
 #define SRV_SWEEP_MS 250      /* timeouts are checked this often */
 #define SRV_METRICS_CAP (256 * 1024)
-#define SRV_RETRY_MS 500      /* retry_after_ms when the engine is full */
+#define SRV_RETRY_MS DRIVE_SHED_MIN_MS /* retry_after_ms when the engine is full */
+_Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN == (int)CFG_LOG_WARN,
+               "the driver logs at the config's levels");
 #define SRV_EXIT_RESTART 75   /* EX_TEMPFAIL: the supervisor restarts kilnd */
 #define SRV_MAX_HTTP 16       /* scrapes and probes at once */
 #define SRV_HTTP_MS 10000     /* an HTTP request and its answer must fit in this */
@@ -110,27 +113,18 @@ struct srv {
     int64_t goodbye_ms;    /* drained: sessions closing, the loop stops at this time */
     srv_token tokens[SRV_MAX_TOKENS];
     int n_tokens;
-    int32_t *prompt;       /* [max_line_bytes + 2] tokenizer output */
-    char *chat;            /* [2 * max_line_bytes + 4096] a rendered conversation */
-    size_t chat_cap;
+    prompt_builder pb;     /* GEN's text to ids; its input is at most two lines */
     char *metrics_text;    /* [SRV_METRICS_CAP] */
-    int chat_kind;
     int draining, restart;
-    ladder lad;            /* the degrade ladder (level: lad.level) */
-    int64_t ladder_timer;
+    drive drv;             /* the engine on the loop; the ladder is drv.lad */
     int64_t drain_since_ms; /* when draining began; 0: not draining */
     int drain_expired;     /* drain_timeout_ms passed: the rest were ended */
-    double finish_rate;    /* requests finished per second, smoothed (shedding's retry_after) */
-    int64_t finished_total, finished_seen, rate_ms;
     int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
-    int fault_drop_step;   /* test fault (kilnd --faults): lose the next step's completion */
-    int fault_slow_ms, fault_slow_n; /* FAULT slow_step: the next n completions come ms late */
     int fault_write_n;     /* FAULT write_fail: the next n session writes fail (a reset) */
     int64_t fault_kv_until; /* FAULT kv_fail: every KV block allocation fails until then */
-    int64_t slow_timer;
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
-    int64_t t_start_ms, step_start_ms;
-    int64_t sweep_timer, retry_timer;
+    int64_t t_start_ms;
+    int64_t sweep_timer;
     int64_t requests_total;
     eng_stats last;        /* engine counters already added to the metrics */
     /* metric handles */
@@ -151,9 +145,7 @@ struct srv {
 
 static double now_s(void) { return (double)loop_now_us() * 1e-6; }
 
-static int retry_after_ms(const srv *s);
 static int fault_arm(srv *s, const char *what, const proto_line *l);
-static void ladder_apply(srv *s);
 static void drain_expire(srv *s);
 static void verb_update(srv_sess *ss, const proto_line *l);
 static void verb_reboot(srv_sess *ss);
@@ -445,7 +437,7 @@ static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_us
         }
     }
     if (++r->n_done < r->n) return;
-    s->finished_total++;
+    drive_note_finished(&s->drv);
     if (ss) req_unlink(ss, r);
     r->sess = NULL;
     r->next = s->free_reqs;
@@ -454,14 +446,8 @@ static void on_finish(void *ud, int64_t id, int sample, int reason, const eng_us
 
 /* ------------------------------------------------------------------ driving the engine */
 
-static int64_t retry_step(loop_t *l, int64_t id, void *ud) {
-    (void)l, (void)id;
-    srv *s = ud;
-    s->retry_timer = 0;
-    kick(s);
-    return LOOP_NOMORE;
-}
-
+/* The loop's before-sleep hook: what the callbacks buffered leaves, one write per
+ * session, before the loop waits again. */
 static void flush_dirty(srv *s) {
     while (s->dirty) {
         srv_sess *ss = s->dirty;
@@ -472,58 +458,25 @@ static void flush_dirty(srv *s) {
     }
 }
 
-/* Start a step when work is pending and none runs; stop the loop when draining is
- * done. */
+static void before_sleep(loop_t *l, void *ud) {
+    (void)l;
+    flush_dirty(ud);
+}
+
 static void kick(srv *s) {
-    if (!s->eng || eng_busy(s->eng)) return;
-    if (eng_pending(s->eng)) {
-        int r = eng_step_begin(s->eng);
-        if (r == 1) s->step_start_ms = loop_now_ms();
-        if (r < 0 && !s->retry_timer) {
-            srv_log(s, CFG_LOG_ERROR, "step failed to start (%d); retrying", r);
-            s->retry_timer = loop_timer_add(s->env.loop, 100, retry_step, s);
-        }
-        return;
-    }
-    if (s->stopping && !s->goodbye_ms) { /* drained: close every session, then stop */
-        s->goodbye_ms = loop_now_ms() + SRV_GOODBYE_MS;
-        for (srv_sess *ss = s->sessions; ss; ss = ss->next) sess_close(ss);
-        flush_dirty(s);
-    }
+    if (s->drv.eng) drive_kick(&s->drv);
 }
 
-/* The step's results: sample, stream, retire, start the next. */
-static void step_finished(srv *s) {
-    if (eng_step_end(s->eng) < 0) srv_log(s, CFG_LOG_ERROR, "step failed: %s", s->env.be->err);
+/* Nothing left to run: when draining is done, close every session, then stop. */
+static void on_idle(void *ud, int pending) {
+    srv *s = ud;
+    if (pending || !s->stopping || s->goodbye_ms) return;
+    s->goodbye_ms = loop_now_ms() + SRV_GOODBYE_MS;
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next) sess_close(ss);
     flush_dirty(s);
-    kick(s);
 }
 
-static int64_t slow_step_done(loop_t *l, int64_t id, void *ud) {
-    (void)l, (void)id;
-    srv *s = ud;
-    s->slow_timer = 0;
-    step_finished(s);
-    return LOOP_NOMORE;
-}
-
-static void on_step_done(loop_t *l, int fd, void *ud, int mask) {
-    (void)l, (void)fd, (void)mask;
-    srv *s = ud;
-    if (s->slow_timer) return; /* a slowed step is already done, its results held back */
-    if (s->env.be->ops->poll(s->env.be) == 0) return; /* a stale wakeup */
-    if (s->fault_drop_step) { /* as if the step never ended: the engine stays busy */
-        srv_log(s, CFG_LOG_WARN, "fault: a step's completion dropped");
-        return;
-    }
-    if (s->fault_slow_n > 0) { /* as a slow device: the results come fault_slow_ms late */
-        s->fault_slow_n--;
-        s->slow_timer = loop_timer_add(s->env.loop, s->fault_slow_ms, slow_step_done, s);
-        if (s->slow_timer > 0) return;
-        s->slow_timer = 0;
-    }
-    step_finished(s);
-}
+static void on_drive_log(void *ud, int level, const char *msg) { srv_log(ud, level, "%s", msg); }
 
 /* ------------------------------------------------------------------ verbs */
 
@@ -552,23 +505,6 @@ static srv_req *find_req(srv_sess *ss, const char *id) {
     return NULL;
 }
 
-/* The prompt's token ids in s->prompt: the chat template applied when asked. */
-static int build_prompt(srv *s, const proto_gen *g) {
-    const char *text = g->prompt;
-    size_t len = g->prompt_len;
-    if (g->chat) {
-        chat_msg msgs[2];
-        int n = 0;
-        if (g->system) msgs[n++] = (chat_msg){"system", g->system};
-        if (g->prompt_len || !g->system) msgs[n++] = (chat_msg){"user", g->prompt};
-        int k = chat_format(s->chat_kind, msgs, n, 1, s->chat, s->chat_cap);
-        if (k < 0) return -1;
-        text = s->chat, len = (size_t)k;
-    }
-    int cap = s->cfg.net.max_line_bytes * 2 + 4096 + 2;
-    return tok_encode(s->env.tok, text, len, g->chat, s->prompt, cap);
-}
-
 static void verb_gen(srv_sess *ss, const proto_line *l) {
     srv *s = ss->s;
     proto_gen g;
@@ -579,8 +515,8 @@ static void verb_gen(srv_sess *ss, const proto_line *l) {
         return;
     }
     if (s->draining) { sess_err(ss, g.id, 503, "draining", "the server is draining"); return; }
-    if (s->lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
-        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, retry_after_ms(s));
+    if (s->drv.lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
+        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, drive_retry_after_ms(&s->drv));
         met_inc(s->met, s->m_rejected, 1);
         met_inc(s->met, s->m_shed, 1);
         return;
@@ -591,8 +527,9 @@ static void verb_gen(srv_sess *ss, const proto_line *l) {
         return;
     }
     if (g.n > SRV_MAX_N) { sess_err(ss, g.id, 400, "bad_request", "n is too large"); return; }
-    int n_prompt = build_prompt(s, &g);
-    if (n_prompt < 0) { sess_err(ss, g.id, 400, "bad_request", "cannot build the prompt"); return; }
+    prompt_req pr = {g.system, g.prompt, g.prompt_len, g.chat, 0};
+    int n_prompt = prompt_build(&s->pb, &pr);
+    if (n_prompt < 0) { sess_err(ss, g.id, 400, "bad_request", prompt_strerror(n_prompt)); return; }
     if (n_prompt == 0) { sess_err(ss, g.id, 400, "bad_request", "the prompt is empty"); return; }
     int max_tokens = g.set & PG_MAX_TOKENS ? g.max_tokens : s->cfg.engine.default_max_tokens;
     if (n_prompt + max_tokens > s->env.max_seq_len) {
@@ -608,7 +545,7 @@ static void verb_gen(srv_sess *ss, const proto_line *l) {
         return;
     }
     eng_params ep = {0};
-    ep.prompt = s->prompt, ep.n_prompt = n_prompt, ep.n = g.n, ep.ud = r;
+    ep.prompt = s->pb.ids, ep.n_prompt = n_prompt, ep.n = g.n, ep.ud = r;
     ep.stops = g.stops, ep.n_stops = g.n_stops;
     ep.ignore_eog = g.ignore_eos, ep.logprobs = g.logprobs;
     ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
@@ -665,15 +602,15 @@ static void verb_cancel(srv_sess *ss, const proto_line *l) {
 }
 
 static int live(const srv *s) {
-    return !eng_busy(s->eng) || loop_now_ms() - s->step_start_ms < s->cfg.engine.step_timeout_ms;
+    return drive_step_age_ms(&s->drv) < s->cfg.engine.step_timeout_ms;
 }
-static int ready(const srv *s) { return !s->draining && s->lad.level < LADDER_SHED; }
+static int ready(const srv *s) { return !s->draining && s->drv.lad.level < LADDER_SHED; }
 
 int srv_health(const srv *s, char *out, size_t cap) {
     eng_stats st;
     eng_get_stats(s->eng, &st);
     return snprintf(out, cap, "HEALTH live=%d ready=%d level=%d running=%d waiting=%d draining=%d",
-                    live(s), ready(s), s->lad.level, st.running, st.waiting, s->draining);
+                    live(s), ready(s), s->drv.lad.level, st.running, st.waiting, s->draining);
 }
 
 int srv_stats(const srv *s, char *out, size_t cap) {
@@ -723,9 +660,9 @@ static int render_metrics(srv *s) {
     met_set(s->met, s->m_running, st.running);
     met_set(s->met, s->m_waiting, st.waiting);
     met_set(s->met, s->m_kv, total ? (double)used / total : 0.0);
-    met_set(s->met, s->m_level, s->lad.level);
-    met_set(s->met, s->m_batch, s->lad.batch);
-    met_set(s->met, s->m_pressure, s->lad.pressure);
+    met_set(s->met, s->m_level, s->drv.lad.level);
+    met_set(s->met, s->m_batch, s->drv.lad.batch);
+    met_set(s->met, s->m_pressure, s->drv.lad.pressure);
     set_kv8_metrics(s);
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, live(s));
@@ -776,17 +713,16 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
         if (lv) {
             int want = !strcmp(lv->s, "auto") ? -1 : lv->len == 1 && lv->s[0] >= '0' && lv->s[0] <= '3'
                                                          ? lv->s[0] - '0' : -2;
-            if (want == -2 || ladder_pin(&s->lad, want) < 0) {
+            if (want == -2 || drive_ladder_pin(&s->drv, want) < 0) {
                 sess_err(ss, "-", 400, "bad_request", "usage: LADDER [level=0|1|2|3|auto]");
                 return;
             }
             srv_log(s, CFG_LOG_WARN, "ladder %s by session %d", want < 0 ? "back to automatic" : "pinned",
                     ss->num);
-            ladder_apply(s);
         }
         sess_printf(ss, "LADDER level=%d name=%s pinned=%d batch=%d pressure=%.3f kv8=%d kv8_blocks=%d\n",
-                    s->lad.level, ladder_names[s->lad.level], s->lad.pinned >= 0, s->lad.batch,
-                    s->lad.pressure, s->lad.cfg.has_kv8, kv_q8_blocks(s->env.kv));
+                    s->drv.lad.level, ladder_names[s->drv.lad.level], s->drv.lad.pinned >= 0, s->drv.lad.batch,
+                    s->drv.lad.pressure, s->drv.lad.cfg.has_kv8, kv_q8_blocks(s->env.kv));
     } else if (!strcmp(verb, "CONFIG")) {
         verb_config(ss, l);
     } else if (!strcmp(verb, "UPDATE")) {
@@ -801,7 +737,7 @@ static void verb_admin(srv_sess *ss, const char *verb, const proto_line *l) {
         if (!s->env.faults) {
             sess_err(ss, "-", 403, "forbidden", "fault injection is off (kilnd serve --faults)");
         } else if (l->n_pos == 1 && !strcmp(l->pos[0].s, "drop_step")) {
-            s->fault_drop_step = 1;
+            drive_fault_drop(&s->drv);
             srv_log(s, CFG_LOG_WARN, "fault drop_step armed by session %d", ss->num);
             sess_printf(ss, "OK fault=drop_step\n");
         } else if (l->n_pos == 1 && fault_arm(s, l->pos[0].s, l) == 0) {
@@ -1011,10 +947,9 @@ static void sess_free(srv_sess *ss) {
  * now, the connections close, and kilnd exits for its supervisor to restart it. */
 static void step_hung(srv *s) {
     srv_log(s, CFG_LOG_ERROR, "a step has run %lld ms (step_timeout_ms %d): restarting",
-            (long long)(loop_now_ms() - s->step_start_ms), s->cfg.engine.step_timeout_ms);
+            (long long)drive_step_age_ms(&s->drv), s->cfg.engine.step_timeout_ms);
     s->hung = s->restart = s->draining = s->stopping = 1;
-    ladder_restart(&s->lad);
-    ladder_apply(s);
+    drive_ladder_restart(&s->drv);
     for (srv_sess *ss = s->sessions; ss; ss = ss->next) {
         for (srv_req *r = ss->reqs; r; r = r->next) {
             sess_err(ss, r->id, 503, "restarting", "the engine stopped responding; retry");
@@ -1219,7 +1154,7 @@ static int fault_arm(srv *s, const char *what, const proto_line *l) {
     long v_ms = ms ? strtol(ms->s, NULL, 10) : 0, v_n = count ? strtol(count->s, NULL, 10) : 1;
     if (v_ms < 0 || v_ms > 600000 || v_n < 1 || v_n > 1000000) return -1;
     if (!strcmp(what, "slow_step") && ms) {
-        s->fault_slow_ms = (int)v_ms, s->fault_slow_n = (int)v_n;
+        drive_fault_slow(&s->drv, (int)v_ms, (int)v_n);
     } else if (!strcmp(what, "kv_fail") && ms) {
         s->fault_kv_until = loop_now_ms() + v_ms;
         kv_fail_from(s->env.kv, 1);
@@ -1233,75 +1168,25 @@ static int fault_arm(srv *s, const char *what, const proto_line *l) {
 
 /* ------------------------------------------------------------------ the degrade ladder */
 
-/* What a shed client should wait: the work ahead of it (running and waiting requests)
- * at the rate requests have been finishing (DESIGN.md §5), from SRV_RETRY_MS (also what
- * it says with nothing ahead or nothing finished yet) up to 60 s. */
-static int retry_after_ms(const srv *s) {
-    if (s->finish_rate <= 0) return SRV_RETRY_MS;
-    eng_stats st;
-    eng_get_stats(s->eng, &st);
-    double ms = 1000.0 * (st.running + st.waiting) / s->finish_rate;
-    return ms < SRV_RETRY_MS ? SRV_RETRY_MS : ms > 60000 ? 60000 : (int)ms;
-}
-
-/* The ladder decided: tell the engine, log each transition, count it. */
-static void ladder_apply(srv *s) {
-    eng_set_max_batch(s->eng, s->lad.batch);
-    /* rung 2 and above: full blocks turn to 8 bits (shedding keeps compacting) */
-    eng_set_kv8(s->eng, s->lad.level >= LADDER_COMPACT && s->lad.level < LADDER_RESTART);
+/* After each tick of the ladder (sched/drive.c): its pressure, and when it moved, each
+ * transition logged and counted. */
+static void on_ladder_tick(void *ud, int moved) {
+    srv *s = ud;
+    const ladder *lad = &s->drv.lad;
+    met_set(s->met, s->m_pressure, lad->pressure);
+    if (!moved) return;
     for (int f = 0; f < LADDER_LEVELS; f++)
         for (int t = 0; t < LADDER_LEVELS; t++) {
             if (f == t) continue;
-            uint64_t n = s->lad.transitions[f][t], seen = (uint64_t)met_value(s->met, s->m_trans[f][t]);
+            uint64_t n = lad->transitions[f][t], seen = (uint64_t)met_value(s->met, s->m_trans[f][t]);
             if (n <= seen) continue;
             met_inc(s->met, s->m_trans[f][t], (double)(n - seen));
             srv_log(s, CFG_LOG_WARN, "ladder: %d (%s) -> %d (%s): pressure %.3f, batch %d%s", f,
-                    ladder_names[f], t, ladder_names[t], s->lad.pressure, s->lad.batch,
-                    t == LADDER_COMPACT && !s->lad.cfg.has_kv8 ? ", no 8-bit KV here: passed through" : "");
+                    ladder_names[f], t, ladder_names[t], lad->pressure, lad->batch,
+                    t == LADDER_COMPACT && !lad->cfg.has_kv8 ? ", no 8-bit KV here: passed through" : "");
         }
-    met_set(s->met, s->m_level, s->lad.level);
-    met_set(s->met, s->m_batch, s->lad.batch);
-}
-
-/* What the ladder acts on: the share of KV blocks in use (cached blocks count as free).
- * Not the queue: shrinking the batch moves demand from the pool to the queue, and a
- * pressure that counted both would never fall, locking the box at batch 1 and shedding
- * (the soak saw it). So rung 3 is reached when even one sequence at batch 1 fills the
- * pool past ladder_high (long contexts on a small pool); plain overload is the queue
- * limits' business (503 with retry_after_ms at admission). The pinned staging pool is
- * carved at start for the largest step and cannot run short, so it adds nothing. */
-static double pressure(const srv *s) {
-    const kv_pool *kv = s->env.kv;
-    int total = kv->cfg.n_blocks;
-    return total ? (double)(total - kv_free_blocks(kv)) / total : 0.0;
-}
-
-/* Every ladder_tick_ms: the pressure and the finishing rate. */
-static int64_t ladder_tick_cb(loop_t *l, int64_t id, void *ud) {
-    (void)l, (void)id;
-    srv *s = ud;
-    int64_t now = loop_now_ms();
-    if (now - s->rate_ms >= 1000) { /* only busy seconds count: idling is not slowness */
-        eng_stats st;
-        eng_get_stats(s->eng, &st);
-        double r = (double)(s->finished_total - s->finished_seen) * 1000.0 / (double)(now - s->rate_ms);
-        if (r > 0 || st.running > 0)
-            s->finish_rate = s->finish_rate > 0 ? 0.7 * s->finish_rate + 0.3 * r : r;
-        s->finished_seen = s->finished_total, s->rate_ms = now;
-    }
-    double p = pressure(s);
-    met_set(s->met, s->m_pressure, p);
-    /* rung 2 still turning blocks to 8 bits: hold there (no climb, no descent) until it
-     * has freed what it can */
-    double seen = s->lad.level == LADDER_COMPACT && eng_kv8_working(s->eng) && p > s->lad.cfg.up
-                      ? s->lad.cfg.up : p;
-    int moved = ladder_tick(&s->lad, seen, now);
-    s->lad.pressure = p; /* shown as it is, whatever the hold */
-    if (moved) {
-        ladder_apply(s);
-        kick(s);
-    }
-    return s->cfg.engine.ladder_tick_ms;
+    met_set(s->met, s->m_level, lad->level);
+    met_set(s->met, s->m_batch, lad->batch);
 }
 
 /* drain_timeout_ms has passed with requests still running: each ends with ERR 503
@@ -1327,7 +1212,7 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     (void)l, (void)id;
     srv *s = ud;
     int64_t now = loop_now_ms();
-    if (!s->hung && eng_busy(s->eng) && now - s->step_start_ms > s->cfg.engine.step_timeout_ms)
+    if (!s->hung && drive_step_age_ms(&s->drv) > s->cfg.engine.step_timeout_ms)
         step_hung(s);
     if (s->fault_kv_until && now >= s->fault_kv_until) { /* FAULT kv_fail: the window is over */
         s->fault_kv_until = 0;
@@ -1534,19 +1419,15 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     }
     s->n_req_slots = c->engine.max_queued_requests;
     s->reqs = calloc((size_t)s->n_req_slots, sizeof *s->reqs);
-    s->chat_cap = 2 * (size_t)c->net.max_line_bytes + 4096;
-    s->chat = malloc(s->chat_cap);
-    s->prompt = malloc(((size_t)c->net.max_line_bytes * 2 + 4096 + 2) * sizeof(int32_t));
     s->metrics_text = malloc(SRV_METRICS_CAP);
     s->met = met_new(64);
-    if (!s->reqs || !s->chat || !s->prompt || !s->metrics_text || !s->met || add_metrics(s) < 0) {
+    int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
+    if (prompt_init(&s->pb, env->tok, chat_kind, 2 * (size_t)c->net.max_line_bytes) < 0 || !s->reqs ||
+        !s->metrics_text || !s->met || add_metrics(s) < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     for (int i = s->n_req_slots - 1; i >= 0; i--) s->reqs[i].next = s->free_reqs, s->free_reqs = &s->reqs[i];
-    s->chat_kind = c->model.chat_template == CFG_TEMPLATE_CHATML   ? CHAT_CHATML
-                   : c->model.chat_template == CFG_TEMPLATE_LLAMA3 ? CHAT_LLAMA3
-                                                                  : chat_detect(&env->m->gguf);
     eng_config ec = {.max_batch_size = c->engine.max_batch_size,
                      .max_batched_tokens = c->engine.max_batched_tokens,
                      .max_seq_len = env->max_seq_len,
@@ -1556,10 +1437,12 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
                      .prefix_caching = c->engine.prefix_caching};
     eng_callbacks cb = {on_token, on_finish};
     if (!(s->eng = eng_new(&ec, env->m, env->tok, env->kv, env->be, &cb, err, errlen))) goto fail;
-    if (loop_fd_add(env->loop, env->be->ops->event_fd(env->be), LOOP_READ, on_step_done, s) < 0) {
+    drive_hooks dh = {.idle = on_idle, .log = on_drive_log, .ladder_tick = on_ladder_tick, .ud = s};
+    if (drive_init(&s->drv, env->loop, s->eng, env->be, env->kv, &dh) < 0) {
         snprintf(err, errlen, "cannot watch the backend's event fd");
         goto fail;
     }
+    loop_set_before_sleep(env->loop, before_sleep, s);
     if (net_listen(env->net, c->net.listen_host, c->net.listen_port, on_accept, s, e2, sizeof e2) < 0) {
         snprintf(err, errlen, "listen %s:%d: %s", c->net.listen_host, c->net.listen_port, e2);
         goto fail;
@@ -1575,12 +1458,12 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
      * [engine] kv_8bit); elsewhere it passes through to shedding. */
     ladder_config lc = {c->engine.ladder_high, c->engine.ladder_low, c->engine.ladder_hold_ms,
                         c->engine.max_batch_size, env->kv->cfg.kv8};
-    if (ladder_init(&s->lad, &lc) < 0) {
-        snprintf(err, errlen, "[engine] ladder_low must be below ladder_high");
+    int lr = drive_ladder_start(&s->drv, &lc, c->engine.ladder_tick_ms);
+    if (lr < 0) {
+        snprintf(err, errlen, lr == -EINVAL ? "[engine] ladder_low must be below ladder_high"
+                                            : "no timer for the ladder");
         goto fail;
     }
-    s->ladder_timer = loop_timer_add(env->loop, c->engine.ladder_tick_ms, ladder_tick_cb, s);
-    if (s->ladder_timer < 0) { snprintf(err, errlen, "no timer for the ladder"); goto fail; }
     return s;
 fail:
     srv_free(s);
@@ -1593,14 +1476,13 @@ void srv_free(srv *s) {
     if (upd_busy(&s->up)) upd_abort(&s->up);
     while (s->https) http_done(s->https, 1);
     if (s->sweep_timer > 0) loop_timer_del(s->env.loop, s->sweep_timer);
-    if (s->ladder_timer > 0) loop_timer_del(s->env.loop, s->ladder_timer);
-    if (s->slow_timer > 0) loop_timer_del(s->env.loop, s->slow_timer);
-    if (s->retry_timer > 0) loop_timer_del(s->env.loop, s->retry_timer);
-    if (s->eng) loop_fd_del(s->env.loop, s->env.be->ops->event_fd(s->env.be), LOOP_READ);
+    if (s->drv.loop) loop_set_before_sleep(s->env.loop, NULL, NULL);
+    drive_free(&s->drv);
     eng_free(s->eng);
     tls_server_free(s->tls);
     met_free(s->met);
-    free(s->reqs), free(s->chat), free(s->prompt), free(s->metrics_text);
+    prompt_free(&s->pb);
+    free(s->reqs), free(s->metrics_text);
     free(s);
 }
 

@@ -45,6 +45,7 @@ struct eng_req {
     int client;          /* eng_params.client */
     eng_seq *seqs[ENG_MAX_N];
     void *ud;
+    float *first_logits; /* eng_params.first_logits */
     double t_arrival;
 };
 
@@ -260,6 +261,7 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
     r->id = e->next_id++, r->n = p->n, r->ud = p->ud, r->t_arrival = now_s();
     r->ignore_eog = p->ignore_eog;
     r->logprobs = p->logprobs;
+    r->first_logits = p->first_logits;
     r->client = p->client;
     e->next_order++;
     for (int i = 0; i < p->n; i++) {
@@ -606,6 +608,8 @@ static void fork_samples(engine *e, eng_seq *s) {
 /* Sample the next token of s from its logits row, stream it, retire s if done. */
 static void advance(engine *e, eng_seq *s, const float *logits) {
     const int nv = e->m->cfg.n_vocab;
+    if (s->n_gen == 0 && s->sample == 0 && s->req->first_logits)
+        memcpy(s->req->first_logits, logits, (size_t)nv * sizeof(float));
     memcpy(e->scratch, logits, (size_t)nv * sizeof(float));
     float lp = 0.0f;
     int32_t tok = sampler_sample(&s->smp, e->scratch, s->req->logprobs ? &lp : NULL);

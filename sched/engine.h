@@ -71,6 +71,9 @@ typedef struct {
     int client;            /* who asked (the server's connection): waiting requests are
                             * admitted fewest-running-client first, so one client with
                             * many requests cannot starve the others; 0 for all = FIFO */
+    float *first_logits;   /* NULL, or n_vocab floats that get the logits the first token
+                            * is sampled from (the prompt's last position: kilnd generate
+                            * --dump-logits, compared with a reference) */
 } eng_params;
 
 typedef struct engine engine;

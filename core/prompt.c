@@ -1,0 +1,65 @@
+/* prompt: a request's text to token ids (core/prompt.h). */
+#include "core/prompt.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/chat.h"
+#include "core/config.h"
+
+int prompt_chat_kind(const gguf_file *f, int cfg_template) {
+    if (cfg_template == CFG_TEMPLATE_CHATML) return CHAT_CHATML;
+    if (cfg_template == CFG_TEMPLATE_LLAMA3) return CHAT_LLAMA3;
+    return chat_detect(f);
+}
+
+int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_input) {
+    memset(pb, 0, sizeof *pb);
+    if (max_input > (size_t)INT32_MAX / 2) return -ENOMEM;
+    pb->tok = tok, pb->chat_kind = chat_kind;
+    pb->text_cap = max_input + PROMPT_TEMPLATE_MAX;
+    pb->ids_cap = (int)pb->text_cap + 2; /* tok_encode needs at most len + 2 */
+    pb->text = malloc(pb->text_cap);
+    pb->ids = malloc((size_t)pb->ids_cap * sizeof *pb->ids);
+    if (!pb->text || !pb->ids) {
+        prompt_free(pb);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void prompt_free(prompt_builder *pb) {
+    free(pb->text);
+    free(pb->ids);
+    memset(pb, 0, sizeof *pb);
+}
+
+int prompt_build(prompt_builder *pb, const prompt_req *r) {
+    const char *text = r->user;
+    size_t len = r->user_len;
+    size_t sys_len = r->chat && r->system ? strlen(r->system) : 0;
+    if (len + sys_len + PROMPT_TEMPLATE_MAX > pb->text_cap) return PROMPT_ESPACE;
+    if (r->chat) {
+        chat_msg msgs[2];
+        int n = 0;
+        if (r->system) msgs[n++] = (chat_msg){"system", r->system};
+        /* a system message alone is a conversation too; an empty user turn is not added */
+        if (len || !r->system) msgs[n++] = (chat_msg){"user", r->user};
+        int k = chat_format(pb->chat_kind, msgs, n, 1, pb->text, pb->text_cap);
+        if (k == CHAT_ESPACE) return PROMPT_ESPACE;
+        if (k < 0) return PROMPT_ETEMPLATE;
+        text = pb->text, len = (size_t)k;
+    }
+    int n = tok_encode(pb->tok, text, len, r->chat || r->special, pb->ids, pb->ids_cap);
+    return n < 0 ? PROMPT_ETOKENIZE : n;
+}
+
+const char *prompt_strerror(int code) {
+    switch (code) {
+    case PROMPT_ETEMPLATE: return "cannot apply the chat template";
+    case PROMPT_ESPACE: return "the prompt is too long";
+    case PROMPT_ETOKENIZE: return "tokenizing the prompt failed";
+    default: return "cannot build the prompt";
+    }
+}

@@ -1,0 +1,53 @@
+/* prompt: a request's text to the token ids the engine runs, the one path every caller
+ * takes (the server's GEN, kilnd generate, bench-engine's prompt files), so they cannot
+ * disagree on the template or on which text may name special tokens.
+ *
+ * With chat on, the system message (if any) and the user text are rendered through the
+ * model's chat template (core/chat.h) and the result is tokenized with special-token
+ * texts parsed, since the template's markup is made of them. Plain text parses them
+ * only when the caller asks (kilnd tokenize --special, generate --special). A prompt
+ * builder owns its scratch: nothing is allocated per request. */
+#ifndef KILN_PROMPT_H
+#define KILN_PROMPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/gguf.h"
+#include "core/tokenizer.h"
+
+#define PROMPT_TEMPLATE_MAX 4096 /* bytes a chat template adds around the messages */
+
+enum { PROMPT_ETEMPLATE = -1, PROMPT_ESPACE = -2, PROMPT_ETOKENIZE = -3 };
+
+typedef struct {
+    const tok_t *tok;
+    int chat_kind;   /* CHAT_* the template requests render with */
+    char *text;      /* [text_cap] the rendered conversation */
+    size_t text_cap;
+    int32_t *ids;    /* [ids_cap] the last prompt_build's ids */
+    int ids_cap;
+} prompt_builder;
+
+typedef struct {
+    const char *system; /* NUL-terminated; NULL: none (chat only) */
+    const char *user;   /* NUL-terminated UTF-8 (any bytes without chat) */
+    size_t user_len;
+    int chat;           /* render through the chat template */
+    int special;        /* plain text: special-token texts become their ids */
+} prompt_req;
+
+/* The template kind for [model] chat_template (CFG_TEMPLATE_*): the configured one, or
+ * with `auto` the one the GGUF's tokenizer.chat_template names. */
+int prompt_chat_kind(const gguf_file *f, int cfg_template);
+/* Scratch for prompts whose system and user texts add up to max_input bytes. 0 or
+ * -ENOMEM. */
+int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_input);
+void prompt_free(prompt_builder *pb);
+/* The prompt's ids in pb->ids: their count, or PROMPT_E* (an input over max_input is
+ * PROMPT_ESPACE). */
+int prompt_build(prompt_builder *pb, const prompt_req *r);
+/* One line for a PROMPT_E* code. */
+const char *prompt_strerror(int code);
+
+#endif
