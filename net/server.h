@@ -9,8 +9,11 @@
  * A disconnect cancels its requests; their KV blocks return to the pool.
  *
  * The server owns the engine (created over the caller's model, tokenizer, KV pool and
- * backend) and drives it: a step is submitted whenever work is pending and none runs;
- * the backend's event fd says when it finished. */
+ * backend); the driver (sched/drive.h) runs it on the loop and ticks the degrade ladder.
+ * The server's files: server.c (setup, health, stats, metrics, the sweep), srv_sess.c
+ * (tokens, output, connections, line input), srv_verbs.c (the verb table), srv_gen.c
+ * (GEN, CANCEL), srv_update.c (UPDATE, REBOOT), srv_fault.c (FAULT), srv_http.c (the
+ * metrics_port listener); srv_int.h is their private header. */
 #ifndef KILN_SERVER_H
 #define KILN_SERVER_H
 

@@ -1,0 +1,163 @@
+/* srv_gen: GEN and CANCEL: a request from a line, its tokens streamed back as TOK lines, END
+ * with its usage, through the engine's callbacks. */
+#include "net/srv_int.h"
+
+void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len,
+                     float lp) {
+    (void)id;
+    srv_req *r = ud;
+    srv *s = r->owner;
+    double t = now_s();
+    if (tok >= 0 && r->t_last[sample] > 0) met_observe(s->met, s->m_itl, t - r->t_last[sample]);
+    if (tok >= 0) r->t_last[sample] = t;
+    srv_sess *ss = r->sess;
+    if (!ss || len <= 0) return; /* nothing to show yet (held back), or nobody to show it to */
+    sess_printf(ss, "TOK %s ", r->id);
+    sess_quote(ss, text, (size_t)len);
+    if (r->n > 1) sess_printf(ss, " sample=%d", sample);
+    if (r->logprobs && tok >= 0) sess_printf(ss, " token=%d logprob=%.6g", tok, lp);
+    sess_printf(ss, "\n");
+}
+
+static void req_unlink(srv_sess *ss, srv_req *r) {
+    for (srv_req **p = &ss->reqs; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            ss->n_reqs--;
+            return;
+        }
+}
+
+void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u,
+                      const char *msg) {
+    (void)id;
+    srv_req *r = ud;
+    srv_sess *ss = r->sess;
+    srv *s = r->owner;
+    static const char *const reasons[] = {"stop", "length", "cancelled", "error"};
+    met_inc(s->met, s->m_reason[reason], 1);
+    met_observe(s->met, s->m_e2e, u->e2e_s);
+    if (u->completion_tokens > 0) met_observe(s->met, s->m_ttft, u->ttft_s);
+    if (ss) {
+        if (reason == EF_ERROR) {
+            if (!r->failed++) sess_err(ss, r->id, 500, "internal", msg);
+        } else if (!r->failed) {
+            double tpot = u->completion_tokens > 1
+                              ? (u->e2e_s - u->ttft_s) / (u->completion_tokens - 1) : 0.0;
+            sess_printf(ss, "END %s reason=%s prompt_tokens=%d completion_tokens=%d cached_tokens=%d "
+                        "ttft_ms=%.1f tpot_ms=%.2f e2e_ms=%.1f",
+                        r->id, reasons[reason], u->prompt_tokens, u->completion_tokens,
+                        u->cached_tokens, u->ttft_s * 1e3, tpot * 1e3, u->e2e_s * 1e3);
+            if (r->n > 1) sess_printf(ss, " sample=%d", sample);
+            sess_printf(ss, "\n");
+        }
+    }
+    if (++r->n_done < r->n) return;
+    drive_note_finished(&s->drv);
+    if (ss) req_unlink(ss, r);
+    r->sess = NULL;
+    r->next = s->free_reqs;
+    s->free_reqs = r;
+}
+
+static srv_req *gen_find_req(srv_sess *ss, const char *id) {
+    for (srv_req *r = ss->reqs; r; r = r->next)
+        if (!strcmp(r->id, id)) return r;
+    return NULL;
+}
+
+void verb_gen(srv_sess *ss, const proto_line *l) {
+    srv *s = ss->s;
+    proto_gen g;
+    char err[256];
+    if (proto_gen_parse(l, &g, err, sizeof err) < 0) {
+        const proto_str *id = proto_get(l, "id");
+        sess_err(ss, id && proto_id_ok(id->s, id->len) ? id->s : "-", 400, "bad_request", err);
+        return;
+    }
+    if (s->draining) { sess_err(ss, g.id, 503, "draining", "the server is draining"); return; }
+    if (s->drv.lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
+        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, drive_retry_after_ms(&s->drv));
+        met_inc(s->met, s->m_rejected, 1);
+        met_inc(s->met, s->m_shed, 1);
+        return;
+    }
+    if (gen_find_req(ss, g.id)) { sess_err(ss, g.id, 409, "duplicate_id", "that id is in flight"); return; }
+    if (ss->n_reqs >= s->cfg.net.max_requests_per_conn) {
+        sess_err(ss, g.id, 429, "too_many", "too many requests in flight on this connection");
+        return;
+    }
+    if (g.n > SRV_MAX_N) { sess_err(ss, g.id, 400, "bad_request", "n is too large"); return; }
+    prompt_req pr = {g.system, g.prompt, g.prompt_len, g.chat, 0};
+    int n_prompt = prompt_build(&s->pb, &pr);
+    if (n_prompt < 0) { sess_err(ss, g.id, 400, "bad_request", prompt_strerror(n_prompt)); return; }
+    if (n_prompt == 0) { sess_err(ss, g.id, 400, "bad_request", "the prompt is empty"); return; }
+    int max_tokens = g.set & PG_MAX_TOKENS ? g.max_tokens : s->cfg.engine.default_max_tokens;
+    if (n_prompt + max_tokens > s->env.max_seq_len) {
+        snprintf(err, sizeof err, "prompt (%d tokens) + max_tokens (%d) exceeds the context (%d)",
+                 n_prompt, max_tokens, s->env.max_seq_len);
+        sess_err(ss, g.id, 413, "too_long", err);
+        return;
+    }
+    srv_req *r = s->free_reqs;
+    if (!r) {
+        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, SRV_RETRY_MS);
+        met_inc(s->met, s->m_rejected, 1);
+        return;
+    }
+    eng_params ep = {0};
+    ep.prompt = s->pb.ids, ep.n_prompt = n_prompt, ep.n = g.n, ep.ud = r;
+    ep.stops = g.stops, ep.n_stops = g.n_stops;
+    ep.ignore_eog = g.ignore_eos, ep.logprobs = g.logprobs;
+    ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
+    sampler_params *sp = &ep.sp;
+    sampler_params_default(sp);
+    const kiln_config *c = &s->cfg;
+    sp->temperature = g.set & PG_TEMPERATURE ? g.temperature : (float)c->sampling.temperature;
+    sp->top_p = g.set & PG_TOP_P ? g.top_p : (float)c->sampling.top_p;
+    sp->top_k = g.set & PG_TOP_K ? g.top_k : c->sampling.top_k;
+    sp->min_p = g.set & PG_MIN_P ? g.min_p : (float)c->sampling.min_p;
+    sp->repeat_penalty = g.set & PG_REPEAT_PENALTY ? g.repeat_penalty : (float)c->sampling.repeat_penalty;
+    sp->repeat_last_n = g.repeat_last_n;
+    sp->presence_penalty = g.presence_penalty;
+    sp->frequency_penalty = g.frequency_penalty;
+    sp->seed = g.set & PG_SEED ? g.seed : c->sampling.seed;
+    sp->max_tokens = max_tokens;
+    if (max_tokens == 0) { /* nothing to generate: the usage alone */
+        sess_printf(ss, "END %s reason=length prompt_tokens=%d completion_tokens=0 cached_tokens=0 "
+                    "ttft_ms=0 tpot_ms=0 e2e_ms=0\n", g.id, n_prompt);
+        return;
+    }
+    int64_t eid = eng_submit(s->eng, &ep, err, sizeof err);
+    if (eid < 0) {
+        if (eid == -EAGAIN) {
+            sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, SRV_RETRY_MS);
+            met_inc(s->met, s->m_rejected, 1);
+        } else {
+            sess_err(ss, g.id, eid == -E2BIG ? 413 : 400, eid == -E2BIG ? "too_long" : "bad_request", err);
+        }
+        return;
+    }
+    s->free_reqs = r->next;
+    memset(r, 0, sizeof *r);
+    r->owner = s, r->sess = ss, r->eng_id = eid, r->n = g.n, r->logprobs = g.logprobs;
+    snprintf(r->id, sizeof r->id, "%s", g.id);
+    r->next = ss->reqs;
+    ss->reqs = r;
+    ss->n_reqs++;
+    s->requests_total++;
+    if (ss->paused) eng_pause(s->eng, eid, 1), r->paused = 1;
+    srv_kick(s);
+}
+
+void verb_cancel(srv_sess *ss, const proto_line *l) {
+    const proto_str *id = l->n_pos == 1 && l->n_kv == 0 ? &l->pos[0] : proto_get(l, "id");
+    if (!id || !proto_id_ok(id->s, id->len) || l->n_pos + l->n_kv != 1) {
+        sess_err(ss, "-", 400, "bad_request", "usage: CANCEL <id>");
+        return;
+    }
+    srv_req *r = gen_find_req(ss, id->s);
+    if (!r) { sess_err(ss, id->s, 404, "not_found", "no such request in flight"); return; }
+    eng_cancel(ss->s->eng, r->eng_id); /* END reason=cancelled comes from gen_on_finish */
+    srv_kick(ss->s);
+}

@@ -1,0 +1,195 @@
+/* srv_int: the server's private structures and the functions its files share (net/server.c,
+ * net/srv_*.c). Nothing outside net/server*.c and net/srv_*.c includes it. */
+#ifndef KILN_SRV_INT_H
+#define KILN_SRV_INT_H
+
+#include "net/server.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/prompt.h"
+#include "core/sampler.h"
+#include "net/http.h"
+#include "net/metrics.h"
+#include "net/proto.h"
+#include "net/tls.h"
+#include "net/update.h"
+#include "sched/drive.h"
+#include "sched/engine.h"
+#include "sched/ladder.h"
+
+#define SRV_MAX_N 8           /* samples per request (the engine's limit) */
+#define SRV_MAX_TOKENS 256    /* entries in the tokens file */
+#define SRV_TOKEN_MAX 128     /* bytes per token */
+#define SRV_LINGER_MS 2000    /* reading (and dropping) input after our close */
+#define SRV_SWEEP_MS 250      /* timeouts are checked this often */
+#define SRV_METRICS_CAP (256 * 1024)
+#define SRV_RETRY_MS DRIVE_SHED_MIN_MS /* retry_after_ms when the engine is full */
+_Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN == (int)CFG_LOG_WARN,
+               "the driver logs at the config's levels");
+#define SRV_EXIT_RESTART 75   /* EX_TEMPFAIL: the supervisor restarts kilnd */
+#define SRV_MAX_HTTP 16       /* scrapes and probes at once */
+#define SRV_HTTP_MS 10000     /* an HTTP request and its answer must fit in this */
+#define SRV_GOODBYE_MS 1500   /* after draining: time for the last lines to leave */
+#define SRV_UPD_BEGIN_MS 10000     /* kiln-init removes the slot's boot entry within this */
+#define SRV_UPD_ACTIVATE_MS 180000 /* ... and verifies and activates the slot within this */
+#define SRV_UPD_PROGRESS (1u << 20) /* an UPDATE progress line every this many bytes */
+#define SRV_UPD_SLICE (4u << 20)   /* update bytes taken per wakeup before the loop goes on */
+
+enum { ROLE_NONE, ROLE_USER, ROLE_ADMIN };
+enum { SS_TLS, SS_HELLO, SS_READY, SS_CLOSING };
+/* A network update: kiln-init clears the slot's entry (BEGIN), the bytes come (DATA),
+ * kiln-init verifies and activates (ACTIVATE). */
+enum { UP_IDLE, UP_BEGIN, UP_DATA, UP_ACTIVATE };
+
+typedef struct srv_sess srv_sess;
+
+/* One GEN: the engine's request and where its lines go. */
+typedef struct srv_req {
+    struct srv *owner;
+    srv_sess *sess;        /* NULL once the connection is gone */
+    int64_t eng_id;
+    char id[PROTO_ID_MAX + 1];
+    int n, n_done, logprobs, paused;
+    int failed;            /* ERR sent: the other samples end silently */
+    double t_last[SRV_MAX_N]; /* the previous token's time, per sample */
+    struct srv_req *next;  /* the session's list, or the free list */
+} srv_req;
+
+struct srv_sess {
+    srv *s;
+    net_conn *c;
+    tls_conn *tls;
+    int state, role, num;
+    char *in;              /* the line being received */
+    size_t in_len, in_cap;
+    char *out;             /* unsent output: out[out_head, out_len) */
+    size_t out_head, out_len, out_cap;
+    int close_when_flushed;
+    int broken;            /* output could not be buffered: reset at the next flush */
+    int paused;            /* its requests are paused for output room */
+    srv_req *reqs;
+    int n_reqs;
+    int64_t deadline_ms;   /* handshake + HELLO, or the linger after our close */
+    int64_t last_rx_ms;
+    srv_sess *prev, *next; /* every session */
+    srv_sess *next_dirty;  /* output to flush after the step */
+    int dirty;
+    uint64_t raw_left;     /* bytes of an UPDATE still to come: data, not lines */
+    int64_t resume_timer;  /* reading resumes here after an update slice */
+};
+
+/* An HTTP connection on metrics_port: one request, one response, close. */
+typedef struct srv_http {
+    struct srv_http *prev, *next;
+    srv *s;
+    net_conn *c;
+    char head[HTTP_HEAD_MAX];
+    size_t len;
+    const char *resp;      /* what is left to send */
+    size_t resp_len;
+    char *resp_buf;
+    int64_t deadline_ms;
+} srv_http;
+
+typedef struct {
+    int role;
+    size_t len;
+    char tok[SRV_TOKEN_MAX];
+} srv_token;
+
+struct srv {
+    srv_env env;
+    kiln_config cfg;
+    engine *eng;
+    tls_server *tls;
+    metrics *met;
+    srv_req *reqs, *free_reqs;
+    int n_req_slots;
+    srv_sess *sessions, *dirty;
+    int n_sessions, next_num;
+    struct srv_http *https;
+    int n_http;
+    int64_t goodbye_ms;    /* drained: sessions closing, the loop stops at this time */
+    srv_token tokens[SRV_MAX_TOKENS];
+    int n_tokens;
+    prompt_builder pb;     /* GEN's text to ids; its input is at most two lines */
+    char *metrics_text;    /* [SRV_METRICS_CAP] */
+    int draining, restart;
+    drive drv;             /* the engine on the loop; the ladder is drv.lad */
+    int64_t drain_since_ms; /* when draining began; 0: not draining */
+    int drain_expired;     /* drain_timeout_ms passed: the rest were ended */
+    int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
+    int fault_write_n;     /* FAULT write_fail: the next n session writes fail (a reset) */
+    int64_t fault_kv_until; /* FAULT kv_fail: every KV block allocation fails until then */
+    int stopping;          /* srv_drain: stop the loop once nothing is pending */
+    int64_t t_start_ms;
+    int64_t sweep_timer;
+    int64_t requests_total;
+    eng_stats last;        /* engine counters already added to the metrics */
+    /* metric handles */
+    int m_running, m_waiting, m_kv, m_pq, m_ph, m_preempt, m_ptok, m_gtok, m_level, m_conns;
+    int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
+    int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
+    int m_kv8, m_kv8_share, m_kv8_conv;
+    uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
+    /* the network update (UPDATE): one at a time */
+    upd up;
+    int up_state, up_tries;
+    srv_sess *up_sess;     /* the session that sent it; NULL once it is gone */
+    int64_t up_deadline_ms; /* kiln-init's answer is due */
+    uint64_t up_progress;  /* the next progress line at this many bytes */
+    srv_notify_fn notify;  /* kiln-init's control socket (net/ctl.c) */
+    void *notify_ud;
+};
+
+static inline double now_s(void) { return (double)loop_now_us() * 1e-6; }
+
+/* net/server.c */
+void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void srv_flush_dirty(srv *s);
+void srv_kick(srv *s);
+int srv_live(const srv *s);
+int srv_ready(const srv *s);
+int srv_render_metrics(srv *s);
+
+/* net/srv_sess.c */
+int srv_load_tokens(srv *s, char *err, size_t errlen);
+int srv_token_role(const srv *s, const char *tok);
+void sess_printf(srv_sess *ss, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sess_quote(srv_sess *ss, const char *text, size_t len);
+void sess_err(srv_sess *ss, const char *id, int code, const char *slug, const char *msg);
+void sess_body(srv_sess *ss, const char *text, size_t len);
+void sess_kill(srv_sess *ss, int abort);
+void sess_close(srv_sess *ss);
+void sess_flush(srv_sess *ss);
+int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud);
+
+/* net/srv_gen.c */
+void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len, float lp);
+void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u, const char *msg);
+void verb_gen(srv_sess *ss, const proto_line *l);
+void verb_cancel(srv_sess *ss, const proto_line *l);
+
+/* net/srv_verbs.c */
+void verb_line(srv_sess *ss, char *line, size_t len);
+
+/* net/srv_update.c */
+void verb_update(srv_sess *ss, const proto_line *l);
+void update_data(srv_sess *ss, const char *p, size_t n);
+void update_lost(srv_sess *ss);
+void update_sweep(srv *s);
+void verb_reboot(srv_sess *ss, const proto_line *l);
+
+/* net/srv_fault.c */
+void verb_fault(srv_sess *ss, const proto_line *l);
+
+/* net/srv_http.c */
+void srvh_done(srv_http *h, int abort);
+int srvh_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud);
+
+#endif

@@ -1,0 +1,369 @@
+/* srv_sess: sessions: the tokens file and roles, each connection's bounded output buffer,
+ * the connection lifecycle over TLS (accept, read, write, close, linger), and line input. */
+#include "net/srv_int.h"
+
+static void sess_mark_dirty(srv_sess *ss);
+static void sess_free(srv_sess *ss);
+static int sess_resume_later(srv_sess *ss);
+
+/* "role token" per line; '#' starts a comment. All or nothing: on error the old set
+ * stays. Returns the count or -1 with err. */
+int srv_load_tokens(srv *s, char *err, size_t errlen) {
+    FILE *f = fopen(s->cfg.net.tokens_file, "r");
+    if (!f) {
+        snprintf(err, errlen, "tokens file %s: %s", s->cfg.net.tokens_file, strerror(errno));
+        return -1;
+    }
+    static srv_token t[SRV_MAX_TOKENS];
+    int n = 0, lineno = 0, bad = 0;
+    char line[512];
+    while (!bad && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *h = strchr(line, '#');
+        if (h) *h = 0;
+        char role[16], tok[SRV_TOKEN_MAX + 1], extra[2];
+        int k = sscanf(line, "%15s %128s %1s", role, tok, extra);
+        if (k <= 0) continue;
+        int r = !strcmp(role, "admin") ? ROLE_ADMIN : !strcmp(role, "user") ? ROLE_USER : 0;
+        if (k != 2 || !r || strlen(tok) < 8 || strlen(tok) >= SRV_TOKEN_MAX || n == SRV_MAX_TOKENS) {
+            snprintf(err, errlen, "%s:%d: want \"user|admin TOKEN\" (8..%d bytes, at most %d lines)",
+                     s->cfg.net.tokens_file, lineno, SRV_TOKEN_MAX - 1, SRV_MAX_TOKENS);
+            bad = 1;
+            break;
+        }
+        t[n].role = r, t[n].len = strlen(tok);
+        memset(t[n].tok, 0, sizeof t[n].tok);
+        memcpy(t[n].tok, tok, t[n].len);
+        n++;
+    }
+    fclose(f);
+    if (bad) return -1;
+    if (n == 0) {
+        snprintf(err, errlen, "tokens file %s has no tokens", s->cfg.net.tokens_file);
+        return -1;
+    }
+    memcpy(s->tokens, t, sizeof t);
+    s->n_tokens = n;
+    return n;
+}
+
+/* The role of a token, comparing against every entry in full (no early exit that
+ * would tell a prober how much of a token matched). */
+int srv_token_role(const srv *s, const char *tok) {
+    size_t len = tok ? strlen(tok) : 0;
+    int role = ROLE_NONE;
+    for (int i = 0; i < s->n_tokens; i++) {
+        unsigned diff = (unsigned)(len != s->tokens[i].len);
+        for (size_t j = 0; j < SRV_TOKEN_MAX; j++)
+            diff |= (unsigned char)(j < len ? tok[j] : 0) ^ (unsigned char)s->tokens[i].tok[j];
+        if (!diff) role = s->tokens[i].role;
+    }
+    return role;
+}
+
+/* Room for n more bytes of output. The buffer grows past max_output_bytes only by
+ * what the requests already accepted produce before their pause takes effect (one
+ * step's tokens); a hard cap guards against anything else. */
+static int out_reserve(srv_sess *ss, size_t n) {
+    if (ss->out_head > 0 && ss->out_len + n > ss->out_cap) {
+        memmove(ss->out, ss->out + ss->out_head, ss->out_len - ss->out_head);
+        ss->out_len -= ss->out_head, ss->out_head = 0;
+    }
+    if (ss->out_len + n <= ss->out_cap) return 0;
+    size_t hard = 4 * (size_t)ss->s->cfg.net.max_output_bytes + SRV_METRICS_CAP;
+    size_t cap = ss->out_cap ? ss->out_cap : 4096;
+    while (cap < ss->out_len + n) cap *= 2;
+    char *p = cap > hard ? NULL : realloc(ss->out, cap);
+    if (!p) { /* never drop a line silently: the connection goes instead */
+        ss->broken = 1;
+        sess_mark_dirty(ss);
+        return -1;
+    }
+    ss->out = p, ss->out_cap = cap;
+    return 0;
+}
+
+static void sess_mark_dirty(srv_sess *ss) {
+    if (ss->dirty) return;
+    ss->dirty = 1;
+    ss->next_dirty = ss->s->dirty;
+    ss->s->dirty = ss;
+}
+
+void sess_printf(srv_sess *ss, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || out_reserve(ss, (size_t)n + 1) < 0) return;
+    va_start(ap, fmt);
+    vsnprintf(ss->out + ss->out_len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    ss->out_len += (size_t)n;
+    sess_mark_dirty(ss);
+}
+
+/* A quoted string appended as is (the caller adds the rest of the line). */
+void sess_quote(srv_sess *ss, const char *text, size_t len) {
+    size_t need = PROTO_QUOTED_MAX(len);
+    if (out_reserve(ss, need) < 0) return;
+    int n = proto_quote(ss->out + ss->out_len, need, text, len);
+    if (n > 0) ss->out_len += (size_t)n;
+}
+
+/* ERR <id> <code> <slug>[ msg="..."] */
+void sess_err(srv_sess *ss, const char *id, int code, const char *slug, const char *msg) {
+    sess_printf(ss, "ERR %s %d %s", id && *id ? id : "-", code, slug);
+    if (msg && *msg) {
+        sess_printf(ss, " msg=");
+        sess_quote(ss, msg, strlen(msg));
+    }
+    sess_printf(ss, "\n");
+}
+
+/* A multi-line body ending with ".", lines starting with "." doubled (dot-stuffing). */
+void sess_body(srv_sess *ss, const char *text, size_t len) {
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        sess_printf(ss, "%s%.*s\n", *p == '.' ? "." : "", (int)l, p);
+        p += l + (nl != NULL);
+    }
+    sess_printf(ss, ".\n");
+}
+
+/* Detach the session's requests and cancel them: their blocks go back to the pool
+ * now, or when the step in flight completes. */
+static void sess_drop_requests(srv_sess *ss) {
+    srv_req *r = ss->reqs;
+    ss->reqs = NULL;
+    ss->n_reqs = 0;
+    while (r) {
+        srv_req *next = r->next;
+        r->sess = NULL;
+        r->next = NULL;
+        eng_cancel(ss->s->eng, r->eng_id); /* may finish (and recycle) r right here */
+        r = next;
+    }
+    srv_kick(ss->s);
+}
+
+/* The connection is gone or must go now: cancel, forget, free. */
+void sess_kill(srv_sess *ss, int abort) {
+    if (ss->c) abort ? net_abort(ss->c) : net_close(ss->c);
+    ss->c = NULL;
+    sess_free(ss);
+}
+
+/* Finish what is queued, then close_notify and FIN; input is read and dropped for a
+ * short linger so the peer sees our last lines rather than a reset. */
+void sess_close(srv_sess *ss) {
+    sess_drop_requests(ss);
+    ss->close_when_flushed = 1;
+    sess_mark_dirty(ss);
+}
+
+static void sess_linger(srv_sess *ss) {
+    int r = tls_close_notify(ss->tls);
+    if (r == 0) return; /* again when writable */
+    ss->state = SS_CLOSING;
+    ss->deadline_ms = loop_now_ms() + SRV_LINGER_MS;
+}
+
+static void sess_pause(srv_sess *ss, int on) {
+    if (ss->paused == on) return;
+    ss->paused = on;
+    for (srv_req *r = ss->reqs; r; r = r->next) {
+        eng_pause(ss->s->eng, r->eng_id, on);
+        r->paused = on;
+    }
+    if (!on) srv_kick(ss->s);
+}
+
+void sess_flush(srv_sess *ss) {
+    if (!ss->c || !ss->tls) return;
+    if (ss->broken) {
+        srv_log(ss->s, CFG_LOG_WARN, "session %d: output over its hard limit; reset", ss->num);
+        sess_kill(ss, 1);
+        return;
+    }
+    if (ss->s->fault_write_n > 0 && ss->n_reqs > 0 && ss->out_len > ss->out_head && ss->state == SS_READY) {
+        ss->s->fault_write_n--; /* as a write to a peer that vanished: ECONNRESET */
+        srv_log(ss->s, CFG_LOG_WARN, "fault: session %d: write failed", ss->num);
+        sess_kill(ss, 1);
+        return;
+    }
+    while (ss->out_len > ss->out_head) {
+        ssize_t n = tls_write(ss->tls, ss->out + ss->out_head, ss->out_len - ss->out_head);
+        if (n == -EAGAIN) break;
+        if (n < 0) {
+            srv_log(ss->s, CFG_LOG_INFO, "session %d: TLS write: %s", ss->num, tls_error(ss->tls));
+            sess_kill(ss, 1);
+            return;
+        }
+        ss->out_head += (size_t)n;
+    }
+    size_t pending = ss->out_len - ss->out_head;
+    if (pending == 0) ss->out_head = ss->out_len = 0;
+    size_t budget = (size_t)ss->s->cfg.net.max_output_bytes;
+    if (!ss->paused && pending > budget) sess_pause(ss, 1);
+    else if (ss->paused && pending <= budget / 2) sess_pause(ss, 0);
+    if (pending == 0 && ss->close_when_flushed && ss->state != SS_CLOSING) sess_linger(ss);
+}
+
+/* Append received plaintext; handle each complete line. A line longer than
+ * max_line_bytes ends the session with 413 (its bytes are not kept). */
+static void sess_input(srv_sess *ss, const char *p, size_t n) {
+    size_t max = (size_t)ss->s->cfg.net.max_line_bytes;
+    while (n > 0 && !ss->close_when_flushed) {
+        if (ss->raw_left) { /* an UPDATE's bytes */
+            size_t take = n < ss->raw_left ? n : (size_t)ss->raw_left;
+            update_data(ss, p, take);
+            p += take, n -= take;
+            continue;
+        }
+        const char *nl = memchr(p, '\n', n);
+        size_t take = nl ? (size_t)(nl - p) : n;
+        if (ss->in_len + take > max) {
+            srv_log(ss->s, CFG_LOG_INFO, "session %d: line over %zu bytes", ss->num, max);
+            sess_err(ss, "-", 413, "too_long", "line longer than max_line_bytes");
+            sess_close(ss);
+            return;
+        }
+        if (ss->in_len + take + 1 > ss->in_cap) {
+            size_t cap = ss->in_cap ? ss->in_cap : 1024;
+            while (cap < ss->in_len + take + 1) cap *= 2;
+            if (cap > max + 1) cap = max + 1;
+            char *q = realloc(ss->in, cap);
+            if (!q) { sess_err(ss, "-", 500, "internal", "out of memory"); sess_close(ss); return; }
+            ss->in = q, ss->in_cap = cap;
+        }
+        memcpy(ss->in + ss->in_len, p, take);
+        ss->in_len += take;
+        if (!nl) return;
+        p += take + 1, n -= take + 1;
+        verb_line(ss, ss->in, ss->in_len);
+        ss->in_len = 0;
+    }
+}
+
+static ssize_t bio_read(void *ctx, void *buf, size_t cap) { return net_read(ctx, buf, cap); }
+
+static ssize_t bio_write(void *ctx, const void *buf, size_t len) { return net_write(ctx, buf, len); }
+
+static void on_readable(void *ud) {
+    srv_sess *ss = ud;
+    srv *s = ss->s;
+    if (ss->state == SS_TLS) {
+        int r = tls_handshake(ss->tls);
+        if (r < 0) {
+            srv_log(s, CFG_LOG_INFO, "session %d: TLS handshake failed: %s", ss->num, tls_error(ss->tls));
+            sess_kill(ss, 1);
+            return;
+        }
+        if (r == 0) return;
+        ss->state = SS_HELLO;
+        srv_log(s, CFG_LOG_DEBUG, "session %d: %s %s", ss->num, tls_version(ss->tls), tls_suite(ss->tls));
+    }
+    char buf[16384];
+    size_t raw = 0;
+    for (;;) { /* until -EAGAIN: decrypted bytes may wait inside TLS with nothing new below */
+        if (ss->raw_left && raw >= SRV_UPD_SLICE && sess_resume_later(ss) == 0) break; /* others' turn */
+        ssize_t n = tls_read(ss->tls, buf, sizeof buf);
+        if (n == -EAGAIN) break;
+        if (n <= 0) {
+            if (n < 0) srv_log(s, CFG_LOG_INFO, "session %d: %s", ss->num, tls_error(ss->tls));
+            sess_kill(ss, n < 0);
+            return;
+        }
+        ss->last_rx_ms = loop_now_ms();
+        if (ss->state == SS_CLOSING || ss->close_when_flushed) continue; /* dropped */
+        if (ss->raw_left) raw += (size_t)n;
+        sess_input(ss, buf, (size_t)n);
+    }
+    srv_flush_dirty(s);
+    srv_kick(s);
+}
+
+static void on_writable(void *ud) {
+    srv_sess *ss = ud;
+    if (ss->state == SS_TLS) { on_readable(ud); return; }
+    if (ss->state == SS_CLOSING) return;
+    sess_flush(ss); /* may free ss */
+}
+
+static void on_closed(void *ud, int err) {
+    srv_sess *ss = ud;
+    srv_log(ss->s, CFG_LOG_DEBUG, "session %d: connection lost (%s)", ss->num, strerror(-err));
+    ss->c = NULL; /* the transport freed it */
+    sess_free(ss);
+}
+
+static const net_conn_ops sess_ops = {on_readable, on_writable, on_closed};
+
+int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
+    srv *s = lud;
+    if (s->n_sessions >= s->cfg.net.max_connections) return -EMFILE;
+    srv_sess *ss = calloc(1, sizeof *ss);
+    if (!ss) return -ENOMEM;
+    char err[256];
+    tls_bio bio = {c, bio_read, bio_write};
+    ss->tls = tls_conn_new(s->tls, &bio, err, sizeof err);
+    if (!ss->tls) {
+        free(ss);
+        return -ENOMEM;
+    }
+    ss->s = s, ss->c = c, ss->state = SS_TLS, ss->num = ++s->next_num;
+    ss->deadline_ms = loop_now_ms() + s->cfg.net.handshake_timeout_ms;
+    ss->last_rx_ms = loop_now_ms();
+    ss->next = s->sessions;
+    if (s->sessions) s->sessions->prev = ss;
+    s->sessions = ss;
+    s->n_sessions++;
+    *ops = &sess_ops, *ud = ss;
+    if (s->cfg.log.level >= CFG_LOG_DEBUG) {
+        char peer[64] = "?";
+        net_peer(c, peer, sizeof peer);
+        srv_log(s, CFG_LOG_DEBUG, "session %d: connection from %s", ss->num, peer);
+    }
+    return 0;
+}
+
+static void sess_free(srv_sess *ss) {
+    srv *s = ss->s;
+    sess_drop_requests(ss);
+    update_lost(ss);
+    if (ss->resume_timer > 0) loop_timer_del(s->env.loop, ss->resume_timer);
+    if (ss->c) net_abort(ss->c);
+    if (ss->dirty) { /* off the flush list */
+        for (srv_sess **p = &s->dirty; *p; p = &(*p)->next_dirty)
+            if (*p == ss) { *p = ss->next_dirty; break; }
+    }
+    if (ss->prev) ss->prev->next = ss->next;
+    else s->sessions = ss->next;
+    if (ss->next) ss->next->prev = ss->prev;
+    s->n_sessions--;
+    tls_conn_free(ss->tls);
+    free(ss->in);
+    free(ss->out);
+    free(ss);
+}
+
+/* Reading an update's bytes pauses after a slice so the loop serves the others; this
+ * picks it up again on the next pass. 0, or -1 (no timer: go on reading now). */
+static int64_t resume_read(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    srv_sess *ss = ud;
+    ss->resume_timer = 0;
+    on_readable(ss);
+    return LOOP_NOMORE;
+}
+
+static int sess_resume_later(srv_sess *ss) {
+    if (ss->resume_timer > 0) return 0;
+    int64_t t = loop_timer_add(ss->s->env.loop, 0, resume_read, ss);
+    if (t < 0) return -1;
+    ss->resume_timer = t;
+    return 0;
+}
