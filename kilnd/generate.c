@@ -108,19 +108,7 @@ static int write_logits(const char *path, const float *lg, int n) {
 static int run_request(dr_runner *e, const dr_opts *o, const int32_t *prompt, int n_prompt,
                        int total, float *logits, gen_run *g) {
     char err[512];
-    kv_config kc = {0};
-    model_kv_shape(&e->m, &kc);
-    kc.block_size = DR_BLOCK_SIZE;
-    kc.max_blocks_per_seq = (total + DR_BLOCK_SIZE - 1) / DR_BLOCK_SIZE;
-    kc.n_blocks = kc.max_blocks_per_seq;
-    kc.max_seqs = 1;
-    size_t bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
-    kd_backend_want w = {o->backend, o->threads, o->chunk, 1, total, o->exact, bytes, bytes, 0.9, 0, 1};
-    if (!(e->be = kd_backend_open(&e->m, &w, &kc, &e->arena, &e->kv, err, sizeof err))) {
-        fprintf(stderr, "kilnd: %s\n", err);
-        return -1;
-    }
-    e->loaded_kv = 1;
+    if (dr_start(e, o->backend, o->threads, total, o->chunk, o->exact) < 0) return -1;
     eng_config ec = {.max_batch_size = 1, .max_batched_tokens = o->chunk, .max_seq_len = total,
                      .max_seqs = 1, .max_queued_requests = 1};
     eng_callbacks cb = {on_token, on_finish};
