@@ -339,7 +339,8 @@ static float q80_amx_mirror(int64_t n, const void *w, const void *x) {
  * pair) and the reference dot within the usual tolerance. */
 static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const void *)) {
     if (!quant_amx_max()) {
-        printf("quant: no AMX here, the AMX tile test is skipped\n");
+        SKIP("quant: the AMX tile test of %s: no AMX-INT8 here (the CPU, the kernel's "
+             "permission or KILN_SIMD)", quant_traits_of(type)->name);
         return;
     }
     int amx0 = quant_amx();
@@ -401,6 +402,10 @@ static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const
  * and with AMX for all it covers. */
 static void test_levels(void) {
     int max = quant_simd_max(), amx = quant_amx_max(), amx0 = quant_amx();
+    SKIP_SIMD_ABOVE("quant", max);
+    if (!amx)
+        SKIP("quant: levels avx512+amx(q4_1) and avx512+amx(all): no AMX-INT8 here (the CPU, "
+             "the kernel's permission or KILN_SIMD)");
     for (int pass = QS_SCALAR; pass <= max + amx; pass++) {
         int before = check_pass + check_fail, fail0 = check_fail;
         int level = pass > max ? max : pass, with_amx = pass > max ? pass - max : QA_OFF;
