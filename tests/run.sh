@@ -96,10 +96,11 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 
-# The CLI: a sanitized end-to-end generation, and clear errors on bad input.
-run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
+# The CLI: a sanitized end-to-end generation (text out, and the closing line's token
+# count), and clear errors on bad input.
+run "cli/asan-generate" tests/cli_generate.sh "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
   --threads 2 --prompt "Say hi"
-run "cli/musl-generate" "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
+run "cli/musl-generate" tests/cli_generate.sh "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
   --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
 # The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
