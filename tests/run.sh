@@ -46,7 +46,7 @@ run_one() {
   if [ $rc -eq 0 ]; then
     pass=$((pass + 1)); printf 'ok   %-32s %3ds' "$name" $((SECONDS - t0))
     if [ "$nskip" -gt 0 ]; then
-      partly+=("$name"); printf '  %d checks skipped\n' "$nskip"
+      partly+=("$name"); printf '  %d skipped\n' "$nskip"
       grep '^SKIP ' "$out" | sed 's/^/     | /'
     else echo; fi
   elif [ $rc -eq 77 ]; then
