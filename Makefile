@@ -278,11 +278,19 @@ fuzz: $(FUZZ_BINS)
 	  $$f -max_total_time=$${FUZZ_SECONDS:-60} $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 # ---------------------------------------------------------------- tests
+# T: the tests/run.sh entries to run, shell globs separated by spaces, matched against
+# their names (make test T='unit/*', T='*kv*', T='unit/* asan/*'); unset: all of them.
+# make test builds the same with or without T.
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS) $(IMG_TOOLS)
 	$(MAKE) musl image disk-test-inputs
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi
-	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/run.sh
+	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) T="$(T)" tests/run.sh
+
+# The unit tests alone, plain and under ASan+UBSan: run.sh's unit/* and asan/* entries
+# (and ref/quant-vectors, the input test_quant needs).
+test-unit: model venv $(gnu_TESTS) $(asan_TESTS)
+	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) T="unit/* asan/*" tests/run.sh
 
 # ---------------------------------------------------------------- run and bench
 run: tools model $(KILND)

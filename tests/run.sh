@@ -1,28 +1,74 @@
 #!/usr/bin/env bash
-# run.sh: every test kiln has, in one pass, ending with the line "N passed, M failed".
-# Called by `make test` (which builds everything first) with BUILD, MODEL and PY set.
+# run.sh: every test kiln has, in one pass, ending with the line
+# "N passed, N failed, N skipped" (alone, the last line; CI reads it).
+# Called by `make test` (which builds everything first) with BUILD, MODEL and PY set;
+# by hand it needs what make test builds for the entries it runs.
+#
+# T: the entries to run, one or more shell globs separated by spaces, matched against
+# each entry's name (unit/test_kv, asan/test_kv, net/serve-host, parity/model, ...):
+#   T='unit/*'   T='*kv*'   T='unit/* asan/*'   (unset or empty: every entry)
+# A T that matches nothing is an error (exit 2), so a typo never passes.
+#
+# Each entry passes (exit 0), fails, or is skipped: exit status 77 (the automake
+# convention; a unit test's check_done gives it when every check it has was skipped,
+# tests/unit/check.h), or an entry whose program this machine cannot have (the CUDA
+# kilnd without nvcc). A skip is counted as a skip, never as a pass. An entry that
+# passes but printed "SKIP ..." lines (checks it could not make here, e.g. a SIMD level
+# the CPU lacks) counts as passed; its SKIP lines are shown under it and it is listed
+# as partly skipped at the end.
 set -uo pipefail
 BUILD=${BUILD:-build} MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 PY=${PY:-$BUILD/venv/bin/python}
-export MODEL KILN_FUZZ_MODEL=$MODEL
-pass=0 fail=0 failed=()
+# test_quant's cross-check vectors (made by the ref/quant-vectors entry)
+QUANT_VECTORS=$BUILD/quant_vectors.bin
+export MODEL KILN_FUZZ_MODEL=$MODEL QUANT_VECTORS
+pass=0 fail=0 skip=0 failed=() skipped=() partly=()
 log=$BUILD/test-logs; mkdir -p "$log"
+read -ra globs <<<"${T:-}" # read -a: no pathname expansion of the globs
+[ ${#globs[@]} -gt 0 ] || globs=('*')
 
-# run NAME CMD...: one test; its output goes to a log, shown only when it fails.
-run() {
+# want NAME: NAME matches one of T's globs.
+want() {
+  local g
+  for g in "${globs[@]}"; do [[ $1 == $g ]] && return 0; done
+  return 1
+}
+
+# run NAME CMD...: one test, when T wants it; its output goes to a log, shown only when
+# it fails (its SKIP lines when it skips checks).
+run() { want "$1" || return 0; run_one "$@"; }
+run_one() {
   local name=$1; shift
-  local t0=$SECONDS out=$log/$name.log
+  local t0=$SECONDS out=$log/$name.log rc nskip
   mkdir -p "$(dirname "$out")"
-  if "$@" >"$out" 2>&1; then
-    pass=$((pass + 1)); printf 'ok   %-32s %3ds\n' "$name" $((SECONDS - t0))
+  "$@" >"$out" 2>&1; rc=$?
+  nskip=$(grep -c '^SKIP ' "$out")
+  if [ $rc -eq 0 ]; then
+    pass=$((pass + 1)); printf 'ok   %-32s %3ds' "$name" $((SECONDS - t0))
+    if [ "$nskip" -gt 0 ]; then
+      partly+=("$name"); printf '  %d skipped\n' "$nskip"
+      grep '^SKIP ' "$out" | sed 's/^/     | /'
+    else echo; fi
+  elif [ $rc -eq 77 ]; then
+    skip=$((skip + 1)); skipped+=("$name"); printf 'skip %-32s %3ds\n' "$name" $((SECONDS - t0))
+    grep '^SKIP ' "$out" | sed 's/^/     | /'
   else
     fail=$((fail + 1)); failed+=("$name"); printf 'FAIL %-32s %3ds\n' "$name" $((SECONDS - t0))
     tail -n 40 "$out" | sed 's/^/     | /'
   fi
 }
 
+# skip_entry NAME WHY: an entry this machine cannot run, when T wants it: counted and said.
+skip_entry() {
+  want "$1" || return 0
+  skip=$((skip + 1)); skipped+=("$1"); printf 'skip %-32s %s\n' "$1" "$2"
+}
+
 # Cross-check vectors from the gguf package for test_quant (bit-exact dequant/quantize).
-run "ref/quant-vectors" "$PY" tests/ref/quant_vectors.py
+# test_quant fails without them, so they are made whenever T picks a test_quant too.
+if want ref/quant-vectors || want unit/test_quant || want asan/test_quant; then
+  run_one "ref/quant-vectors" "$PY" tests/ref/quant_vectors.py "$QUANT_VECTORS"
+fi
 
 # Unit tests, plain and under ASan+UBSan.
 # (one per source file, so a stale binary of a removed test never runs)
@@ -50,16 +96,19 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 
-# The CLI: a sanitized end-to-end generation, and clear errors on bad input.
-run "cli/asan-generate" "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
+# The CLI: a sanitized end-to-end generation (text out, and the closing line's token
+# count), and clear errors on bad input.
+run "cli/asan-generate" tests/cli_generate.sh "$BUILD/asan/kilnd" generate --model "$MODEL" --chat --max-tokens 8 \
   --threads 2 --prompt "Say hi"
-run "cli/musl-generate" "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
+run "cli/musl-generate" tests/cli_generate.sh "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
   --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
 # The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
 # says why, and `auto` falls back to the CPU with the same tokens.
 if [ -x "$BUILD/cuda/kilnd" ]; then
   run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL"
+else
+  skip_entry "cuda/no-gpu-fallback" "no $BUILD/cuda/kilnd (make cuda: needs nvcc)"
 fi
 
 # The network: the transports alone (an echo server over host sockets, lwIP on a TAP
@@ -122,6 +171,12 @@ run "net/serve-tap-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/ki
   tests/net/serve.sh tap all
 
 echo
+if [ $((pass + fail + skip)) -eq 0 ]; then
+  echo "run.sh: T='${T:-}' matches no test" >&2
+  exit 2
+fi
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
-echo "$pass passed, $fail failed"
+[ ${#skipped[@]} -gt 0 ] && echo "skipped: ${skipped[*]}"
+[ ${#partly[@]} -gt 0 ] && echo "partly skipped (passed; their SKIP lines are above): ${partly[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

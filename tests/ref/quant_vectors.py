@@ -2,7 +2,8 @@
 """Cross-check vectors for core/quant.c, made with gguf's NumPy quants (an independent
 implementation of ggml's block formats).
 
-Writes build/quant_vectors.bin; tests/unit/test_quant.c checks against it when present:
+Writes build/quant_vectors.bin (or the path given); tests/unit/test_quant.c checks against
+it ($QUANT_VECTORS, else build/quant_vectors.bin) and fails when it is missing:
   dequant records: random raw blocks of a type -> gguf's dequantized floats
   quantize records: random floats -> gguf's quantized bytes (types gguf can quantize)
 Record: u32 kind (0 dequant, 1 quantize), u32 type, u32 n, u32 nbytes, then

@@ -111,6 +111,7 @@ int main(void) {
     const int dims[] = {16, 64, 128}, groups[] = {1, 3, 5, 8}, lens[] = {1, 7, 16, 33, 300};
     const int bss[] = {16, 32};
     int levels = quant_simd_max();
+    SKIP_SIMD_ABOVE("attn (f16 and int8 K/V)", levels);
     for (size_t di = 0; di < 3; di++)
         for (size_t gi = 0; gi < 4; gi++)
             for (size_t li = 0; li < 5; li++)

@@ -170,6 +170,7 @@ static void bench(uint32_t T, int64_t n, int CH) {
 int main(void) {
     test_bytes();
     int max = quant_simd_max();
+    SKIP_SIMD_ABOVE("qpack", max);
     int64_t ns[] = {32, 64, 96, 576, 1536};
     int nrs[] = {1, 16, 40, 64};
     for (int level = QS_SCALAR; level <= max; level++) {

@@ -1,7 +1,7 @@
 /* test_quant: every type at every SIMD level the machine has, against the plain C
  * references; the references against gguf's NumPy implementation (vectors made by
- * tests/ref/quant_vectors.py, checked when build/quant_vectors.bin exists); fp16/bf16
- * edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
+ * tests/ref/quant_vectors.py into $QUANT_VECTORS or build/quant_vectors.bin; a missing
+ * file is a failure); fp16/bf16 edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
 #include "core/quant.h"
 #include "core/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
 #include "tests/unit/check.h"
@@ -111,11 +111,11 @@ static void test_traits(void) {
 
 static void test_vectors(const char *path) {
     FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        printf("quant: %s not found, skipping the gguf cross-check "
-               "(make it with tests/ref/quant_vectors.py)\n", path);
-        return;
-    }
+    /* Missing is a failure, not a skip: the file is made from the venv every test run
+     * has (tests/run.sh runs ref/quant-vectors first, and whenever it runs test_quant). */
+    CHECK(fp, "%s: cannot open (make it with build/venv/bin/python tests/ref/quant_vectors.py)",
+          path);
+    if (!fp) return;
     uint32_t hdr[4];
     int nrec = 0;
     while (fread(hdr, 4, 4, fp) == 4) {
@@ -339,7 +339,8 @@ static float q80_amx_mirror(int64_t n, const void *w, const void *x) {
  * pair) and the reference dot within the usual tolerance. */
 static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const void *)) {
     if (!quant_amx_max()) {
-        printf("quant: no AMX here, the AMX tile test is skipped\n");
+        SKIP("quant: the AMX tile test of %s: no AMX-INT8 here (the CPU, the kernel's "
+             "permission or KILN_SIMD)", quant_traits_of(type)->name);
         return;
     }
     int amx0 = quant_amx();
@@ -401,6 +402,10 @@ static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const
  * and with AMX for all it covers. */
 static void test_levels(void) {
     int max = quant_simd_max(), amx = quant_amx_max(), amx0 = quant_amx();
+    SKIP_SIMD_ABOVE("quant", max);
+    if (!amx)
+        SKIP("quant: levels avx512+amx(q4_1) and avx512+amx(all): no AMX-INT8 here (the CPU, "
+             "the kernel's permission or KILN_SIMD)");
     for (int pass = QS_SCALAR; pass <= max + amx; pass++) {
         int before = check_pass + check_fail, fail0 = check_fail;
         int level = pass > max ? max : pass, with_amx = pass > max ? pass - max : QA_OFF;
@@ -554,7 +559,8 @@ static void bench(void) {
 int main(void) {
     test_half();
     test_traits();
-    test_vectors("build/quant_vectors.bin");
+    const char *vectors = getenv("QUANT_VECTORS"); /* tests/run.sh: $BUILD/quant_vectors.bin */
+    test_vectors(vectors && *vectors ? vectors : "build/quant_vectors.bin");
     test_levels();
     test_amx(QT_Q4_1, q41_amx_mirror);
     test_amx(QT_Q8_0, q80_amx_mirror);

@@ -139,6 +139,7 @@ static void bench(const char *name, swiglu_fn fn) {
 
 int main(void) {
     int levels = quant_simd_max();
+    SKIP_SIMD_ABOVE("vmath (swiglu, add, rmsnorm)", levels);
     struct { const char *name; swiglu_fn sw; add_fn add; norm_fn norm; int level; } paths[] = {
         {"ref", vm_swiglu_ref, vm_add_ref, vm_rmsnorm_ref, QS_SCALAR},
         {"avx2", vm_swiglu_avx2, vm_add_avx2, vm_rmsnorm_avx2, QS_AVX2},
