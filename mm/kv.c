@@ -9,16 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/quant.h"
-
 /* ---------------------------------------------------------------- sizes */
 
-/* kv8 needs the data on the host (conversion and moves are memory writes here) and an
- * even number of bytes per block to halve. */
+/* kv8 needs the data on the host (conversion and moves are memory writes here), an
+ * even number of bytes per block to halve, and the caller's f16 converters. */
 static int cfg_valid(const kv_config *c) {
     return c->n_layers > 0 && c->n_kv_heads > 0 && c->head_dim > 0 && c->block_size > 0 &&
            c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0 &&
-           (!c->kv8 || (!c->external_data && c->n_blocks <= INT_MAX / 2));
+           (!c->kv8 || (!c->external_data && c->n_blocks <= INT_MAX / 2 && c->f16.to_f32 &&
+                         c->f16.to_f16));
 }
 
 static int n_ids_of(const kv_config *c) { return c->kv8 ? 2 * c->n_blocks : c->n_blocks; }
@@ -553,18 +552,20 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
  * read before it is overwritten. The max is taken on the f16 bits (|h| orders like the
  * values), capped at the largest finite f16: an infinity saturates to +-127 and a NaN
  * becomes 0, so a broken activation cannot poison the block's scale. */
-static float slab_to_q8(const uint16_t *src, int8_t *dst, size_t n) {
+static float slab_to_q8(const kv_f16_conv *cv, const uint16_t *src, int8_t *dst, size_t n) {
     uint16_t hmax = 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t a = src[i] & 0x7fff;
         hmax = a > hmax ? a : hmax;
     }
     if (hmax > 0x7bff) hmax = 0x7bff; /* 65504 */
-    float amax = quant_f16_to_f32(hmax), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float amax; /* finite: every exact converter gives the same value */
+    cv->to_f32(&hmax, &amax, 1);
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     float tmp[Q8_CHUNK];
     for (size_t i = 0; i < n; i += Q8_CHUNK) {
         size_t m = n - i < Q8_CHUNK ? n - i : Q8_CHUNK;
-        quant_dequant(QT_F16, src + i, tmp, (int64_t)m);
+        cv->to_f32(src + i, tmp, (int64_t)m);
         for (size_t j = 0; j < m; j++) {
             float v = tmp[j] * inv;
             v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f;
@@ -575,20 +576,22 @@ static float slab_to_q8(const uint16_t *src, int8_t *dst, size_t n) {
 }
 
 /* n int8 values times scale, as f16. */
-static void slab_to_f16(const int8_t *src, float scale, uint16_t *dst, size_t n) {
+static void slab_to_f16(const kv_f16_conv *cv, const int8_t *src, float scale, uint16_t *dst,
+                        size_t n) {
     float tmp[Q8_CHUNK];
     for (size_t i = 0; i < n; i += Q8_CHUNK) {
         size_t m = n - i < Q8_CHUNK ? n - i : Q8_CHUNK;
         for (size_t j = 0; j < m; j++) tmp[j] = (float)src[i + j] * scale;
-        quant_quantize(QT_F16, tmp, dst + i, (int64_t)m);
+        cv->to_f16(tmp, dst + i, (int64_t)m);
     }
 }
 
 void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, int n, uint16_t *k,
                 uint16_t *v) {
     size_t m = (size_t)n * (size_t)p->cfg.head_dim;
-    slab_to_f16(kv_q8_slab(p, block, layer, 0, head), kv_q8_scale(p, block, layer, 0, head), k, m);
-    slab_to_f16(kv_q8_slab(p, block, layer, 1, head), kv_q8_scale(p, block, layer, 1, head), v, m);
+    const kv_f16_conv *cv = &p->cfg.f16;
+    slab_to_f16(cv, kv_q8_slab(p, block, layer, 0, head), kv_q8_scale(p, block, layer, 0, head), k, m);
+    slab_to_f16(cv, kv_q8_slab(p, block, layer, 1, head), kv_q8_scale(p, block, layer, 1, head), v, m);
 }
 
 /* The f16 contents of 8-bit block src into f16 block dst. */
@@ -598,8 +601,8 @@ static void q8_expand(kv_pool *p, int32_t src, int32_t dst) {
     uint16_t *out = unit_data(p, p->loc[dst]);
     const float *sc = p->scale + (size_t)src * (size_t)slabs;
     for (int k = 0; k < slabs; k++)
-        slab_to_f16(in + (size_t)k * p->head_elems, sc[k], out + (size_t)k * p->head_elems,
-                    p->head_elems);
+        slab_to_f16(&p->cfg.f16, in + (size_t)k * p->head_elems, sc[k],
+                    out + (size_t)k * p->head_elems, p->head_elems);
 }
 
 int kv_block_to_q8(kv_pool *p, int32_t b) {
@@ -612,8 +615,8 @@ int kv_block_to_q8(kv_pool *p, int32_t b) {
     float *sc = p->scale + (size_t)b * (size_t)slabs;
     /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
     for (int k = 0; k < slabs; k++)
-        sc[k] = slab_to_q8(src + (size_t)k * p->head_elems, dst + (size_t)k * p->head_elems,
-                           p->head_elems);
+        sc[k] = slab_to_q8(&p->cfg.f16, src + (size_t)k * p->head_elems,
+                           dst + (size_t)k * p->head_elems, p->head_elems);
     int cached = p->refcount[b] == 0; /* on the LRU: it now holds one unit, not two */
     if (cached) p->n_units_cached--;
     p->q8[b] = 1;
