@@ -202,10 +202,15 @@ void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* The f16 row converters of the 8-bit KV blocks: the kernels' own (mm has none). */
+static void kv_to_f32(const uint16_t *src, float *dst, int64_t n) { quant_dequant(QT_F16, src, dst, n); }
+static void kv_to_f16(const float *src, uint16_t *dst, int64_t n) { quant_quantize(QT_F16, src, dst, n); }
+
 void model_kv_shape(const model *m, kv_config *kc) {
     kc->n_layers = m->cfg.n_layers;
     kc->n_kv_heads = m->cfg.n_kv_heads;
     kc->head_dim = m->cfg.head_dim;
+    kc->f16 = (kv_f16_conv){kv_to_f32, kv_to_f16};
 }
 
 /* ------------------------------------------------------------------ scratch */

@@ -66,6 +66,14 @@
 
 #include "mm/pool.h"
 
+/* f16 <-> f32 row converters for 8-bit blocks: mm holds no number-format code, so
+ * whoever builds a kv8 config passes the ones its kernels use (model_kv_shape sets
+ * core's). to_f32 must be exact; to_f16 rounds to nearest even. */
+typedef struct {
+    void (*to_f32)(const uint16_t *src, float *dst, int64_t n);
+    void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
+} kv_f16_conv;
+
 typedef struct {
     int n_layers, n_kv_heads, head_dim; /* model shape */
     int block_size;                     /* tokens per block, e.g. 16 */
@@ -77,6 +85,7 @@ typedef struct {
                                          * no host data, data = NULL, and copy-on-write
                                          * goes through copy_block */
     int kv8;                            /* 1: blocks may be turned to 8 bits (see the top) */
+    kv_f16_conv f16;                    /* kv8: both converters required (else -EINVAL) */
 } kv_config;
 
 /* Parent key of a sequence's first block. */

@@ -966,9 +966,14 @@ static int q8_read_ok(const kv_pool *p, const kv_seq *s, const int32_t *toks, in
     return q8_read_lossy(p, s, toks, n, 0);
 }
 
+/* The converters model_kv_shape passes: core's f16 kernels. */
+static void to_f32(const uint16_t *src, float *dst, int64_t n) { quant_dequant(QT_F16, src, dst, n); }
+static void to_f16(const float *src, uint16_t *dst, int64_t n) { quant_quantize(QT_F16, src, dst, n); }
+
 static const kv_config CFG_Q8 = {
     .n_layers = 2, .n_kv_heads = 2, .head_dim = 4, .block_size = 4,
     .n_blocks = 24, .max_seqs = 8, .max_blocks_per_seq = 12, .prefix_cache = 1, .kv8 = 1,
+    .f16 = {to_f32, to_f16},
 };
 
 /* Fill the pool, turn it to 8 bits: half the memory comes back, new f16 blocks are
@@ -979,6 +984,14 @@ static void test_q8_basic(void) {
     kv_config bad = CFG_Q8;
     bad.external_data = 1;
     CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 with external data refused");
+    bad = CFG_Q8;
+    bad.f16.to_f16 = NULL;
+    CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 without an f16 converter refused");
+    bad.f16 = (kv_f16_conv){NULL, to_f16};
+    CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 without an f32 converter refused");
+    bad.kv8 = 0;
+    CHECK(kv_pool_init(&p, &bad, NULL) == 0, "no converters needed without kv8");
+    kv_pool_free(&p);
     CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
     CHECK(p.n_ids == 48 && kv_free_blocks(&p) == 24, "ids %d, free %d", p.n_ids, kv_free_blocks(&p));
     int32_t toks[6][48];
