@@ -167,9 +167,9 @@ sdk-musl: tools-musl
 # ---------------------------------------------------------------- kiln-init (boot/): PID 1
 # Static musl for the image; a sanitized glibc build for its host test (tests/boot/).
 # Built in one step from its few files, image/'s manifest and bundle code (console `slot`
-# verifies a slot before booting it) and libmbedcrypto, with the public key of
-# $(BUILD)/keys/pubkey.h (see the image section below). Unused code is dropped
-# (--gc-sections): mbedcrypto adds ~100 KB.
+# verifies a slot before booting it), libmbedcrypto and libinih (kiln.ini, read as kilnd
+# reads it), with the public key of $(BUILD)/keys/pubkey.h (see the image section below).
+# Unused code is dropped (--gc-sections): mbedcrypto adds ~100 KB.
 IMG_SRCS   := image/manifest.c image/bundle.c
 IMG_HDRS   := image/manifest.h image/bundle.h
 BOOT_SRCS  := $(sort $(wildcard boot/*.c))
@@ -179,11 +179,11 @@ BOOT_GC    := -ffunction-sections -fdata-sections -Wl,--gc-sections
 $(BUILD)/musl/kiln-init: $(BOOT_DEPS) | tools-musl $(BUILD)/musl/deps/.ok
 	@mkdir -p $(@D)
 	musl-gcc $(BOOT_FLAGS) $(OPT) $(BOOT_GC) -Ibuild/musl/include -I$(BUILD)/musl/deps/include -I$(BUILD)/keys -static \
-	  $(BOOT_SRCS) $(IMG_SRCS) -o $@ -L$(BUILD)/musl/deps/lib -lmbedcrypto
+	  $(BOOT_SRCS) $(IMG_SRCS) -o $@ -L$(BUILD)/musl/deps/lib -lmbedcrypto -linih
 $(BUILD)/gnu/kiln-init: $(BOOT_DEPS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys $(BOOT_SRCS) $(IMG_SRCS) -o $@ \
-	  -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+	  -L$(BUILD)/gnu/deps/lib -lmbedcrypto -linih
 # When a slot on trial is blessed (boot/disk.c's disk_tick); tests/boot/init_test.sh runs it.
 $(BUILD)/gnu/tests/disk_tick_test: tests/boot/disk_tick_test.c $(BOOT_DEPS) | $(BUILD)/gnu/deps/.ok
 	@mkdir -p $(@D)

@@ -1,6 +1,7 @@
 /* ini: just enough of kiln.ini for kiln-init: read one key (the hostname, `config get`
  * when kilnd is down) and rewrite one key in place for `config set`, keeping every other
- * line, comment and the key's own trailing comment. The file is rewritten through a
+ * line, comment and the key's own trailing comment. Lines are parsed by inih, as kilnd
+ * parses them. The file is rewritten through a
  * temporary file and rename(), so a power cut leaves the old or the new file, never half. */
 #ifndef KILN_BOOT_INI_H
 #define KILN_BOOT_INI_H

@@ -61,7 +61,7 @@ static void on_ctl_event(void *arg, int ev, double value) {
 
 /* ------------------------------------------------------------------ kilnd asks */
 
-/* kilnd's ASK lines (boot/ctl.h): the steps of a network update (kilnd writes the inactive
+/* kilnd's ASK lines (boot/initctl.h): the steps of a network update (kilnd writes the inactive
  * slot's partition; kiln-init, which holds the key and the ESP, makes that slot unbootable
  * before and verifies and activates it after) and an admin's REBOOT. The answer goes back
  * as a request of ours once the control socket is free (ask_tick). */
@@ -92,8 +92,8 @@ static void ask_done(void *arg, int status) {
 }
 
 static void ask_tick(kinit *k) {
-    if (!k->ask_reply[0] || !ctl_connected(&k->ctl) || ctl_busy(&k->ctl)) return;
-    if (ctl_request(&k->ctl, k->ask_reply, SUP_CTL_TIMEOUT_S, NULL, ask_done, k) == 0) k->ask_reply[0] = 0;
+    if (!k->ask_reply[0] || !initctl_connected(&k->ctl) || initctl_busy(&k->ctl)) return;
+    if (initctl_request(&k->ctl, k->ask_reply, SUP_CTL_TIMEOUT_S, NULL, ask_done, k) == 0) k->ask_reply[0] = 0;
 }
 
 /* ------------------------------------------------------------------ the end */
@@ -306,9 +306,9 @@ static double tick(kinit *k, double now) {
     if (k->sfd < 0) reap(k);
     /* Heartbeats that arrived while we were busy elsewhere count before kilnd is judged:
      * a slow kiln-init must not make kilnd look hung. */
-    if (ctl_connected(&k->ctl)) ctl_on_readable(&k->ctl);
+    if (initctl_connected(&k->ctl)) initctl_on_readable(&k->ctl);
     next = min2(next, sup_tick(&k->sup, now));
-    next = min2(next, ctl_tick(&k->ctl, now));
+    next = min2(next, initctl_tick(&k->ctl, now));
     int ok = sup_watchdog_ok(&k->sup, now, why, sizeof why);
     next = min2(next, wdog_tick(&k->wd, now, ok, why));
     next = min2(next, con_tick(&k->con, now));
@@ -330,7 +330,7 @@ static void dispatch(kinit *k, int which) {
     case FD_CON_OUT: con_on_writable(&k->con); break;
     case FD_LOG: sup_on_log(&k->sup); break;
     case FD_CHECK: sup_on_check(&k->sup); break;
-    case FD_CTL: ctl_on_readable(&k->ctl); break;
+    case FD_CTL: initctl_on_readable(&k->ctl); break;
     }
 }
 
@@ -390,7 +390,7 @@ int main(int argc, char **argv) {
         util_join(k->pass_file, sizeof k->pass_file, k->root, "/etc/kiln/console.pass") < 0 ||
         util_join(sock, sizeof sock, k->root, "/run/kiln/ctl.sock") < 0 ||
         util_join(path, sizeof path, k->root, "/dev/watchdog") < 0 ||
-        ctl_init(&k->ctl, sock, on_ctl_event, k) < 0 ||
+        initctl_init(&k->ctl, sock, on_ctl_event, k) < 0 ||
         sup_init(&k->sup, kilnd, k->ini, sock, k->test_mode, k->test_mode ? environ : box_env, &child_mask, &k->ctl, k->t0) < 0) {
         /* Only a too-long ROOT gets here, and only in test mode. */
         logring_say("kiln-init: paths under %s are too long", k->root);
@@ -398,7 +398,7 @@ int main(int argc, char **argv) {
         sup_enter_safe(&k->sup, "internal error: paths too long");
     }
     wdog_init(&k->wd, path, k->test_mode);
-    ctl_on_ask(&k->ctl, on_ask, k);
+    initctl_on_ask(&k->ctl, on_ask, k);
     char dev[64];
     int us = disk_update_slot(&k->disk, dev, sizeof dev);
     if (us >= 0) snprintf(k->sup.update, sizeof k->sup.update, "%c:%s", 'a' + us, dev);

@@ -14,7 +14,7 @@
 #define KILN_BOOT_INIT_H
 
 #include "boot/console.h"
-#include "boot/ctl.h"
+#include "boot/initctl.h"
 #include "boot/disk.h"
 #include "boot/supervise.h"
 #include "boot/util.h"
@@ -33,7 +33,7 @@ typedef struct {
     int net_pending;                 /* eth0 not up yet: retried on ticks */
     double net_retry_at, net_give_up;
     con con;
-    ctl ctl;
+    initctl ctl;
     sup sup;
     wdog wd;
     dsk disk;                        /* the data partition (disk image boots) */

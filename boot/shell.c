@@ -73,14 +73,14 @@ static void relay_done(void *arg, int status) {
 
 /* Sends cmd to kilnd; the answer is printed when it comes. 0 when it is on its way. */
 static int relay_send(kinit *k, const char *cmd, int kind) {
-    if (!ctl_connected(&k->ctl)) {
+    if (!initctl_connected(&k->ctl)) {
         con_printf(&k->con, "kilnd is not reachable (%s)", sup_state_name(k->sup.state));
         return -ENOTCONN;
     }
     relay.k = k;
     relay.kind = kind;
     relay.lines = relay.ok = relay.error = 0;
-    int r = ctl_request(&k->ctl, cmd, SH_RELAY_TIMEOUT_S, relay_line, relay_done, NULL);
+    int r = initctl_request(&k->ctl, cmd, SH_RELAY_TIMEOUT_S, relay_line, relay_done, NULL);
     if (r == -EBUSY) con_printf(&k->con, "the control socket is busy (a restart is being asked for); try again");
     else if (r < 0) con_printf(&k->con, "cannot send to kilnd: %s", strerror(-r));
     else con_set_busy(&k->con, 1, util_now());
@@ -119,7 +119,7 @@ static void cmd_help(kinit *k, sh_args *a);
 static void cmd_status(kinit *k, sh_args *a) {
     (void)a;
     show_local(k);
-    if (!ctl_connected(&k->ctl)) {
+    if (!initctl_connected(&k->ctl)) {
         con_printf(&k->con, "kilnd: control socket not connected");
         return;
     }
@@ -165,7 +165,7 @@ static void cmd_poweroff(kinit *k, sh_args *a) { (void)a, kinit_halt(k, RB_POWER
 static void config_get(kinit *k, const char *sec, const char *key) {
     char cmd[160];
     snprintf(cmd, sizeof cmd, "config get %s.%s", sec, key);
-    if (ctl_connected(&k->ctl)) {
+    if (initctl_connected(&k->ctl)) {
         relay_send(k, cmd, RELAY_PLAIN);
         return;
     }
@@ -181,7 +181,7 @@ static void config_set(kinit *k, const char *sec, const char *key, const char *v
     snprintf(relay.key, sizeof relay.key, "%s", key);
     snprintf(relay.value, sizeof relay.value, "%s", value);
     util_trim(relay.value); /* starts at a non-blank: only the end changes */
-    if (!ctl_connected(&k->ctl)) {
+    if (!initctl_connected(&k->ctl)) {
         /* Safe mode's way out: fix the file, then `restart` (check-config reads it). */
         persist(k, 0);
         return;

@@ -21,7 +21,7 @@ const char *sup_state_name(sup_state st) {
 }
 
 int sup_init(sup *s, const char *kilnd, const char *config, const char *sock, int test_mode,
-             char *const *envp, const sigset_t *child_mask, ctl *c, double t0) {
+             char *const *envp, const sigset_t *child_mask, initctl *c, double t0) {
     memset(s, 0, sizeof *s);
     if (strlen(kilnd) >= sizeof s->kilnd || strlen(config) >= sizeof s->config || strlen(sock) >= sizeof s->sock)
         return -ENAMETOOLONG;
@@ -275,8 +275,8 @@ static void serve_exited(sup *s, int status, double now) {
     drain_pipe(&s->log_fd, &s->log_sp, on_log_line, s);
     util_exit_text(status, s->last_exit, sizeof s->last_exit);
     s->exit_at = now;
-    s->pid = 0; /* before ctl_close: its callbacks must not signal a reaped pid */
-    ctl_close(s->ctl);
+    s->pid = 0; /* before initctl_close: its callbacks must not signal a reaped pid */
+    initctl_close(s->ctl);
     int then = s->then, killed = s->killed;
     s->then = SUP_THEN_CRASH;
     s->killed = 0;
@@ -330,15 +330,15 @@ static void announce_ready(sup *s, double now) {
 
 void sup_on_ctl(sup *s, int ev, double value, double now) {
     switch (ev) {
-    case CTL_EV_HB:
+    case INITCTL_EV_HB:
         s->hb_at = now;
         s->hb_seen = 1;
         s->hb_n = (long)value;
         break;
-    case CTL_EV_SERVED:
+    case INITCTL_EV_SERVED:
         if (s->pid > 0) s->served = (long long)value;
         break;
-    case CTL_EV_READY:
+    case INITCTL_EV_READY:
         s->hb_at = now;
         s->hb_seen = 1;
         if (s->ready) break;
@@ -348,10 +348,10 @@ void sup_on_ctl(sup *s, int ev, double value, double now) {
         logring_note("kiln-init: kilnd READY (%.2f s by its clock)", value);
         announce_ready(s, now);
         break;
-    case CTL_EV_UP:
+    case INITCTL_EV_UP:
         logring_note("kiln-init: connected to %s", s->sock);
         break;
-    case CTL_EV_DOWN:
+    case INITCTL_EV_DOWN:
         if (s->pid > 0) logring_note("kiln-init: kilnd closed the control connection");
         break;
     }
@@ -374,9 +374,9 @@ static void check_alive(sup *s, double now) {
 
 double sup_tick(sup *s, double now) {
     double next = 1e9;
-    if (s->pid > 0 && !s->killed && !ctl_connected(s->ctl)) {
+    if (s->pid > 0 && !s->killed && !initctl_connected(s->ctl)) {
         if (now >= s->next_connect) {
-            int r = ctl_connect(s->ctl);
+            int r = initctl_connect(s->ctl);
             if (r < 0) logring_note("kiln-init: connect %s: %s", s->sock, strerror(-r));
             s->next_connect = now + SUP_CONNECT_EVERY_S;
         }
@@ -439,8 +439,8 @@ static int stop_kilnd(sup *s, double now, int then) {
     s->stop_at = now;
     s->then = then;
     s->restart_refused = 0;
-    if (then == SUP_THEN_RESTART && ctl_connected(s->ctl) &&
-        ctl_request(s->ctl, "restart", SUP_CTL_TIMEOUT_S, restart_line, restart_done, s) == 0)
+    if (then == SUP_THEN_RESTART && initctl_connected(s->ctl) &&
+        initctl_request(s->ctl, "restart", SUP_CTL_TIMEOUT_S, restart_line, restart_done, s) == 0)
         return 1;
     signal_kilnd(s, SIGTERM);
     return 0;

@@ -15,7 +15,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
-#include "boot/ctl.h"
+#include "boot/initctl.h"
 #include "boot/logring.h"
 #include "boot/util.h"
 
@@ -49,7 +49,7 @@ typedef struct {
     char *const *envp;           /* kilnd's environment */
     char update[96];             /* "b:/dev/vda3": the slot kilnd's UPDATE verb may write, "" none */
     sigset_t child_mask;         /* the signal mask kiln-init started with: children get it */
-    ctl *ctl;
+    initctl *ctl;
     double t0;                   /* kiln-init's start */
 
     sup_state state;
@@ -78,7 +78,7 @@ typedef struct {
 } sup;
 
 int sup_init(sup *s, const char *kilnd, const char *config, const char *sock, int test_mode,
-             char *const *envp, const sigset_t *child_mask, ctl *c, double t0);
+             char *const *envp, const sigset_t *child_mask, initctl *c, double t0);
 void sup_start(sup *s, double now);
 int sup_reaped(sup *s, pid_t pid, int status, double now); /* 1 if pid was one of ours */
 double sup_tick(sup *s, double now);                        /* seconds until it wants the next tick */

@@ -60,42 +60,107 @@ static int params_valid(const sampler_params *p) {
            p->n_stop_ids >= 0 && p->n_stop_ids <= SAMPLER_MAX_STOP_IDS;
 }
 
-int sampler_init(sampler *s, const sampler_params *p, int n_vocab) {
+static int repeat_on(const sampler_params *p) { return p->repeat_penalty != 1.0f && p->repeat_last_n > 0; }
+static int gen_on(const sampler_params *p) { return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f; }
+
+/* What sampler_init and sampler_init_with share: everything but the arrays. */
+static int setup(sampler *s, const sampler_params *p, int n_vocab) {
     memset(s, 0, sizeof *s);
     if (n_vocab < 1 || !params_valid(p)) return -EINVAL;
     s->par = *p;
     s->n_vocab = n_vocab;
-    size_t nv = (size_t)n_vocab;
-    s->cand = malloc((nv + 1) * sizeof *s->cand); /* + a spare slot, see nucleus() */
-    s->prob = malloc(nv * sizeof *s->prob);
-    int ok = s->cand && s->prob;
-    if (p->repeat_penalty != 1.0f && p->repeat_last_n > 0) {
-        s->ring = malloc((size_t)p->repeat_last_n * sizeof *s->ring);
-        s->win_count = calloc(nv, sizeof *s->win_count);
-        ok = ok && s->ring && s->win_count;
-    }
-    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
-        s->gen_count = calloc(nv, sizeof *s->gen_count);
-        s->gen_seen = malloc(nv * sizeof *s->gen_seen);
-        ok = ok && s->gen_count && s->gen_seen;
-    }
-    if (!ok) {
-        sampler_free(s);
-        return -ENOMEM;
-    }
     s->seed = p->seed ? p->seed : seed_from_time(s);
     uint64_t x = s->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
     return 0;
 }
 
+int sampler_scratch_init(sampler_scratch *sc, int n_vocab) {
+    memset(sc, 0, sizeof *sc);
+    if (n_vocab < 1) return -EINVAL;
+    size_t nv = (size_t)n_vocab;
+    sc->n_vocab = n_vocab;
+    sc->cand = malloc((nv + 1) * sizeof *sc->cand); /* + a spare slot, see nucleus() */
+    sc->prob = malloc(nv * sizeof *sc->prob);
+    sc->mark = calloc(nv, sizeof *sc->mark);
+    if (!sc->cand || !sc->prob || !sc->mark) {
+        sampler_scratch_free(sc);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void sampler_scratch_free(sampler_scratch *sc) {
+    free(sc->cand);
+    free(sc->prob);
+    free(sc->mark);
+    memset(sc, 0, sizeof *sc);
+}
+
+int sampler_hist_init(sampler_hist *h, int cap) {
+    memset(h, 0, sizeof *h);
+    if (cap < 1) return -EINVAL;
+    int32_t *m = malloc(3 * (size_t)cap * sizeof *m); /* one block: ring, gen_seen, gen_n */
+    if (!m) return -ENOMEM;
+    h->cap = cap;
+    h->ring = m, h->gen_seen = m + cap, h->gen_n = m + 2 * (size_t)cap;
+    return 0;
+}
+
+void sampler_hist_free(sampler_hist *h) {
+    free(h->ring);
+    memset(h, 0, sizeof *h);
+}
+
+int sampler_init(sampler *s, const sampler_params *p, int n_vocab) {
+    int r = setup(s, p, n_vocab);
+    if (r < 0) return r;
+    s->owned = 1;
+    if (sampler_scratch_init(&s->sc, n_vocab) < 0) goto oom;
+    if (repeat_on(p)) {
+        s->ring_cap = p->repeat_last_n;
+        if (!(s->ring = malloc((size_t)s->ring_cap * sizeof *s->ring))) goto oom;
+    }
+    if (gen_on(p)) {
+        s->gen_cap = n_vocab; /* distinct tokens */
+        s->gen_seen = malloc((size_t)n_vocab * sizeof *s->gen_seen);
+        s->gen_n = malloc((size_t)n_vocab * sizeof *s->gen_n);
+        if (!s->gen_seen || !s->gen_n) goto oom;
+    }
+    return 0;
+oom:
+    sampler_free(s);
+    return -ENOMEM;
+}
+
+int sampler_init_with(sampler *s, const sampler_params *p, int n_vocab, const sampler_scratch *sc,
+                      const sampler_hist *h) {
+    int r = setup(s, p, n_vocab);
+    if (r < 0) return r;
+    int need_h = repeat_on(p) || gen_on(p);
+    if (!sc || sc->n_vocab < n_vocab || !sc->cand || !sc->prob || !sc->mark || (need_h && (!h || h->cap < 1))) {
+        memset(s, 0, sizeof *s);
+        return -EINVAL;
+    }
+    s->sc = *sc;
+    if (repeat_on(p)) {
+        s->ring = h->ring;
+        s->ring_cap = p->repeat_last_n < h->cap ? p->repeat_last_n : h->cap;
+    }
+    if (gen_on(p)) {
+        s->gen_seen = h->gen_seen, s->gen_n = h->gen_n;
+        s->gen_cap = n_vocab < h->cap ? n_vocab : h->cap;
+    }
+    return 0;
+}
+
 void sampler_free(sampler *s) {
-    free(s->cand);
-    free(s->prob);
-    free(s->ring);
-    free(s->win_count);
-    free(s->gen_count);
-    free(s->gen_seen);
+    if (s->owned) {
+        sampler_scratch_free(&s->sc);
+        free(s->ring);
+        free(s->gen_seen);
+        free(s->gen_n);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -104,16 +169,18 @@ void sampler_free(sampler *s) {
 void sampler_accept(sampler *s, int32_t tok, int is_prompt) {
     if (tok < 0 || tok >= s->n_vocab) return;
     if (s->ring) {
-        int cap = s->par.repeat_last_n;
-        if (s->ring_n == cap) s->win_count[s->ring[s->ring_pos]]--;
-        else s->ring_n++;
-        s->ring[s->ring_pos] = tok;
-        s->win_count[tok]++;
-        s->ring_pos = (s->ring_pos + 1) % cap;
+        s->ring[s->ring_pos] = tok; /* over the oldest once full */
+        if (s->ring_n < s->ring_cap) s->ring_n++;
+        s->ring_pos = (s->ring_pos + 1) % s->ring_cap;
     }
     if (is_prompt) return;
     s->n_generated++;
-    if (s->gen_count && s->gen_count[tok]++ == 0) s->gen_seen[s->n_gen_seen++] = tok;
+    if (s->gen_seen) { /* a scan: at most the tokens generated, under a vocabulary-wide sample */
+        int i = 0;
+        while (i < s->n_gen_seen && s->gen_seen[i] != tok) i++;
+        if (i < s->n_gen_seen) s->gen_n[i]++;
+        else if (i < s->gen_cap) s->gen_seen[i] = tok, s->gen_n[i] = 1, s->n_gen_seen++;
+    }
     for (int i = 0; i < s->par.n_stop_ids; i++)
         if (s->par.stop_ids[i] == tok) {
             s->stop = SAMPLER_STOP_TOKEN;
@@ -124,27 +191,23 @@ void sampler_accept(sampler *s, int32_t tok, int is_prompt) {
 
 int sampler_stopped(const sampler *s) { return s->stop; }
 
-/* Each distinct token is penalized once, however often it occurs: the window's counts
- * are negated while a token's penalty is applied and restored afterwards, which marks
- * "done" without a scratch set. */
+/* Each distinct token is penalized once, however often it occurs: the scratch's marks
+ * say which are done, and are cleared again before returning. */
 static void apply_penalties(sampler *s, float *logits) {
     if (s->ring) {
         float rp = s->par.repeat_penalty;
+        uint8_t *done = s->sc.mark;
         for (int i = 0; i < s->ring_n; i++) {
             int32_t t = s->ring[i];
-            if (s->win_count[t] <= 0) continue;
+            if (done[t]) continue;
             logits[t] = logits[t] > 0 ? logits[t] / rp : logits[t] * rp;
-            s->win_count[t] = -s->win_count[t];
+            done[t] = 1;
         }
-        for (int i = 0; i < s->ring_n; i++)
-            if (s->win_count[s->ring[i]] < 0) s->win_count[s->ring[i]] = -s->win_count[s->ring[i]];
+        for (int i = 0; i < s->ring_n; i++) done[s->ring[i]] = 0;
     }
-    if (s->gen_count) {
+    if (s->gen_seen) {
         float pp = s->par.presence_penalty, fp = s->par.frequency_penalty;
-        for (int i = 0; i < s->n_gen_seen; i++) {
-            int32_t t = s->gen_seen[i];
-            logits[t] -= (float)s->gen_count[t] * fp + pp;
-        }
+        for (int i = 0; i < s->n_gen_seen; i++) logits[s->gen_seen[i]] -= (float)s->gen_n[i] * fp + pp;
     }
 }
 
@@ -331,7 +394,7 @@ static int32_t sample_dist(sampler *s, const float *logits) {
     int n = s->n_vocab, nc;
     float inv_t = 1.0f / p->temperature;
     if (!isfinite(inv_t)) return argmax(logits, n); /* T below float range: greedy */
-    sampler_cand *c = s->cand;
+    sampler_cand *c = s->sc.cand;
     if (p->top_k > 0 && p->top_k < n) {
         /* c sorted best first: top_p and min_p are prefix cuts. */
         nc = top_k_select(logits, n, p->top_k, c);
@@ -355,7 +418,7 @@ static int32_t sample_dist(sampler *s, const float *logits) {
         lo = logits[i] < lo ? logits[i] : lo;
     }
     if (!isfinite(m)) return argmax(logits, n);
-    float *e = s->prob;
+    float *e = s->sc.prob;
     double z = exp_shifted(logits, n, m, inv_t, e);
     if (p->top_p < 1) {
         nc = nucleus(s, logits, e, z, m, (m - lo) * inv_t, c);

@@ -7,7 +7,9 @@
  * tempered distribution, renormalized after each cut, as vLLM and HF do) -> draw.
  * The logprob reported is log_softmax over the whole vocabulary of the logits after
  * penalties and before temperature and truncation: the model's own belief, comparable
- * across sampling settings. Only sampler_init/sampler_free allocate. */
+ * across sampling settings. Only sampler_init and the _init functions of the memory
+ * below allocate; sampler_init_with runs on memory made beforehand (the engine makes it
+ * once, at eng_new, for all its samplers). */
 #ifndef KILN_SAMPLER_H
 #define KILN_SAMPLER_H
 
@@ -38,28 +40,57 @@ typedef struct {
     float v; /* logit, then unnormalized probability */
 } sampler_cand;
 
+/* sampler_sample's scratch. Samplers that sample from one thread, one at a time (the
+ * engine's loop), may share one: nothing in it outlives a call. */
+typedef struct {
+    int n_vocab;
+    sampler_cand *cand;  /* [n_vocab + 1] */
+    float *prob;         /* [n_vocab] */
+    uint8_t *mark;       /* [n_vocab] 0 between calls: tokens already penalized */
+} sampler_scratch;
+
+/* One sampler's penalty history for sampler_init_with, for up to cap accepted tokens
+ * (a sequence's length): the repetition window, and the distinct generated tokens with
+ * their counts. A repeat_last_n over cap is cut to cap, which changes nothing while at
+ * most cap tokens are accepted; distinct generated tokens past cap would go uncounted. */
+typedef struct {
+    int cap;
+    int32_t *ring;       /* [cap] */
+    int32_t *gen_seen;   /* [cap] */
+    int32_t *gen_n;      /* [cap] */
+} sampler_hist;
+
 typedef struct {
     sampler_params par;
     int n_vocab;
     uint64_t seed;       /* the seed in force (reproduces this run) */
     uint64_t rng[4];     /* xoshiro256** */
-    sampler_cand *cand;  /* [n_vocab + 1] scratch */
-    float *prob;         /* [n_vocab] scratch */
-    int32_t *ring;       /* [repeat_last_n] last tokens, prompt included; NULL if off */
-    int ring_pos, ring_n;
-    int32_t *win_count;  /* [n_vocab] occurrences in ring; NULL if off */
-    int32_t *gen_count;  /* [n_vocab] occurrences among generated tokens; NULL if off */
-    int32_t *gen_seen;   /* [n_vocab] distinct generated tokens, first-seen order */
-    int n_gen_seen;
+    sampler_scratch sc;  /* its own (sampler_init) or shared (sampler_init_with) */
+    int32_t *ring;       /* [ring_cap] last tokens, prompt included; NULL if off */
+    int ring_cap, ring_pos, ring_n;
+    int32_t *gen_seen;   /* [gen_cap] distinct generated tokens, first-seen order; NULL if off */
+    int32_t *gen_n;      /* [gen_cap] occurrences of each */
+    int gen_cap, n_gen_seen;
     int n_generated;     /* tokens accepted with is_prompt = 0 */
     int stop;            /* SAMPLER_* once a stop condition was accepted */
+    int owned;           /* sampler_init: sampler_free frees the arrays */
 } sampler;
 
 /* Defaults: temperature 1, everything else off (top_p 1, repeat_penalty 1). */
 void sampler_params_default(sampler_params *p);
 /* 0, -EINVAL (bad params; n_vocab < 1) or -ENOMEM. */
 int sampler_init(sampler *s, const sampler_params *p, int n_vocab);
+/* The same sampler on memory made beforehand, allocating nothing: sc (n_vocab at least
+ * s's) may be shared as said above; h is s's alone until sampler_free(s), which then
+ * frees nothing. 0 or -EINVAL. */
+int sampler_init_with(sampler *s, const sampler_params *p, int n_vocab, const sampler_scratch *sc,
+                      const sampler_hist *h);
 void sampler_free(sampler *s);
+/* 0, -EINVAL or -ENOMEM; the _free functions take zeroed or failed ones too. */
+int sampler_scratch_init(sampler_scratch *sc, int n_vocab);
+void sampler_scratch_free(sampler_scratch *sc);
+int sampler_hist_init(sampler_hist *h, int cap);
+void sampler_hist_free(sampler_hist *h);
 /* Next token from logits[n_vocab] (modified in place by the penalties). logprob may be
  * NULL. Does not record the token: call sampler_accept with it. */
 int32_t sampler_sample(sampler *s, float *logits, float *logprob);

@@ -77,6 +77,8 @@ struct engine {
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
+    sampler_scratch smp_scratch; /* every sampler's: they sample on this thread, in turn */
+    sampler_hist *smp_hist;    /* [max_seqs] sequence slot i's penalty history, max_seq_len tokens */
     char *text;                /* [TOK_STREAM_CAP] */
     eng_stats stats;
 };
@@ -116,9 +118,15 @@ engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool
     e->cand_load = malloc(ms * sizeof(int));
     e->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     e->text = malloc((size_t)ENG_TEXT_CAP(tok));
+    e->smp_hist = calloc(ms, sizeof *e->smp_hist);
     if (!e->seqs || !e->tok_slab || !e->reqs || !e->b_tokens || !e->b_pos || !e->b_seq ||
-        !e->b_rows || !e->b_members || !e->cand || !e->cand_load || !e->scratch || !e->text)
+        !e->b_rows || !e->b_members || !e->cand || !e->cand_load || !e->scratch || !e->text ||
+        !e->smp_hist || sampler_scratch_init(&e->smp_scratch, m->cfg.n_vocab) < 0)
         goto oom;
+    /* Samplers allocate nothing per request: each slot has its history for a whole
+     * sequence (ring and generated tokens are at most max_seq_len) */
+    for (size_t i = 0; i < ms; i++)
+        if (sampler_hist_init(&e->smp_hist[i], cfg->max_seq_len) < 0) goto oom;
     for (size_t i = 0; i < ms; i++) e->seqs[i].toks = e->tok_slab + i * (size_t)cfg->max_seq_len;
     return e;
 oom:
@@ -136,6 +144,9 @@ void eng_free(engine *e) {
         if (s->kv) kv_seq_release(e->kv, s->kv);
         if (s->smp_ok) sampler_free(&s->smp);
     }
+    for (int i = 0; e->smp_hist && i < e->cfg.max_seqs; i++) sampler_hist_free(&e->smp_hist[i]);
+    sampler_scratch_free(&e->smp_scratch);
+    free(e->smp_hist);
     free(e->seqs), free(e->tok_slab), free(e->reqs), free(e->b_tokens), free(e->b_pos);
     free(e->b_seq), free(e->b_rows), free(e->b_members), free(e->cand), free(e->cand_load), free(e->scratch), free(e->text);
     free(e);
@@ -219,7 +230,8 @@ static int init_seq(engine *e, eng_seq *s, eng_req *r, int sample, const eng_par
     sampler_params sp = p->sp;
     sp.max_tokens = 0; /* the engine counts the output itself */
     if (sp.seed) sp.seed += (uint64_t)sample;
-    if (sampler_init(&s->smp, &sp, e->m->cfg.n_vocab) < 0) return -EINVAL;
+    if (sampler_init_with(&s->smp, &sp, e->m->cfg.n_vocab, &e->smp_scratch, &e->smp_hist[s - e->seqs]) < 0)
+        return -EINVAL;
     s->smp_ok = 1;
     for (int i = 0; i < p->n_prompt; i++) sampler_accept(&s->smp, p->prompt[i], 1);
     if (stopper_init(&s->st, p->stops, p->n_stops) < 0) return -EINVAL;

@@ -12,7 +12,9 @@
  *
  * The engine is driven by eng_step_begin (build and submit a step; returns at once)
  * and eng_step_end (after the backend finished: sample, stream, retire). It is used
- * from one thread (the loop's). Memory for sequences is carved at eng_new. */
+ * from one thread (the loop's). Memory for sequences is carved at eng_new, their samplers'
+ * included (one scratch shared by all, a penalty history per sequence slot), so neither
+ * a request nor a step allocates (tests/unit/test_alloc.c counts). */
 #ifndef KILN_ENGINE_H
 #define KILN_ENGINE_H
 

@@ -1,5 +1,6 @@
 /* test_sampler: greedy, reproducibility, top_k/top_p/min_p, the distribution itself,
- * penalties, logprobs, stop ids / max_tokens, and stop strings across token splits. */
+ * penalties, sampler_init_with's memory made beforehand, logprobs, stop ids / max_tokens,
+ * and stop strings across token splits. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -349,6 +350,74 @@ static void test_penalties(void) {
     sampler_free(&s);
 }
 
+/* ---------------------------------------------------------------- memory made beforehand */
+
+/* sampler_init_with on a shared scratch and a per-sampler history gives sampler_init's
+ * tokens and logits exactly, with two samplers taking turns on one scratch (nothing of
+ * one leaks into the other; the marks are all clear between calls), and a history
+ * shorter than the window (cap = the tokens a sequence will ever accept). */
+static void test_init_with(void) {
+    enum { SV = 4096, STEPS = 150, PROMPT = 20, CAP = PROMPT + STEPS };
+    static float la[SV], lb[SV];
+    sampler_params pa, pb;
+    sampler_params_default(&pa);
+    pa.seed = 5, pa.temperature = 0.9f, pa.top_p = 0.9f;
+    pa.repeat_penalty = 1.3f, pa.repeat_last_n = 1 << 20; /* longer than CAP */
+    pa.presence_penalty = 0.4f, pa.frequency_penalty = 0.3f;
+    sampler_params_default(&pb);
+    pb.seed = 6, pb.temperature = 1.2f, pb.top_k = 30, pb.min_p = 0.02f;
+    pb.repeat_penalty = 1.5f, pb.repeat_last_n = 16;
+    sampler_scratch sc;
+    sampler_hist ha, hb;
+    CHECK(sampler_scratch_init(&sc, SV) == 0 && sampler_hist_init(&ha, CAP) == 0 &&
+          sampler_hist_init(&hb, CAP) == 0, "scratch and histories");
+    sampler oa, ob, wa, wb;
+    CHECK(sampler_init(&oa, &pa, SV) == 0 && sampler_init(&ob, &pb, SV) == 0, "owned");
+    CHECK(sampler_init_with(&wa, &pa, SV, &sc, &ha) == 0 && sampler_init_with(&wb, &pb, SV, &sc, &hb) == 0,
+          "on the shared memory");
+    for (int i = 0; i < PROMPT; i++) {
+        int32_t t = (int32_t)(i * 7 % 50);
+        sampler_accept(&oa, t, 1), sampler_accept(&wa, t, 1);
+        sampler_accept(&ob, t + 1, 1), sampler_accept(&wb, t + 1, 1);
+    }
+    int same = 0, same_logits = 0;
+    for (int k = 0; k < STEPS; k++) {
+        fill_logits(logits, SV, 40 + (uint32_t)k);
+        for (int i = 0; i < 50; i++) logits[i] += 6; /* a few tokens the penalties fight over */
+        memcpy(la, logits, sizeof la), memcpy(lb, logits, sizeof lb);
+        int32_t a = sampler_sample(&oa, la, NULL), b = sampler_sample(&wa, lb, NULL);
+        same += a == b, same_logits += !memcmp(la, lb, sizeof la);
+        sampler_accept(&oa, a, 0), sampler_accept(&wa, b, 0);
+        memcpy(la, logits, sizeof la), memcpy(lb, logits, sizeof lb);
+        a = sampler_sample(&ob, la, NULL), b = sampler_sample(&wb, lb, NULL);
+        same += a == b, same_logits += !memcmp(la, lb, sizeof la);
+        sampler_accept(&ob, a, 0), sampler_accept(&wb, b, 0);
+    }
+    CHECK(same == 2 * STEPS && same_logits == 2 * STEPS, "%d and %d of %d samples the same",
+          same, same_logits, 2 * STEPS);
+    int marked = 0;
+    for (int i = 0; i < SV; i++) marked += sc.mark[i] != 0;
+    CHECK(marked == 0, "%d marks left set", marked);
+    CHECK(wa.ring_cap == CAP && wb.ring_cap == 16, "windows %d, %d", wa.ring_cap, wb.ring_cap);
+    sampler_free(&wa);
+    CHECK(ha.ring != NULL && sc.cand != NULL, "sampler_free leaves memory made beforehand");
+    sampler_free(&oa), sampler_free(&ob), sampler_free(&wb);
+
+    /* What sampler_init_with refuses: a scratch for a smaller vocabulary; penalties with
+     * no history. Without penalties no history is needed. */
+    CHECK(sampler_init_with(&wa, &pa, SV + 1, &sc, &ha) == -EINVAL, "scratch too small");
+    CHECK(sampler_init_with(&wa, &pa, SV, &sc, NULL) == -EINVAL, "penalties without a history");
+    sampler_params plain;
+    sampler_params_default(&plain);
+    CHECK(sampler_init_with(&wa, &plain, SV, &sc, NULL) == 0, "no penalties, no history");
+    sampler_free(&wa);
+    plain.temperature = NAN;
+    CHECK(sampler_init_with(&wa, &plain, SV, &sc, &ha) == -EINVAL, "bad params");
+    sampler_hist_free(&ha), sampler_hist_free(&hb);
+    sampler_scratch_free(&sc);
+    sampler_scratch_free(&sc); /* twice: a no-op */
+}
+
 static void test_logprob(void) {
     sampler s;
     sampler_params p;
@@ -514,6 +583,7 @@ int main(void) {
     test_big_vocab_filters();
     test_ties_and_tiny_t();
     test_penalties();
+    test_init_with();
     test_logprob();
     test_stops_and_params();
     test_stopper();

@@ -1,5 +1,5 @@
-/* ctl: see ctl.h. */
-#include "boot/ctl.h"
+/* initctl: see initctl.h. */
+#include "boot/initctl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 
 #include "boot/util.h"
 
-int ctl_init(ctl *c, const char *path, ctl_event_fn on_event, void *ev_arg) {
+int initctl_init(initctl *c, const char *path, initctl_event_fn on_event, void *ev_arg) {
     memset(c, 0, sizeof *c);
     c->fd = -1;
     c->on_event = on_event;
@@ -21,27 +21,27 @@ int ctl_init(ctl *c, const char *path, ctl_event_fn on_event, void *ev_arg) {
     return 0;
 }
 
-int ctl_connected(const ctl *c) { return c->fd >= 0; }
-void ctl_on_ask(ctl *c, ctl_ask_fn fn, void *arg) { c->on_ask = fn, c->ask_arg = arg; }
-int ctl_busy(const ctl *c) { return c->pending; }
+int initctl_connected(const initctl *c) { return c->fd >= 0; }
+void initctl_on_ask(initctl *c, initctl_ask_fn fn, void *arg) { c->on_ask = fn, c->ask_arg = arg; }
+int initctl_busy(const initctl *c) { return c->pending; }
 
-static void finish(ctl *c, int status) {
+static void finish(initctl *c, int status) {
     if (!c->pending) return;
     c->pending = 0; /* first: on_done may start the next request */
     if (c->on_done) c->on_done(c->arg, status);
 }
 
-void ctl_close(ctl *c) {
+void initctl_close(initctl *c) {
     if (c->fd < 0) return;
     close(c->fd); /* close cannot be retried on EINTR: the fd is gone either way */
     c->fd = -1;
     c->owed = 0;
     c->sp.len = 0, c->sp.cut = 0;
     finish(c, -ECONNRESET);
-    c->on_event(c->ev_arg, CTL_EV_DOWN, 0);
+    c->on_event(c->ev_arg, INITCTL_EV_DOWN, 0);
 }
 
-int ctl_connect(ctl *c) {
+int initctl_connect(initctl *c) {
     if (c->fd >= 0) return 1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -errno;
@@ -57,26 +57,26 @@ int ctl_connect(ctl *c) {
         return -e;
     }
     c->fd = fd;
-    c->on_event(c->ev_arg, CTL_EV_UP, 0);
+    c->on_event(c->ev_arg, INITCTL_EV_UP, 0);
     return 1;
 }
 
 /* One line from kilnd: an unsolicited event, a line of the current answer, or a line of
  * an answer nobody waits for any more. */
 static void on_line(void *arg, const char *line) {
-    ctl *c = arg;
+    initctl *c = arg;
     if (util_starts(line, "HB ") || !strcmp(line, "HB")) {
-        c->on_event(c->ev_arg, CTL_EV_HB, strtod(line + 2, NULL));
+        c->on_event(c->ev_arg, INITCTL_EV_HB, strtod(line + 2, NULL));
         const char *sv = strstr(line, " served=");
         if (sv) {
             char *end;
             double k = strtod(sv + 8, &end);
-            if (end != sv + 8 && k >= 0 && k < 1e18) c->on_event(c->ev_arg, CTL_EV_SERVED, k);
+            if (end != sv + 8 && k >= 0 && k < 1e18) c->on_event(c->ev_arg, INITCTL_EV_SERVED, k);
         }
         return;
     }
     if (util_starts(line, "READY")) {
-        c->on_event(c->ev_arg, CTL_EV_READY, strtod(line + 5, NULL));
+        c->on_event(c->ev_arg, INITCTL_EV_READY, strtod(line + 5, NULL));
         return;
     }
     if (util_starts(line, "ASK ")) { /* never part of an answer: answers never start so */
@@ -97,7 +97,7 @@ static void on_line(void *arg, const char *line) {
     else if (c->on_line) c->on_line(c->arg, line);
 }
 
-void ctl_on_readable(ctl *c) {
+void initctl_on_readable(initctl *c) {
     char buf[4096];
     /* A few reads per wakeup: enough to empty the socket normally, bounded so a chatty
      * kilnd cannot starve the console. */
@@ -107,14 +107,14 @@ void ctl_on_readable(ctl *c) {
         if (n < 0 && errno == EAGAIN) return;
         if (n <= 0) {
             if (n < 0) logring_note("kiln-init: ctl: read: %s", strerror(errno));
-            ctl_close(c);
+            initctl_close(c);
             return;
         }
         logring_split(&c->sp, buf, (size_t)n, on_line, c);
     }
 }
 
-int ctl_request(ctl *c, const char *cmd, double timeout_s, ctl_line_fn line_fn, ctl_done_fn done_fn, void *arg) {
+int initctl_request(initctl *c, const char *cmd, double timeout_s, initctl_line_fn line_fn, initctl_done_fn done_fn, void *arg) {
     if (c->fd < 0) return -ENOTCONN;
     if (c->pending) return -EBUSY;
     char buf[512];
@@ -127,12 +127,12 @@ int ctl_request(ctl *c, const char *cmd, double timeout_s, ctl_line_fn line_fn, 
         /* A full socket buffer means kilnd has not read for a long while: fail this
          * request, keep the connection (the heartbeat decides whether kilnd is hung). */
         if (e == EAGAIN) return -EAGAIN;
-        ctl_close(c);
+        initctl_close(c);
         return -e;
     }
     if (w != n) {
         /* Half a command would desynchronise the protocol; a fresh connection will not. */
-        ctl_close(c);
+        initctl_close(c);
         return -EIO;
     }
     c->pending = 1;
@@ -143,7 +143,7 @@ int ctl_request(ctl *c, const char *cmd, double timeout_s, ctl_line_fn line_fn, 
     return 0;
 }
 
-double ctl_tick(ctl *c, double now) {
+double initctl_tick(initctl *c, double now) {
     if (!c->pending) return 1e9;
     if (now >= c->deadline) {
         c->owed++; /* its answer may still come: drop it then */
