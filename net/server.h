@@ -74,7 +74,7 @@ long long srv_served(const srv *s); /* samples finished by stop or length since 
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);
 
-/* kiln-init, through the control socket: fn sends it one line ("ASK ...", boot/ctl.h) and
+/* kiln-init, through the control socket: fn sends it one line ("ASK ...", boot/initctl.h) and
  * returns how many listeners got it. The network update and REBOOT need one. */
 typedef int (*srv_notify_fn)(void *ud, const char *line);
 void srv_set_notify(srv *s, srv_notify_fn fn, void *ud);
