@@ -24,7 +24,7 @@
 #include "core/backend.h"
 #include "core/config.h"
 #include "core/model.h"
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "mm/pool.h"

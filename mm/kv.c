@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 /* ---------------------------------------------------------------- sizes */
 

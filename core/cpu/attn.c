@@ -1,9 +1,9 @@
 /* attn: reference online-softmax attention over a KV block, and the dispatcher. */
-#include "core/attn.h"
+#include "core/cpu/attn.h"
 
 #include <math.h>
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 void attn_init(attn_state *st, int g, int hd) {
     st->g = g, st->hd = hd;

@@ -38,7 +38,7 @@ void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks
 /* out + j*out_stride receives query j's attention output. */
 void attn_finish(const attn_state *st, float *out, size_t out_stride);
 
-/* SIMD variants (core/attn_avx2.c, core/attn_avx512.c); hd must be a multiple of 8/16,
+/* SIMD variants (core/cpu/attn_avx2.c, core/cpu/attn_avx512.c); hd must be a multiple of 8/16,
  * attn_block falls back to the reference otherwise. */
 void attn_block_avx2(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
 void attn_block_avx512(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V,

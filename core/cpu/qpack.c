@@ -1,12 +1,12 @@
 /* qpack: the packed Q4_1 and Q8_0 layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
-#include "core/qpack.h"
+#include "core/cpu/qpack.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "core/quant.h"
-#include "core/quant_kern.h"
+#include "core/cpu/quant.h"
+#include "core/cpu/quant_kern.h"
 
 #define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))     /* 320 */
 #define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2)) /* 576 */

@@ -6,7 +6,7 @@
  * quant_avx2.c / quant_avx512.c are tested against them. Dots use the integer
  * formulation (sum of q_w*q_x per block, then scales), which is what the SIMD paths
  * compute too, so they agree up to float summation order. */
-#include "core/quant_kern.h"
+#include "core/cpu/quant_kern.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -4,7 +4,7 @@
 #ifndef KILN_QUANT_KERN_H
 #define KILN_QUANT_KERN_H
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 #define QK4 32   /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 block */
 #define QKK 256  /* K-quant super-block */

@@ -1,9 +1,9 @@
 /* vmath: the references and the dispatcher (see vmath.h). */
-#include "core/vmath.h"
+#include "core/cpu/vmath.h"
 
 #include <math.h>
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 void vm_swiglu_ref(float *out, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];

@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). The SIMD paths use a
- * polynomial exp (relative error ~2e-7; core/vec.h), the reference libm's expf. */
+ * polynomial exp (relative error ~2e-7; core/cpu/vec.h), the reference libm's expf. */
 void vm_swiglu(float *out, const float *gate, const float *up, int n);
 void vm_swiglu_ref(float *out, const float *gate, const float *up, int n);
 void vm_swiglu_avx2(float *out, const float *gate, const float *up, int n);

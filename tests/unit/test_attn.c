@@ -8,8 +8,8 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/attn.h"
-#include "core/quant.h"
+#include "core/cpu/attn.h"
+#include "core/cpu/quant.h"
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* xorshift64: uniform in [-1, 1) */

@@ -1,4 +1,4 @@
-/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/cpu/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
  * row offsets, column counts on and off the 8-column pass, and widths from one block
  * to SmolLM2's 1536; the reference against the row-major quant_dot_ref (the same dot up
@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/qpack.h"
-#include "core/quant.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static float frand(void) { /* [-1, 1) */

@@ -2,8 +2,8 @@
  * references; the references against gguf's NumPy implementation (vectors made by
  * tests/ref/quant_vectors.py, checked when build/quant_vectors.bin exists); fp16/bf16
  * edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
-#include "core/quant.h"
-#include "core/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
+#include "core/cpu/quant.h"
+#include "core/cpu/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
 #include "tests/unit/check.h"
 
 #include <math.h>
@@ -303,7 +303,7 @@ static void test_batch_invariance(uint32_t type, int64_t n, int level) {
     free(f), free(w), free(x);
 }
 
-/* The AMX arithmetic in plain C (core/quant_amx_avx512.c): per block, the exact int
+/* The AMX arithmetic in plain C (core/cpu/quant_amx_avx512.c): per block, the exact int
  * dot, then s = fma(i, d_w*d_x, s), and for Q4_1 s = fma(m_w, s_x, s). fmaf is exact
  * (one rounding) however the compiler provides it, so these must match bit for bit. */
 static float q41_amx_mirror(int64_t n, const void *w, const void *x) {

@@ -8,8 +8,8 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/quant.h"
-#include "core/vmath.h"
+#include "core/cpu/quant.h"
+#include "core/cpu/vmath.h"
 
 typedef void (*swiglu_fn)(float *, const float *, const float *, int);
 typedef void (*add_fn)(float *, const float *, int);
