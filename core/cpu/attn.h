@@ -4,9 +4,8 @@
  *
  * K and V rows are f16 [n][head_dim], or int8 with one scale for all of K and one for
  * all of V (8-bit KV blocks, the degrade ladder's rung 2). A plain C reference sits
- * beside SIMD paths
- * (AVX2, AVX-512) picked at run time from quant_simd(); tests/unit/test_attn.c
- * compares them. */
+ * beside SIMD paths (AVX2, AVX-512) picked at run time by the level in force
+ * (core/cpu/isa.h); tests/unit/test_attn.c compares them. */
 #ifndef KILN_ATTN_H
 #define KILN_ATTN_H
 
