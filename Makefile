@@ -104,9 +104,10 @@ CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/ob
 CORE_SRCS := $(sort $(filter-out core/config.c,$(wildcard core/*.c core/cpu/*.c mm/*.c)) cuda/plan.c)
 CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
 GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
-$(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu
+# kernels.cu takes the type numbers from core/cpu/qtypes.h, the CPU side's definition.
+$(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu core/cpu/qtypes.h
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -t 0 -fatbin $(CUDA_ARCH) $< -o $@
+	$(NVCC) -O3 -t 0 -fatbin -I. $(CUDA_ARCH) $< -o $@
 $(BUILD)/cuda/obj/fatbin.o: cuda/fatbin.S $(BUILD)/cuda/kernels.fatbin
 	@mkdir -p $(@D)
 	gcc -c -DFATBIN='"$(BUILD)/cuda/kernels.fatbin"' $< -o $@

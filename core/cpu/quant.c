@@ -16,6 +16,14 @@
 
 /* ---------------------------------------------------------------- traits */
 
+/* qtypes.h's numbers are GGUF's, carried by every model file; cuda/kernels.cu takes
+ * them from the same header. */
+_Static_assert(QT_F32 == 0 && QT_F16 == 1 && QT_Q4_0 == 2 && QT_Q4_1 == 3 && QT_Q5_0 == 6 &&
+                   QT_Q5_1 == 7 && QT_Q8_0 == 8 && QT_Q8_1 == 9 && QT_Q4_K == 12 &&
+                   QT_Q5_K == 13 && QT_Q6_K == 14 && QT_Q8_K == 15 && QT_BF16 == 30 &&
+                   QT_COUNT == 31,
+               "ggml_type numbering");
+
 static const quant_traits traits[QT_COUNT] = {
     [QT_F32]  = {"F32", 1, 4, QT_F32},
     [QT_F16]  = {"F16", 1, 2, QT_F32},

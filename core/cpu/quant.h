@@ -10,12 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Values match GGUF's ggml_type numbering. */
-enum qtype {
-    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
-    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15,
-    QT_BF16 = 30, QT_COUNT = 31,
-};
+#include "core/cpu/qtypes.h" /* enum qtype: QT_F32 .. QT_BF16, GGUF's numbering */
 
 typedef struct {
     const char *name;
