@@ -51,8 +51,9 @@ typedef void (*qk_tile_fn)(int64_t n, const void *w, size_t wstride, int nr,
                            const void *xq, size_t xstride, int nc, float *out,
                            size_t ostride);
 
-/* One row per type and SIMD level. A NULL entry at a level means "use the level below"
- * (the table is filled bottom-up, so after setup no entry is NULL).
+/* One row per type and dispatch slot (core/cpu/isa.h: a level, or AVX-512 with AMX). A
+ * NULL entry a register function leaves means "use the level below" (the table is
+ * filled bottom-up, so after setup no entry is NULL).
  * Batch invariance: at one level, dot, rows and tile must give the same bits for a
  * (weight row, activation row) pair whatever nr, nc and the pair's place in the tile
  * (same operations in the same order), so a sequence's output does not depend on its
