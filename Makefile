@@ -17,7 +17,7 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(wildcard core/*.c mm/*.c sched/*.c net/*.c) cuda/plan.c)
+LIB_SRCS  := $(sort $(wildcard core/*.c core/cpu/*.c mm/*.c sched/*.c net/*.c) cuda/plan.c)
 # The kilnd program (kilnd/: main and its subcommands) on top of the library.
 KILND_SRCS := $(sort $(wildcard kilnd/*.c))
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
@@ -101,12 +101,13 @@ CUDA_ARCH := $(foreach a,80 86 89 90 90a,-gencode arch=compute_$(a),code=sm_$(a)
 CUDA_SRCS := cuda/cu.c cuda/kern.c cuda/blas.c cuda/backend_cuda.c
 CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/obj/fatbin.o
 # What the GPU programs take from the engine: no network, no config parser (no deps).
-CORE_SRCS := $(sort $(filter-out core/config.c,$(wildcard core/*.c mm/*.c)) cuda/plan.c)
+CORE_SRCS := $(sort $(filter-out core/config.c,$(wildcard core/*.c core/cpu/*.c mm/*.c)) cuda/plan.c)
 CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
 GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
-$(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu
+# kernels.cu takes the type numbers from core/cpu/qtypes.h, the CPU side's definition.
+$(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu core/cpu/qtypes.h
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -t 0 -fatbin $(CUDA_ARCH) $< -o $@
+	$(NVCC) -O3 -t 0 -fatbin -I. $(CUDA_ARCH) $< -o $@
 $(BUILD)/cuda/obj/fatbin.o: cuda/fatbin.S $(BUILD)/cuda/kernels.fatbin
 	@mkdir -p $(@D)
 	gcc -c -DFATBIN='"$(BUILD)/cuda/kernels.fatbin"' $< -o $@

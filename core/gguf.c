@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_ARR_DEPTH 4 /* array nesting accepted: arr, arr of arr, ... 4 levels */

@@ -35,7 +35,7 @@ typedef struct {
     gguf_str name;
     uint32_t n_dims;
     int64_t ne[GGUF_MAX_DIMS]; /* ne[0] is the contiguous (row) length; unused dims are 1 */
-    uint32_t type;             /* enum qtype (core/quant.h) */
+    uint32_t type;             /* enum qtype (core/cpu/quant.h) */
     uint64_t offset;           /* relative to the data section */
     uint64_t size;             /* bytes: quant_row_size(type, ne[0]) * rows */
     const void *data;          /* in the mapping */

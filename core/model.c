@@ -9,11 +9,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "core/attn.h"
-#include "core/qpack.h"
-#include "core/quant.h"
+#include "core/cpu/attn.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant.h"
+#include "core/cpu/vmath.h"
 #include "core/threads.h"
-#include "core/vmath.h"
 
 #define MM_CHUNK 16    /* weight rows per matmul task: a multiple of quant_dot_rows' 4
                         * and of a packed group's QP_ROWS */
@@ -234,7 +234,7 @@ struct model_state {
     size_t packed_bytes;
 };
 
-/* Packed copies (core/qpack) of the matrices that want one, in one allocation: a
+/* Packed copies (core/cpu/qpack) of the matrices that want one, in one allocation: a
  * first pass sizes it, a second packs. */
 static size_t pack_one(model_mat *w, uint8_t *mem, size_t at) {
     size_t n = qp_wanted(w->type) ? qp_bytes(w->type, w->n_in, w->n_out) : 0;
@@ -561,7 +561,7 @@ typedef struct {
 
 /* The query heads of one token that share each of its KV heads [h0, h0 + nh), against
  * the sequence's positions [0, pos], block by block through the page table (online
- * softmax in core/attn). A block's K rows of all heads of a layer lie side by side (V's
+ * softmax in core/cpu/attn). A block's K rows of all heads of a layer lie side by side (V's
  * too: mm/kv.h), so walking the heads inside the block loop reads one run of memory
  * instead of nh scattered ones: a decode step's KV is far larger than the caches, and
  * the hardware prefetcher follows runs. Every head's arithmetic is the same either way. */

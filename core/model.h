@@ -33,7 +33,7 @@ typedef struct {
 } model_config;
 
 /* A weight matrix: n_out rows of n_in elements, row-major, of quant type `type`.
- * packed: the same rows in core/qpack's layout, or NULL; only a model_state's copy of
+ * packed: the same rows in core/cpu/qpack's layout, or NULL; only a model_state's copy of
  * the weights has it (the model's own, shared with other backends, never does). */
 typedef struct {
     const void *data;

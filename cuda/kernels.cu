@@ -1,7 +1,7 @@
 /* kernels: the CUDA backend's device code, compiled by nvcc into one fatbin that kilnd
  * embeds (cuda/fatbin.S) and loads with cuModuleLoadData. Every kernel is extern "C" so
  * the host looks it up by its plain name; cuda/kern.h has the launch wrappers and
- * cuda/kern.c the geometry. Each kernel has a CPU reference in core/ (model.c, attn.c,
+ * cuda/kern.c the geometry. Each kernel has a CPU reference in core/ (model.c; cpu/attn.c,
  * quant.c) that tests/gpu/gpu_test.c compares it with.
  *
  * Batch invariance (tests/gpu): every per-token result is computed by the same threads
@@ -13,9 +13,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-/* Values of core/quant.h's enum qtype (GGUF numbering). */
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+#include "core/cpu/qtypes.h" /* QT_*: the type numbers, the CPU side's own definition */
 
 #define ATT_WARPS 8      /* warps per attention block */
 #define ATT_PAIRS_WARP 8 /* (token, head) pairs one warp carries at most */
@@ -42,7 +40,7 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, i
 __device__ __forceinline__ void dq8(int type, const uint8_t *row, int s, float v[8]) {
     int e0 = s * 8;
     switch (type) {
-    case T_Q4_1: { /* the default model's type: 20-byte blocks, 4-byte aligned loads */
+    case QT_Q4_1: { /* the default model's type: 20-byte blocks, 4-byte aligned loads */
         const uint8_t *b = row + (e0 / 32) * 20;
         uint32_t dm = *(const uint32_t *)b;
         float d = __half2float(__ushort_as_half((unsigned short)(dm & 0xffff)));
@@ -56,7 +54,7 @@ __device__ __forceinline__ void dq8(int type, const uint8_t *row, int s, float v
         }
         return;
     }
-    case T_Q8_0: { /* 34-byte blocks: 2-byte aligned loads */
+    case QT_Q8_0: { /* 34-byte blocks: 2-byte aligned loads */
         const uint8_t *b = row + (e0 / 32) * 34;
         float d = __half2float(__ushort_as_half(*(const unsigned short *)b));
         const unsigned short *qs = (const unsigned short *)(b + 2 + e0 % 32);
@@ -67,59 +65,59 @@ __device__ __forceinline__ void dq8(int type, const uint8_t *row, int s, float v
         }
         return;
     }
-    case T_F32:
+    case QT_F32:
         for (int i = 0; i < 8; i++) v[i] = ((const float *)row)[e0 + i];
         return;
-    case T_F16:
+    case QT_F16:
         for (int i = 0; i < 8; i++) v[i] = ld_f16(row + 2 * (e0 + i));
         return;
-    case T_BF16:
+    case QT_BF16:
         for (int i = 0; i < 8; i++) {
             const uint8_t *p = row + 2 * (e0 + i);
             v[i] = __uint_as_float((unsigned)(p[0] | (p[1] << 8)) << 16);
         }
         return;
-    case T_Q4_0: case T_Q5_0: case T_Q5_1: {
-        int bsz = type == T_Q4_0 ? 18 : type == T_Q4_1 ? 20 : type == T_Q5_0 ? 22 : 24;
+    case QT_Q4_0: case QT_Q5_0: case QT_Q5_1: {
+        int bsz = type == QT_Q4_0 ? 18 : type == QT_Q4_1 ? 20 : type == QT_Q5_0 ? 22 : 24;
         const uint8_t *b = row + (e0 / 32) * bsz;
         int j0 = e0 % 32;
         float d = ld_f16(b), m = 0.0f;
         const uint8_t *qs;
         uint32_t qh = 0;
-        if (type == T_Q4_1 || type == T_Q5_1) m = ld_f16(b + 2);
-        if (type == T_Q4_0) qs = b + 2;
-        else if (type == T_Q4_1) qs = b + 4;
+        if (type == QT_Q4_1 || type == QT_Q5_1) m = ld_f16(b + 2);
+        if (type == QT_Q4_0) qs = b + 2;
+        else if (type == QT_Q4_1) qs = b + 4;
         else {
-            const uint8_t *h = b + (type == T_Q5_0 ? 2 : 4);
+            const uint8_t *h = b + (type == QT_Q5_0 ? 2 : 4);
             qh = h[0] | (h[1] << 8) | (h[2] << 16) | ((uint32_t)h[3] << 24);
             qs = h + 4;
         }
         for (int i = 0; i < 8; i++) {
             int j = j0 + i;
             int q = j < 16 ? (qs[j] & 0xF) : (qs[j - 16] >> 4);
-            if (type == T_Q5_0 || type == T_Q5_1) q |= ((qh >> j) & 1) << 4;
-            v[i] = type == T_Q4_0 ? d * (float)(q - 8)
-                 : type == T_Q5_0 ? d * (float)(q - 16)
+            if (type == QT_Q5_0 || type == QT_Q5_1) q |= ((qh >> j) & 1) << 4;
+            v[i] = type == QT_Q4_0 ? d * (float)(q - 8)
+                 : type == QT_Q5_0 ? d * (float)(q - 16)
                  : d * (float)q + m;
         }
         return;
     }
-    case T_Q4_K: case T_Q5_K: {
-        const uint8_t *b = row + (e0 / 256) * (type == T_Q4_K ? 144 : 176);
+    case QT_Q4_K: case QT_Q5_K: {
+        const uint8_t *b = row + (e0 / 256) * (type == QT_Q4_K ? 144 : 176);
         int e = e0 % 256, j = e / 32, l0 = e % 32, sc, mn;
         scale_min_k4(j, b + 4, &sc, &mn);
         float ds = ld_f16(b) * (float)sc, dm = ld_f16(b + 2) * (float)mn;
         const uint8_t *qh = b + 16; /* Q5_K only */
-        const uint8_t *q = b + (type == T_Q4_K ? 16 : 48) + (j / 2) * 32;
+        const uint8_t *q = b + (type == QT_Q4_K ? 16 : 48) + (j / 2) * 32;
         int shift = (j & 1) * 4;
         for (int i = 0; i < 8; i++) {
             int l = l0 + i, x = (q[l] >> shift) & 0xF;
-            if (type == T_Q5_K) x |= ((qh[l] >> j) & 1) << 4;
+            if (type == QT_Q5_K) x |= ((qh[l] >> j) & 1) << 4;
             v[i] = ds * (float)x - dm;
         }
         return;
     }
-    case T_Q6_K: {
+    case QT_Q6_K: {
         const uint8_t *b = row + (e0 / 256) * 210;
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *scales = (const int8_t *)(b + 192);
@@ -235,7 +233,7 @@ __global__ void k_mm(int type, const uint8_t *w, long long row_bytes, int n_in, 
                      const float *bias) {
 #define MM_CASE(t) case t: mm_body<t>(type, w, row_bytes, n_in, n_out, x, xstride, out, ostride, T, add, bias); return;
     switch (type) {
-    MM_CASE(T_Q4_1) MM_CASE(T_Q8_0) MM_CASE(T_Q4_0) MM_CASE(T_Q4_K) MM_CASE(T_Q6_K)
+    MM_CASE(QT_Q4_1) MM_CASE(QT_Q8_0) MM_CASE(QT_Q4_0) MM_CASE(QT_Q4_K) MM_CASE(QT_Q6_K)
     default: mm_body<-1>(type, w, row_bytes, n_in, n_out, x, xstride, out, ostride, T, add, bias);
     }
 #undef MM_CASE

@@ -23,8 +23,8 @@
 
 #include "core/backend.h"
 #include "core/config.h"
+#include "core/cpu/isa.h"
 #include "core/model.h"
-#include "core/quant.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "mm/pool.h"
@@ -210,7 +210,7 @@ int kd_serve(int argc, char **argv) {
     if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
     static const char *const simd[] = {"scalar", "avx2", "avx512"};
     printf("kilnd: serving %s on %s %s:%d (TLS, backend %s, simd %s)", name, net_driver_name(net),
-           addr, c.net.listen_port, be->ops->name, simd[quant_simd()]);
+           addr, c.net.listen_port, be->ops->name, simd[isa_level()]);
     if (c.net.metrics_port) printf(", metrics http://%s:%d/metrics", addr, c.net.metrics_port);
     printf("\n");
     fflush(stdout);

@@ -34,10 +34,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/attn.h"
+#include "core/cpu/attn.h"
 #include "core/backend.h"
 #include "core/model.h"
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 #include "core/tokenizer.h"
 #include "cuda/cu.h"
 #include "cuda/kern.h"
@@ -1015,7 +1015,7 @@ static int attn_launch(attn_fx *f, const kern_kv *kv, const cplan_layout *L, int
     return 0;
 }
 
-/* core/attn.h's reference for token t, all heads: q scaled by 1/sqrt(hd) as the CPU's
+/* core/cpu/attn.h's reference for token t, all heads: q scaled by 1/sqrt(hd) as the CPU's
  * att_task, then the sequence's blocks through its page table, block_size keys at a
  * time up to the token's position. */
 static void attn_ref_f16(const attn_fx *f, int t, int layer, float *out) {

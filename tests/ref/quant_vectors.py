@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-check vectors for core/quant.c, made with gguf's NumPy quants (an independent
+"""Cross-check vectors for core/cpu/quant.c, made with gguf's NumPy quants (an independent
 implementation of ggml's block formats).
 
 Writes build/quant_vectors.bin (or the path given); tests/unit/test_quant.c checks against

@@ -77,7 +77,7 @@ EXACT_NEAR_TIE = 0.01
 Q8_KL_TOL = 5e-2
 # q8 logits are off by 0.15-0.36 (max|Δ|) on these random models, so two logits 0.18
 # apart can swap: p40 of the K-quant model did when the Q8_0 kernel's summation order
-# changed (the packed layout, core/qpack), kilnd's own margin there being 0.02.
+# changed (the packed layout, core/cpu/qpack), kilnd's own margin there being 0.02.
 Q8_NEAR_TIE = 0.2
 # q8emu: kilnd without --exact against load_q8_emulation on single-token prompts
 EMU_TOKENS = [197, 158, 363, 421, 40, 263, 159, 127, 262, 202]
@@ -179,7 +179,7 @@ def load_q8_emulation(path):
     """The reference with kilnd's non-exact rounding emulated: each matmul's
     activations rounded to the dot type of that weight's type (with Q8_1's f16 block
     sums), K and V stored as f16 (q and the attention probabilities stay f32, as in
-    core/attn.c).  Rounding decisions (round(x/d) near .5) flip on differences of
+    core/cpu/attn.c).  Rounding decisions (round(x/d) near .5) flip on differences of
     1e-7 in x, and over a multi-token prefill a few flips move the logits by up to
     ~1e-2 relative (measured: perturbing the activations by 1e-6 does the same), so
     this is compared on single-token prompts only, where it agrees with kilnd to

@@ -41,13 +41,13 @@ static int check_pass, check_fail, check_skip;
         putchar('\n');                                                          \
     } while (0)
 
-/* SKIP_SIMD_ABOVE(who, max): one SKIP per SIMD level above max (quant_simd_max(): what
- * the CPU has, lowered by KILN_SIMD), for a test that loops over the levels up to max.
- * Where it is used, core/quant.h must be included. */
+/* SKIP_SIMD_ABOVE(who, max): one SKIP per SIMD level above max (isa_max(): what the
+ * CPU has, lowered by KILN_SIMD), for a test that loops over the levels up to max.
+ * Where it is used, core/cpu/isa.h must be included. */
 #define SKIP_SIMD_ABOVE(who, max)                                               \
     do {                                                                        \
         static const char *const level_names_[] = {"scalar", "avx2", "avx512"}; \
-        for (int l_ = (max) + 1; l_ <= QS_AVX512; l_++)                         \
+        for (int l_ = (max) + 1; l_ <= ISA_AVX512; l_++)                         \
             SKIP("%s: level %s: not on this CPU (or KILN_SIMD caps it)", who,   \
                  level_names_[l_]);                                             \
     } while (0)

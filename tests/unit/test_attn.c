@@ -8,8 +8,9 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/attn.h"
-#include "core/quant.h"
+#include "core/cpu/attn.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/quant.h"
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* xorshift64: uniform in [-1, 1) */
@@ -88,12 +89,12 @@ static void bench(void) {
         K[i] = quant_f32_to_f16(frand()), V[i] = quant_f32_to_f16(frand()),
         K8[i] = (int8_t)(frand() * 127), V8[i] = (int8_t)(frand() * 127);
     struct { const char *name; block_fn f16; block_q8_fn q8; int level; } paths[] = {
-        {"ref", attn_block_ref, attn_block_q8_ref, QS_SCALAR},
-        {"avx2", attn_block_avx2, attn_block_q8_avx2, QS_AVX2},
-        {"avx512", attn_block_avx512, attn_block_q8_avx512, QS_AVX512},
+        {"ref", attn_block_ref, attn_block_q8_ref, ISA_SCALAR},
+        {"avx2", attn_block_avx2, attn_block_q8_avx2, ISA_AVX2},
+        {"avx512", attn_block_avx512, attn_block_q8_avx512, ISA_AVX512},
     };
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
-        if (quant_simd_max() < paths[p].level) continue;
+        if (isa_max() < paths[p].level) continue;
         double best = 1e30, best8 = 1e30;
         for (int run = 0; run < 5; run++) {
             double t0 = now_ns();
@@ -110,7 +111,7 @@ static void bench(void) {
 int main(void) {
     const int dims[] = {16, 64, 128}, groups[] = {1, 3, 5, 8}, lens[] = {1, 7, 16, 33, 300};
     const int bss[] = {16, 32};
-    int levels = quant_simd_max();
+    int levels = isa_max();
     SKIP_SIMD_ABOVE("attn (f16 and int8 K/V)", levels);
     for (size_t di = 0; di < 3; di++)
         for (size_t gi = 0; gi < 4; gi++)
@@ -135,12 +136,12 @@ int main(void) {
                     }
                     /* Each SIMD level against the reference: a polynomial exp and FMA
                      * ordering give ~1e-6 relative differences; 1e-4 leaves margin. */
-                    if (levels >= QS_AVX2) {
+                    if (levels >= ISA_AVX2) {
                         blocked(attn_block_avx2, q, g, hd, K, V, n, bs, got);
                         CHECK(max_rel(got, ref, g * hd) < 1e-4f, "avx2: hd %d g %d n %d err %g",
                               hd, g, n, max_rel(got, ref, g * hd));
                     }
-                    if (levels >= QS_AVX512) {
+                    if (levels >= ISA_AVX512) {
                         blocked(attn_block_avx512, q, g, hd, K, V, n, bs, got);
                         CHECK(max_rel(got, ref, g * hd) < 1e-4f, "avx512: hd %d g %d n %d err %g",
                               hd, g, n, max_rel(got, ref, g * hd));
@@ -158,12 +159,12 @@ int main(void) {
                     CHECK(max_rel(got, ref, g * hd) < 1e-5f, "q8 ref vs f16 ref: hd %d g %d n %d err %g",
                           hd, g, n, max_rel(got, ref, g * hd));
                     float *simd = malloc(sizeof(float) * (size_t)(g * hd));
-                    if (levels >= QS_AVX2) {
+                    if (levels >= ISA_AVX2) {
                         blocked_q8(attn_block_q8_avx2, q, g, hd, K8, ks, V8, vs, n, bs, simd);
                         CHECK(max_rel(simd, got, g * hd) < 1e-4f, "q8 avx2: hd %d g %d n %d err %g",
                               hd, g, n, max_rel(simd, got, g * hd));
                     }
-                    if (levels >= QS_AVX512) {
+                    if (levels >= ISA_AVX512) {
                         blocked_q8(attn_block_q8_avx512, q, g, hd, K8, ks, V8, vs, n, bs, simd);
                         CHECK(max_rel(simd, got, g * hd) < 1e-4f, "q8 avx512: hd %d g %d n %d err %g",
                               hd, g, n, max_rel(simd, got, g * hd));

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/gguf.h"
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 #include "tests/unit/check.h"
 
 /* ---------------------------------------------------------------- the real model */

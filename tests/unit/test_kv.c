@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 #include "mm/kv.h"
 #include "tests/unit/check.h"
 

@@ -1,4 +1,4 @@
-/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/cpu/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
  * row offsets, column counts on and off the 8-column pass, and widths from one block
  * to SmolLM2's 1536; the reference against the row-major quant_dot_ref (the same dot up
@@ -11,8 +11,9 @@
 #include <time.h>
 
 #include "check.h"
-#include "core/qpack.h"
-#include "core/quant.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static float frand(void) { /* [-1, 1) */
@@ -160,7 +161,7 @@ static void bench(uint32_t T, int64_t n, int CH) {
             if (t[k + 1] - t[k] < best[k]) best[k] = t[k + 1] - t[k];
     }
     printf("bench L%d %s n=%-5lld decode: row-major %6.1f  packed %6.1f ns/row (%.2fx)   "
-           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", quant_simd(),
+           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", isa_level(),
            quant_traits_of(T)->name, (long long)n,
            best[0] / rows, best[1] / rows, best[0] / best[1], NCB, best[2] / MROWS / NCB,
            best[3] / MROWS / NCB, best[2] / best[3]);
@@ -169,28 +170,28 @@ static void bench(uint32_t T, int64_t n, int CH) {
 
 int main(void) {
     test_bytes();
-    int max = quant_simd_max();
+    int max = isa_max();
     SKIP_SIMD_ABOVE("qpack", max);
     int64_t ns[] = {32, 64, 96, 576, 1536};
     int nrs[] = {1, 16, 40, 64};
-    for (int level = QS_SCALAR; level <= max; level++) {
-        quant_set_simd(level);
+    for (int level = ISA_SCALAR; level <= max; level++) {
+        isa_set(level);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
             for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
-                test_shape(QT_Q4_1, ns[i], nrs[j], level, level == QS_SCALAR);
-                test_shape(QT_Q8_0, ns[i], nrs[j], level, level == QS_SCALAR);
+                test_shape(QT_Q4_1, ns[i], nrs[j], level, level == ISA_SCALAR);
+                test_shape(QT_Q8_0, ns[i], nrs[j], level, level == ISA_SCALAR);
             }
     }
-    quant_set_simd(max);
+    isa_set(max);
     const char *b = getenv("QPACK_BENCH");
     if (b && *b == '1') {
-        for (int level = QS_AVX2; level <= max; level++) {
-            quant_set_simd(level);
+        for (int level = ISA_AVX2; level <= max; level++) {
+            isa_set(level);
             bench(QT_Q4_1, 576, 16);
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
         }
-        quant_set_simd(max);
+        isa_set(max);
     }
     return check_done("qpack");
 }

@@ -2,8 +2,9 @@
  * references; the references against gguf's NumPy implementation (vectors made by
  * tests/ref/quant_vectors.py into $QUANT_VECTORS or build/quant_vectors.bin; a missing
  * file is a failure); fp16/bf16 edge cases. QUANT_BENCH=1 also prints dot timings (ns per row). */
-#include "core/quant.h"
-#include "core/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
+#include "core/cpu/isa.h"
+#include "core/cpu/quant.h"
+#include "core/cpu/quant_kern.h" /* block layouts, for the AMX arithmetic's C mirror */
 #include "tests/unit/check.h"
 
 #include <math.h>
@@ -303,7 +304,7 @@ static void test_batch_invariance(uint32_t type, int64_t n, int level) {
     free(f), free(w), free(x);
 }
 
-/* The AMX arithmetic in plain C (core/quant_amx_avx512.c): per block, the exact int
+/* The AMX arithmetic in plain C (core/cpu/quant_amx_avx512.c): per block, the exact int
  * dot, then s = fma(i, d_w*d_x, s), and for Q4_1 s = fma(m_w, s_x, s). fmaf is exact
  * (one rounding) however the compiler provides it, so these must match bit for bit. */
 static float q41_amx_mirror(int64_t n, const void *w, const void *x) {
@@ -338,14 +339,14 @@ static float q80_amx_mirror(int64_t n, const void *w, const void *x) {
  * value equals the C mirror bit for bit (so also every other shape's value for that
  * pair) and the reference dot within the usual tolerance. */
 static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const void *)) {
-    if (!quant_amx_max()) {
+    if (!isa_amx_max()) {
         SKIP("quant: the AMX tile test of %s: no AMX-INT8 here (the CPU, the kernel's "
              "permission or KILN_SIMD)", quant_traits_of(type)->name);
         return;
     }
-    int amx0 = quant_amx();
-    quant_set_simd(QS_AVX512);
-    quant_set_amx(QA_ALL);
+    int amx0 = isa_amx();
+    isa_set(ISA_AVX512);
+    isa_set_amx(ISA_AMX_ALL);
     enum { NR = 40, NC = 40 };
     int64_t blocks[] = {1, 18, 32, 33, 49};
     int nrs[] = {1, 2, 15, 16, 17, 33, 40}, ncs[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 40};
@@ -394,23 +395,23 @@ static void test_amx(uint32_t type, float (*mirror)(int64_t, const void *, const
             }
         free(f), free(tw), free(tx), free(w), free(x), free(want), free(out);
     }
-    quant_set_simd(quant_simd_max());
-    quant_set_amx(amx0);
+    isa_set(isa_max());
+    isa_set_amx(amx0);
 }
 
 /* Every level without AMX, then (where the machine has it) AVX-512 with AMX for Q4_1
  * and with AMX for all it covers. */
 static void test_levels(void) {
-    int max = quant_simd_max(), amx = quant_amx_max(), amx0 = quant_amx();
+    int max = isa_max(), amx = isa_amx_max(), amx0 = isa_amx();
     SKIP_SIMD_ABOVE("quant", max);
     if (!amx)
         SKIP("quant: levels avx512+amx(q4_1) and avx512+amx(all): no AMX-INT8 here (the CPU, "
              "the kernel's permission or KILN_SIMD)");
-    for (int pass = QS_SCALAR; pass <= max + amx; pass++) {
+    for (int pass = ISA_SCALAR; pass <= max + amx; pass++) {
         int before = check_pass + check_fail, fail0 = check_fail;
-        int level = pass > max ? max : pass, with_amx = pass > max ? pass - max : QA_OFF;
-        CHECK(quant_set_simd(level) == level && quant_simd() == level, "set level %d", level);
-        CHECK(quant_set_amx(with_amx) == with_amx && quant_amx() == with_amx, "set amx %d",
+        int level = pass > max ? max : pass, with_amx = pass > max ? pass - max : ISA_AMX_OFF;
+        CHECK(isa_set(level) == level && isa_level() == level, "set level %d", level);
+        CHECK(isa_set_amx(with_amx) == with_amx && isa_amx() == with_amx, "set amx %d",
               with_amx);
         for (int ti = 0; ti < NTYPES; ti++) {
             int blk = quant_traits_of(all_types[ti])->block;
@@ -432,11 +433,11 @@ static void test_levels(void) {
             }
         }
         printf("quant: level %d%s: %d checks, %d failed\n", level,
-               with_amx == QA_ALL ? "+amx(all)" : with_amx ? "+amx(q4_1)" : "",
+               with_amx == ISA_AMX_ALL ? "+amx(all)" : with_amx ? "+amx(q4_1)" : "",
                check_pass + check_fail - before, check_fail - fail0);
     }
-    quant_set_simd(max);
-    quant_set_amx(amx0);
+    isa_set(max);
+    isa_set_amx(amx0);
 }
 
 /* ---------------------------------------------------------------- bench */
@@ -449,8 +450,8 @@ static double now_ns(void) {
 
 /* Bench levels: 0..2, then 3 and 4 for AVX-512 with AMX for Q4_1 and for all. */
 static void set_level(int level) {
-    quant_set_simd(level > QS_AVX512 ? QS_AVX512 : level);
-    quant_set_amx(level > QS_AVX512 ? level - QS_AVX512 : QA_OFF);
+    isa_set(level > ISA_AVX512 ? ISA_AVX512 : level);
+    isa_set_amx(level > ISA_AVX512 ? level - ISA_AVX512 : ISA_AMX_OFF);
 }
 
 static void bench_one(uint32_t type, int64_t n, int level) {
@@ -534,10 +535,10 @@ static void bench_tile(uint32_t type, int64_t n, int level) {
 }
 
 static void bench(void) {
-    int max = quant_simd_max(), amx0 = quant_amx();
+    int max = isa_max(), amx0 = isa_amx();
     uint32_t ttypes[] = {QT_Q4_1, QT_Q4_0, QT_Q8_0};
     for (size_t i = 0; i < sizeof ttypes / sizeof ttypes[0]; i++)
-        for (int level = QS_AVX2; level <= max + quant_amx_max(); level++) {
+        for (int level = ISA_AVX2; level <= max + isa_amx_max(); level++) {
             bench_tile(ttypes[i], 576, level);
             bench_tile(ttypes[i], 1536, level);
         }
@@ -548,7 +549,7 @@ static void bench(void) {
     uint32_t types[] = {QT_Q4_1, QT_Q8_0, QT_F32, QT_F16, QT_Q4_0, QT_Q5_0, QT_Q5_1,
                         QT_Q4_K, QT_Q5_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        for (int level = QS_SCALAR; level <= max + quant_amx_max(); level++) {
+        for (int level = ISA_SCALAR; level <= max + isa_amx_max(); level++) {
             int64_t ns[] = {576, 1536};
             for (int k = 0; k < 2; k++)
                 if (ns[k] % quant_traits_of(types[i])->block == 0) bench_one(types[i], ns[k], level);

@@ -3,13 +3,14 @@
  * range, and the check that an element's result does not depend on its place in a row.
  * VMATH_BENCH=1 also prints ns per SwiGLU row of SmolLM2-135M (1536). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "check.h"
-#include "core/quant.h"
-#include "core/vmath.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/vmath.h"
 
 typedef void (*swiglu_fn)(float *, const float *, const float *, int);
 typedef void (*add_fn)(float *, const float *, int);
@@ -138,12 +139,12 @@ static void bench(const char *name, swiglu_fn fn) {
 }
 
 int main(void) {
-    int levels = quant_simd_max();
+    int levels = isa_max();
     SKIP_SIMD_ABOVE("vmath (swiglu, add, rmsnorm)", levels);
     struct { const char *name; swiglu_fn sw; add_fn add; norm_fn norm; int level; } paths[] = {
-        {"ref", vm_swiglu_ref, vm_add_ref, vm_rmsnorm_ref, QS_SCALAR},
-        {"avx2", vm_swiglu_avx2, vm_add_avx2, vm_rmsnorm_avx2, QS_AVX2},
-        {"avx512", vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512, QS_AVX512},
+        {"ref", vm_swiglu_ref, vm_add_ref, vm_rmsnorm_ref, ISA_SCALAR},
+        {"avx2", vm_swiglu_avx2, vm_add_avx2, vm_rmsnorm_avx2, ISA_AVX2},
+        {"avx512", vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512, ISA_AVX512},
     };
     const char *b = getenv("VMATH_BENCH");
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {

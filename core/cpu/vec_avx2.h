@@ -1,4 +1,4 @@
-/* vec_avx2.h: the vector macros of core/vec.h for 8-lane AVX2 + FMA + F16C, for the
+/* vec_avx2.h: the vector macros of core/cpu/vec.h for 8-lane AVX2 + FMA + F16C, for the
  * files built with AVX2 flags that write their kernels once over these macros
  * (attention, vmath). No include guard: one includer per translation unit. */
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-/* vec_avx512.h: the vector macros of core/vec.h for 16-lane AVX-512 (F, DQ), for the
+/* vec_avx512.h: the vector macros of core/cpu/vec.h for 16-lane AVX-512 (F, DQ), for the
  * files built with AVX-512 flags that write their kernels once over these macros
  * (attention, vmath). No include guard: one includer per translation unit. */
 #include <immintrin.h>

@@ -10,14 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Values match GGUF's ggml_type numbering. */
-enum qtype {
-    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
-    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15,
-    QT_BF16 = 30, QT_COUNT = 31,
-};
-
-enum quant_simd { QS_SCALAR = 0, QS_AVX2 = 1, QS_AVX512 = 2 };
+#include "core/cpu/qtypes.h" /* enum qtype: QT_F32 .. QT_BF16, GGUF's numbering */
 
 typedef struct {
     const char *name;
@@ -32,24 +25,7 @@ const quant_traits *quant_traits_of(uint32_t type);
  * type is unknown. */
 size_t quant_row_size(uint32_t type, int64_t n);
 
-/* SIMD level: detected once (the environment variable KILN_SIMD=scalar|avx2|avx512|amx
- * caps it; avx512 means without AMX); tests may lower it to compare each level with the reference.
- * quant_set_simd returns the level actually in force (never above the machine's or
- * the cap). */
-int quant_simd(void);
-int quant_simd_max(void);
-int quant_set_simd(int level);
-/* AMX-INT8 tiles on top of the AVX-512 level (their own arithmetic), in force only
- * while the level is QS_AVX512: 0 off, QA_Q4_1 (the default where the CPU and kernel
- * allow it and KILN_SIMD does not cap it) Q4_1 only, QA_ALL Q8_0 too (KILN_AMX=all; not
- * the default: it flips a near-tie in tests/ref/tiny_parity.py, see BENCHMARKS.md).
- * quant_set_amx returns what is now in force (never above quant_amx_max). */
-enum quant_amx_use { QA_OFF = 0, QA_Q4_1 = 1, QA_ALL = 2 };
-int quant_amx(void);
-int quant_amx_max(void);
-int quant_set_amx(int use);
-
-/* Dispatched to the current SIMD level. n is a multiple of the type's block. */
+/* Dispatched to the SIMD level in force (core/cpu/isa.h). n is a multiple of the type's block. */
 void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n);
 /* Quantize an f32 row to a dot type (Q8_0, Q8_1, Q8_K, F32 is a copy). */
 void quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);

@@ -8,8 +8,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "core/qpack.h"
-#include "core/quant_kern.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant_kern.h"
 
 #define QP_INLINE static inline __attribute__((always_inline))
 #define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))

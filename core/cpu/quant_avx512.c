@@ -3,7 +3,7 @@
  * 512-bit Q4_1 x Q8_1 tile kernel (the default model's layers) doing two blocks per
  * vpdpbusd, used for dot, rows and tile alike. */
 #define QX_VNNI 1
-#include "core/quant_x86.h"
+#include "core/cpu/quant_x86.h"
 
 /* ---------------------------------------------------------------- Q4_1 x Q8_1, 512-bit */
 
@@ -42,7 +42,7 @@ QX_INLINE __m128i q41_hpair(const uint8_t *p, size_t stride, int two) {
  * batches), rolled for single columns (decode). */
 #define Q41_STEP q41_step
 #define Q41_TILE_RC q41_tile_rc
-#include "core/quant_q41_512.h"
+#include "core/cpu/quant_q41_512.h"
 #undef Q41_STEP
 #undef Q41_TILE_RC
 #pragma push_macro("QX_UNROLL")
@@ -50,7 +50,7 @@ QX_INLINE __m128i q41_hpair(const uint8_t *p, size_t stride, int two) {
 #define QX_UNROLL
 #define Q41_STEP q41_step_col
 #define Q41_TILE_RC q41_tile_rc_col
-#include "core/quant_q41_512.h"
+#include "core/cpu/quant_q41_512.h"
 #undef Q41_STEP
 #undef Q41_TILE_RC
 #pragma pop_macro("QX_UNROLL")

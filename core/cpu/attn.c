@@ -1,9 +1,10 @@
 /* attn: reference online-softmax attention over a KV block, and the dispatcher. */
-#include "core/attn.h"
+#include "core/cpu/attn.h"
 
 #include <math.h>
 
-#include "core/quant.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/quant.h"
 
 void attn_init(attn_state *st, int g, int hd) {
     st->g = g, st->hd = hd;
@@ -51,25 +52,42 @@ void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks
     ref_block(st, q, K, ks, V, vs, n, 1);
 }
 
+/* ---------------------------------------------------------------- dispatch */
+
+typedef void (*attn_f16_fn)(attn_state *, const float *, const uint16_t *, const uint16_t *, int);
+typedef void (*attn_q8_fn)(attn_state *, const float *, const int8_t *, float, const int8_t *,
+                           float, int);
+typedef struct {
+    attn_f16_fn f16;
+    attn_q8_fn q8;
+    int lanes; /* the path needs hd a multiple of it */
+} attn_path;
+
+/* Per dispatch slot (isa.h); no AMX kernels, so the AMX slots run AVX-512's. */
+static const attn_path paths[ISA_SLOTS] = {
+    [ISA_SCALAR] = {attn_block_ref, attn_block_q8_ref, 1},
+#if defined(__x86_64__)
+    [ISA_AVX2] = {attn_block_avx2, attn_block_q8_avx2, 8},
+    [ISA_AVX512] = {attn_block_avx512, attn_block_q8_avx512, 16},
+    [ISA_SLOT_AMX_Q4_1] = {attn_block_avx512, attn_block_q8_avx512, 16},
+    [ISA_SLOT_AMX_ALL] = {attn_block_avx512, attn_block_q8_avx512, 16},
+#endif
+};
+
+/* The slot's path, or the first below it whose lanes divide hd (the reference's is 1). */
+static const attn_path *path(int hd) {
+    const attn_path *p = ISA_PICK(paths);
+    while (hd % p->lanes) p--;
+    return p;
+}
+
 void attn_block_q8(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
                    float vs, int n) {
-    int lvl = quant_simd();
-#if defined(__x86_64__)
-    if (lvl >= QS_AVX512 && st->hd % 16 == 0) return attn_block_q8_avx512(st, q, K, ks, V, vs, n);
-    if (lvl >= QS_AVX2 && st->hd % 8 == 0) return attn_block_q8_avx2(st, q, K, ks, V, vs, n);
-#endif
-    (void)lvl;
-    attn_block_q8_ref(st, q, K, ks, V, vs, n);
+    path(st->hd)->q8(st, q, K, ks, V, vs, n);
 }
 
 void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
-    int lvl = quant_simd();
-#if defined(__x86_64__)
-    if (lvl >= QS_AVX512 && st->hd % 16 == 0) return attn_block_avx512(st, q, K, V, n);
-    if (lvl >= QS_AVX2 && st->hd % 8 == 0) return attn_block_avx2(st, q, K, V, n);
-#endif
-    (void)lvl;
-    attn_block_ref(st, q, K, V, n);
+    path(st->hd)->f16(st, q, K, V, n);
 }
 
 void attn_finish(const attn_state *st, float *out, size_t out_stride) {

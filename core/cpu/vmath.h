@@ -1,6 +1,6 @@
 /* vmath: the forward pass's row-wise float work (SwiGLU, the residual add, RMSNorm),
  * with a plain C reference beside AVX2 and AVX-512 paths picked at run
- * time from quant_simd(); tests/unit/test_vmath.c compares them.
+ * time by the level in force (core/cpu/isa.h); tests/unit/test_vmath.c compares them.
  *
  * Every element goes through the same arithmetic wherever it sits in the row (a row's
  * tail goes through a padded vector), so a token's result never depends on its batch. */
@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). The SIMD paths use a
- * polynomial exp (relative error ~2e-7; core/vec.h), the reference libm's expf. */
+ * polynomial exp (relative error ~2e-7; core/cpu/vec.h), the reference libm's expf. */
 void vm_swiglu(float *out, const float *gate, const float *up, int n);
 void vm_swiglu_ref(float *out, const float *gate, const float *up, int n);
 void vm_swiglu_avx2(float *out, const float *gate, const float *up, int n);

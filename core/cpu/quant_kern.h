@@ -4,7 +4,7 @@
 #ifndef KILN_QUANT_KERN_H
 #define KILN_QUANT_KERN_H
 
-#include "core/quant.h"
+#include "core/cpu/quant.h"
 
 #define QK4 32   /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 block */
 #define QKK 256  /* K-quant super-block */
@@ -51,8 +51,9 @@ typedef void (*qk_tile_fn)(int64_t n, const void *w, size_t wstride, int nr,
                            const void *xq, size_t xstride, int nc, float *out,
                            size_t ostride);
 
-/* One row per type and SIMD level. A NULL entry at a level means "use the level below"
- * (the table is filled bottom-up, so after setup no entry is NULL).
+/* One row per type and dispatch slot (core/cpu/isa.h: a level, or AVX-512 with AMX). A
+ * NULL entry a register function leaves means "use the level below" (the table is
+ * filled bottom-up, so after setup no entry is NULL).
  * Batch invariance: at one level, dot, rows and tile must give the same bits for a
  * (weight row, activation row) pair whatever nr, nc and the pair's place in the tile
  * (same operations in the same order), so a sequence's output does not depend on its

@@ -1,5 +1,5 @@
-/* vec.h: helpers written once over a set of vector macros that core/vec_avx2.h (8
- * lanes) or core/vec_avx512.h (16 lanes) defines: VEC (type), W (lanes), LOADH(p)
+/* vec.h: helpers written once over a set of vector macros that core/cpu/vec_avx2.h (8
+ * lanes) or core/cpu/vec_avx512.h (16 lanes) defines: VEC (type), W (lanes), LOADH(p)
  * (f16 -> f32 vector), LOADB(p) (int8 -> f32 vector), LOAD, STORE, SET1, ZERO, ADD,
  * SUB, MUL, DIV, FMA(a,b,c) (a*b+c), MAXV, MINV, RINT (to nearest), LDEXP(e, k) (e * 2^k, k
  * integral), ZERO_BELOW(x, lim, e) (e where x >= lim, else 0), and within each 128-bit

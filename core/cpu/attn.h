@@ -4,9 +4,8 @@
  *
  * K and V rows are f16 [n][head_dim], or int8 with one scale for all of K and one for
  * all of V (8-bit KV blocks, the degrade ladder's rung 2). A plain C reference sits
- * beside SIMD paths
- * (AVX2, AVX-512) picked at run time from quant_simd(); tests/unit/test_attn.c
- * compares them. */
+ * beside SIMD paths (AVX2, AVX-512) picked at run time by the level in force
+ * (core/cpu/isa.h); tests/unit/test_attn.c compares them. */
 #ifndef KILN_ATTN_H
 #define KILN_ATTN_H
 
@@ -38,7 +37,7 @@ void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks
 /* out + j*out_stride receives query j's attention output. */
 void attn_finish(const attn_state *st, float *out, size_t out_stride);
 
-/* SIMD variants (core/attn_avx2.c, core/attn_avx512.c); hd must be a multiple of 8/16,
+/* SIMD variants (core/cpu/attn_avx2.c, core/cpu/attn_avx512.c); hd must be a multiple of 8/16,
  * attn_block falls back to the reference otherwise. */
 void attn_block_avx2(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
 void attn_block_avx512(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V,

@@ -11,7 +11,7 @@
 #ifndef KILN_QUANT_X86_H
 #define KILN_QUANT_X86_H
 
-#include "core/quant_kern.h"
+#include "core/cpu/quant_kern.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -142,13 +142,13 @@ QX_INLINE __m128 qx_h2f_pair(const uint8_t *p) {
  * for multi-column tiles: prefill, batches) and rolled (single columns: decode, where
  * the unrolled loop measured ~8% slower end to end). */
 #define QX_TILE_RC qx_tile_rc
-#include "core/quant_x86_tile.h"
+#include "core/cpu/quant_x86_tile.h"
 #undef QX_TILE_RC
 #pragma push_macro("QX_UNROLL")
 #undef QX_UNROLL
 #define QX_UNROLL
 #define QX_TILE_RC qx_tile_rc_col
-#include "core/quant_x86_tile.h"
+#include "core/cpu/quant_x86_tile.h"
 #undef QX_TILE_RC
 #pragma pop_macro("QX_UNROLL")
 

@@ -1,9 +1,9 @@
 /* vmath: the references and the dispatcher (see vmath.h). */
-#include "core/vmath.h"
+#include "core/cpu/vmath.h"
 
 #include <math.h>
 
-#include "core/quant.h"
+#include "core/cpu/isa.h"
 
 void vm_swiglu_ref(float *out, const float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -20,43 +20,46 @@ void vm_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-/* Each function's paths, indexed by path(): the C reference, AVX2, AVX-512. */
-#if defined(__x86_64__)
-#define PATHS(f) {f##_ref, f##_avx2, f##_avx512}
-#else
-#define PATHS(f) {f##_ref, f##_ref, f##_ref}
-#endif
+/* ---------------------------------------------------------------- dispatch */
+
 typedef void (*swiglu_fn)(float *, const float *, const float *, int);
 typedef void (*add_fn)(float *, const float *, int);
 typedef void (*rmsnorm_fn)(float *, const float *, const float *, int, float);
-static const swiglu_fn swiglu_paths[3] = PATHS(vm_swiglu);
-static const add_fn add_paths[3] = PATHS(vm_add);
-static const rmsnorm_fn rmsnorm_paths[3] = PATHS(vm_rmsnorm);
+typedef struct {
+    swiglu_fn swiglu;
+    add_fn add;
+    rmsnorm_fn rmsnorm;
+} vm_path;
 
-/* The path of the current SIMD level. */
-static int path(void) {
-    int lvl = quant_simd();
-    return lvl >= QS_AVX512 ? 2 : lvl >= QS_AVX2 ? 1 : 0;
-}
+/* Per dispatch slot (isa.h); no AMX kernels, so the AMX slots run AVX-512's. */
+static const vm_path paths[ISA_SLOTS] = {
+    [ISA_SCALAR] = {vm_swiglu_ref, vm_add_ref, vm_rmsnorm_ref},
+#if defined(__x86_64__)
+    [ISA_AVX2] = {vm_swiglu_avx2, vm_add_avx2, vm_rmsnorm_avx2},
+    [ISA_AVX512] = {vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512},
+    [ISA_SLOT_AMX_Q4_1] = {vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512},
+    [ISA_SLOT_AMX_ALL] = {vm_swiglu_avx512, vm_add_avx512, vm_rmsnorm_avx512},
+#endif
+};
 
 void vm_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    rmsnorm_paths[path()](out, x, w, n, eps);
+    ISA_PICK(paths)->rmsnorm(out, x, w, n, eps);
 }
 
 void vm_swiglu(float *out, const float *gate, const float *up, int n) {
-    swiglu_paths[path()](out, gate, up, n);
+    ISA_PICK(paths)->swiglu(out, gate, up, n);
 }
 
-void vm_add(float *out, const float *a, int n) { add_paths[path()](out, a, n); }
+void vm_add(float *out, const float *a, int n) { ISA_PICK(paths)->add(out, a, n); }
 
 void vm_swiglu_rows(float *out, size_t os, const float *gate, const float *up, size_t gs, int n,
                     int rows) {
-    swiglu_fn sw = swiglu_paths[path()];
+    swiglu_fn sw = ISA_PICK(paths)->swiglu;
     for (int r = 0; r < rows; r++)
         sw(out + (size_t)r * os, gate + (size_t)r * gs, up + (size_t)r * gs, n);
 }
 
 void vm_add_rows(float *out, size_t os, const float *a, size_t as, int n, int rows) {
-    add_fn add = add_paths[path()];
+    add_fn add = ISA_PICK(paths)->add;
     for (int r = 0; r < rows; r++) add(out + (size_t)r * os, a + (size_t)r * as, n);
 }

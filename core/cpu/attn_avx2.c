@@ -2,9 +2,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "core/attn.h"
+#include "core/cpu/attn.h"
 
-#include "core/vec_avx2.h"
+#include "core/cpu/vec_avx2.h"
 
 #define ATTN_FN attn_block_avx2
 #define ATTN_Q8_FN attn_block_q8_avx2
@@ -14,4 +14,4 @@ static inline __m256 REDW(const __m256 *u) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-#include "core/attn_simd.h"
+#include "core/cpu/attn_simd.h"

@@ -1,9 +1,9 @@
-/* vmath_simd.h: vmath's SIMD paths, written once over the vector macros of core/vec.h
+/* vmath_simd.h: vmath's SIMD paths, written once over the vector macros of core/cpu/vec.h
  * and included by vmath_avx2.c and vmath_avx512.c, which name the functions
  * (VM_SWIGLU_FN, VM_ADD_FN, VM_RMSNORM_FN). */
 #include <string.h>
 
-#include "core/vec.h"
+#include "core/cpu/vec.h"
 
 /* silu(g) * u. exp(-g) is clamped to g >= -88 (exp(88) is still finite), where the
  * reference's exp overflows to inf: silu is then ~5e-37 * g instead of -0. */

@@ -1,26 +1,16 @@
 /* qpack: the packed Q4_1 and Q8_0 layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
-#include "core/qpack.h"
+#include "core/cpu/qpack.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "core/quant.h"
-#include "core/quant_kern.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/quant.h"
+#include "core/cpu/quant_kern.h"
 
 #define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))     /* 320 */
 #define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2)) /* 576 */
-
-int qp_wanted(uint32_t type) {
-#if defined(__x86_64__)
-    /* AMX, where in force, has its own tiles over the row-major layout */
-    int lvl = quant_simd();
-    if (type == QT_Q4_1) return lvl >= QS_AVX2 && (lvl < QS_AVX512 || quant_amx() < QA_Q4_1);
-    if (type == QT_Q8_0) return lvl >= QS_AVX512 && quant_amx() < QA_ALL;
-#endif
-    (void)type;
-    return 0;
-}
 
 /* Bytes per group-block, 0 for a type (or width) without a packed layout. */
 static size_t gblk(uint32_t type, int64_t n) {
@@ -129,17 +119,44 @@ void qp_tile_ref(uint32_t type, int64_t n, const void *wp, int r0, int nr, const
     }
 }
 
+/* ---------------------------------------------------------------- dispatch */
+
+typedef void (*qp_tile_fn)(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                           int nc, float *out, size_t os);
+typedef struct {
+    qp_tile_fn q41, q80; /* the tile of each packed type */
+    int want_q41, want_q80; /* qp_wanted: the packed layout beats row-major quant_dot_tile */
+} qp_path;
+
+static void q41_tile_ref(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os) {
+    qp_tile_ref(QT_Q4_1, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+static void q80_tile_ref(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os) {
+    qp_tile_ref(QT_Q8_0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+/* Per dispatch slot (isa.h). Q8_0 has no AVX2 kernel (qpack.h); AMX, where in force,
+ * has its own tiles over the row-major layout, so it wants no packed copy of its types. */
+static const qp_path paths[ISA_SLOTS] = {
+    [ISA_SCALAR] = {q41_tile_ref, q80_tile_ref, 0, 0},
+#if defined(__x86_64__)
+    [ISA_AVX2] = {qp_q41_tile_avx2, q80_tile_ref, 1, 0},
+    [ISA_AVX512] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 1, 1},
+    [ISA_SLOT_AMX_Q4_1] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 0, 1},
+    [ISA_SLOT_AMX_ALL] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 0, 0},
+#endif
+};
+
+int qp_wanted(uint32_t type) {
+    const qp_path *p = ISA_PICK(paths);
+    return type == QT_Q4_1 ? p->want_q41 : type == QT_Q8_0 ? p->want_q80 : 0;
+}
+
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os) {
-#if defined(__x86_64__)
-    int lvl = quant_simd(), q41 = type == QT_Q4_1;
-    void (*fn)(int64_t, const void *, int, int, const void *, size_t, int, float *, size_t) =
-        lvl >= QS_AVX512 ? (q41 ? qp_q41_tile_avx512 : qp_q80_tile_avx512)
-        : lvl >= QS_AVX2 && q41 ? qp_q41_tile_avx2 : NULL;
-    if (fn && qp_bytes(type, n, r0 + nr) && r0 % QP_ROWS == 0) {
-        fn(n, wp, r0, nr, xq, xs, nc, out, os);
-        return;
-    }
-#endif
-    qp_tile_ref(type, n, wp, r0, nr, xq, xs, nc, out, os);
+    if (!qp_bytes(type, n, r0 + nr) || r0 % QP_ROWS) return;
+    const qp_path *p = ISA_PICK(paths);
+    (type == QT_Q4_1 ? p->q41 : p->q80)(n, wp, r0, nr, xq, xs, nc, out, os);
 }

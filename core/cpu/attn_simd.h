@@ -1,5 +1,5 @@
 /* attn_simd.h: the SIMD attention block, written once over the vector macros of
- * core/vec.h and included by attn_avx2.c (8 lanes) and attn_avx512.c (16 lanes). RED4
+ * core/cpu/vec.h and included by attn_avx2.c (8 lanes) and attn_avx512.c (16 lanes). RED4
  * (below) folds four vectors to one whose every 128-bit lane holds the four vectors'
  * sums over that lane; each includer defines REDW(u) (W/4 RED4 results to the W sums,
  * vector r's in lane r, which crosses 128-bit lanes differently per width), and the
@@ -7,7 +7,7 @@
  * in attn_simd_body.h, is included once per element type: the K scale multiplies each
  * score, the V scale each softmax weight; for f16 both are 1, which changes no bit. */
 
-#include "core/vec.h"
+#include "core/cpu/vec.h"
 
 /* Within each 128-bit lane: the unpacks pair lanes (a0+a2, b0+b2, a1+a3, b1+b3), the
  * shuffles finish each vector's sum over that lane: [a b c d] per 128 bits. */
@@ -22,14 +22,14 @@ static inline VEC RED4(VEC a, VEC b, VEC c, VEC d) {
 #define ATTN_VALUES attn_values_f16
 #define ATTN_ELEM uint16_t
 #define ATTN_LOADE LOADH
-#include "core/attn_simd_body.h"
+#include "core/cpu/attn_simd_body.h"
 
 #define ATTN_BODY attn_body_q8
 #define ATTN_SCORES attn_scores_q8
 #define ATTN_VALUES attn_values_q8
 #define ATTN_ELEM int8_t
 #define ATTN_LOADE LOADB
-#include "core/attn_simd_body.h"
+#include "core/cpu/attn_simd_body.h"
 
 void ATTN_FN(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
     attn_body_f16(st, q, K, 1.0f, V, 1.0f, n);

@@ -2,9 +2,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "core/attn.h"
+#include "core/cpu/attn.h"
 
-#include "core/vec_avx512.h"
+#include "core/cpu/vec_avx512.h"
 
 #define ATTN_FN attn_block_avx512
 #define ATTN_Q8_FN attn_block_q8_avx512
@@ -20,4 +20,4 @@ static inline __m512 REDW(const __m512 *u) {
     return pair_quarters(pair_quarters(u[0], u[1]), pair_quarters(u[2], u[3]));
 }
 
-#include "core/attn_simd.h"
+#include "core/cpu/attn_simd.h"

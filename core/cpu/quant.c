@@ -1,24 +1,28 @@
 /* quant: type traits, fp16/bf16 conversion, plain C references for dequantize,
- * quantize and dot of every type, and the run-time SIMD dispatch.
+ * quantize and dot of every type, and the run-time SIMD dispatch (by isa.h's slot).
  *
  * The references are the readable definition of each format (bit-exact with GGUF /
  * ggml block layouts, see quant_kern.h) and are never removed: the SIMD paths in
  * quant_avx2.c / quant_avx512.c are tested against them. Dots use the integer
  * formulation (sum of q_w*q_x per block, then scales), which is what the SIMD paths
  * compute too, so they agree up to float summation order. */
-#include "core/quant_kern.h"
+#include "core/cpu/quant_kern.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
+
+#include "core/cpu/isa.h"
 
 /* ---------------------------------------------------------------- traits */
+
+/* qtypes.h's numbers are GGUF's, carried by every model file; cuda/kernels.cu takes
+ * them from the same header. */
+_Static_assert(QT_F32 == 0 && QT_F16 == 1 && QT_Q4_0 == 2 && QT_Q4_1 == 3 && QT_Q5_0 == 6 &&
+                   QT_Q5_1 == 7 && QT_Q8_0 == 8 && QT_Q8_1 == 9 && QT_Q4_K == 12 &&
+                   QT_Q5_K == 13 && QT_Q6_K == 14 && QT_Q8_K == 15 && QT_BF16 == 30 &&
+                   QT_COUNT == 31,
+               "ggml_type numbering");
 
 static const quant_traits traits[QT_COUNT] = {
     [QT_F32]  = {"F32", 1, 4, QT_F32},
@@ -617,71 +621,25 @@ float quant_dot_ref(uint32_t type, int64_t n, const void *w, const void *xq) {
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* The kernel tables: one per level, then AVX-512 with AMX for Q4_1, and for all. */
-enum { QS_AMX_TABLE = QS_AVX512 + 1, QS_AMX_ALL_TABLE };
-static quant_kernels level_kernels[QS_AMX_ALL_TABLE + 1][QT_COUNT]; /* filled once, bottom-up */
-static int simd_max, simd_cur, amx_max, amx_cur;
-static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+/* The kernel table: one row per dispatch slot (isa.h), filled once, bottom-up. */
+static quant_kernels kernels[ISA_SLOTS][QT_COUNT];
+static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
 
-/* Linux hands out AMX tile state only on request (it enlarges every context switch's
- * save area); the permission is per process, so once here covers every thread. */
-/* CPUID.(7,0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8); clang's __builtin_cpu_supports
- * does not know them. */
-static int amx_cpu(void) {
-#if defined(__x86_64__)
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
-#else
-    return 0;
-#endif
-}
-static int amx_permit(void) {
-#if defined(__x86_64__) && defined(SYS_arch_prctl)
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-#else
-    return 0;
-#endif
-}
-
-static void simd_init(void) {
-    int max = QS_SCALAR;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        max = QS_AVX2;
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vnni"))
-            max = QS_AVX512;
-    }
-    int amx = max == QS_AVX512 && amx_cpu();
-#else
-    int amx = 0;
-#endif
-    /* KILN_SIMD=scalar|avx2|avx512 caps the level: a host can then compute exactly what
-     * a machine with less (a TCG guest: AVX2, no AVX-512; no AMX) computes. Any value
-     * but amx turns AMX off; KILN_AMX=0|all picks what AMX does (quant.h). */
-    const char *cap = getenv("KILN_SIMD");
-    if (cap && !strcmp(cap, "scalar")) max = QS_SCALAR;
-    else if (cap && !strcmp(cap, "avx2") && max > QS_AVX2) max = QS_AVX2;
-    if (cap && strcmp(cap, "amx")) amx = 0;
-    amx = amx && amx_permit();
-    const char *use = getenv("KILN_AMX"); /* 0 | all; else Q4_1 only */
-    int amx_use = !amx ? QA_OFF : use && !strcmp(use, "0") ? QA_OFF
-                : use && !strcmp(use, "all") ? QA_ALL : QA_Q4_1;
-    memcpy(level_kernels[QS_SCALAR], ref_kernels, sizeof ref_kernels);
-    /* Only levels the CPU has: the register functions live in files compiled for
+static void kernels_init(void) {
+    memcpy(kernels[ISA_SCALAR], ref_kernels, sizeof ref_kernels);
+    /* Only slots the CPU has: the register functions live in files compiled for
      * their ISA, so even calling one may execute instructions the CPU lacks. */
-    for (int lv = QS_AVX2; lv <= (amx ? QS_AMX_ALL_TABLE : max); lv++) {
+    int top = isa_amx_max() ? ISA_SLOT_AMX_ALL : isa_max();
+    for (int sl = ISA_AVX2; sl <= top; sl++) {
         quant_kernels k[QT_COUNT];
         memset(k, 0, sizeof k);
-        if (lv == QS_AVX2) quant_register_avx2(k);
-        else if (lv == QS_AVX512) quant_register_avx512(k);
-        else quant_register_amx(k, lv == QS_AMX_ALL_TABLE);
+        if (sl == ISA_AVX2) quant_register_avx2(k);
+        else if (sl == ISA_AVX512) quant_register_avx512(k);
+        else quant_register_amx(k, sl == ISA_SLOT_AMX_ALL);
         for (int t = 0; t < QT_COUNT; t++) {
-            quant_kernels *dst = &level_kernels[lv][t];
-            /* each AMX table builds on AVX-512's, not on the one before it */
-            *dst = level_kernels[lv == QS_AMX_ALL_TABLE ? QS_AVX512 : lv - 1][t];
+            quant_kernels *dst = &kernels[sl][t];
+            /* each AMX row builds on AVX-512's, not on the one before it */
+            *dst = kernels[sl == ISA_SLOT_AMX_ALL ? ISA_AVX512 : sl - 1][t];
             if (k[t].dequant) dst->dequant = k[t].dequant;
             if (k[t].quantize) dst->quantize = k[t].quantize;
             /* A new dot makes the level below's rows/tile (built on the old dot)
@@ -691,31 +649,11 @@ static void simd_init(void) {
             if (k[t].tile) dst->tile = k[t].tile;
         }
     }
-    simd_max = simd_cur = max;
-    amx_max = amx ? QA_ALL : QA_OFF;
-    amx_cur = amx_use;
 }
 
 static inline const quant_kernels *kern(uint32_t type) {
-    pthread_once(&simd_once, simd_init);
-    int t = simd_cur != QS_AVX512 || !amx_cur ? simd_cur
-          : amx_cur == QA_ALL ? QS_AMX_ALL_TABLE : QS_AMX_TABLE;
-    return &level_kernels[t][type];
-}
-
-int quant_simd(void) { pthread_once(&simd_once, simd_init); return simd_cur; }
-int quant_amx(void) { pthread_once(&simd_once, simd_init); return amx_cur; }
-int quant_amx_max(void) { pthread_once(&simd_once, simd_init); return amx_max; }
-int quant_set_amx(int use) {
-    pthread_once(&simd_once, simd_init);
-    amx_cur = use < QA_OFF ? QA_OFF : use > amx_max ? amx_max : use;
-    return amx_cur;
-}
-int quant_simd_max(void) { pthread_once(&simd_once, simd_init); return simd_max; }
-int quant_set_simd(int level) {
-    pthread_once(&simd_once, simd_init);
-    simd_cur = level < QS_SCALAR ? QS_SCALAR : level > simd_max ? simd_max : level;
-    return simd_cur;
+    pthread_once(&kernels_once, kernels_init);
+    return *ISA_PICK(kernels) + type; /* the slot's row, then the type */
 }
 
 void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n) {

@@ -18,7 +18,7 @@
  * Tiles: A = 16 tokens x 32 int8 (the Q8_1 blocks' qs, loaded in place with the row
  * stride), B = the 16 weight rows in VNNI order (B[j][4n+t] = weight n, element
  * 4j+t: gathered and unpacked here), C = 16 tokens x 16 rows of int32. */
-#include "core/quant_kern.h"
+#include "core/cpu/quant_kern.h"
 
 #include <immintrin.h>
 #include <string.h>
