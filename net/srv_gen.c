@@ -3,7 +3,7 @@
 #include "net/srv_int.h"
 
 void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len,
-                     float lp) {
+                  float lp) {
     (void)id;
     srv_req *r = ud;
     srv *s = r->owner;
@@ -29,7 +29,7 @@ static void req_unlink(srv_sess *ss, srv_req *r) {
 }
 
 void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u,
-                      const char *msg) {
+                   const char *msg) {
     (void)id;
     srv_req *r = ud;
     srv_sess *ss = r->sess;
