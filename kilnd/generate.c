@@ -145,11 +145,11 @@ out:
 int kd_generate(int argc, char **argv) {
     dr_opts o;
     if (dr_parse(argc, argv, &o) < 0) { kd_usage(); return 2; }
-    for (int i = 0; i < o.n_stops; i++)
-        if (!o.stops[i][0] || strlen(o.stops[i]) > STOPPER_MAX_LEN) {
-            fprintf(stderr, "kilnd: each --stop must be 1..%d bytes\n", STOPPER_MAX_LEN);
-            return 2;
-        }
+    stopper st; /* the engine's own check of the stop strings, before the model loads */
+    if (stopper_init(&st, o.stops, o.n_stops) < 0) {
+        fprintf(stderr, "kilnd: each --stop must be 1..%d bytes\n", STOPPER_MAX_LEN);
+        return 2;
+    }
     if (o.max_tokens == 0 && o.dump_logits) {
         fprintf(stderr, "kilnd: --dump-logits needs --max-tokens of at least 1\n");
         return 2;
