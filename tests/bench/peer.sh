@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# peer.sh: llama.cpp's own tools, the benchmarks' peer, built once with cmake from the
+# llama.cpp source inside the pinned llama-cpp-python sdist (the PyPI package by name),
+# cached under $BUILD/peer. Prints the bin directory on stdout.
+#   $BUILD/peer/bin: llama-bench llama-batched-bench llama-quantize llama-server
+#   $BUILD/peer/src: the sdist's llama.cpp (its gguf-py is the shape generator's writer)
+# Takes ~25 min on 2 cores the first time; afterwards it only checks the stamp.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+BUILD=${BUILD:-build}
+PEER=$BUILD/peer
+REQ=tests/bench/requirements.txt
+PIN=$(sed -n 's/^llama-cpp-python==\([^ ]*\).*/\1/p' "$REQ")
+TOOLS="llama-bench llama-batched-bench llama-quantize llama-server"
+STAMP=$PEER/bin/.built-$PIN
+
+if [ -f "$STAMP" ]; then echo "$PEER/bin"; exit 0; fi
+
+scripts/need.sh python3 python3 gcc gcc g++ g++ cmake cmake make make >&2
+mkdir -p "$PEER/dl"
+sdist=$(ls "$PEER/dl"/llama_cpp_python-"$PIN".tar.gz 2>/dev/null || true)
+if [ -z "$sdist" ]; then
+  echo "peer: downloading the llama-cpp-python==$PIN sdist" >&2
+  python3 -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
+    --no-build-isolation -d "$PEER/dl" "llama-cpp-python==$PIN" >&2 ||
+  python3 -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
+    -d "$PEER/dl" "llama-cpp-python==$PIN" >&2
+  sdist=$(ls "$PEER/dl"/llama_cpp_python-"$PIN".tar.gz)
+fi
+
+rm -rf "$PEER/src" "$PEER/x"
+mkdir -p "$PEER/x"
+tar -xzf "$sdist" -C "$PEER/x"
+mv "$PEER/x"/llama_cpp_python-"$PIN"/vendor/llama.cpp "$PEER/src"
+rm -rf "$PEER/x"
+
+echo "peer: building $TOOLS (cmake, native ISA; minutes)" >&2
+cmake -S "$PEER/src" -B "$PEER/cmake" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >&2
+# shellcheck disable=SC2086
+cmake --build "$PEER/cmake" -j "$(nproc)" --target $TOOLS >&2
+mkdir -p "$PEER/bin"
+for t in $TOOLS; do cp "$PEER/cmake/bin/$t" "$PEER/bin/"; done
+touch "$STAMP"
+echo "$PEER/bin"
