@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/cpu/attn.h"
 #include "core/cpu/qpack.h"
@@ -234,14 +235,31 @@ struct model_state {
     size_t packed_bytes;
 };
 
+/* A packed matrix's GGUF pages, read once by the packer, leave this process's
+ * resident set: the packed copy is what the kernels read, so keeping both would
+ * double the memory of a large model (peak RSS stays about one copy, matrix by
+ * matrix). Only pages inside the file's read-only mapping, never a caller's buffer:
+ * there MADV_DONTNEED just drops them, and a later read (an embedding row of a tied
+ * output matrix, the exact path) faults them back in from the page cache. */
+static void drop_source(const model *m, const model_mat *w) {
+    const gguf_file *f = &m->gguf;
+    if (!f->mapped) return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)w->data, hi = lo + (size_t)w->n_out * w->row_bytes;
+    uintptr_t base = (uintptr_t)f->base, end = base + f->size;
+    if (lo < base || hi > end) return;
+    lo = (lo + pg - 1) & ~(pg - 1), hi &= ~(pg - 1); /* whole pages of this matrix only */
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* Packed copies (core/cpu/qpack) of the matrices that want one, in one allocation: a
  * first pass sizes it, a second packs. */
-static size_t pack_one(model_mat *w, uint8_t *mem, size_t at) {
+static size_t pack_one(const model *m, model_mat *w, uint8_t *mem, size_t at) {
     size_t n = qp_wanted(w->type) ? qp_bytes(w->type, w->n_in, w->n_out) : 0;
     if (!n) return at;
     if (mem) {
         qp_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, mem + at);
         w->packed = mem + at;
+        drop_source(m, w);
     }
     return at + ((n + 63) & ~(size_t)63);
 }
@@ -251,9 +269,9 @@ static size_t pack_all(model_state *s, const model *m, uint8_t *mem) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         model_layer *L = &s->layers[l];
         model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = pack_one(mats[i], mem, at);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = pack_one(m, mats[i], mem, at);
     }
-    return pack_one(&s->output, mem, at);
+    return pack_one(m, &s->output, mem, at);
 }
 
 static int pack_weights(model_state *s, const model *m) {

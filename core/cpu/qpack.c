@@ -1,4 +1,4 @@
-/* qpack: the packed Q4_1 and Q8_0 layouts, their packer, the C reference and the
+/* qpack: the packed Q4_1, Q8_0, Q4_K and Q6_K layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
 #include "core/cpu/qpack.h"
 
@@ -9,32 +9,44 @@
 #include "core/cpu/quant.h"
 #include "core/cpu/quant_kern.h"
 
-#define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))     /* 320 */
-#define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2)) /* 576 */
+/* Each packed type: its block, its group-block size, the packer of one row's block
+ * into a lane of a group-block, and the reference for one (lane, column) pair. */
+typedef struct {
+    int block;       /* elements per block (and per group-block) */
+    size_t gblk;     /* bytes per group-block */
+    int64_t max_n;   /* widest row packed (0: any) */
+    void (*pack)(uint8_t *gb, int lane, const uint8_t *blk);
+    float (*pair)(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr);
+} qp_fmt;
+
+static const qp_fmt *fmt_of(uint32_t type);
 
 /* Bytes per group-block, 0 for a type (or width) without a packed layout. */
 static size_t gblk(uint32_t type, int64_t n) {
-    if (n <= 0 || n % QK4) return 0;
-    if (type == QT_Q4_1) return Q41_GBLK;
-    if (type == QT_Q8_0 && n <= QP_MAX_N) return Q80_GBLK;
-    return 0;
+    const qp_fmt *f = fmt_of(type);
+    if (!f || n <= 0 || n % f->block || (f->max_n && n > f->max_n)) return 0;
+    return f->gblk;
 }
 
 size_t qp_bytes(uint32_t type, int64_t n, int nr) {
     size_t gb = gblk(type, n);
     if (!gb || nr <= 0) return 0;
     size_t groups = ((size_t)nr + QP_ROWS - 1) / QP_ROWS;
-    return groups * (size_t)(n / QK4) * gb;
+    return groups * (size_t)(n / fmt_of(type)->block) * gb;
 }
 
+/* ---------------------------------------------------------------- packers */
+
 /* Row `lane` of one group-block from its row-major block. */
-static void pack_q41(uint8_t *gb, int lane, const blk_q4_1 *b) {
+static void pack_q41(uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q4_1 *b = (const blk_q4_1 *)blk;
     memcpy(gb + 2 * lane, &b->d, 2);
     memcpy(gb + 2 * QP_ROWS + 2 * lane, &b->m, 2);
     for (int k = 0; k < 4; k++) memcpy(gb + 4 * QP_ROWS * (1 + k) + 4 * lane, b->qs + 4 * k, 4);
 }
 
-static void pack_q80(uint8_t *gb, int lane, const blk_q8_0 *b) {
+static void pack_q80(uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q8_0 *b = (const blk_q8_0 *)blk;
     memcpy(gb + 2 * lane, &b->d, 2);
     memset(gb + 2 * QP_ROWS + 2 * lane, 0, 2); /* the padding */
     for (int k = 0; k < 8; k++)
@@ -42,10 +54,42 @@ static void pack_q80(uint8_t *gb, int lane, const blk_q8_0 *b) {
             gb[4 * QP_ROWS * (1 + k) + 4 * lane + e] = (uint8_t)(b->qs[4 * k + e] + 128);
 }
 
+static void pack_q4k(uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q4_k *b = (const blk_q4_k *)blk;
+    memcpy(gb + 2 * lane, &b->d, 2);
+    memcpy(gb + 2 * QP_ROWS + 2 * lane, &b->dmin, 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_scale_min_k4(j, b->scales, &sc, &m);
+        gb[QP_Q4K_SC + QP_ROWS * j + lane] = sc;
+        gb[QP_Q4K_MN + 2 * QP_ROWS * (j / 2) + 2 * lane + (j & 1)] = m;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++)
+            memcpy(gb + QP_Q4K_Q + 64 * (8 * c + k) + 4 * lane, b->qs + 32 * c + 4 * k, 4);
+}
+
+static void pack_q6k(uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q6_k *b = (const blk_q6_k *)blk;
+    memcpy(gb + 2 * lane, &b->d, 2);
+    memset(gb + 2 * QP_ROWS + 2 * lane, 0, 2); /* the padding */
+    for (int j = 0; j < 16; j++) gb[QP_Q6K_SC + QP_ROWS * j + lane] = (uint8_t)b->scales[j];
+    for (int v = 0; v < 32; v++) memset(gb + QP_Q6K_QL + 64 * v + 4 * lane, 0, 4);
+    for (int h = 0; h < 16; h++) memset(gb + QP_Q6K_QH + 64 * h + 4 * lane, 0, 4);
+    for (int ch = 0; ch < 64; ch++) /* chunk ch: elements 4ch .. 4ch+3 (qpack.h) */
+        for (int e = 0; e < 4; e++) {
+            int u = quant_q6k_get(b, 4 * ch + e) + 32;
+            int v = (ch & 15) + 16 * ((ch >> 4) & 1), hi = ch >= 32;
+            gb[QP_Q6K_QL + 64 * v + 4 * lane + e] |= (uint8_t)((u & 15) << (4 * hi));
+            gb[QP_Q6K_QH + 64 * (ch & 15) + 4 * lane + e] |= (uint8_t)((u >> 4) << (2 * (ch >> 4)));
+        }
+}
+
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst) {
     size_t bytes = qp_bytes(type, n, nr), gb = gblk(type, n);
     if (!bytes) return;
-    const int64_t nb = n / QK4;
+    const qp_fmt *f = fmt_of(type);
+    const int64_t nb = n / f->block;
     const size_t rb = quant_traits_of(type)->bytes, group = (size_t)nb * gb;
     if (nr % QP_ROWS) memset((uint8_t *)dst + bytes - group, 0, group); /* missing rows */
     /* row by row: the reads run front to back, and the 16 rows of a group write into
@@ -53,19 +97,17 @@ void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *d
     for (int r = 0; r < nr; r++) {
         const uint8_t *row = (const uint8_t *)w + (size_t)r * ws;
         uint8_t *g = (uint8_t *)dst + (size_t)(r / QP_ROWS) * group;
-        int lane = r % QP_ROWS;
-        if (type == QT_Q4_1)
-            for (int64_t b = 0; b < nb; b++) pack_q41(g + b * gb, lane, (const blk_q4_1 *)(row + b * rb));
-        else
-            for (int64_t b = 0; b < nb; b++) pack_q80(g + b * gb, lane, (const blk_q8_0 *)(row + b * rb));
+        for (int64_t b = 0; b < nb; b++) f->pack(g + b * gb, r % QP_ROWS, row + b * rb);
     }
 }
+
+/* ---------------------------------------------------------------- references */
 
 /* One (row lane, column) pair of a group, exactly as qpack.h defines it. */
 static float q41_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * Q41_GBLK;
+        const uint8_t *gb = g + b * QP_Q41_GBLK;
         const blk_q8_1 *x = (const blk_q8_1 *)(xr + b * sizeof(blk_q8_1));
         uint16_t dh, mh;
         memcpy(&dh, gb + 2 * lane, 2);
@@ -89,7 +131,7 @@ static float q41_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
 static float q80_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * Q80_GBLK;
+        const uint8_t *gb = g + b * QP_Q80_GBLK;
         const blk_q8_0 *x = (const blk_q8_0 *)(xr + b * sizeof(blk_q8_0));
         uint16_t dh;
         memcpy(&dh, gb + 2 * lane, 2);
@@ -103,18 +145,93 @@ static float q80_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
     return acc;
 }
 
+/* K-quants against Q8_K: per super-block, the exact int32 sums of sub-block scale
+ * times sub-block dot (Q4_K also the mins times the activation's sub-block sums),
+ * then one or two FMAs in f32 (qpack.h). */
+static float q4k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        const blk_q8_k *x = (const blk_q8_k *)(xr + b * sizeof(blk_q8_k));
+        uint16_t dh, mh;
+        memcpy(&dh, gb + 2 * lane, 2);
+        memcpy(&mh, gb + 2 * QP_ROWS + 2 * lane, 2);
+        int32_t sumq = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t i = 0;
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *q = gb + QP_Q4K_Q + 64 * (8 * (j / 2) + k) + 4 * lane;
+                for (int e = 0; e < 4; e++) i += ((q[e] >> (4 * (j & 1))) & 15) * x->qs[32 * j + 4 * k + e];
+            }
+            sumq += gb[QP_Q4K_SC + QP_ROWS * j + lane] * i;
+            summ += gb[QP_Q4K_MN + 2 * QP_ROWS * (j / 2) + 2 * lane + (j & 1)] *
+                    (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+        }
+        acc = fmaf((float)sumq, quant_f16_to_f32(dh) * x->d, acc);
+        acc = fmaf(-(float)summ, quant_f16_to_f32(mh) * x->d, acc);
+    }
+    return acc;
+}
+
+static float q6k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q6K_GBLK;
+        const blk_q8_k *x = (const blk_q8_k *)(xr + b * sizeof(blk_q8_k));
+        uint16_t dh;
+        memcpy(&dh, gb + 2 * lane, 2);
+        int32_t sumq = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t i = 0;
+            for (int ch = 4 * j; ch < 4 * j + 4; ch++) {
+                const uint8_t *ql = gb + QP_Q6K_QL + 64 * ((ch & 15) + 16 * ((ch >> 4) & 1)) + 4 * lane;
+                const uint8_t *qh = gb + QP_Q6K_QH + 64 * (ch & 15) + 4 * lane;
+                for (int e = 0; e < 4; e++) {
+                    int u = ((ql[e] >> (4 * (ch >= 32))) & 15) | (((qh[e] >> (2 * (ch >> 4))) & 3) << 4);
+                    i += u * x->qs[4 * ch + e];
+                }
+            }
+            sumq += (int8_t)gb[QP_Q6K_SC + QP_ROWS * j + lane] * (i - 32 * x->bsums[j]);
+        }
+        acc = fmaf((float)sumq, quant_f16_to_f32(dh) * x->d, acc);
+    }
+    return acc;
+}
+
+static const qp_fmt fmts[] = {
+    {QK4, QP_Q41_GBLK, 0, pack_q41, q41_pair_ref},
+    {QK4, QP_Q80_GBLK, QP_MAX_N, pack_q80, q80_pair_ref},
+    {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
+    {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},
+};
+enum { QPI_Q41, QPI_Q80, QPI_Q4K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
+
+static int index_of(uint32_t type) {
+    switch (type) {
+    case QT_Q4_1: return QPI_Q41;
+    case QT_Q8_0: return QPI_Q80;
+    case QT_Q4_K: return QPI_Q4K;
+    case QT_Q6_K: return QPI_Q6K;
+    default: return -1;
+    }
+}
+
+static const qp_fmt *fmt_of(uint32_t type) {
+    int i = index_of(type);
+    return i < 0 ? NULL : &fmts[i];
+}
+
 void qp_tile_ref(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
                  size_t xs, int nc, float *out, size_t os) {
-    size_t gb = gblk(type, n);
     if (!qp_bytes(type, n, r0 + nr) || r0 % QP_ROWS) return;
-    const int64_t nb = n / QK4;
+    const qp_fmt *f = fmt_of(type);
+    const int64_t nb = n / f->block;
     for (int c = 0; c < nc; c++) {
         const uint8_t *x = (const uint8_t *)xq + (size_t)c * xs;
         for (int r = 0; r < nr; r++) {
             int row = r0 + r;
-            const uint8_t *g = (const uint8_t *)wp + (size_t)(row / QP_ROWS) * nb * gb;
-            out[(size_t)c * os + r] = type == QT_Q4_1 ? q41_pair_ref(nb, g, row % QP_ROWS, x)
-                                                      : q80_pair_ref(nb, g, row % QP_ROWS, x);
+            const uint8_t *g = (const uint8_t *)wp + (size_t)(row / QP_ROWS) * nb * f->gblk;
+            out[(size_t)c * os + r] = f->pair(nb, g, row % QP_ROWS, x);
         }
     }
 }
@@ -124,39 +241,43 @@ void qp_tile_ref(uint32_t type, int64_t n, const void *wp, int r0, int nr, const
 typedef void (*qp_tile_fn)(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                            int nc, float *out, size_t os);
 typedef struct {
-    qp_tile_fn q41, q80; /* the tile of each packed type */
-    int want_q41, want_q80; /* qp_wanted: the packed layout beats row-major quant_dot_tile */
+    qp_tile_fn tile[QPI_N]; /* the tile of each packed type */
+    unsigned char want[QPI_N]; /* qp_wanted: the packed layout beats row-major quant_dot_tile */
 } qp_path;
 
-static void q41_tile_ref(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                         int nc, float *out, size_t os) {
-    qp_tile_ref(QT_Q4_1, n, wp, r0, nr, xq, xs, nc, out, os);
-}
-static void q80_tile_ref(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                         int nc, float *out, size_t os) {
-    qp_tile_ref(QT_Q8_0, n, wp, r0, nr, xq, xs, nc, out, os);
-}
+#define QP_REF_TILE(name, T)                                                                     \
+    static void name(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,       \
+                     int nc, float *out, size_t os) {                                           \
+        qp_tile_ref(T, n, wp, r0, nr, xq, xs, nc, out, os);                                     \
+    }
+QP_REF_TILE(q41_tile_ref, QT_Q4_1)
+QP_REF_TILE(q80_tile_ref, QT_Q8_0)
+QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
+QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
 
 /* Per dispatch slot (isa.h). Q8_0 has no AVX2 kernel (qpack.h); AMX, where in force,
- * has its own tiles over the row-major layout, so it wants no packed copy of its types. */
+ * has its own tiles over the row-major layout, so it wants no packed copy of its types.
+ * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
 static const qp_path paths[ISA_SLOTS] = {
-    [ISA_SCALAR] = {q41_tile_ref, q80_tile_ref, 0, 0},
+    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q4k_tile_ref, q6k_tile_ref}, {0, 0, 0, 0}},
 #if defined(__x86_64__)
-    [ISA_AVX2] = {qp_q41_tile_avx2, q80_tile_ref, 1, 0},
-    [ISA_AVX512] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 1, 1},
-    [ISA_SLOT_AMX_Q4_1] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 0, 1},
-    [ISA_SLOT_AMX_ALL] = {qp_q41_tile_avx512, qp_q80_tile_avx512, 0, 0},
+    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q4k_tile_avx2, qp_q6k_tile_avx2}, {1, 0, 1, 1}},
+    [ISA_AVX512] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512, qp_q6k_tile_avx512},
+                    {1, 1, 1, 1}},
+    [ISA_SLOT_AMX_Q4_1] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512,
+                            qp_q6k_tile_avx512}, {0, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512,
+                           qp_q6k_tile_avx512}, {0, 0, 1, 1}},
 #endif
 };
 
 int qp_wanted(uint32_t type) {
-    const qp_path *p = ISA_PICK(paths);
-    return type == QT_Q4_1 ? p->want_q41 : type == QT_Q8_0 ? p->want_q80 : 0;
+    int i = index_of(type);
+    return i >= 0 && ISA_PICK(paths)->want[i];
 }
 
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os) {
     if (!qp_bytes(type, n, r0 + nr) || r0 % QP_ROWS) return;
-    const qp_path *p = ISA_PICK(paths);
-    (type == QT_Q4_1 ? p->q41 : p->q80)(n, wp, r0, nr, xq, xs, nc, out, os);
+    ISA_PICK(paths)->tile[index_of(type)](n, wp, r0, nr, xq, xs, nc, out, os);
 }

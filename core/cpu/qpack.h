@@ -8,10 +8,11 @@
  * weights of a block sum exactly in int32 lanes, and each block costs one conversion
  * and two FMAs per 16 rows.
  *
- * Two types have a packed layout: Q4_1 (the default model's layers) and Q8_0 (its
- * output matrix). A group of 16 rows is stored block by block; group-blocks are
- * multiples of 64 bytes, so each is 64-byte aligned when the buffer is. The last
- * group's missing rows are zero (their outputs are computed, never stored).
+ * Four types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
+ * output matrix), and Q4_K and Q6_K (what a Q4_K_M file is made of). A group of 16
+ * rows is stored block by block (for the K-quants, super-block of 256 by super-block);
+ * group-blocks are multiples of 64 bytes, so each is 64-byte aligned when the buffer
+ * is. The last group's missing rows are zero (their outputs are computed, never stored).
  *
  * Q4_1, 320 bytes per group-block (the same 20 bytes per row and block as Q4_1):
  *   d[16]  the rows' f16 scales,  m[16]  their f16 mins,
@@ -22,6 +23,19 @@
  *   q[8][16][4]  chunk k, row r: the row's quants 4k..4k+3 plus 128, as unsigned
  *                bytes: vpdpbusd multiplies unsigned by signed bytes, so the kernels
  *                take 128 * (the activation block's sum) back off, exactly.
+ * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
+ * the 6-bit scales unpacked to bytes, so no kernel decodes them):
+ *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
+ *   mn[4][16][2]  the mins of sub-blocks 2p and 2p+1 side by side (one int16 pair
+ *                 per row once widened: a vpdpwssd against the activation's sums),
+ *   q[4][8][16][4]  pair p, chunk k, row r: the row's qs[32p + 4k .. +3], i.e.
+ *                   elements 4k.. of sub-block 2p (low nibbles) and 2p+1 (high).
+ * Q6_K, 3392 bytes per group-block (212 per row against 210: 32 bytes of padding):
+ *   d[16]  f16,  32 zero bytes,  sc[16][16]  sub-block j's signed scale of row r,
+ *   ql[32][16][4], qh[16][16][4]: chunk ch (elements 4ch..4ch+3, sub-block ch/4) as
+ *   unsigned 6-bit values u = q + 32: the low 4 bits in ql[(ch & 15) + 16 * (ch/16 & 1)]
+ *   (low nibble for ch < 32, high for ch >= 32), the high 2 bits in qh[ch & 15] at
+ *   bit 2 * (ch / 16). One load of qh serves the four chunks ch, ch+16, ch+32, ch+48.
  *
  * Arithmetic (the same at every SIMD level, bit for bit; the C reference is the
  * definition): per row r, column c and block b, with the activation in Q8_1 (d_x, s_x)
@@ -29,6 +43,12 @@
  *   i = sum of the 32 products q_w * q_x        (exact in int32)
  *   acc = fmaf((float)i, d_w * d_x, acc)        (d_w * d_x is exact in f32)
  *   acc = fmaf(m_w, s_x, acc)                   (Q4_1 only)
+ * and, per super-block, with the activation in Q8_K (f32 d_x, bsums)
+ *   Q4_K: sumq = sum_j sc_j * (sum of sub-block j's products)     (exact in int32)
+ *         summ = sum_j mn_j * (bsums[2j] + bsums[2j+1])
+ *         acc = fmaf((float)sumq, d_w * d_x, acc); acc = fmaf(-(float)summ, dmin_w * d_x, acc)
+ *   Q6_K: sumq = sum_j sc_j * (sum of sub-block j's products u * q_x - 32 * bsums[j])
+ *         acc = fmaf((float)sumq, d_w * d_x, acc)
  * from acc = 0, blocks in order. Every (row, column) pair goes through exactly these
  * operations whatever the tile shape, its place in it, or the batch: batch invariant. */
 #ifndef KILN_QPACK_H
@@ -39,9 +59,22 @@
 
 #define QP_ROWS 16 /* rows per packed group */
 
+/* Group-block sizes and the K layouts' field offsets, in bytes (shared by the kernels). */
+#define QP_Q41_GBLK 320
+#define QP_Q80_GBLK 576
+#define QP_Q4K_GBLK 2368
+#define QP_Q4K_SC 64
+#define QP_Q4K_MN 192
+#define QP_Q4K_Q 320
+#define QP_Q6K_GBLK 3392
+#define QP_Q6K_SC 64
+#define QP_Q6K_QL 320
+#define QP_Q6K_QH 2368
+
 /* 1 when `type` has a packed layout with a fast kernel at the current SIMD level (so a
  * loader should pack it), 0 when the row-major quant_dot_tile is the better path:
- * Q4_1 from AVX2 up, Q8_0 at AVX-512; neither where AMX runs them. */
+ * Q4_1, Q4_K and Q6_K from AVX2 up, Q8_0 at AVX-512; not Q4_1 or Q8_0 where AMX runs
+ * them. */
 int qp_wanted(uint32_t type);
 
 #define QP_MAX_N 16384 /* widest Q8_0 row packed (the kernel's per-column tables) */
@@ -55,7 +88,7 @@ size_t qp_bytes(uint32_t type, int64_t n, int nr);
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst);
 /* out[c*os + r] = dot(row r0 + r, xq + c*xs) for r < nr and c < nc, where r0 is a
  * multiple of QP_ROWS and xq holds rows of the type's dot type (Q8_1 for Q4_1, Q8_0
- * for Q8_0). Runs the fastest kernel of the current SIMD level (the reference where
+ * for Q8_0, Q8_K for Q4_K and Q6_K). Runs the fastest kernel of the current SIMD level (the reference where
  * none has one); all give the reference's bits. */
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os);
@@ -67,9 +100,17 @@ void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
-/* The AVX2 kernel (qpack_avx2.c), Q4_1 only: Q8_0's biased bytes times the activations
+void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
+void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
+/* The AVX2 kernels (qpack_avx2.c), all but Q8_0: its biased bytes times the activations
  * would overflow vpmaddubsw's 16-bit sums, so at AVX2 Q8_0 stays row-major. */
 void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 
 #endif

@@ -1,5 +1,5 @@
-/* qpack_avx2: the packed Q4_1 x Q8_1 tile with AVX2 (layout and arithmetic in qpack.h),
- * for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
+/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_K x Q8_K and Q6_K x Q8_K tiles with AVX2
+ * (layouts and arithmetic in qpack.h), for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
  * registers. With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
  * activation bytes into 16-bit pair sums; the 8 of a block add up in 16 bits without
@@ -13,7 +13,7 @@
 #include "core/cpu/quant_kern.h"
 
 #define QP2_INLINE static inline __attribute__((always_inline))
-#define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))
+#define Q41_GBLK QP_Q41_GBLK
 #define QP2_MAXC 4 /* columns per pass: 8 weight vectors + 4 accumulators in 16 registers */
 #define QP2_UNROLL _Pragma("GCC unroll 8")
 
@@ -89,4 +89,137 @@ void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
     case 2: qp2_pass(2, nb, W, r0, nr, X, xs, out, os); break;
     case 1: qp2_pass(1, nb, W, r0, nr, X, xs, out, os); break;
     }
+}
+
+/* ---------------------------------------------------------------- K-quants */
+
+/* A sub-block at a time: its chunks' weights in 8 registers against every column of
+ * the pass, the per-column int32 sums on the stack. vpmaddubsw's 16-bit pair sums
+ * stay exact: a Q4_K sub-block's 8 chunks add up to at most 16 * 15 * 128 = 30,720 per
+ * 16-bit lane, a Q6_K chunk pair to 4 * 63 * 128 = 32,256; vpmaddwd then widens. */
+#define QK2_MAXC 16
+
+QP2_INLINE __m256i qk2_sum8(const __m256i w[8], const uint8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256();
+    QP2_UNROLL for (int k = 0; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], qp2_bcast(q + 4 * k)));
+    return _mm256_madd_epi16(s, ones);
+}
+
+QP2_INLINE __m256i qk2_sum4(const __m256i w[4], const uint8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], qp2_bcast(q)), _mm256_maddubs_epi16(w[1], qp2_bcast(q + 4)));
+    __m256i b = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], qp2_bcast(q + 8)), _mm256_maddubs_epi16(w[3], qp2_bcast(q + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
+}
+
+/* Rows 8h..8h+7 of one Q4_K group x C columns over all nb super-blocks. */
+QP2_INLINE void q4k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x, size_t xs,
+                         __m256 acc[QK2_MAXC]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        __m256i sq[QK2_MAXC];
+        for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
+        QP2_UNROLL for (int j = 0; j < 8; j++) {
+            __m256i w[8];
+            QP2_UNROLL for (int k = 0; k < 8; k++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_Q + 64 * (8 * (j / 2) + k) + 32 * h));
+                w[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+            }
+            __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q4K_SC + 16 * j + 8 * h)));
+            for (int c = 0; c < C; c++) {
+                const uint8_t *q = x + c * xs + b * sizeof(blk_q8_k) + 4 + 32 * j;
+                sq[c] = _mm256_add_epi32(sq[c], _mm256_mullo_epi32(qk2_sum8(w, q), sc));
+            }
+        }
+        __m256i mn[4];
+        QP2_UNROLL for (int p = 0; p < 4; p++)
+            mn[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_MN + 32 * p + 16 * h)));
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
+        __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * h)));
+        for (int c = 0; c < C; c++) {
+            const blk_q8_k *xb = (const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k));
+            __m256i sm = _mm256_setzero_si256();
+            QP2_UNROLL for (int p = 0; p < 4; p++) {
+                const int16_t *bs = xb->bsums + 4 * p;
+                uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
+                sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mn[p], _mm256_set1_epi32((int)pair)));
+            }
+            __m256 dx = _mm256_set1_ps(xb->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sq[c]), _mm256_mul_ps(d, dx), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_mul_ps(dm, dx), acc[c]);
+        }
+    }
+}
+
+/* Rows 8h..8h+7 of one Q6_K group x C columns: sub-block j is chunks 4j..4j+3, its
+ * high bits at one shift of qh (qpack.h). */
+QP2_INLINE void q6k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x, size_t xs,
+                         __m256 acc[QK2_MAXC]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q6K_GBLK;
+        __m256i sq[QK2_MAXC];
+        for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
+        QP2_UNROLL for (int j = 0; j < 16; j++) {
+            const int qs = j / 4; /* ch / 16 for the sub-block's chunks */
+            __m256i w[4];
+            QP2_UNROLL for (int t = 0; t < 4; t++) {
+                int ch = 4 * j + t;
+                __m256i l = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QL + 64 * ((ch & 15) + 16 * (qs & 1)) + 32 * h));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QH + 64 * (ch & 15) + 32 * h));
+                l = _mm256_and_si256(qs >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+                hb = qs == 0 ? _mm256_slli_epi16(hb, 4) : qs == 1 ? _mm256_slli_epi16(hb, 2)
+                   : qs == 3 ? _mm256_srli_epi16(hb, 2) : hb;
+                w[t] = _mm256_or_si256(l, _mm256_and_si256(hb, m30));
+            }
+            __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q6K_SC + 16 * j + 8 * h)));
+            for (int c = 0; c < C; c++) {
+                const blk_q8_k *xb = (const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k));
+                __m256i i = qk2_sum4(w, (const uint8_t *)xb->qs + 16 * j);
+                i = _mm256_sub_epi32(i, _mm256_set1_epi32(32 * xb->bsums[j]));
+                sq[c] = _mm256_add_epi32(sq[c], _mm256_mullo_epi32(i, sc));
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
+        for (int c = 0; c < C; c++) {
+            __m256 dx = _mm256_set1_ps(((const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k)))->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sq[c]), _mm256_mul_ps(d, dx), acc[c]);
+        }
+    }
+}
+
+QP2_INLINE void qk2_tile(const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                         size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QKK;
+    const size_t gblk = q6 ? QP_Q6K_GBLK : QP_Q4K_GBLK;
+    const uint8_t *W = wp, *X = xq;
+    for (int r = 0; r < nr; r += 8) {
+        const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
+        int h = (r / 8) % 2, left = nr - r < 8 ? nr - r : 8;
+        for (int c0 = 0; c0 < nc; c0 += QK2_MAXC) {
+            int C = nc - c0 < QK2_MAXC ? nc - c0 : QK2_MAXC;
+            __m256 acc[QK2_MAXC];
+            if (q6) q6k_half(C, nb, g, h, X + c0 * xs, xs, acc);
+            else q4k_half(C, nb, g, h, X + c0 * xs, xs, acc);
+            for (int c = 0; c < C; c++) {
+                float o[8];
+                _mm256_storeu_ps(o, acc[c]);
+                memcpy(out + (c0 + c) * os + r, o, (size_t)left * sizeof(float));
+            }
+        }
+    }
+}
+
+void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    qk2_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    qk2_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
 }

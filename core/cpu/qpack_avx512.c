@@ -1,4 +1,5 @@
-/* qpack_avx512: the packed Q4_1 x Q8_1 and Q8_0 x Q8_0 tiles with AVX-512 VNNI (layouts
+/* qpack_avx512: the packed Q4_1 x Q8_1, Q8_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
+ * with AVX-512 VNNI (layouts
  * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
  * activation bytes of it, broadcast, is one vpdpbusd for all 16 rows (for Q4_1 its low
@@ -12,8 +13,8 @@
 #include "core/cpu/quant_kern.h"
 
 #define QP_INLINE static inline __attribute__((always_inline))
-#define Q41_GBLK (QP_ROWS * sizeof(blk_q4_1))
-#define Q80_GBLK (QP_ROWS * (sizeof(blk_q8_0) + 2))
+#define Q41_GBLK QP_Q41_GBLK
+#define Q80_GBLK QP_Q80_GBLK
 #define QP_MAXC 8 /* columns per pass: 8 weight vectors + 8 accumulators stay in registers */
 /* C and the chunk count are constants at each call: unrolled, the weight vectors and
  * accumulators live in registers (-O2 would keep them in memory) */
@@ -159,4 +160,140 @@ void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os) {
     q80_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
     qp_tile_any(1, n, wp, r0, nr, xq, xs, nc, out, os, &t);
+}
+
+/* ---------------------------------------------------------------- K-quants */
+
+/* A K-quant group-block is 2-3 KB: its 256 weights of 16 rows go through the
+ * registers a sub-block pair (or quad) at a time, against every column of the pass,
+ * and the per-column sums wait on the stack. */
+#define QK_MAXC 16 /* columns per pass */
+
+/* The Q8_K activation block b of a column: f32 d, then qs[256], then bsums[16]. */
+QP_INLINE const uint8_t *qk_x(const uint8_t *x, size_t xs, int c, int64_t b) {
+    return x + c * xs + b * sizeof(blk_q8_k);
+}
+
+QP_INLINE void q4k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                         __m512 acc[QK_MAXC]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        __m512i sq[QK_MAXC];
+        for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
+            __m512i w[16];
+            QP_UNROLL for (int k = 0; k < 8; k++) {
+                __m512i v = _mm512_loadu_si512((const void *)(gb + QP_Q4K_Q + 64 * (8 * p + k)));
+                w[k] = _mm512_and_si512(v, m4);
+                w[8 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 32 * p)));
+            __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 32 * p + 16)));
+            for (int c = 0; c < C; c++) {
+                const uint8_t *q = qk_x(x, xs, c, b) + 4 + 64 * p;
+                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                QP_UNROLL for (int k = 0; k < 8; k++) {
+                    lo = _mm512_dpbusd_epi32(lo, w[k], qp_bcast(q + 4 * k));
+                    hi = _mm512_dpbusd_epi32(hi, w[8 + k], qp_bcast(q + 32 + 4 * k));
+                }
+                sq[c] = _mm512_add_epi32(sq[c], _mm512_add_epi32(_mm512_mullo_epi32(lo, s0),
+                                                                 _mm512_mullo_epi32(hi, s1)));
+            }
+        }
+        __m512i mn[4];
+        QP_UNROLL for (int p = 0; p < 4; p++)
+            mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_MN + 32 * p)));
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+        for (int c = 0; c < C; c++) {
+            const blk_q8_k *xb = (const blk_q8_k *)qk_x(x, xs, c, b);
+            __m512i sm = _mm512_setzero_si512();
+            QP_UNROLL for (int p = 0; p < 4; p++) { /* the int16 pair (sums of 2p, 2p+1) */
+                const int16_t *bs = xb->bsums + 4 * p;
+                uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
+                sm = _mm512_dpwssd_epi32(sm, mn[p], _mm512_set1_epi32((int)pair));
+            }
+            __m512 dx = _mm512_set1_ps(xb->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq[c]), _mm512_mul_ps(d, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sm), _mm512_mul_ps(dm, dx), acc[c]);
+        }
+    }
+}
+
+QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
+                         __m512 acc[QK_MAXC]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q6K_GBLK;
+        __m512i sq[QK_MAXC];
+        for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
+        for (int s = 0; s < 4; s++) { /* sub-blocks s, s+4, s+8, s+12: chunks 4s+t+16q */
+            __m512i w[16], sc[4];
+            QP_UNROLL for (int t = 0; t < 4; t++) {
+                int h = 4 * s + t;
+                __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
+                __m512i bq = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * (16 + h)));
+                __m512i hb = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QH + 64 * h));
+                w[t] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30));
+                w[4 + t] = _mm512_or_si512(_mm512_and_si512(bq, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30));
+                w[8 + t] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hb, m30));
+                w[12 + t] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bq, 4), m4),
+                                            _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
+            }
+            QP_UNROLL for (int q = 0; q < 4; q++)
+                sc[q] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * (s + 4 * q))));
+            for (int c = 0; c < C; c++) {
+                const blk_q8_k *xb = (const blk_q8_k *)qk_x(x, xs, c, b);
+                const uint8_t *xq = (const uint8_t *)xb->qs;
+                __m512i sum = sq[c];
+                QP_UNROLL for (int q = 0; q < 4; q++) {
+                    __m512i i = _mm512_setzero_si512();
+                    QP_UNROLL for (int t = 0; t < 4; t++)
+                        i = _mm512_dpbusd_epi32(i, w[4 * q + t], qp_bcast(xq + 4 * (4 * s + t + 16 * q)));
+                    i = _mm512_sub_epi32(i, _mm512_set1_epi32(32 * xb->bsums[s + 4 * q]));
+                    sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(i, sc[q]));
+                }
+                sq[c] = sum;
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+        for (int c = 0; c < C; c++) {
+            __m512 dx = _mm512_set1_ps(((const blk_q8_k *)qk_x(x, xs, c, b))->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq[c]), _mm512_mul_ps(d, dx), acc[c]);
+        }
+    }
+}
+
+/* Rows [r0, r0 + nr) x nc columns, group by group and pass by pass of QK_MAXC
+ * columns (a pass re-reads its group's few KB from cache, not memory). */
+QP_INLINE void qk_tile(const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                       size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QKK;
+    const size_t gblk = q6 ? QP_Q6K_GBLK : QP_Q4K_GBLK;
+    const uint8_t *W = wp, *X = xq;
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int c0 = 0; c0 < nc; c0 += QK_MAXC) {
+            int C = nc - c0 < QK_MAXC ? nc - c0 : QK_MAXC;
+            __m512 acc[QK_MAXC];
+            if (q6) q6k_group(C, nb, g, X + c0 * xs, xs, acc);
+            else q4k_group(C, nb, g, X + c0 * xs, xs, acc);
+            for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + (c0 + c) * os + r, keep, acc[c]);
+        }
+    }
+}
+
+void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qk_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qk_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
 }

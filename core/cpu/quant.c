@@ -202,18 +202,11 @@ static void dq_q5_k(const void *src, float *dst, int64_t n) {
         }
     }
 }
-/* Q6_K value at element e (0..255) of a block, already minus 32. */
-static inline int q6_get(const blk_q6_k *b, int e) {
-    int h = e / 128, t = (e % 128) / 32, l = e % 32;
-    int lo = (b->ql[h * 64 + (t & 1) * 32 + l] >> ((t >> 1) * 4)) & 0xF;
-    int hi = (b->qh[h * 32 + l] >> (2 * t)) & 3;
-    return (lo | (hi << 4)) - 32;
-}
 static void dq_q6_k(const void *src, float *dst, int64_t n) {
     const blk_q6_k *b = src;
     for (int64_t i = 0; i < n / QKK; i++, dst += QKK) {
         float d = H2F(b[i].d);
-        for (int e = 0; e < QKK; e++) dst[e] = d * (float)b[i].scales[e / 16] * (float)q6_get(&b[i], e);
+        for (int e = 0; e < QKK; e++) dst[e] = d * (float)b[i].scales[e / 16] * (float)quant_q6k_get(&b[i], e);
     }
 }
 static void dq_q8_k(const void *src, float *dst, int64_t n) {
@@ -575,7 +568,7 @@ static float dot_q6_k(int64_t n, const void *w, const void *xq) {
         int sumq = 0;
         for (int j = 0; j < 16; j++) {
             int sum = 0;
-            for (int l = 0; l < 16; l++) sum += q6_get(&a[i], j * 16 + l) * x[i].qs[j * 16 + l];
+            for (int l = 0; l < 16; l++) sum += quant_q6k_get(&a[i], j * 16 + l) * x[i].qs[j * 16 + l];
             sumq += a[i].scales[j] * sum;
         }
         s += x[i].d * H2F(a[i].d) * (float)sumq;

@@ -84,4 +84,12 @@ static inline void quant_scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint
     }
 }
 
+/* Q6_K value at element e (0..255) of a block, already minus 32. */
+static inline int quant_q6k_get(const blk_q6_k *b, int e) {
+    int h = e / 128, t = (e % 128) / 32, l = e % 32;
+    int lo = (b->ql[h * 64 + (t & 1) * 32 + l] >> ((t >> 1) * 4)) & 0xF;
+    int hi = (b->qh[h * 32 + l] >> (2 * t)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
 #endif

@@ -1,7 +1,8 @@
-/* test_qpack: the packed Q4_1 and Q8_0 kernels (core/cpu/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1, Q8_0, Q4_K and Q6_K kernels (core/cpu/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
- * row offsets, column counts on and off the 8-column pass, and widths from one block
- * to SmolLM2's 1536; the reference against the row-major quant_dot_ref (the same dot up
+ * row offsets, column counts on and off the 8- and 16-column passes, and widths from
+ * one block to SmolLM2's 1536 (K-quants: one super-block to Llama-3's 2048, with every
+ * scale and quant byte random, so negative Q6_K scales and extreme values are in); the reference against the row-major quant_dot_ref (the same dot up
  * to rounding); no store past the rows asked for; batch invariance (a column alone
  * gives its bits in a tile). QPACK_BENCH=1 also times the packed tile beside the
  * row-major quant_dot_tile on the shapes of a forward pass. */
@@ -33,6 +34,23 @@ static void make_rows(uint32_t type, uint8_t *w, size_t rs, int nr, int64_t n) {
     free(f);
 }
 
+/* K-quant blocks with every byte but the f16 scales random: a quantizer never makes
+ * some of these (negative or extreme Q6_K scales, full-range Q4_K 6-bit fields), a
+ * GGUF may hold them all. */
+static uint8_t rbyte(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint8_t)(rng >> 33);
+}
+static void scramble_k(uint32_t type, uint8_t *w, size_t bytes) {
+    size_t bb = quant_traits_of(type)->bytes;
+    for (size_t at = 0; at + bb <= bytes; at += bb) {
+        if (type == QT_Q4_K) /* d, dmin first */
+            for (size_t i = 4; i < bb; i++) w[at + i] = rbyte();
+        else if (type == QT_Q6_K) /* d last */
+            for (size_t i = 0; i < bb - 2; i++) w[at + i] = rbyte();
+    }
+}
+
 static void make_cols(uint32_t dt, uint8_t *x, size_t xs, int nc, int64_t n) {
     float *f = malloc((size_t)n * sizeof(float));
     for (int c = 0; c < nc; c++) {
@@ -52,6 +70,10 @@ static void test_bytes(void) {
     CHECK(qp_bytes(QT_Q8_0, QP_MAX_N, 1) > 0 && qp_bytes(QT_Q8_0, QP_MAX_N + 32, 1) == 0,
           "Q8_0 rows up to QP_MAX_N");
     CHECK(qp_bytes(QT_Q4_0, 576, 16) == 0 && !qp_wanted(QT_Q4_0), "Q4_0 has no packed layout");
+    CHECK(qp_bytes(QT_Q4_K, 2048, 16) == 8 * 2368 && qp_bytes(QT_Q4_K, 2048, 17) == 2 * 8 * 2368,
+          "Q4_K: 148 bytes per row and super-block");
+    CHECK(qp_bytes(QT_Q6_K, 512, 16) == 2 * 3392, "Q6_K: 212 bytes per row and super-block");
+    CHECK(qp_bytes(QT_Q4_K, 576, 16) == 0 && qp_bytes(QT_Q6_K, 32, 16) == 0, "K rows off the super-block");
 }
 
 /* One shape: NR rows packed, every (r0, nr) range and column count against the
@@ -66,10 +88,11 @@ static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_row
     uint8_t *p = aligned_alloc(64, (pb + 63) & ~(size_t)63);
     float *got = malloc(sizeof(float) * NC * (NR + PAD)), *want = malloc(sizeof(float) * NC * (NR + PAD));
     make_rows(T, w, rs, NR, n);
+    scramble_k(T, w, rs * NR);
     make_cols(dt, x, xs, NC, n);
     qp_pack(T, n, w, rs, NR, p);
     int r0s[] = {0, 16, 32};
-    int ncs[] = {1, 2, 3, 7, 8, 9, 16, NC};
+    int ncs[] = {1, 2, 3, 7, 8, 9, 16, 17, NC};
     for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
         int r0 = r0s[ri];
         if (r0 >= NR) continue;
@@ -172,7 +195,7 @@ int main(void) {
     test_bytes();
     int max = isa_max();
     SKIP_SIMD_ABOVE("qpack", max);
-    int64_t ns[] = {32, 64, 96, 576, 1536};
+    int64_t ns[] = {32, 64, 96, 576, 1536}, nks[] = {256, 512, 1536, 2048};
     int nrs[] = {1, 16, 40, 64};
     for (int level = ISA_SCALAR; level <= max; level++) {
         isa_set(level);
@@ -180,6 +203,11 @@ int main(void) {
             for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
                 test_shape(QT_Q4_1, ns[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_Q8_0, ns[i], nrs[j], level, level == ISA_SCALAR);
+            }
+        for (size_t i = 0; i < sizeof nks / sizeof nks[0]; i++)
+            for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
+                test_shape(QT_Q4_K, nks[i], nrs[j], level, level == ISA_SCALAR);
+                test_shape(QT_Q6_K, nks[i], nrs[j], level, level == ISA_SCALAR);
             }
     }
     isa_set(max);
@@ -190,6 +218,8 @@ int main(void) {
             bench(QT_Q4_1, 576, 16);
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
+            bench(QT_Q4_K, 2048, 16);
+            bench(QT_Q6_K, 2048, 64);
         }
         isa_set(max);
     }
