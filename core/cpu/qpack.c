@@ -1,4 +1,4 @@
-/* qpack: the packed Q4_1, Q8_0, Q4_K and Q6_K layouts, their packer, the C reference and the
+/* qpack: the packed Q4_1, Q8_0, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
 #include "core/cpu/qpack.h"
 
@@ -54,20 +54,28 @@ static void pack_q80(uint8_t *gb, int lane, const uint8_t *blk) {
             gb[4 * QP_ROWS * (1 + k) + 4 * lane + e] = (uint8_t)(b->qs[4 * k + e] + 128);
 }
 
-static void pack_q4k(uint8_t *gb, int lane, const uint8_t *blk) {
-    const blk_q4_k *b = (const blk_q4_k *)blk;
-    memcpy(gb + 2 * lane, &b->d, 2);
-    memcpy(gb + 2 * QP_ROWS + 2 * lane, &b->dmin, 2);
+/* Q4_K, and Q5_K (q5: its qh bytes too, which already hold the 8 sub-blocks' 5th
+ * bits of one element each, so they keep their order). */
+static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q4_k *b4 = (const blk_q4_k *)blk;
+    const blk_q5_k *b5 = (const blk_q5_k *)blk;
+    const uint8_t *scales = q5 ? b5->scales : b4->scales, *qs = q5 ? b5->qs : b4->qs;
+    memcpy(gb + 2 * lane, q5 ? &b5->d : &b4->d, 2);
+    memcpy(gb + 2 * QP_ROWS + 2 * lane, q5 ? &b5->dmin : &b4->dmin, 2);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
-        quant_scale_min_k4(j, b->scales, &sc, &m);
+        quant_scale_min_k4(j, scales, &sc, &m);
         gb[QP_Q4K_SC + QP_ROWS * j + lane] = sc;
         gb[QP_Q4K_MN + 2 * QP_ROWS * (j / 2) + 2 * lane + (j & 1)] = m;
     }
     for (int c = 0; c < 4; c++)
         for (int k = 0; k < 8; k++)
-            memcpy(gb + QP_Q4K_Q + 64 * (8 * c + k) + 4 * lane, b->qs + 32 * c + 4 * k, 4);
+            memcpy(gb + QP_Q4K_Q + 64 * (8 * c + k) + 4 * lane, qs + 32 * c + 4 * k, 4);
+    if (q5)
+        for (int k = 0; k < 8; k++) memcpy(gb + QP_Q5K_QH + 64 * k + 4 * lane, b5->qh + 4 * k, 4);
 }
+static void pack_q4k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(0, gb, lane, blk); }
+static void pack_q5k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(1, gb, lane, blk); }
 
 static void pack_q6k(uint8_t *gb, int lane, const uint8_t *blk) {
     const blk_q6_k *b = (const blk_q6_k *)blk;
@@ -148,10 +156,12 @@ static float q80_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
 /* K-quants against Q8_K: per super-block, the exact int32 sums of sub-block scale
  * times sub-block dot (Q4_K also the mins times the activation's sub-block sums),
  * then one or two FMAs in f32 (qpack.h). */
-static float q4k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+/* Q4_K, and Q5_K (q5) whose 5th bits come from its qh[8][16][4]. */
+static float q45k_pair_ref(const int q5, int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    const size_t gbb = q5 ? QP_Q5K_GBLK : QP_Q4K_GBLK;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        const uint8_t *gb = g + b * gbb;
         const blk_q8_k *x = (const blk_q8_k *)(xr + b * sizeof(blk_q8_k));
         uint16_t dh, mh;
         memcpy(&dh, gb + 2 * lane, 2);
@@ -161,7 +171,12 @@ static float q4k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
             int32_t i = 0;
             for (int k = 0; k < 8; k++) {
                 const uint8_t *q = gb + QP_Q4K_Q + 64 * (8 * (j / 2) + k) + 4 * lane;
-                for (int e = 0; e < 4; e++) i += ((q[e] >> (4 * (j & 1))) & 15) * x->qs[32 * j + 4 * k + e];
+                const uint8_t *qh = gb + QP_Q5K_QH + 64 * k + 4 * lane;
+                for (int e = 0; e < 4; e++) {
+                    int v = (q[e] >> (4 * (j & 1))) & 15;
+                    if (q5) v |= ((qh[e] >> j) & 1) << 4;
+                    i += v * x->qs[32 * j + 4 * k + e];
+                }
             }
             sumq += gb[QP_Q4K_SC + QP_ROWS * j + lane] * i;
             summ += gb[QP_Q4K_MN + 2 * QP_ROWS * (j / 2) + 2 * lane + (j & 1)] *
@@ -171,6 +186,12 @@ static float q4k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
         acc = fmaf(-(float)summ, quant_f16_to_f32(mh) * x->d, acc);
     }
     return acc;
+}
+static float q4k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return q45k_pair_ref(0, nb, g, lane, xr);
+}
+static float q5k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return q45k_pair_ref(1, nb, g, lane, xr);
 }
 
 static float q6k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
@@ -202,15 +223,17 @@ static const qp_fmt fmts[] = {
     {QK4, QP_Q41_GBLK, 0, pack_q41, q41_pair_ref},
     {QK4, QP_Q80_GBLK, QP_MAX_N, pack_q80, q80_pair_ref},
     {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
+    {QKK, QP_Q5K_GBLK, 0, pack_q5k, q5k_pair_ref},
     {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},
 };
-enum { QPI_Q41, QPI_Q80, QPI_Q4K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
+enum { QPI_Q41, QPI_Q80, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
 
 static int index_of(uint32_t type) {
     switch (type) {
     case QT_Q4_1: return QPI_Q41;
     case QT_Q8_0: return QPI_Q80;
     case QT_Q4_K: return QPI_Q4K;
+    case QT_Q5_K: return QPI_Q5K;
     case QT_Q6_K: return QPI_Q6K;
     default: return -1;
     }
@@ -253,21 +276,22 @@ typedef struct {
 QP_REF_TILE(q41_tile_ref, QT_Q4_1)
 QP_REF_TILE(q80_tile_ref, QT_Q8_0)
 QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
+QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
 
 /* Per dispatch slot (isa.h). Q8_0 has no AVX2 kernel (qpack.h); AMX, where in force,
  * has its own tiles over the row-major layout, so it wants no packed copy of its types.
  * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
 static const qp_path paths[ISA_SLOTS] = {
-    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q4k_tile_ref, q6k_tile_ref}, {0, 0, 0, 0}},
+    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
 #if defined(__x86_64__)
-    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q4k_tile_avx2, qp_q6k_tile_avx2}, {1, 0, 1, 1}},
-    [ISA_AVX512] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512, qp_q6k_tile_avx512},
-                    {1, 1, 1, 1}},
-    [ISA_SLOT_AMX_Q4_1] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512,
-                            qp_q6k_tile_avx512}, {0, 1, 1, 1}},
-    [ISA_SLOT_AMX_ALL] = {{qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512,
-                           qp_q6k_tile_avx512}, {0, 0, 1, 1}},
+    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2},
+                  {1, 0, 1, 1, 1}},
+#define QP_AVX512_TILES                                                                            \
+    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512, qp_q5k_tile_avx512, qp_q6k_tile_avx512}
+    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1}},
 #endif
 };
 

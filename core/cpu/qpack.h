@@ -8,8 +8,9 @@
  * weights of a block sum exactly in int32 lanes, and each block costs one conversion
  * and two FMAs per 16 rows.
  *
- * Four types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
- * output matrix), and Q4_K and Q6_K (what a Q4_K_M file is made of). A group of 16
+ * Five types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
+ * output matrix), Q4_K and Q6_K (what a Q4_K_M file is made of) and Q5_K (with Q6_K,
+ * a Q5_K_M file). A group of 16
  * rows is stored block by block (for the K-quants, super-block of 256 by super-block);
  * group-blocks are multiples of 64 bytes, so each is 64-byte aligned when the buffer
  * is. The last group's missing rows are zero (their outputs are computed, never stored).
@@ -30,6 +31,9 @@
  *                 per row once widened: a vpdpwssd against the activation's sums),
  *   q[4][8][16][4]  pair p, chunk k, row r: the row's qs[32p + 4k .. +3], i.e.
  *                   elements 4k.. of sub-block 2p (low nibbles) and 2p+1 (high).
+ * Q5_K, 2880 bytes per group-block (180 per row against 176): Q4_K's layout, then
+ *   qh[8][16][4]  chunk k, row r: the row's qh[4k .. 4k+3]: bit j of a byte is the 5th
+ *                 bit of that element of sub-block j, as in GGUF.
  * Q6_K, 3392 bytes per group-block (212 per row against 210: 32 bytes of padding):
  *   d[16]  f16,  32 zero bytes,  sc[16][16]  sub-block j's signed scale of row r,
  *   ql[32][16][4], qh[16][16][4]: chunk ch (elements 4ch..4ch+3, sub-block ch/4) as
@@ -44,7 +48,7 @@
  *   acc = fmaf((float)i, d_w * d_x, acc)        (d_w * d_x is exact in f32)
  *   acc = fmaf(m_w, s_x, acc)                   (Q4_1 only)
  * and, per super-block, with the activation in Q8_K (f32 d_x, bsums)
- *   Q4_K: sumq = sum_j sc_j * (sum of sub-block j's products)     (exact in int32)
+ *   Q4_K, Q5_K: sumq = sum_j sc_j * (sum of sub-block j's products)  (exact in int32)
  *         summ = sum_j mn_j * (bsums[2j] + bsums[2j+1])
  *         acc = fmaf((float)sumq, d_w * d_x, acc); acc = fmaf(-(float)summ, dmin_w * d_x, acc)
  *   Q6_K: sumq = sum_j sc_j * (sum of sub-block j's products u * q_x - 32 * bsums[j])
@@ -66,6 +70,8 @@
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192
 #define QP_Q4K_Q 320
+#define QP_Q5K_GBLK 2880
+#define QP_Q5K_QH 2368
 #define QP_Q6K_GBLK 3392
 #define QP_Q6K_SC 64
 #define QP_Q6K_QL 320
@@ -73,7 +79,7 @@
 
 /* 1 when `type` has a packed layout with a fast kernel at the current SIMD level (so a
  * loader should pack it), 0 when the row-major quant_dot_tile is the better path:
- * Q4_1, Q4_K and Q6_K from AVX2 up, Q8_0 at AVX-512; not Q4_1 or Q8_0 where AMX runs
+ * Q4_1 and the K-quants from AVX2 up, Q8_0 at AVX-512; not Q4_1 or Q8_0 where AMX runs
  * them. */
 int qp_wanted(uint32_t type);
 
@@ -102,6 +108,8 @@ void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
+void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
 void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
 /* The AVX2 kernels (qpack_avx2.c), all but Q8_0: its biased bytes times the activations
@@ -109,6 +117,8 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q5k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);

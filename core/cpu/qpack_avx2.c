@@ -1,4 +1,4 @@
-/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_K x Q8_K and Q6_K x Q8_K tiles with AVX2
+/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
  * (layouts and arithmetic in qpack.h), for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
  * registers. With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
@@ -95,16 +95,9 @@ void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 /* A sub-block at a time: its chunks' weights in 8 registers against every column of
  * the pass, the per-column int32 sums on the stack. vpmaddubsw's 16-bit pair sums
- * stay exact: a Q4_K sub-block's 8 chunks add up to at most 16 * 15 * 128 = 30,720 per
- * 16-bit lane, a Q6_K chunk pair to 4 * 63 * 128 = 32,256; vpmaddwd then widens. */
+ * stay exact when 4 chunks add up in 16 bits (at most 8 * 31 * 128 = 31,744 per lane for
+ * Q5_K, 4 * 63 * 128 = 32,256 for a Q6_K pair of 2); vpmaddwd then widens. */
 #define QK2_MAXC 16
-
-QP2_INLINE __m256i qk2_sum8(const __m256i w[8], const uint8_t *q) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s = _mm256_setzero_si256();
-    QP2_UNROLL for (int k = 0; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], qp2_bcast(q + 4 * k)));
-    return _mm256_madd_epi16(s, ones);
-}
 
 QP2_INLINE __m256i qk2_sum4(const __m256i w[4], const uint8_t *q) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -113,13 +106,24 @@ QP2_INLINE __m256i qk2_sum4(const __m256i w[4], const uint8_t *q) {
     return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
 }
 
-/* Rows 8h..8h+7 of one Q4_K group x C columns over all nb super-blocks. */
-QP2_INLINE void q4k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x, size_t xs,
-                         __m256 acc[QK2_MAXC]) {
+QP2_INLINE __m256i qk2_sum8(const __m256i w[8], const uint8_t *q) {
+    return _mm256_add_epi32(qk2_sum4(w, q), qk2_sum4(w + 4, q + 16));
+}
+
+/* Bit `bit` of each byte moved to bit 4 (qpack_avx512.c's q5_bit4). */
+QP2_INLINE __m256i q5_bit4_2(__m256i v, const int bit) {
+    v = bit < 4 ? _mm256_slli_epi16(v, 4 - bit) : bit > 4 ? _mm256_srli_epi16(v, bit - 4) : v;
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* Rows 8h..8h+7 of one Q4_K (or Q5_K: q5) group x C columns over all nb super-blocks. */
+QP2_INLINE void q45k_half(const int q5, int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x,
+                          size_t xs, __m256 acc[QK2_MAXC]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const size_t gbb = q5 ? QP_Q5K_GBLK : QP_Q4K_GBLK;
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        const uint8_t *gb = g + b * gbb;
         __m256i sq[QK2_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int j = 0; j < 8; j++) {
@@ -127,6 +131,9 @@ QP2_INLINE void q4k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8
             QP2_UNROLL for (int k = 0; k < 8; k++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_Q + 64 * (8 * (j / 2) + k) + 32 * h));
                 w[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (q5)
+                    w[k] = _mm256_or_si256(w[k], q5_bit4_2(_mm256_loadu_si256((const __m256i *)(
+                                                               gb + QP_Q5K_QH + 64 * k + 32 * h)), j));
             }
             __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q4K_SC + 16 * j + 8 * h)));
             for (int c = 0; c < C; c++) {
@@ -192,10 +199,10 @@ QP2_INLINE void q6k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8
     }
 }
 
-QP2_INLINE void qk2_tile(const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
+QP2_INLINE void qk2_tile(const int q5, const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
                          size_t xs, int nc, float *out, size_t os) {
     const int64_t nb = n / QKK;
-    const size_t gblk = q6 ? QP_Q6K_GBLK : QP_Q4K_GBLK;
+    const size_t gblk = q6 ? QP_Q6K_GBLK : q5 ? QP_Q5K_GBLK : QP_Q4K_GBLK;
     const uint8_t *W = wp, *X = xq;
     for (int r = 0; r < nr; r += 8) {
         const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
@@ -204,7 +211,7 @@ QP2_INLINE void qk2_tile(const int q6, int64_t n, const void *wp, int r0, int nr
             int C = nc - c0 < QK2_MAXC ? nc - c0 : QK2_MAXC;
             __m256 acc[QK2_MAXC];
             if (q6) q6k_half(C, nb, g, h, X + c0 * xs, xs, acc);
-            else q4k_half(C, nb, g, h, X + c0 * xs, xs, acc);
+            else q45k_half(q5, C, nb, g, h, X + c0 * xs, xs, acc);
             for (int c = 0; c < C; c++) {
                 float o[8];
                 _mm256_storeu_ps(o, acc[c]);
@@ -216,10 +223,15 @@ QP2_INLINE void qk2_tile(const int q6, int64_t n, const void *wp, int r0, int nr
 
 void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os) {
-    qk2_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+    qk2_tile(0, 0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q5k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    qk2_tile(1, 0, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os) {
-    qk2_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
+    qk2_tile(0, 1, n, wp, r0, nr, xq, xs, nc, out, os);
 }

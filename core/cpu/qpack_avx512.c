@@ -1,5 +1,5 @@
 /* qpack_avx512: the packed Q4_1 x Q8_1, Q8_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
- * with AVX-512 VNNI (layouts
+ * (and Q5_K) with AVX-512 VNNI (layouts
  * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
  * activation bytes of it, broadcast, is one vpdpbusd for all 16 rows (for Q4_1 its low
@@ -174,20 +174,35 @@ QP_INLINE const uint8_t *qk_x(const uint8_t *x, size_t xs, int c, int64_t b) {
     return x + c * xs + b * sizeof(blk_q8_k);
 }
 
-QP_INLINE void q4k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, size_t xs,
-                         __m512 acc[QK_MAXC]) {
+/* Bit `bit` of each byte of v moved to bit 4 (the 5th bit of a Q5_K value): a 16-bit
+ * shift never brings a neighbour byte's bit there for shifts of at most 4. */
+QP_INLINE __m512i q5_bit4(__m512i v, const int bit) {
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    v = bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : bit > 4 ? _mm512_srli_epi16(v, bit - 4) : v;
+    return _mm512_and_si512(v, m10);
+}
+
+/* Q4_K, and Q5_K (q5) with its 5th bits or-ed in from qh. */
+QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                          size_t xs, __m512 acc[QK_MAXC]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t gbb = q5 ? QP_Q5K_GBLK : QP_Q4K_GBLK;
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_Q4K_GBLK;
+        const uint8_t *gb = g + b * gbb;
         __m512i sq[QK_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
-        for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
+        QP_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
             __m512i w[16];
             QP_UNROLL for (int k = 0; k < 8; k++) {
                 __m512i v = _mm512_loadu_si512((const void *)(gb + QP_Q4K_Q + 64 * (8 * p + k)));
                 w[k] = _mm512_and_si512(v, m4);
                 w[8 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) {
+                    __m512i h = _mm512_loadu_si512((const void *)(gb + QP_Q5K_QH + 64 * k));
+                    w[k] = _mm512_or_si512(w[k], q5_bit4(h, 2 * p));
+                    w[8 + k] = _mm512_or_si512(w[8 + k], q5_bit4(h, 2 * p + 1));
+                }
             }
             __m512i s0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 32 * p)));
             __m512i s1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 32 * p + 16)));
@@ -269,10 +284,10 @@ QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, 
 
 /* Rows [r0, r0 + nr) x nc columns, group by group and pass by pass of QK_MAXC
  * columns (a pass re-reads its group's few KB from cache, not memory). */
-QP_INLINE void qk_tile(const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
+QP_INLINE void qk_tile(const int q5, const int q6, int64_t n, const void *wp, int r0, int nr, const void *xq,
                        size_t xs, int nc, float *out, size_t os) {
     const int64_t nb = n / QKK;
-    const size_t gblk = q6 ? QP_Q6K_GBLK : QP_Q4K_GBLK;
+    const size_t gblk = q6 ? QP_Q6K_GBLK : q5 ? QP_Q5K_GBLK : QP_Q4K_GBLK;
     const uint8_t *W = wp, *X = xq;
     for (int r = 0; r < nr; r += QP_ROWS) {
         const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
@@ -282,7 +297,7 @@ QP_INLINE void qk_tile(const int q6, int64_t n, const void *wp, int r0, int nr, 
             int C = nc - c0 < QK_MAXC ? nc - c0 : QK_MAXC;
             __m512 acc[QK_MAXC];
             if (q6) q6k_group(C, nb, g, X + c0 * xs, xs, acc);
-            else q4k_group(C, nb, g, X + c0 * xs, xs, acc);
+            else q45k_group(q5, C, nb, g, X + c0 * xs, xs, acc);
             for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + (c0 + c) * os + r, keep, acc[c]);
         }
     }
@@ -290,10 +305,15 @@ QP_INLINE void qk_tile(const int q6, int64_t n, const void *wp, int r0, int nr, 
 
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os) {
-    qk_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+    qk_tile(0, 0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qk_tile(1, 0, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os) {
-    qk_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
+    qk_tile(0, 1, n, wp, r0, nr, xq, xs, nc, out, os);
 }

@@ -1,4 +1,4 @@
-/* test_qpack: the packed Q4_1, Q8_0, Q4_K and Q6_K kernels (core/cpu/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1, Q8_0, Q4_K, Q5_K and Q6_K kernels (core/cpu/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
  * row offsets, column counts on and off the 8- and 16-column passes, and widths from
  * one block to SmolLM2's 1536 (K-quants: one super-block to Llama-3's 2048, with every
@@ -44,7 +44,7 @@ static uint8_t rbyte(void) {
 static void scramble_k(uint32_t type, uint8_t *w, size_t bytes) {
     size_t bb = quant_traits_of(type)->bytes;
     for (size_t at = 0; at + bb <= bytes; at += bb) {
-        if (type == QT_Q4_K) /* d, dmin first */
+        if (type == QT_Q4_K || type == QT_Q5_K) /* d, dmin first */
             for (size_t i = 4; i < bb; i++) w[at + i] = rbyte();
         else if (type == QT_Q6_K) /* d last */
             for (size_t i = 0; i < bb - 2; i++) w[at + i] = rbyte();
@@ -72,6 +72,7 @@ static void test_bytes(void) {
     CHECK(qp_bytes(QT_Q4_0, 576, 16) == 0 && !qp_wanted(QT_Q4_0), "Q4_0 has no packed layout");
     CHECK(qp_bytes(QT_Q4_K, 2048, 16) == 8 * 2368 && qp_bytes(QT_Q4_K, 2048, 17) == 2 * 8 * 2368,
           "Q4_K: 148 bytes per row and super-block");
+    CHECK(qp_bytes(QT_Q5_K, 256, 1) == 2880, "Q5_K: 180 bytes per row and super-block");
     CHECK(qp_bytes(QT_Q6_K, 512, 16) == 2 * 3392, "Q6_K: 212 bytes per row and super-block");
     CHECK(qp_bytes(QT_Q4_K, 576, 16) == 0 && qp_bytes(QT_Q6_K, 32, 16) == 0, "K rows off the super-block");
 }
@@ -207,6 +208,7 @@ int main(void) {
         for (size_t i = 0; i < sizeof nks / sizeof nks[0]; i++)
             for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
                 test_shape(QT_Q4_K, nks[i], nrs[j], level, level == ISA_SCALAR);
+                test_shape(QT_Q5_K, nks[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_Q6_K, nks[i], nrs[j], level, level == ISA_SCALAR);
             }
     }
@@ -219,6 +221,7 @@ int main(void) {
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
             bench(QT_Q4_K, 2048, 16);
+            bench(QT_Q5_K, 2048, 16);
             bench(QT_Q6_K, 2048, 64);
         }
         isa_set(max);
