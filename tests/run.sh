@@ -95,6 +95,12 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # Small random models for what the default model does not use: NeoX RoPE, biases, a
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
+# test_engine's batch invariance and scheduling on a K-quant model (packed Q4_K, Q5_K,
+# Q6_K tiles on the prompt and the decode steps), not only the default model's Q4_1.
+if want parity/engine-kquants && ! [ -f "$BUILD/tiny-models/tiny-llama-kquants.gguf" ]; then
+  "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
+fi
+run "parity/engine-kquants" env MODEL="$BUILD/tiny-models/tiny-llama-kquants.gguf" "$BUILD/gnu/tests/test_engine"
 
 # The CLI: a sanitized end-to-end generation (text out, and the closing line's token
 # count), and clear errors on bad input.

@@ -66,7 +66,7 @@ static int fake_submit(backend *be, const model_batch *b) {
         for (int p = 0; p <= b->pos[t]; p++) h = mix(h, *fake_slot(f->kv, b->seq[t], p));
         float *lg = f->logits + (size_t)i * f->n_vocab;
         for (int v = 0; v < f->n_vocab; v++) lg[v] = (float)((h >> (v % 48)) & 7) * 0.01f;
-        int32_t best = (int32_t)(100 + h % 20000);
+        int32_t best = (int32_t)((100 + h % 20000) % (uint64_t)f->n_vocab); /* any vocabulary */
         if (h % 29 == 0) best = f->eog;      /* some sequences end early */
         lg[best] = 5.0f;
         lg[(best + 1) % f->n_vocab] = 4.8f;  /* a close runner-up for sampling */
@@ -188,9 +188,11 @@ typedef struct {
     int n;
 } prompt;
 
+static uint32_t n_ids = 15000; /* prompt ids are 200 .. 200 + n_ids - 1: set by main to the vocabulary */
+
 static void make_prompt(prompt *p, int n, uint32_t seed) {
     p->n = n;
-    for (int i = 0; i < n; i++) p->toks[i] = (int32_t)(200 + (seed * 2654435761u + i * 40503u) % 15000);
+    for (int i = 0; i < n; i++) p->toks[i] = (int32_t)(200 + (seed * 2654435761u + i * 40503u) % n_ids);
 }
 
 static int64_t submit(rig *g, const prompt *p, int max_tokens, int n, float temp,
@@ -566,6 +568,7 @@ int main(void) {
     static model m;
     static tok_t tok;
     if (fixture_load(&m, &tok, "test_engine") < 0) return 1;
+    if (m.cfg.n_vocab < 200 + (int)n_ids) n_ids = (uint32_t)m.cfg.n_vocab - 200; /* a tiny model's */
     invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
     accounting(&m, &tok);
     forks(&m, &tok, 1);
