@@ -344,7 +344,11 @@ static int tensor_size(gguf_file *f, gguf_tensor *t) {
     shown shown_name = show(t->name);
     const char *nm = shown_name.s;
     const quant_traits *q = quant_traits_of(t->type);
-    if (!q) return fail(f, -EINVAL, "tensor '%s' has unknown type %u", nm, t->type);
+    if (!q) {
+        const char *tn = quant_type_name(t->type);
+        return tn ? fail(f, -ENOTSUP, "tensor '%s' has type %s (%u), which kiln does not support", nm, tn, t->type)
+                  : fail(f, -EINVAL, "tensor '%s' has unknown type %u", nm, t->type);
+    }
     int64_t all, rows;
     if (shape_product(t, 0, &all) || shape_product(t, 1, &rows))
         return fail(f, -EINVAL, "tensor '%s' shape [%lld, %lld, %lld, %lld] overflows int64", nm,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/cpu/attn.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/qpack.h"
 #include "core/cpu/quant.h"
 #include "core/cpu/vmath.h"
@@ -262,6 +263,39 @@ static size_t pack_one(const model *m, model_mat *w, uint8_t *mem, size_t at) {
         drop_source(m, w);
     }
     return at + ((n + 63) & ~(size_t)63);
+}
+
+int model_unpacked_note(const model *m, char *buf, size_t n) {
+    int count[QT_COUNT] = {0}, total = 0, slow = 0;
+    for (int l = 0; l <= m->cfg.n_layers; l++) {
+        const model_layer *L = &m->w.layers[l < m->cfg.n_layers ? l : 0];
+        const model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        int k = l < m->cfg.n_layers ? (int)(sizeof mats / sizeof mats[0]) : 1;
+        if (l == m->cfg.n_layers) mats[0] = &m->w.output;
+        for (int i = 0; i < k; i++) {
+            const model_mat *w = mats[i];
+            if (!w->data) continue;
+            total++;
+            if (qp_wanted(w->type) && qp_bytes(w->type, w->n_in, w->n_out)) continue;
+            slow++;
+            if (w->type < QT_COUNT) count[w->type]++;
+        }
+    }
+    if (n) buf[0] = 0;
+    if (!slow || !n) return slow;
+    static const char *level[] = {"scalar", "avx2", "avx512"};
+    int lv = isa_level();
+    size_t at = (size_t)snprintf(buf, n, "model: %d of %d matrices (", slow, total);
+    const char *sep = "";
+    for (int t = 0; t < QT_COUNT && at < n; t++)
+        if (count[t]) {
+            at += (size_t)snprintf(buf + at, n - at, "%s%s x %d", sep, quant_traits_of((uint32_t)t)->name, count[t]);
+            sep = ", ";
+        }
+    if (at < n)
+        snprintf(buf + at, n - at, ") have no packed kernel at %s: the row-major ones run them (slower)",
+                 lv >= 0 && lv <= 2 ? level[lv] : "?");
+    return slow;
 }
 
 static size_t pack_all(model_state *s, const model *m, uint8_t *mem) {

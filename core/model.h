@@ -88,9 +88,15 @@ void model_free(model *m);
 /* Scratch for batches of up to max_tokens tokens and max_logits logit rows over
  * contexts of up to max_ctx positions, and the CPU kernels' view of the weights: the
  * matrices whose type has a packed layout at the current SIMD level (qp_wanted) are
- * copied into it once here (as many bytes as in the file; Q8_0 6% more). NULL on
+ * copied into it once here (as many bytes as in the file; Q8_0 6% more, K-quants 1-3%),
+ * and their pages in the file's mapping dropped from the resident set. NULL on
  * allocation failure. */
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx);
+/* The matrices that will run the slower row-major kernels at the current SIMD level
+ * (their type has no packed layout there), as one line for the log, e.g. "model: 113
+ * of 113 matrices (F16 x 112, F32 x 1) have no packed kernel at avx512: the row-major
+ * ones run them (slower)"; returns how many, 0 (and "") when none. */
+int model_unpacked_note(const model *m, char *buf, size_t n);
 void model_state_free(model_state *s);
 /* Verification mode: matmuls dequantize weight rows and multiply by f32 activations
  * instead of 8-bit quantized ones (slow). Used to compare with an f32 reference, where

@@ -30,7 +30,10 @@ static backend *open_cpu(const model *m, const kd_backend_want *w, kv_config *kc
     if (!be) {
         kv_pool_free(kv);
         mm_pool_free(arena);
+        return NULL;
     }
+    char note[256]; /* never silently slow: said once, at load */
+    if (model_unpacked_note(m, note, sizeof note) > 0) fprintf(stderr, "kilnd: %s\n", note);
     return be;
 }
 

@@ -21,6 +21,10 @@ typedef struct {
 
 /* NULL for a type this build does not know (callers report it as an error). */
 const quant_traits *quant_traits_of(uint32_t type);
+/* GGML's name of a type number, also for the types this build cannot run (Q2_K,
+ * the IQ formats, ...), so a refusal names what the file holds; NULL for a number
+ * GGML does not define either. */
+const char *quant_type_name(uint32_t type);
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size or the
  * type is unknown. */
 size_t quant_row_size(uint32_t type, int64_t n);

@@ -514,6 +514,9 @@ static void test_tensor_errors(void) {
     s.t[1].type = 4; /* Q4_2, long gone from GGML */
     expect_fail("removed tensor type 4", &s, "unknown type 4");
     s = base_spec();
+    s.t[1].type = 16; /* a GGML type kiln does not run: refused by its name */
+    expect_fail("IQ2_XXS tensor", &s, "tensor 'blk.0.q.weight' has type IQ2_XXS (16), which kiln does not support");
+    s = base_spec();
     s.t[0].n_dims = 0;
     expect_fail("n_dims 0", &s, "n_dims is 0");
     s = base_spec();
