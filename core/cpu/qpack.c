@@ -1,4 +1,4 @@
-/* qpack: the packed Q4_1, Q8_0, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
+/* qpack: the packed Q4_1, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
 #include "core/cpu/qpack.h"
 
@@ -56,6 +56,16 @@ static void pack_q80(uint8_t *gb, int lane, const uint8_t *blk) {
 
 /* Q4_K, and Q5_K (q5: its qh bytes too, which already hold the 8 sub-blocks' 5th
  * bits of one element each, so they keep their order). */
+/* Q4_0: a group-block is two GGUF blocks, so that it is 576 bytes (9 lines) with no
+ * padding (one block's 288 would not stay 64-byte aligned). */
+static void pack_q40(uint8_t *gb, int lane, const uint8_t *blk) {
+    for (int h = 0; h < 2; h++) {
+        const blk_q4_0 *b = (const blk_q4_0 *)(blk + h * sizeof(blk_q4_0));
+        memcpy(gb + 2 * QP_ROWS * h + 2 * lane, &b->d, 2);
+        for (int k = 0; k < 4; k++) memcpy(gb + 64 + 256 * h + 64 * k + 4 * lane, b->qs + 4 * k, 4);
+    }
+}
+
 static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
     const blk_q4_k *b4 = (const blk_q4_k *)blk;
     const blk_q5_k *b5 = (const blk_q5_k *)blk;
@@ -98,7 +108,7 @@ void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *d
     if (!bytes) return;
     const qp_fmt *f = fmt_of(type);
     const int64_t nb = n / f->block;
-    const size_t rb = quant_traits_of(type)->bytes, group = (size_t)nb * gb;
+    const size_t rb = quant_row_size(type, f->block), group = (size_t)nb * gb;
     if (nr % QP_ROWS) memset((uint8_t *)dst + bytes - group, 0, group); /* missing rows */
     /* row by row: the reads run front to back, and the 16 rows of a group write into
      * the same few KB (one group: nb * gb bytes), which stay in cache */
@@ -149,6 +159,28 @@ static float q80_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
             for (int e = 0; e < 4; e++) i += (q[e] - 128) * x->qs[4 * k + e];
         }
         acc = fmaf((float)i, quant_f16_to_f32(dh) * quant_f16_to_f32(x->d), acc);
+    }
+    return acc;
+}
+
+static float q40_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < 2 * nb; b++) { /* GGUF blocks, two per group-block */
+        const uint8_t *gb = g + b / 2 * QP_Q40_GBLK;
+        int h = (int)(b & 1);
+        const blk_q8_0 *x = (const blk_q8_0 *)(xr + b * sizeof(blk_q8_0));
+        uint16_t dh;
+        memcpy(&dh, gb + 2 * QP_ROWS * h + 2 * lane, 2);
+        int32_t i = 0, sum = 0;
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *q = gb + 64 + 256 * h + 64 * k + 4 * lane;
+            for (int e = 0; e < 4; e++) {
+                i += (q[e] & 0x0F) * x->qs[4 * k + e];
+                i += (q[e] >> 4) * x->qs[16 + 4 * k + e];
+            }
+        }
+        for (int e = 0; e < 32; e++) sum += x->qs[e];
+        acc = fmaf((float)(i - 8 * sum), quant_f16_to_f32(dh) * quant_f16_to_f32(x->d), acc);
     }
     return acc;
 }
@@ -222,16 +254,18 @@ static float q6k_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
 static const qp_fmt fmts[] = {
     {QK4, QP_Q41_GBLK, 0, pack_q41, q41_pair_ref},
     {QK4, QP_Q80_GBLK, QP_MAX_N, pack_q80, q80_pair_ref},
+    {2 * QK4, QP_Q40_GBLK, QP_MAX_N, pack_q40, q40_pair_ref},
     {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
     {QKK, QP_Q5K_GBLK, 0, pack_q5k, q5k_pair_ref},
     {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},
 };
-enum { QPI_Q41, QPI_Q80, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
+enum { QPI_Q41, QPI_Q80, QPI_Q40, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
 
 static int index_of(uint32_t type) {
     switch (type) {
     case QT_Q4_1: return QPI_Q41;
     case QT_Q8_0: return QPI_Q80;
+    case QT_Q4_0: return QPI_Q40;
     case QT_Q4_K: return QPI_Q4K;
     case QT_Q5_K: return QPI_Q5K;
     case QT_Q6_K: return QPI_Q6K;
@@ -275,6 +309,7 @@ typedef struct {
     }
 QP_REF_TILE(q41_tile_ref, QT_Q4_1)
 QP_REF_TILE(q80_tile_ref, QT_Q8_0)
+QP_REF_TILE(q40_tile_ref, QT_Q4_0)
 QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
 QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
@@ -283,15 +318,16 @@ QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
  * has its own tiles over the row-major layout, so it wants no packed copy of its types.
  * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
 static const qp_path paths[ISA_SLOTS] = {
-    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
+    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
 #if defined(__x86_64__)
-    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2},
-                  {1, 0, 1, 1, 1}},
+    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q40_tile_avx2, qp_q4k_tile_avx2, qp_q5k_tile_avx2,
+                   qp_q6k_tile_avx2}, {1, 0, 1, 1, 1, 1}},
 #define QP_AVX512_TILES                                                                            \
-    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q4k_tile_avx512, qp_q5k_tile_avx512, qp_q6k_tile_avx512}
-    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1}},
+    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q4k_tile_avx512,               \
+     qp_q5k_tile_avx512, qp_q6k_tile_avx512}
+    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1}},
 #endif
 };
 

@@ -8,9 +8,9 @@
  * weights of a block sum exactly in int32 lanes, and each block costs one conversion
  * and two FMAs per 16 rows.
  *
- * Five types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
- * output matrix), Q4_K and Q6_K (what a Q4_K_M file is made of) and Q5_K (with Q6_K,
- * a Q5_K_M file). A group of 16
+ * Six types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
+ * output matrix), Q4_0, Q4_K and Q6_K (what a Q4_K_M file is made of) and Q5_K (with
+ * Q6_K, a Q5_K_M file). A group of 16
  * rows is stored block by block (for the K-quants, super-block of 256 by super-block);
  * group-blocks are multiples of 64 bytes, so each is 64-byte aligned when the buffer
  * is. The last group's missing rows are zero (their outputs are computed, never stored).
@@ -24,6 +24,12 @@
  *   q[8][16][4]  chunk k, row r: the row's quants 4k..4k+3 plus 128, as unsigned
  *                bytes: vpdpbusd multiplies unsigned by signed bytes, so the kernels
  *                take 128 * (the activation block's sum) back off, exactly.
+ * Q4_0, 576 bytes per group-block of two GGUF blocks (64 elements; 18 bytes per row
+ * and block as in GGUF, and 64-byte aligned with no padding, which one block is not):
+ *   d[2][16]  block h's f16 scale of row r,
+ *   q[2][4][16][4]  block h, chunk k, row r: its qs[4k .. 4k+3] (as Q4_1's). The
+ *                   nibbles go in unsigned; the kernels take 8 * (the activation
+ *                   block's sum) back off, exactly, as Q8_0's 128.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
@@ -43,8 +49,8 @@
  *
  * Arithmetic (the same at every SIMD level, bit for bit; the C reference is the
  * definition): per row r, column c and block b, with the activation in Q8_1 (d_x, s_x)
- * for Q4_1 and in Q8_0 (d_x) for Q8_0
- *   i = sum of the 32 products q_w * q_x        (exact in int32)
+ * for Q4_1 and in Q8_0 (d_x) for Q8_0 and Q4_0
+ *   i = sum of the 32 products q_w * q_x        (exact in int32; Q4_0: its q_w - 8)
  *   acc = fmaf((float)i, d_w * d_x, acc)        (d_w * d_x is exact in f32)
  *   acc = fmaf(m_w, s_x, acc)                   (Q4_1 only)
  * and, per super-block, with the activation in Q8_K (f32 d_x, bsums)
@@ -66,6 +72,7 @@
 /* Group-block sizes and the K layouts' field offsets, in bytes (shared by the kernels). */
 #define QP_Q41_GBLK 320
 #define QP_Q80_GBLK 576
+#define QP_Q40_GBLK 576
 #define QP_Q4K_GBLK 2368
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192
@@ -83,11 +90,11 @@
  * them. */
 int qp_wanted(uint32_t type);
 
-#define QP_MAX_N 16384 /* widest Q8_0 row packed (the kernel's per-column tables) */
+#define QP_MAX_N 16384 /* widest Q8_0 / Q4_0 row packed (the kernels' per-column tables) */
 
 /* Bytes of the packed copy of nr rows of n elements (n a multiple of 32); 0 when the
- * type has no packed layout or n is not a multiple of its block (or, for Q8_0, wider
- * than QP_MAX_N). */
+ * type has no packed layout or n is not a multiple of its block (Q4_0: of 64) or, for
+ * Q8_0 and Q4_0, wider than QP_MAX_N. */
 size_t qp_bytes(uint32_t type, int64_t n, int nr);
 /* Packs nr row-major rows (row stride ws bytes) into dst (qp_bytes of room, 64-byte
  * aligned for the fast kernels). */
@@ -106,6 +113,8 @@ void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
+void qp_q40_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
 void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
@@ -115,6 +124,8 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 /* The AVX2 kernels (qpack_avx2.c), all but Q8_0: its biased bytes times the activations
  * would overflow vpmaddubsw's 16-bit sums, so at AVX2 Q8_0 stays row-major. */
 void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);

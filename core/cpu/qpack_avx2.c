@@ -1,4 +1,4 @@
-/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
+/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_0 x Q8_0, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
  * (layouts and arithmetic in qpack.h), for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
  * registers. With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/cpu/qpack.h"
+#include "core/cpu/qpack_x86.h"
 #include "core/cpu/quant_kern.h"
 
 #define QP2_INLINE static inline __attribute__((always_inline))
@@ -88,6 +89,72 @@ void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
     case 3: qp2_pass(3, nb, W, r0, nr, X, xs, out, os); break;
     case 2: qp2_pass(2, nb, W, r0, nr, X, xs, out, os); break;
     case 1: qp2_pass(1, nb, W, r0, nr, X, xs, out, os); break;
+    }
+}
+
+/* ---------------------------------------------------------------- Q4_0 */
+
+/* Rows 8rh..8rh+7 of one Q4_0 group x C columns: Q4_1's sums (the same 16-bit bound),
+ * less the table's 8 * (block sum), times d_w * d_x. */
+QP2_INLINE void q40_half(const int C, int64_t nb, const uint8_t *g, int rh, const uint8_t *x,
+                         size_t xs, const qp_xtab *t, __m256 acc[QP2_MAXC]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q40_GBLK;
+        for (int h = 0; h < 2; h++) {
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 * h + 16 * rh)));
+            __m256i w[8];
+            QP2_UNROLL for (int k = 0; k < 4; k++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 64 + 256 * h + 64 * k + 32 * rh));
+                w[2 * k] = _mm256_and_si256(v, m4);
+                w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            const int64_t bb = 2 * b + h;
+            QP2_UNROLL for (int c = 0; c < C; c++) {
+                const uint8_t *q = x + c * xs + bb * sizeof(blk_q8_0) + 2;
+                __m256i s = _mm256_setzero_si256();
+                QP2_UNROLL for (int k = 0; k < 4; k++) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k], qp2_bcast(q + 4 * k)));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k + 1], qp2_bcast(q + 16 + 4 * k)));
+                }
+                __m256i i = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(t->corr[c][bb]));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[c][bb])),
+                                         acc[c]);
+            }
+        }
+    }
+}
+
+QP2_INLINE void q40_pass(const int C, int64_t n, const uint8_t *wp, int r0, int nr, const uint8_t *x,
+                         size_t xs, float *out, size_t os, qp_xtab *t) {
+    const int64_t nb = n / (2 * QK4);
+    qp_xtab_fill(t, 8, C, n / QK4, x, xs);
+    for (int r = 0; r < nr; r += 8) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_Q40_GBLK;
+        __m256 acc[QP2_MAXC];
+        q40_half(C, nb, g, (r / 8) % 2, x, xs, t, acc);
+        int left = nr - r < 8 ? nr - r : 8;
+        QP2_UNROLL for (int c = 0; c < C; c++) {
+            float o[8];
+            _mm256_storeu_ps(o, acc[c]);
+            memcpy(out + c * os + r, o, (size_t)left * sizeof(float));
+        }
+    }
+}
+
+void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    qp_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
+    const uint8_t *X = xq;
+    int c = 0;
+    for (; c + QP2_MAXC <= nc; c += QP2_MAXC)
+        q40_pass(QP2_MAXC, n, wp, r0, nr, X + c * xs, xs, out + c * os, os, &t);
+    X += c * xs, out += c * os;
+    switch (nc - c) {
+    case 3: q40_pass(3, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 2: q40_pass(2, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 1: q40_pass(1, n, wp, r0, nr, X, xs, out, os, &t); break;
     }
 }
 

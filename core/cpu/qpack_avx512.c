@@ -1,4 +1,4 @@
-/* qpack_avx512: the packed Q4_1 x Q8_1, Q8_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
+/* qpack_avx512: the packed Q4_1 x Q8_1, Q8_0 and Q4_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
  * (and Q5_K) with AVX-512 VNNI (layouts
  * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
@@ -10,12 +10,14 @@
 #include <string.h>
 
 #include "core/cpu/qpack.h"
+#include "core/cpu/qpack_x86.h"
 #include "core/cpu/quant_kern.h"
 
 #define QP_INLINE static inline __attribute__((always_inline))
 #define Q41_GBLK QP_Q41_GBLK
 #define Q80_GBLK QP_Q80_GBLK
 #define QP_MAXC 8 /* columns per pass: 8 weight vectors + 8 accumulators stay in registers */
+_Static_assert(QP_MAXC <= QP_XTAB_C, "a pass's columns fit the activation table");
 /* C and the chunk count are constants at each call: unrolled, the weight vectors and
  * accumulators live in registers (-O2 would keep them in memory) */
 #define QP_UNROLL _Pragma("GCC unroll 8")
@@ -67,30 +69,8 @@ QP_INLINE void q41_group(const int C, int64_t nb, const uint8_t *g, const uint8_
 /* ---------------------------------------------------------------- Q8_0 */
 
 
-/* Per column and block of a pass: d_x as f32 and 128 * (sum of the block's quants),
- * the term the biased weights add (qpack.h). Made once per call, shared by its groups. */
-typedef struct {
-    float dx[QP_MAXC][QP_MAX_N / QK4];
-    int32_t corr[QP_MAXC][QP_MAX_N / QK4];
-} q80_xtab;
-
-static void q80_xtab_fill(q80_xtab *t, int C, int64_t nb, const uint8_t *x, size_t xs) {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    for (int c = 0; c < C; c++)
-        for (int64_t b = 0; b < nb; b++) {
-            const blk_q8_0 *xb = (const blk_q8_0 *)(x + c * xs + b * sizeof(blk_q8_0));
-            /* the unsigned bytes q + 128 summed in four 64-bit lanes, then 32 * 128 off */
-            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->qs), bias);
-            __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-            t->corr[c][b] = 128 * sum;
-            t->dx[c][b] = _cvtsh_ss(xb->d);
-        }
-}
-
 QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
-                         size_t xs, const q80_xtab *t, __m512 acc[QP_MAXC]) {
+                         size_t xs, const qp_xtab *t, __m512 acc[QP_MAXC]) {
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * Q80_GBLK;
@@ -111,18 +91,57 @@ QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_
     }
 }
 
-/* ---------------------------------------------------------------- both */
+/* ---------------------------------------------------------------- Q4_0 */
+
+/* A group-block is two GGUF blocks (qpack.h): per half, the nibbles times the column's
+ * Q8_0 bytes, less 8 * (the block's sum of them), exactly as Q8_0's bias. */
+QP_INLINE void q40_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                         size_t xs, const qp_xtab *t, __m512 acc[QP_MAXC]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q40_GBLK;
+        QP_UNROLL for (int h = 0; h < 2; h++) {
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32 * h)));
+            __m512i w[8];
+            QP_UNROLL for (int k = 0; k < 4; k++) {
+                __m512i v = _mm512_loadu_si512((const void *)(gb + 64 + 256 * h + 64 * k));
+                w[2 * k] = _mm512_and_si512(v, m4);
+                w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            const int64_t bb = 2 * b + h; /* the GGUF block */
+            QP_UNROLL for (int c = 0; c < C; c++) {
+                const uint8_t *q = x + c * xs + bb * sizeof(blk_q8_0) + 2;
+                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                QP_UNROLL for (int k = 0; k < 4; k++) {
+                    lo = _mm512_dpbusd_epi32(lo, w[2 * k], qp_bcast(q + 4 * k));
+                    hi = _mm512_dpbusd_epi32(hi, w[2 * k + 1], qp_bcast(q + 16 + 4 * k));
+                }
+                __m512i i = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(t->corr[c][bb]));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(t->dx[c][bb])),
+                                         acc[c]);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- all three */
+
+enum { QP_K41, QP_K80, QP_K40 }; /* which 32-element type a pass runs */
 
 /* C columns (a constant at each call) over rows [r0, r0 + nr): group by group, the
- * last one's missing rows masked off the stores. q80: the type (a constant too). */
-QP_INLINE void qp_pass(const int q80, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
-                       const uint8_t *x, size_t xs, float *out, size_t os, q80_xtab *t) {
-    if (q80) q80_xtab_fill(t, C, nb, x, xs);
-    const size_t gblk = q80 ? Q80_GBLK : Q41_GBLK;
+ * last one's missing rows masked off the stores. kind: the type (a constant too); nb
+ * counts 32-element blocks. */
+QP_INLINE void qp_pass(const int kind, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                       const uint8_t *x, size_t xs, float *out, size_t os, qp_xtab *t) {
+    if (kind != QP_K41) qp_xtab_fill(t, kind == QP_K80 ? 128 : 8, C, nb, x, xs);
+    const size_t group = kind == QP_K80 ? nb * Q80_GBLK : kind == QP_K40 ? nb / 2 * QP_Q40_GBLK
+                                                                          : nb * Q41_GBLK;
     for (int r = 0; r < nr; r += QP_ROWS) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * group;
         __m512 acc[QP_MAXC];
-        if (q80) q80_group(C, nb, g, x, xs, t, acc);
+        if (kind == QP_K80) q80_group(C, nb, g, x, xs, t, acc);
+        else if (kind == QP_K40) q40_group(C, nb / 2, g, x, xs, t, acc);
         else q41_group(C, nb, g, x, xs, acc);
         int left = nr - r;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -131,35 +150,41 @@ QP_INLINE void qp_pass(const int q80, const int C, int64_t nb, const uint8_t *wp
 }
 
 /* Passes of QP_MAXC columns, then one of the rest: each pass a constant width. */
-QP_INLINE void qp_tile_any(const int q80, int64_t n, const void *wp, int r0, int nr,
+QP_INLINE void qp_tile_any(const int kind, int64_t n, const void *wp, int r0, int nr,
                            const void *xq, size_t xs, int nc, float *out, size_t os,
-                           q80_xtab *t) {
+                           qp_xtab *t) {
     const int64_t nb = n / QK4;
     const uint8_t *W = wp, *X = xq;
     int c = 0;
     for (; c + QP_MAXC <= nc; c += QP_MAXC)
-        qp_pass(q80, QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, t);
+        qp_pass(kind, QP_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os, t);
     X += c * xs, out += c * os;
     switch (nc - c) {
-    case 7: qp_pass(q80, 7, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 6: qp_pass(q80, 6, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 5: qp_pass(q80, 5, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 4: qp_pass(q80, 4, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 3: qp_pass(q80, 3, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 2: qp_pass(q80, 2, nb, W, r0, nr, X, xs, out, os, t); break;
-    case 1: qp_pass(q80, 1, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 7: qp_pass(kind, 7, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 6: qp_pass(kind, 6, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 5: qp_pass(kind, 5, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 4: qp_pass(kind, 4, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 3: qp_pass(kind, 3, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 2: qp_pass(kind, 2, nb, W, r0, nr, X, xs, out, os, t); break;
+    case 1: qp_pass(kind, 1, nb, W, r0, nr, X, xs, out, os, t); break;
     }
 }
 
 void qp_q41_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os) {
-    qp_tile_any(0, n, wp, r0, nr, xq, xs, nc, out, os, NULL);
+    qp_tile_any(QP_K41, n, wp, r0, nr, xq, xs, nc, out, os, NULL);
 }
 
 void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os) {
-    q80_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
-    qp_tile_any(1, n, wp, r0, nr, xq, xs, nc, out, os, &t);
+    qp_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
+    qp_tile_any(QP_K80, n, wp, r0, nr, xq, xs, nc, out, os, &t);
+}
+
+void qp_q40_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qp_xtab t;
+    qp_tile_any(QP_K40, n, wp, r0, nr, xq, xs, nc, out, os, &t);
 }
 
 /* ---------------------------------------------------------------- K-quants */

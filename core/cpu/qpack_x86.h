@@ -1,0 +1,37 @@
+/* qpack_x86.h: what the x86 packed kernels (qpack_avx2.c, qpack_avx512.c) share: the
+ * per-column table of Q8_0 activation blocks that the Q8_0 and Q4_0 tiles take their
+ * weights' bias back off with. AVX2 instructions only, so both files can include it. */
+#ifndef KILN_QPACK_X86_H
+#define KILN_QPACK_X86_H
+
+#include <immintrin.h>
+
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant_kern.h"
+
+#define QP_XTAB_C 8 /* columns a table holds: the widest pass of either file */
+
+/* Per column and block of a pass: d_x as f32 and bias * (sum of the block's quants),
+ * the term unsigned weights q + bias add (qpack.h). Made once per pass, shared by its
+ * groups. */
+typedef struct {
+    float dx[QP_XTAB_C][QP_MAX_N / QK4];
+    int32_t corr[QP_XTAB_C][QP_MAX_N / QK4];
+} qp_xtab;
+
+static inline void qp_xtab_fill(qp_xtab *t, int bias, int C, int64_t nb, const uint8_t *x, size_t xs) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int c = 0; c < C; c++)
+        for (int64_t b = 0; b < nb; b++) {
+            const blk_q8_0 *xb = (const blk_q8_0 *)(x + c * xs + b * sizeof(blk_q8_0));
+            /* the unsigned bytes q + 128 summed in four 64-bit lanes, then 32 * 128 off */
+            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xb->qs), flip);
+            __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
+            __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            int32_t sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+            t->corr[c][b] = bias * sum;
+            t->dx[c][b] = _cvtsh_ss(xb->d);
+        }
+}
+
+#endif
