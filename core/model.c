@@ -22,6 +22,8 @@
 #define MM_CHUNK_WIDE 64 /* for the vocabulary-wide output matrix: longer runs of each
                           * token's logits per store (its rows are 196 KB apart) */
 _Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0, "tasks start on a packed group");
+#define MM_STREAM_T 4      /* steps of at most this many tokens stream their weights */
+#define MM_STREAM_TASKS 4  /* tasks per thread and matrix when they do */
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
 #define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
 
@@ -575,6 +577,25 @@ static const uint8_t *prep_x(model_state *s, thr_pool *tp, int *used, const floa
     return s->xq[i];
 }
 
+/* Weight rows per task. A batch wants short tasks (each streams its rows' weights
+ * once for all the tokens, and short ones balance the threads). A decode step of one
+ * or a few tokens is a pure stream of the weights: there long runs per task let each
+ * core's prefetcher follow one long sequential read, instead of restarting on every
+ * 16-row group the other threads leave gaps between. The split never changes a
+ * result: every (row, token) pair is computed the same way in any task. */
+static int mm_task_rows(int n_out, int T, int n_threads) {
+    int rows = n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK;
+    if (T > MM_STREAM_T || n_threads < 2) return rows;
+    const char *e = getenv("MMT");
+    int per = e ? atoi(e) : MM_STREAM_TASKS;
+    if (per <= 0) return rows;
+    int want = (n_out + n_threads * per - 1) / (n_threads * per);
+    want = (want + QP_ROWS - 1) / QP_ROWS * QP_ROWS;
+    int most = MM_CHUNK * 512 / T; /* mm_task's tmp holds rows x tokens */
+    most -= most % QP_ROWS;
+    return want < rows ? rows : want > most ? most : want;
+}
+
 static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, int epi,
                    int n_mats, const model_mat *const *w, const float *const *bias,
                    float *const *out, const int *ostride) {
@@ -587,7 +608,7 @@ static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, 
         j.bias[i] = bias ? bias[i] : NULL;
         j.out[i] = out[i];
         j.ostride[i] = ostride[i];
-        j.rows[i] = w[i]->n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK;
+        j.rows[i] = mm_task_rows(w[i]->n_out, T, tp ? thr_pool_size(tp) : 1);
         j.chunks[i] = (epi == EPI_SWIGLU && i == 1) ? 0 : (w[i]->n_out + j.rows[i] - 1) / j.rows[i];
         total += j.chunks[i];
     }

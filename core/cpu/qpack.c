@@ -87,6 +87,12 @@ static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
 static void pack_q4k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(0, gb, lane, blk); }
 static void pack_q5k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(1, gb, lane, blk); }
 
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline void or32(uint8_t *p, uint32_t v) { v |= ld32(p); memcpy(p, &v, 4); }
+
+/* Four elements at a time: GGUF keeps element 128h + 32t + l's low 4 bits in nibble
+ * t/2 of ql[64h + 32(t & 1) + l] and its high 2 bits at bit 2t of qh[32h + l], so four
+ * consecutive l are four consecutive bytes of each, i.e. one packed chunk. */
 static void pack_q6k(uint8_t *gb, int lane, const uint8_t *blk) {
     const blk_q6_k *b = (const blk_q6_k *)blk;
     memcpy(gb + 2 * lane, &b->d, 2);
@@ -94,13 +100,16 @@ static void pack_q6k(uint8_t *gb, int lane, const uint8_t *blk) {
     for (int j = 0; j < 16; j++) gb[QP_Q6K_SC + QP_ROWS * j + lane] = (uint8_t)b->scales[j];
     for (int v = 0; v < 32; v++) memset(gb + QP_Q6K_QL + 64 * v + 4 * lane, 0, 4);
     for (int h = 0; h < 16; h++) memset(gb + QP_Q6K_QH + 64 * h + 4 * lane, 0, 4);
-    for (int ch = 0; ch < 64; ch++) /* chunk ch: elements 4ch .. 4ch+3 (qpack.h) */
-        for (int e = 0; e < 4; e++) {
-            int u = quant_q6k_get(b, 4 * ch + e) + 32;
-            int v = (ch & 15) + 16 * ((ch >> 4) & 1), hi = ch >= 32;
-            gb[QP_Q6K_QL + 64 * v + 4 * lane + e] |= (uint8_t)((u & 15) << (4 * hi));
-            gb[QP_Q6K_QH + 64 * (ch & 15) + 4 * lane + e] |= (uint8_t)((u >> 4) << (2 * (ch >> 4)));
-        }
+    for (int hh = 0; hh < 2; hh++)
+        for (int t = 0; t < 4; t++)
+            for (int m = 0; m < 8; m++) {
+                uint32_t lo = (ld32(b->ql + 64 * hh + 32 * (t & 1) + 4 * m) >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
+                uint32_t hi = (ld32(b->qh + 32 * hh + 4 * m) >> (2 * t)) & 0x03030303u;
+                int ch = 32 * hh + 8 * t + m; /* u = lo | hi << 4 for its 4 elements (qpack.h) */
+                int v = (ch & 15) + 16 * ((ch >> 4) & 1);
+                or32(gb + QP_Q6K_QL + 64 * v + 4 * lane, lo << (4 * (ch >= 32)));
+                or32(gb + QP_Q6K_QH + 64 * (ch & 15) + 4 * lane, hi << (2 * (ch >> 4)));
+            }
 }
 
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst) {
