@@ -1,4 +1,4 @@
-/* qpack: the packed Q4_1, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
+/* qpack: the packed Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
 #include "core/cpu/qpack.h"
 
@@ -37,6 +37,9 @@ size_t qp_bytes(uint32_t type, int64_t n, int nr) {
 
 /* ---------------------------------------------------------------- packers */
 
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline void or32(uint8_t *p, uint32_t v) { v |= ld32(p); memcpy(p, &v, 4); }
+
 /* Row `lane` of one group-block from its row-major block. */
 static void pack_q41(uint8_t *gb, int lane, const uint8_t *blk) {
     const blk_q4_1 *b = (const blk_q4_1 *)blk;
@@ -66,6 +69,31 @@ static void pack_q40(uint8_t *gb, int lane, const uint8_t *blk) {
     }
 }
 
+/* GGUF's qh (bit j: element j's 5th bit) as qpack.h's per-chunk bytes: byte k holds
+ * elements 4k..4k+3 in bits 0-3 and 16+4k..16+4k+3 in bits 4-7. */
+static void pack_qh5(uint8_t *dst, const uint8_t *qh) {
+    uint32_t h = ld32(qh);
+    for (int k = 0; k < 4; k++)
+        dst[k] = (uint8_t)(((h >> (4 * k)) & 15) | (((h >> (16 + 4 * k)) & 15) << 4));
+}
+
+static void pack_q51(uint8_t *gb, int lane, const uint8_t *blk) {
+    const blk_q5_1 *b = (const blk_q5_1 *)blk;
+    memcpy(gb + 2 * lane, &b->d, 2);
+    memcpy(gb + 2 * QP_ROWS + 2 * lane, &b->m, 2);
+    pack_qh5(gb + 64 + 4 * lane, b->qh);
+    for (int k = 0; k < 4; k++) memcpy(gb + 128 + 64 * k + 4 * lane, b->qs + 4 * k, 4);
+}
+
+static void pack_q50(uint8_t *gb, int lane, const uint8_t *blk) {
+    for (int h = 0; h < 2; h++) {
+        const blk_q5_0 *b = (const blk_q5_0 *)(blk + h * sizeof(blk_q5_0));
+        memcpy(gb + 2 * QP_ROWS * h + 2 * lane, &b->d, 2);
+        pack_qh5(gb + 64 + 64 * h + 4 * lane, b->qh);
+        for (int k = 0; k < 4; k++) memcpy(gb + 192 + 256 * h + 64 * k + 4 * lane, b->qs + 4 * k, 4);
+    }
+}
+
 static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
     const blk_q4_k *b4 = (const blk_q4_k *)blk;
     const blk_q5_k *b5 = (const blk_q5_k *)blk;
@@ -86,9 +114,6 @@ static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
 }
 static void pack_q4k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(0, gb, lane, blk); }
 static void pack_q5k(uint8_t *gb, int lane, const uint8_t *blk) { pack_k45(1, gb, lane, blk); }
-
-static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline void or32(uint8_t *p, uint32_t v) { v |= ld32(p); memcpy(p, &v, 4); }
 
 /* Four elements at a time: GGUF keeps element 128h + 32t + l's low 4 bits in nibble
  * t/2 of ql[64h + 32(t & 1) + l] and its high 2 bits at bit 2t of qh[32h + l], so four
@@ -172,26 +197,57 @@ static float q80_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
     return acc;
 }
 
-static float q40_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+/* The 32 products of one 32-element block: nibbles q (Q4_1's chunk order) with, for
+ * Q5, the 5th bits from qpack.h's per-chunk bytes h5 (NULL: none). */
+static int32_t nib_dot(const uint8_t *q, size_t qstep, const uint8_t *h5, const int8_t *x) {
+    int32_t i = 0;
+    for (int k = 0; k < 4; k++, q += qstep)
+        for (int e = 0; e < 4; e++) {
+            int lo = q[e] & 0x0F, hi = q[e] >> 4;
+            if (h5) lo |= ((h5[k] >> e) & 1) << 4, hi |= ((h5[k] >> (4 + e)) & 1) << 4;
+            i += lo * x[4 * k + e] + hi * x[16 + 4 * k + e];
+        }
+    return i;
+}
+
+static float q51_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q51_GBLK;
+        const blk_q8_1 *x = (const blk_q8_1 *)(xr + b * sizeof(blk_q8_1));
+        uint16_t dh, mh;
+        memcpy(&dh, gb + 2 * lane, 2);
+        memcpy(&mh, gb + 2 * QP_ROWS + 2 * lane, 2);
+        int32_t i = nib_dot(gb + 128 + 4 * lane, 64, gb + 64 + 4 * lane, x->qs);
+        acc = fmaf((float)i, quant_f16_to_f32(dh) * quant_f16_to_f32(x->d), acc);
+        acc = fmaf(quant_f16_to_f32(mh), quant_f16_to_f32(x->s), acc);
+    }
+    return acc;
+}
+
+/* Q4_0 and Q5_0 (q5): two GGUF blocks per group-block, unsigned values less the bias
+ * (8, 16) times the activation block's sum. */
+static float q450_pair_ref(const int q5, int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    const size_t gbb = q5 ? QP_Q50_GBLK : QP_Q40_GBLK, qat = q5 ? 192 : 64;
     float acc = 0.0f;
     for (int64_t b = 0; b < 2 * nb; b++) { /* GGUF blocks, two per group-block */
-        const uint8_t *gb = g + b / 2 * QP_Q40_GBLK;
+        const uint8_t *gb = g + b / 2 * gbb;
         int h = (int)(b & 1);
         const blk_q8_0 *x = (const blk_q8_0 *)(xr + b * sizeof(blk_q8_0));
         uint16_t dh;
         memcpy(&dh, gb + 2 * QP_ROWS * h + 2 * lane, 2);
-        int32_t i = 0, sum = 0;
-        for (int k = 0; k < 4; k++) {
-            const uint8_t *q = gb + 64 + 256 * h + 64 * k + 4 * lane;
-            for (int e = 0; e < 4; e++) {
-                i += (q[e] & 0x0F) * x->qs[4 * k + e];
-                i += (q[e] >> 4) * x->qs[16 + 4 * k + e];
-            }
-        }
+        int32_t i = nib_dot(gb + qat + 256 * h + 4 * lane, 64, q5 ? gb + 64 + 64 * h + 4 * lane : NULL, x->qs);
+        int32_t sum = 0;
         for (int e = 0; e < 32; e++) sum += x->qs[e];
-        acc = fmaf((float)(i - 8 * sum), quant_f16_to_f32(dh) * quant_f16_to_f32(x->d), acc);
+        acc = fmaf((float)(i - (q5 ? 16 : 8) * sum), quant_f16_to_f32(dh) * quant_f16_to_f32(x->d), acc);
     }
     return acc;
+}
+static float q40_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return q450_pair_ref(0, nb, g, lane, xr);
+}
+static float q50_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return q450_pair_ref(1, nb, g, lane, xr);
 }
 
 /* K-quants against Q8_K: per super-block, the exact int32 sums of sub-block scale
@@ -264,17 +320,21 @@ static const qp_fmt fmts[] = {
     {QK4, QP_Q41_GBLK, 0, pack_q41, q41_pair_ref},
     {QK4, QP_Q80_GBLK, QP_MAX_N, pack_q80, q80_pair_ref},
     {2 * QK4, QP_Q40_GBLK, QP_MAX_N, pack_q40, q40_pair_ref},
+    {2 * QK4, QP_Q50_GBLK, QP_MAX_N, pack_q50, q50_pair_ref},
+    {QK4, QP_Q51_GBLK, 0, pack_q51, q51_pair_ref},
     {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
     {QKK, QP_Q5K_GBLK, 0, pack_q5k, q5k_pair_ref},
     {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},
 };
-enum { QPI_Q41, QPI_Q80, QPI_Q40, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
+enum { QPI_Q41, QPI_Q80, QPI_Q40, QPI_Q50, QPI_Q51, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
 
 static int index_of(uint32_t type) {
     switch (type) {
     case QT_Q4_1: return QPI_Q41;
     case QT_Q8_0: return QPI_Q80;
     case QT_Q4_0: return QPI_Q40;
+    case QT_Q5_0: return QPI_Q50;
+    case QT_Q5_1: return QPI_Q51;
     case QT_Q4_K: return QPI_Q4K;
     case QT_Q5_K: return QPI_Q5K;
     case QT_Q6_K: return QPI_Q6K;
@@ -319,6 +379,8 @@ typedef struct {
 QP_REF_TILE(q41_tile_ref, QT_Q4_1)
 QP_REF_TILE(q80_tile_ref, QT_Q8_0)
 QP_REF_TILE(q40_tile_ref, QT_Q4_0)
+QP_REF_TILE(q50_tile_ref, QT_Q5_0)
+QP_REF_TILE(q51_tile_ref, QT_Q5_1)
 QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
 QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
@@ -327,16 +389,17 @@ QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
  * has its own tiles over the row-major layout, so it wants no packed copy of its types.
  * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
 static const qp_path paths[ISA_SLOTS] = {
-    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
+    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q50_tile_ref, q51_tile_ref, q4k_tile_ref,
+                     q5k_tile_ref, q6k_tile_ref}, {0}},
 #if defined(__x86_64__)
-    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q40_tile_avx2, qp_q4k_tile_avx2, qp_q5k_tile_avx2,
-                   qp_q6k_tile_avx2}, {1, 0, 1, 1, 1, 1}},
+    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q40_tile_avx2, qp_q50_tile_avx2, qp_q51_tile_avx2,
+                   qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2}, {1, 0, 1, 1, 1, 1, 1, 1}},
 #define QP_AVX512_TILES                                                                            \
-    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q4k_tile_avx512,               \
-     qp_q5k_tile_avx512, qp_q6k_tile_avx512}
-    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1}},
+    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q50_tile_avx512,               \
+     qp_q51_tile_avx512, qp_q4k_tile_avx512, qp_q5k_tile_avx512, qp_q6k_tile_avx512}
+    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1, 1, 1}},
 #endif
 };
 

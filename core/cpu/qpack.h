@@ -8,9 +8,9 @@
  * weights of a block sum exactly in int32 lanes, and each block costs one conversion
  * and two FMAs per 16 rows.
  *
- * Six types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
- * output matrix), Q4_0, Q4_K and Q6_K (what a Q4_K_M file is made of) and Q5_K (with
- * Q6_K, a Q5_K_M file). A group of 16
+ * Eight types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
+ * output matrix), Q4_0, Q5_0, Q5_1, Q4_K and Q6_K (what a Q4_K_M file is made of) and
+ * Q5_K (with Q6_K, a Q5_K_M file). A group of 16
  * rows is stored block by block (for the K-quants, super-block of 256 by super-block);
  * group-blocks are multiples of 64 bytes, so each is 64-byte aligned when the buffer
  * is. The last group's missing rows are zero (their outputs are computed, never stored).
@@ -30,6 +30,13 @@
  *   q[2][4][16][4]  block h, chunk k, row r: its qs[4k .. 4k+3] (as Q4_1's). The
  *                   nibbles go in unsigned; the kernels take 8 * (the activation
  *                   block's sum) back off, exactly, as Q8_0's 128.
+ * Q5_1, 384 bytes per group-block (24 per row and block, as in GGUF):
+ *   d[16], m[16]  f16,  h5[16][4]  row r's 5th bits, byte k for chunk k: bit e for
+ *                 element 4k+e (its low nibble), bit 4+e for 16+4k+e (its high one),
+ *   q[4][16][4]   as Q4_1's.
+ * Q5_0, 704 bytes per group-block of two GGUF blocks (22 per row and block):
+ *   d[2][16],  h5[2][16][4] (as Q5_1's, per block),  q[2][4][16][4] (as Q4_0's); the
+ *   kernels take 16 * (the activation block's sum) back off.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
@@ -49,10 +56,10 @@
  *
  * Arithmetic (the same at every SIMD level, bit for bit; the C reference is the
  * definition): per row r, column c and block b, with the activation in Q8_1 (d_x, s_x)
- * for Q4_1 and in Q8_0 (d_x) for Q8_0 and Q4_0
- *   i = sum of the 32 products q_w * q_x        (exact in int32; Q4_0: its q_w - 8)
+ * for Q4_1 and Q5_1 and in Q8_0 (d_x) for Q8_0, Q4_0 and Q5_0
+ *   i = sum of the 32 products q_w * q_x        (exact in int32; Q4_0, Q5_0: q_w - 8, - 16)
  *   acc = fmaf((float)i, d_w * d_x, acc)        (d_w * d_x is exact in f32)
- *   acc = fmaf(m_w, s_x, acc)                   (Q4_1 only)
+ *   acc = fmaf(m_w, s_x, acc)                   (Q4_1 and Q5_1 only)
  * and, per super-block, with the activation in Q8_K (f32 d_x, bsums)
  *   Q4_K, Q5_K: sumq = sum_j sc_j * (sum of sub-block j's products)  (exact in int32)
  *         summ = sum_j mn_j * (bsums[2j] + bsums[2j+1])
@@ -73,6 +80,8 @@
 #define QP_Q41_GBLK 320
 #define QP_Q80_GBLK 576
 #define QP_Q40_GBLK 576
+#define QP_Q50_GBLK 704
+#define QP_Q51_GBLK 384
 #define QP_Q4K_GBLK 2368
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192
@@ -90,11 +99,11 @@
  * them. */
 int qp_wanted(uint32_t type);
 
-#define QP_MAX_N 16384 /* widest Q8_0 / Q4_0 row packed (the kernels' per-column tables) */
+#define QP_MAX_N 16384 /* widest Q8_0 / Q4_0 / Q5_0 row packed (the kernels' per-column tables) */
 
 /* Bytes of the packed copy of nr rows of n elements (n a multiple of 32); 0 when the
- * type has no packed layout or n is not a multiple of its block (Q4_0: of 64) or, for
- * Q8_0 and Q4_0, wider than QP_MAX_N. */
+ * type has no packed layout or n is not a multiple of its block (Q4_0, Q5_0: of 64)
+ * or, for Q8_0, Q4_0 and Q5_0, wider than QP_MAX_N. */
 size_t qp_bytes(uint32_t type, int64_t n, int nr);
 /* Packs nr row-major rows (row stride ws bytes) into dst (qp_bytes of room, 64-byte
  * aligned for the fast kernels). */
@@ -115,6 +124,10 @@ void qp_q80_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q40_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
+void qp_q50_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
+void qp_q51_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
 void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
@@ -126,6 +139,10 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q50_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q51_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);

@@ -1,4 +1,4 @@
-/* qpack_avx2: the packed Q4_1 x Q8_1, Q4_0 x Q8_0, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
+/* qpack_avx2: the packed Q4_1/Q5_1 x Q8_1, Q4_0/Q5_0 x Q8_0, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
  * (layouts and arithmetic in qpack.h), for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
  * registers. With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
@@ -24,29 +24,55 @@ QP2_INLINE __m256i qp2_bcast(const uint8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Rows 8h..8h+7 of one group x C columns over all nb blocks. */
-QP2_INLINE void q41_half(const int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x,
+/* Chunk k's nibbles of a 32-byte load v in w[0] (low) and w[1] (high), plus for the
+ * 5-bit types their 5th bits from the per-chunk bytes h5 at bit 4 (qpack_avx512.c's
+ * qp_nibbles; with no mask registers a compare makes the byte mask). */
+QP2_INLINE void qp2_nibbles(__m256i v, const int q5, __m256i h5, const int k, __m256i w[2]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    w[0] = _mm256_and_si256(v, m4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (q5) {
+        const __m256i idx = _mm256_add_epi8(_mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0,
+                                                              0x04040404, 0x08080808, 0x0C0C0C0C),
+                                            _mm256_set1_epi8((char)k));
+        const __m256i b = _mm256_shuffle_epi8(h5, idx), sixteen = _mm256_set1_epi8(16);
+        const __m256i lo = _mm256_set1_epi32(0x08040201), hi = _mm256_set1_epi32((int)0x80402010u);
+        w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, lo), lo), sixteen));
+        w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, hi), hi), sixteen));
+    }
+}
+
+/* The 32 products of a block as int32 per row: 4-bit values sum all 8 vpmaddubsw in
+ * 16 bits (at most 8 * 2 * 15 * 128 = 30,720), 5-bit ones the low and the high
+ * nibbles' 4 apart (4 * 2 * 31 * 128 = 31,744 each) before vpmaddwd widens. */
+QP2_INLINE __m256i qp2_sum32(const __m256i w[8], const uint8_t *q, const int q5) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256(), t = _mm256_setzero_si256();
+    QP2_UNROLL for (int k = 0; k < 4; k++) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k], qp2_bcast(q + 4 * k)));
+        __m256i p = _mm256_maddubs_epi16(w[2 * k + 1], qp2_bcast(q + 16 + 4 * k));
+        if (q5) t = _mm256_add_epi16(t, p);
+        else s = _mm256_add_epi16(s, p);
+    }
+    __m256i i = _mm256_madd_epi16(s, ones);
+    return q5 ? _mm256_add_epi32(i, _mm256_madd_epi16(t, ones)) : i;
+}
+
+/* Rows 8h..8h+7 of one Q4_1 (Q5_1: q5) group x C columns over all nb blocks. */
+QP2_INLINE void q41_half(const int q5, const int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x,
                          size_t xs, __m256 acc[QP2_MAXC]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t gbb = q5 ? QP_Q51_GBLK : Q41_GBLK, qat = q5 ? 128 : 64;
     QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * Q41_GBLK;
+        const uint8_t *gb = g + b * gbb;
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
         __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * h)));
-        __m256i w[8];
-        QP2_UNROLL for (int k = 0; k < 4; k++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 64 * (1 + k) + 32 * h));
-            w[2 * k] = _mm256_and_si256(v, m4);
-            w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
+        __m256i w[8], h5 = q5 ? _mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * h)) : _mm256_setzero_si256();
+        QP2_UNROLL for (int k = 0; k < 4; k++)
+            qp2_nibbles(_mm256_loadu_si256((const __m256i *)(gb + qat + 64 * k + 32 * h)), q5, h5, k, w + 2 * k);
         QP2_UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + c * xs + b * sizeof(blk_q8_1), *q = xb + 4;
-            __m256i s = _mm256_setzero_si256();
-            QP2_UNROLL for (int k = 0; k < 4; k++) {
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k], qp2_bcast(q + 4 * k)));
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k + 1], qp2_bcast(q + 16 + 4 * k)));
-            }
-            __m256 fi = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
+            __m256 fi = _mm256_cvtepi32_ps(qp2_sum32(w, q, q5));
             /* [d_x, s_x] of the block; vcvtph2ps reads 4 halves, the last 2 are qs */
             __m128 ds = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb));
             __m256 dx = _mm256_broadcastss_ps(ds), sx = _mm256_broadcastss_ps(_mm_movehdup_ps(ds));
@@ -58,12 +84,12 @@ QP2_INLINE void q41_half(const int C, int64_t nb, const uint8_t *g, int h, const
 
 /* C columns over rows [r0, r0 + nr), half group by half group; a half past nr is
  * skipped, a partial one stored through a buffer. */
-QP2_INLINE void qp2_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+QP2_INLINE void qp2_pass(const int q5, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
                          const uint8_t *x, size_t xs, float *out, size_t os) {
     for (int r = 0; r < nr; r += 8) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * Q41_GBLK;
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * (q5 ? QP_Q51_GBLK : Q41_GBLK);
         __m256 acc[QP2_MAXC];
-        q41_half(C, nb, g, (r / 8) % 2, x, xs, acc);
+        q41_half(q5, C, nb, g, (r / 8) % 2, x, xs, acc);
         int left = nr - r < 8 ? nr - r : 8;
         QP2_UNROLL for (int c = 0; c < C; c++) {
             if (left == 8) {
@@ -77,48 +103,52 @@ QP2_INLINE void qp2_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int
     }
 }
 
-void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                      int nc, float *out, size_t os) {
+QP2_INLINE void q451_tile(const int q5, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                          size_t xs, int nc, float *out, size_t os) {
     const int64_t nb = n / QK4;
     const uint8_t *W = wp, *X = xq;
     int c = 0;
     for (; c + QP2_MAXC <= nc; c += QP2_MAXC)
-        qp2_pass(QP2_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os);
+        qp2_pass(q5, QP2_MAXC, nb, W, r0, nr, X + c * xs, xs, out + c * os, os);
     X += c * xs, out += c * os;
     switch (nc - c) {
-    case 3: qp2_pass(3, nb, W, r0, nr, X, xs, out, os); break;
-    case 2: qp2_pass(2, nb, W, r0, nr, X, xs, out, os); break;
-    case 1: qp2_pass(1, nb, W, r0, nr, X, xs, out, os); break;
+    case 3: qp2_pass(q5, 3, nb, W, r0, nr, X, xs, out, os); break;
+    case 2: qp2_pass(q5, 2, nb, W, r0, nr, X, xs, out, os); break;
+    case 1: qp2_pass(q5, 1, nb, W, r0, nr, X, xs, out, os); break;
     }
+}
+
+void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    q451_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q51_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    q451_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 /* ---------------------------------------------------------------- Q4_0 */
 
-/* Rows 8rh..8rh+7 of one Q4_0 group x C columns: Q4_1's sums (the same 16-bit bound),
- * less the table's 8 * (block sum), times d_w * d_x. */
-QP2_INLINE void q40_half(const int C, int64_t nb, const uint8_t *g, int rh, const uint8_t *x,
+/* Rows 8rh..8rh+7 of one Q4_0 (Q5_0: q5) group x C columns: Q4_1's (Q5_1's) sums,
+ * less the table's 8 (16) * (block sum), times d_w * d_x. */
+QP2_INLINE void q40_half(const int q5, const int C, int64_t nb, const uint8_t *g, int rh, const uint8_t *x,
                          size_t xs, const qp_xtab *t, __m256 acc[QP2_MAXC]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const size_t gbb = q5 ? QP_Q50_GBLK : QP_Q40_GBLK, qat = q5 ? 192 : 64;
     QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_Q40_GBLK;
+        const uint8_t *gb = g + b * gbb;
         for (int h = 0; h < 2; h++) {
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 * h + 16 * rh)));
-            __m256i w[8];
-            QP2_UNROLL for (int k = 0; k < 4; k++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 64 + 256 * h + 64 * k + 32 * rh));
-                w[2 * k] = _mm256_and_si256(v, m4);
-                w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            }
+            __m256i w[8], h5 = q5 ? _mm256_loadu_si256((const __m256i *)(gb + 64 + 64 * h + 32 * rh))
+                                  : _mm256_setzero_si256();
+            QP2_UNROLL for (int k = 0; k < 4; k++)
+                qp2_nibbles(_mm256_loadu_si256((const __m256i *)(gb + qat + 256 * h + 64 * k + 32 * rh)), q5, h5, k,
+                            w + 2 * k);
             const int64_t bb = 2 * b + h;
             QP2_UNROLL for (int c = 0; c < C; c++) {
                 const uint8_t *q = x + c * xs + bb * sizeof(blk_q8_0) + 2;
-                __m256i s = _mm256_setzero_si256();
-                QP2_UNROLL for (int k = 0; k < 4; k++) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k], qp2_bcast(q + 4 * k)));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[2 * k + 1], qp2_bcast(q + 16 + 4 * k)));
-                }
-                __m256i i = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(t->corr[c][bb]));
+                __m256i i = _mm256_sub_epi32(qp2_sum32(w, q, q5), _mm256_set1_epi32(t->corr[c][bb]));
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[c][bb])),
                                          acc[c]);
             }
@@ -126,14 +156,14 @@ QP2_INLINE void q40_half(const int C, int64_t nb, const uint8_t *g, int rh, cons
     }
 }
 
-QP2_INLINE void q40_pass(const int C, int64_t n, const uint8_t *wp, int r0, int nr, const uint8_t *x,
-                         size_t xs, float *out, size_t os, qp_xtab *t) {
+QP2_INLINE void q40_pass(const int q5, const int C, int64_t n, const uint8_t *wp, int r0, int nr,
+                         const uint8_t *x, size_t xs, float *out, size_t os, qp_xtab *t) {
     const int64_t nb = n / (2 * QK4);
-    qp_xtab_fill(t, 8, C, n / QK4, x, xs);
+    qp_xtab_fill(t, q5 ? 16 : 8, C, n / QK4, x, xs);
     for (int r = 0; r < nr; r += 8) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_Q40_GBLK;
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * (q5 ? QP_Q50_GBLK : QP_Q40_GBLK);
         __m256 acc[QP2_MAXC];
-        q40_half(C, nb, g, (r / 8) % 2, x, xs, t, acc);
+        q40_half(q5, C, nb, g, (r / 8) % 2, x, xs, t, acc);
         int left = nr - r < 8 ? nr - r : 8;
         QP2_UNROLL for (int c = 0; c < C; c++) {
             float o[8];
@@ -143,19 +173,29 @@ QP2_INLINE void q40_pass(const int C, int64_t n, const uint8_t *wp, int r0, int 
     }
 }
 
-void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
-                      int nc, float *out, size_t os) {
+QP2_INLINE void q450_tile(const int q5, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                          size_t xs, int nc, float *out, size_t os) {
     qp_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
     const uint8_t *X = xq;
     int c = 0;
     for (; c + QP2_MAXC <= nc; c += QP2_MAXC)
-        q40_pass(QP2_MAXC, n, wp, r0, nr, X + c * xs, xs, out + c * os, os, &t);
+        q40_pass(q5, QP2_MAXC, n, wp, r0, nr, X + c * xs, xs, out + c * os, os, &t);
     X += c * xs, out += c * os;
     switch (nc - c) {
-    case 3: q40_pass(3, n, wp, r0, nr, X, xs, out, os, &t); break;
-    case 2: q40_pass(2, n, wp, r0, nr, X, xs, out, os, &t); break;
-    case 1: q40_pass(1, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 3: q40_pass(q5, 3, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 2: q40_pass(q5, 2, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 1: q40_pass(q5, 1, n, wp, r0, nr, X, xs, out, os, &t); break;
     }
+}
+
+void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    q450_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q50_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    q450_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 /* ---------------------------------------------------------------- K-quants */

@@ -1,4 +1,4 @@
-/* qpack_avx512: the packed Q4_1 x Q8_1, Q8_0 and Q4_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
+/* qpack_avx512: the packed Q4_1/Q5_1 x Q8_1, Q8_0/Q4_0/Q5_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
  * (and Q5_K) with AVX-512 VNNI (layouts
  * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
@@ -31,22 +31,39 @@ QP_INLINE __m512i qp_bcast(const uint8_t *p) {
 
 /* ---------------------------------------------------------------- Q4_1 */
 
-/* One group of 16 rows x C columns over all nb blocks; acc lane r is row r. */
-QP_INLINE void q41_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
-                        size_t xs, __m512 acc[QP_MAXC]) {
+/* Chunk k's nibbles of a 64-byte load v in w[0] (low) and w[1] (high), with, for the
+ * 5-bit types, the 5th bits from their per-chunk bytes h5 (qpack.h: byte k of each
+ * row's dword) added at bit 4: byte k goes to all four bytes of its dword, then bit e
+ * (low) or 4+e (high) picks byte e's. */
+QP_INLINE void qp_nibbles(__m512i v, const int q5, __m512i h5, const int k, __m512i w[2]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    w[0] = _mm512_and_si512(v, m4);
+    w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (q5) {
+        const __m512i idx = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
+                                            _mm512_set1_epi8((char)k));
+        const __m512i b = _mm512_shuffle_epi8(h5, idx), sixteen = _mm512_set1_epi8(16);
+        __mmask64 lo = _mm512_test_epi8_mask(b, _mm512_set1_epi32(0x08040201));
+        __mmask64 hi = _mm512_test_epi8_mask(b, _mm512_set1_epi32((int)0x80402010u));
+        w[0] = _mm512_mask_add_epi8(w[0], lo, w[0], sixteen);
+        w[1] = _mm512_mask_add_epi8(w[1], hi, w[1], sixteen);
+    }
+}
+
+/* One group of 16 rows x C columns over all nb blocks of Q4_1, or Q5_1 (q5); acc lane
+ * r is row r. */
+QP_INLINE void q41_group(const int q5, const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                         size_t xs, __m512 acc[QP_MAXC]) {
     const __m512i one = _mm512_set1_epi32(1);
+    const size_t gbb = q5 ? QP_Q51_GBLK : Q41_GBLK, qat = q5 ? 128 : 64;
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * Q41_GBLK;
+        const uint8_t *gb = g + b * gbb;
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
-        __m512i w[8];
-        QP_UNROLL for (int k = 0; k < 4; k++) {
-            __m512i v = _mm512_loadu_si512((const void *)(gb + 64 + 64 * k));
-            w[2 * k] = _mm512_and_si512(v, m4);
-            w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
+        __m512i w[8], h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64)) : _mm512_setzero_si512();
+        QP_UNROLL for (int k = 0; k < 4; k++)
+            qp_nibbles(_mm512_loadu_si512((const void *)(gb + qat + 64 * k)), q5, h5, k, w + 2 * k);
         QP_UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *xb = x + c * xs + b * sizeof(blk_q8_1);
             const uint8_t *q = xb + 4; /* the 32 activation bytes */
@@ -93,22 +110,20 @@ QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_
 
 /* ---------------------------------------------------------------- Q4_0 */
 
-/* A group-block is two GGUF blocks (qpack.h): per half, the nibbles times the column's
- * Q8_0 bytes, less 8 * (the block's sum of them), exactly as Q8_0's bias. */
-QP_INLINE void q40_group(const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+/* A group-block is two GGUF blocks (qpack.h): per half, the (5-bit for Q5_0: q5)
+ * values times the column's Q8_0 bytes, less 8 (16) * (the block's sum of them),
+ * exactly as Q8_0's bias. */
+QP_INLINE void q40_group(const int q5, const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
                          size_t xs, const qp_xtab *t, __m512 acc[QP_MAXC]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t gbb = q5 ? QP_Q50_GBLK : QP_Q40_GBLK, qat = q5 ? 192 : 64;
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *gb = g + b * QP_Q40_GBLK;
+        const uint8_t *gb = g + b * gbb;
         QP_UNROLL for (int h = 0; h < 2; h++) {
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32 * h)));
-            __m512i w[8];
-            QP_UNROLL for (int k = 0; k < 4; k++) {
-                __m512i v = _mm512_loadu_si512((const void *)(gb + 64 + 256 * h + 64 * k));
-                w[2 * k] = _mm512_and_si512(v, m4);
-                w[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
+            __m512i w[8], h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64 + 64 * h)) : _mm512_setzero_si512();
+            QP_UNROLL for (int k = 0; k < 4; k++)
+                qp_nibbles(_mm512_loadu_si512((const void *)(gb + qat + 256 * h + 64 * k)), q5, h5, k, w + 2 * k);
             const int64_t bb = 2 * b + h; /* the GGUF block */
             QP_UNROLL for (int c = 0; c < C; c++) {
                 const uint8_t *q = x + c * xs + bb * sizeof(blk_q8_0) + 2;
@@ -125,24 +140,26 @@ QP_INLINE void q40_group(const int C, int64_t nb, const uint8_t *g, const uint8_
     }
 }
 
-/* ---------------------------------------------------------------- all three */
+/* ---------------------------------------------------------------- the 32-element types */
 
-enum { QP_K41, QP_K80, QP_K40 }; /* which 32-element type a pass runs */
+enum { QP_K41, QP_K80, QP_K40, QP_K50, QP_K51 }; /* which 32-element type a pass runs */
 
 /* C columns (a constant at each call) over rows [r0, r0 + nr): group by group, the
  * last one's missing rows masked off the stores. kind: the type (a constant too); nb
  * counts 32-element blocks. */
 QP_INLINE void qp_pass(const int kind, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
                        const uint8_t *x, size_t xs, float *out, size_t os, qp_xtab *t) {
-    if (kind != QP_K41) qp_xtab_fill(t, kind == QP_K80 ? 128 : 8, C, nb, x, xs);
+    if (kind == QP_K80 || kind == QP_K40 || kind == QP_K50)
+        qp_xtab_fill(t, kind == QP_K80 ? 128 : kind == QP_K40 ? 8 : 16, C, nb, x, xs);
     const size_t group = kind == QP_K80 ? nb * Q80_GBLK : kind == QP_K40 ? nb / 2 * QP_Q40_GBLK
-                                                                          : nb * Q41_GBLK;
+                       : kind == QP_K50 ? nb / 2 * QP_Q50_GBLK : kind == QP_K51 ? nb * QP_Q51_GBLK
+                                                                                 : nb * Q41_GBLK;
     for (int r = 0; r < nr; r += QP_ROWS) {
         const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * group;
         __m512 acc[QP_MAXC];
         if (kind == QP_K80) q80_group(C, nb, g, x, xs, t, acc);
-        else if (kind == QP_K40) q40_group(C, nb / 2, g, x, xs, t, acc);
-        else q41_group(C, nb, g, x, xs, acc);
+        else if (kind == QP_K40 || kind == QP_K50) q40_group(kind == QP_K50, C, nb / 2, g, x, xs, t, acc);
+        else q41_group(kind == QP_K51, C, nb, g, x, xs, acc);
         int left = nr - r;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         QP_UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * os + r, keep, acc[c]);
@@ -185,6 +202,17 @@ void qp_q40_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os) {
     qp_xtab t;
     qp_tile_any(QP_K40, n, wp, r0, nr, xq, xs, nc, out, os, &t);
+}
+
+void qp_q50_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qp_xtab t;
+    qp_tile_any(QP_K50, n, wp, r0, nr, xq, xs, nc, out, os, &t);
+}
+
+void qp_q51_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    qp_tile_any(QP_K51, n, wp, r0, nr, xq, xs, nc, out, os, NULL);
 }
 
 /* ---------------------------------------------------------------- K-quants */
