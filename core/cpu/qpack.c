@@ -1,4 +1,4 @@
-/* qpack: the packed Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
+/* qpack: the packed Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, F16, BF16, Q4_K, Q5_K and Q6_K layouts, their packer, the C reference and the
  * dispatcher (see qpack.h for the layouts and the arithmetic). */
 #include "core/cpu/qpack.h"
 
@@ -92,6 +92,11 @@ static void pack_q50(uint8_t *gb, int lane, const uint8_t *blk) {
         pack_qh5(gb + 64 + 64 * h + 4 * lane, b->qh);
         for (int k = 0; k < 4; k++) memcpy(gb + 192 + 256 * h + 64 * k + 4 * lane, b->qs + 4 * k, 4);
     }
+}
+
+/* F16 / BF16: 16-bit values as they are, the 16 rows side by side per element. */
+static void pack_h16(uint8_t *gb, int lane, const uint8_t *blk) {
+    for (int k = 0; k < QP_H16_BLOCK; k++) memcpy(gb + 2 * QP_ROWS * k + 2 * lane, blk + 2 * k, 2);
 }
 
 static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
@@ -250,6 +255,27 @@ static float q50_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
     return q450_pair_ref(1, nb, g, lane, xr);
 }
 
+/* F16 / BF16 against f32 activations: four partial sums by element index mod 4,
+ * added pairwise at the end (four FMA chains, so one column is not one latency-bound
+ * chain). */
+static float h16_pair(const int bf, int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    const float *x = (const float *)xr;
+    float s[4] = {0, 0, 0, 0};
+    for (int64_t k = 0; k < nb * QP_H16_BLOCK; k++) {
+        uint16_t h;
+        memcpy(&h, g + k / QP_H16_BLOCK * QP_H16_GBLK + 2 * QP_ROWS * (k % QP_H16_BLOCK) + 2 * lane, 2);
+        float w = bf ? quant_bf16_to_f32(h) : quant_f16_to_f32(h);
+        s[k % 4] = fmaf(w, x[k], s[k % 4]);
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+static float f16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return h16_pair(0, nb, g, lane, xr);
+}
+static float bf16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+    return h16_pair(1, nb, g, lane, xr);
+}
+
 /* K-quants against Q8_K: per super-block, the exact int32 sums of sub-block scale
  * times sub-block dot (Q4_K also the mins times the activation's sub-block sums),
  * then one or two FMAs in f32 (qpack.h). */
@@ -322,11 +348,13 @@ static const qp_fmt fmts[] = {
     {2 * QK4, QP_Q40_GBLK, QP_MAX_N, pack_q40, q40_pair_ref},
     {2 * QK4, QP_Q50_GBLK, QP_MAX_N, pack_q50, q50_pair_ref},
     {QK4, QP_Q51_GBLK, 0, pack_q51, q51_pair_ref},
+    {QP_H16_BLOCK, QP_H16_GBLK, 0, pack_h16, f16_pair_ref},
+    {QP_H16_BLOCK, QP_H16_GBLK, 0, pack_h16, bf16_pair_ref},
     {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
     {QKK, QP_Q5K_GBLK, 0, pack_q5k, q5k_pair_ref},
     {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},
 };
-enum { QPI_Q41, QPI_Q80, QPI_Q40, QPI_Q50, QPI_Q51, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
+enum { QPI_Q41, QPI_Q80, QPI_Q40, QPI_Q50, QPI_Q51, QPI_F16, QPI_BF16, QPI_Q4K, QPI_Q5K, QPI_Q6K, QPI_N }; /* rows of fmts and of a path */
 
 static int index_of(uint32_t type) {
     switch (type) {
@@ -335,6 +363,8 @@ static int index_of(uint32_t type) {
     case QT_Q4_0: return QPI_Q40;
     case QT_Q5_0: return QPI_Q50;
     case QT_Q5_1: return QPI_Q51;
+    case QT_F16: return QPI_F16;
+    case QT_BF16: return QPI_BF16;
     case QT_Q4_K: return QPI_Q4K;
     case QT_Q5_K: return QPI_Q5K;
     case QT_Q6_K: return QPI_Q6K;
@@ -381,6 +411,8 @@ QP_REF_TILE(q80_tile_ref, QT_Q8_0)
 QP_REF_TILE(q40_tile_ref, QT_Q4_0)
 QP_REF_TILE(q50_tile_ref, QT_Q5_0)
 QP_REF_TILE(q51_tile_ref, QT_Q5_1)
+QP_REF_TILE(f16_tile_ref, QT_F16)
+QP_REF_TILE(bf16_tile_ref, QT_BF16)
 QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
 QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
@@ -389,17 +421,19 @@ QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
  * has its own tiles over the row-major layout, so it wants no packed copy of its types.
  * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
 static const qp_path paths[ISA_SLOTS] = {
-    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q50_tile_ref, q51_tile_ref, q4k_tile_ref,
-                     q5k_tile_ref, q6k_tile_ref}, {0}},
+    [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q50_tile_ref, q51_tile_ref, f16_tile_ref,
+                     bf16_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
 #if defined(__x86_64__)
     [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q40_tile_avx2, qp_q50_tile_avx2, qp_q51_tile_avx2,
-                   qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2}, {1, 0, 1, 1, 1, 1, 1, 1}},
+                   qp_f16_tile_avx2, qp_bf16_tile_avx2, qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2},
+                  {1, 0, 1, 1, 1, 1, 1, 1, 1, 1}},
 #define QP_AVX512_TILES                                                                            \
     {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q50_tile_avx512,               \
-     qp_q51_tile_avx512, qp_q4k_tile_avx512, qp_q5k_tile_avx512, qp_q6k_tile_avx512}
-    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1, 1, 1}},
+     qp_q51_tile_avx512, qp_f16_tile_avx512, qp_bf16_tile_avx512, qp_q4k_tile_avx512,              \
+     qp_q5k_tile_avx512, qp_q6k_tile_avx512}
+    [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1, 1, 1, 1, 1}},
 #endif
 };
 

@@ -8,9 +8,9 @@
  * weights of a block sum exactly in int32 lanes, and each block costs one conversion
  * and two FMAs per 16 rows.
  *
- * Eight types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
- * output matrix), Q4_0, Q5_0, Q5_1, Q4_K and Q6_K (what a Q4_K_M file is made of) and
- * Q5_K (with Q6_K, a Q5_K_M file). A group of 16
+ * Ten types have a packed layout: Q4_1 (the default model's layers), Q8_0 (its
+ * output matrix), Q4_0, Q5_0, Q5_1, F16, BF16, Q4_K and Q6_K (what a Q4_K_M file is made
+ * of) and Q5_K (with Q6_K, a Q5_K_M file). A group of 16
  * rows is stored block by block (for the K-quants, super-block of 256 by super-block);
  * group-blocks are multiples of 64 bytes, so each is 64-byte aligned when the buffer
  * is. The last group's missing rows are zero (their outputs are computed, never stored).
@@ -37,6 +37,8 @@
  * Q5_0, 704 bytes per group-block of two GGUF blocks (22 per row and block):
  *   d[2][16],  h5[2][16][4] (as Q5_1's, per block),  q[2][4][16][4] (as Q4_0's); the
  *   kernels take 16 * (the activation block's sum) back off.
+ * F16, BF16, 1024 bytes per group-block of 32 elements: w[32][16], element k of row r
+ *   (2 bytes each, as in GGUF): one load and conversion serves 16 rows.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
@@ -66,6 +68,8 @@
  *         acc = fmaf((float)sumq, d_w * d_x, acc); acc = fmaf(-(float)summ, dmin_w * d_x, acc)
  *   Q6_K: sumq = sum_j sc_j * (sum of sub-block j's products u * q_x - 32 * bsums[j])
  *         acc = fmaf((float)sumq, d_w * d_x, acc)
+ * and for F16 and BF16, with f32 activations x, four partial sums by element index
+ *   s[k % 4] = fmaf(w_k, x_k, s[k % 4]) for k in order; dot = (s0 + s1) + (s2 + s3)
  * from acc = 0, blocks in order. Every (row, column) pair goes through exactly these
  * operations whatever the tile shape, its place in it, or the batch: batch invariant. */
 #ifndef KILN_QPACK_H
@@ -82,6 +86,8 @@
 #define QP_Q40_GBLK 576
 #define QP_Q50_GBLK 704
 #define QP_Q51_GBLK 384
+#define QP_H16_BLOCK 32
+#define QP_H16_GBLK 1024
 #define QP_Q4K_GBLK 2368
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192
@@ -110,7 +116,7 @@ size_t qp_bytes(uint32_t type, int64_t n, int nr);
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst);
 /* out[c*os + r] = dot(row r0 + r, xq + c*xs) for r < nr and c < nc, where r0 is a
  * multiple of QP_ROWS and xq holds rows of the type's dot type (Q8_1 for Q4_1, Q8_0
- * for Q8_0, Q8_K for Q4_K and Q6_K). Runs the fastest kernel of the current SIMD level (the reference where
+ * for Q8_0, Q8_K for the K-quants, F32 for F16 and BF16). Runs the fastest kernel of the current SIMD level (the reference where
  * none has one); all give the reference's bits. */
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os);
@@ -128,6 +134,10 @@ void qp_q50_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q51_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
+void qp_f16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os);
+void qp_bf16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os);
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
 void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
@@ -144,6 +154,10 @@ void qp_q50_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
                       int nc, float *out, size_t os);
 void qp_q51_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
+void qp_f16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_bf16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                       int nc, float *out, size_t os);
 void qp_q4k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q5k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,

@@ -342,3 +342,58 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
                       int nc, float *out, size_t os) {
     qk2_tile(0, 1, n, wp, r0, nr, xq, xs, nc, out, os);
 }
+
+/* ---------------------------------------------------------------- F16, BF16 */
+
+#define QH2_MAXC 2 /* columns per pass: 2 x 4 partial sums, of 16 registers */
+
+QP2_INLINE __m256 h16_load2(const int bf, const uint8_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                          const uint8_t *x, size_t xs, float *out, size_t os) {
+    for (int r = 0; r < nr; r += 8) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK + 16 * ((r / 8) % 2);
+        __m256 s[QH2_MAXC][4];
+        QP2_UNROLL for (int c = 0; c < C; c++)
+            QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gb = g + b * QP_H16_GBLK;
+            _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
+                __m256 w = h16_load2(bf, gb + 2 * QP_ROWS * k);
+                QP2_UNROLL for (int c = 0; c < C; c++) {
+                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
+                    s[c][k % 4] = _mm256_fmadd_ps(w, _mm256_set1_ps(xc[k]), s[c][k % 4]);
+                }
+            }
+        }
+        int left = nr - r < 8 ? nr - r : 8;
+        QP2_UNROLL for (int c = 0; c < C; c++) {
+            float o[8];
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_add_ps(s[c][0], s[c][1]), _mm256_add_ps(s[c][2], s[c][3])));
+            memcpy(out + c * os + r, o, (size_t)left * sizeof(float));
+        }
+    }
+}
+
+QP2_INLINE void h16_tile2(const int bf, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                          size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QP_H16_BLOCK;
+    const uint8_t *X = xq;
+    int c = 0;
+    for (; c + QH2_MAXC <= nc; c += QH2_MAXC)
+        h16_pass2(bf, QH2_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    if (c < nc) h16_pass2(bf, 1, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+}
+
+void qp_f16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    h16_tile2(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_bf16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                       int nc, float *out, size_t os) {
+    h16_tile2(1, n, wp, r0, nr, xq, xs, nc, out, os);
+}

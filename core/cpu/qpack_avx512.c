@@ -370,3 +370,64 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os) {
     qk_tile(0, 1, n, wp, r0, nr, xq, xs, nc, out, os);
 }
+
+/* ---------------------------------------------------------------- F16, BF16 */
+
+#define QH_MAXC 4 /* columns per pass: 4 x 4 partial sums in registers */
+
+/* Element k's 16 rows as f32 (bf: BF16, else F16). */
+QP_INLINE __m512 h16_load(const int bf, const uint8_t *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+QP_INLINE void h16_pass(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                        const uint8_t *x, size_t xs, float *out, size_t os) {
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
+        __m512 s[QH_MAXC][4];
+        QP_UNROLL for (int c = 0; c < C; c++)
+            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gb = g + b * QP_H16_GBLK;
+            _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
+                __m512 w = h16_load(bf, gb + 2 * QP_ROWS * k);
+                QP_UNROLL for (int c = 0; c < C; c++) {
+                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
+                    s[c][k % 4] = _mm512_fmadd_ps(w, _mm512_set1_ps(xc[k]), s[c][k % 4]);
+                }
+            }
+        }
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        QP_UNROLL for (int c = 0; c < C; c++) {
+            __m512 v = _mm512_add_ps(_mm512_add_ps(s[c][0], s[c][1]), _mm512_add_ps(s[c][2], s[c][3]));
+            _mm512_mask_storeu_ps(out + c * os + r, keep, v);
+        }
+    }
+}
+
+QP_INLINE void h16_tile(const int bf, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                        size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QP_H16_BLOCK;
+    const uint8_t *X = xq;
+    int c = 0;
+    for (; c + QH_MAXC <= nc; c += QH_MAXC)
+        h16_pass(bf, QH_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    X += c * xs, out += c * os;
+    switch (nc - c) {
+    case 3: h16_pass(bf, 3, nb, wp, r0, nr, X, xs, out, os); break;
+    case 2: h16_pass(bf, 2, nb, wp, r0, nr, X, xs, out, os); break;
+    case 1: h16_pass(bf, 1, nb, wp, r0, nr, X, xs, out, os); break;
+    }
+}
+
+void qp_f16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                        int nc, float *out, size_t os) {
+    h16_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_bf16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os) {
+    h16_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
+}

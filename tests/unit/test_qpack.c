@@ -1,4 +1,4 @@
-/* test_qpack: the packed Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kernels (core/cpu/qpack) against their C reference, bit for
+/* test_qpack: the packed Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, F16, BF16, Q4_K, Q5_K and Q6_K kernels (core/cpu/qpack) against their C reference, bit for
  * bit, at every SIMD level the machine has, over row counts on and off a 16-row group,
  * row offsets, column counts on and off the 8- and 16-column passes, and widths from
  * one block to SmolLM2's 1536 (K-quants: one super-block to Llama-3's 2048, with every
@@ -73,7 +73,9 @@ static void test_bytes(void) {
           "Q4_0: two blocks per group-block, 18 bytes per row and block");
     CHECK(qp_bytes(QT_Q5_0, 576, 16) == 9 * 704 && qp_bytes(QT_Q5_1, 576, 16) == 18 * 384,
           "Q5_0, Q5_1: 22 and 24 bytes per row and block");
-    CHECK(qp_bytes(QT_F16, 576, 16) == 0 && !qp_wanted(QT_F16), "F16 has no packed layout");
+    CHECK(qp_bytes(QT_F16, 576, 16) == 18 * 1024 && qp_bytes(QT_BF16, 64, 1) == 2048,
+          "F16, BF16: 2 bytes per row and element");
+    CHECK(qp_bytes(QT_F32, 576, 16) == 0 && !qp_wanted(QT_F32), "F32 has no packed layout");
     CHECK(qp_bytes(QT_Q4_K, 2048, 16) == 8 * 2368 && qp_bytes(QT_Q4_K, 2048, 17) == 2 * 8 * 2368,
           "Q4_K: 148 bytes per row and super-block");
     CHECK(qp_bytes(QT_Q5_K, 256, 1) == 2880, "Q5_K: 180 bytes per row and super-block");
@@ -209,6 +211,8 @@ int main(void) {
                 test_shape(QT_Q4_1, ns[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_Q8_0, ns[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_Q5_1, ns[i], nrs[j], level, level == ISA_SCALAR);
+                test_shape(QT_F16, ns[i], nrs[j], level, level == ISA_SCALAR);
+                test_shape(QT_BF16, ns[i], nrs[j], level, level == ISA_SCALAR);
                 if (ns[i] % 64 == 0) test_shape(QT_Q4_0, ns[i], nrs[j], level, level == ISA_SCALAR);
                 if (ns[i] % 64 == 0) test_shape(QT_Q5_0, ns[i], nrs[j], level, level == ISA_SCALAR);
             }
@@ -227,6 +231,7 @@ int main(void) {
             bench(QT_Q4_1, 576, 16);
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
+            bench(QT_F16, 2048, 16);
             bench(QT_Q4_0, 2048, 16);
             bench(QT_Q5_0, 2048, 16);
             bench(QT_Q5_1, 2048, 16);
