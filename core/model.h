@@ -88,9 +88,9 @@ void model_free(model *m);
 /* Scratch for batches of up to max_tokens tokens and max_logits logit rows over
  * contexts of up to max_ctx positions, and the CPU kernels' view of the weights: the
  * matrices whose type has a packed layout at the current SIMD level (qp_wanted) are
- * copied into it once here (as many bytes as in the file; Q8_0 6% more, K-quants 1-3%),
- * and their pages in the file's mapping dropped from the resident set. NULL on
- * allocation failure. */
+ * copied into it once here (as many bytes as in the file; Q8_0 6% more, Q4_K, Q5_K and
+ * Q6_K 1-3%), and their pages in the file's mapping dropped from the resident set.
+ * NULL on allocation failure. */
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx);
 /* The matrices that will run the slower row-major kernels at the current SIMD level
  * (their type has no packed layout there), as one line for the log, e.g. "model: 113
