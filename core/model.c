@@ -23,7 +23,9 @@
                           * token's logits per store (its rows are 196 KB apart) */
 _Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0, "tasks start on a packed group");
 #define MM_STREAM_T 4      /* steps of at most this many tokens stream their weights */
-#define MM_STREAM_TASKS 4  /* tasks per thread and matrix when they do */
+#define MM_STREAM_TASKS 2  /* tasks per thread and matrix when they do (1B Q4_K_M decode,
+                            * paired runs: 16-row tasks 38 tok/s, 2 per thread 41, 1 per
+                            * thread 42 but no slack when one thread is held up) */
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
 #define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
 
@@ -586,10 +588,7 @@ static const uint8_t *prep_x(model_state *s, thr_pool *tp, int *used, const floa
 static int mm_task_rows(int n_out, int T, int n_threads) {
     int rows = n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK;
     if (T > MM_STREAM_T || n_threads < 2) return rows;
-    const char *e = getenv("MMT");
-    int per = e ? atoi(e) : MM_STREAM_TASKS;
-    if (per <= 0) return rows;
-    int want = (n_out + n_threads * per - 1) / (n_threads * per);
+    int want = (n_out + n_threads * MM_STREAM_TASKS - 1) / (n_threads * MM_STREAM_TASKS);
     want = (want + QP_ROWS - 1) / QP_ROWS * QP_ROWS;
     int most = MM_CHUNK * 512 / T; /* mm_task's tmp holds rows x tokens */
     most -= most % QP_ROWS;

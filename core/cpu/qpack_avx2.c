@@ -65,6 +65,7 @@ QP2_INLINE void q41_half(const int q5, const int C, int64_t nb, const uint8_t *g
     QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
         __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * h)));
         __m256i w[8], h5 = q5 ? _mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * h)) : _mm256_setzero_si256();
@@ -138,6 +139,7 @@ QP2_INLINE void q40_half(const int q5, const int C, int64_t nb, const uint8_t *g
     QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         for (int h = 0; h < 2; h++) {
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 32 * h + 16 * rh)));
             __m256i w[8], h5 = q5 ? _mm256_loadu_si256((const __m256i *)(gb + 64 + 64 * h + 32 * rh))
@@ -231,6 +233,7 @@ QP2_INLINE void q45k_half(const int q5, int C, int64_t nb, const uint8_t *g, int
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         __m256i sq[QK2_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int j = 0; j < 8; j++) {
@@ -276,6 +279,7 @@ QP2_INLINE void q6k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
+        qp_prefetch(gb, QP_Q6K_GBLK);
         __m256i sq[QK2_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int j = 0; j < 16; j++) {
@@ -361,6 +365,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
             QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
+            qp_prefetch(gb, QP_H16_GBLK);
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
                 __m256 w = h16_load2(bf, gb + 2 * QP_ROWS * k);
                 QP2_UNROLL for (int c = 0; c < C; c++) {

@@ -59,6 +59,7 @@ QP_INLINE void q41_group(const int q5, const int C, int64_t nb, const uint8_t *g
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
         __m512i w[8], h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64)) : _mm512_setzero_si512();
@@ -91,6 +92,7 @@ QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * Q80_GBLK;
+        qp_prefetch(gb, Q80_GBLK);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
         __m512i w[8];
         QP_UNROLL for (int k = 0; k < 8; k++) w[k] = _mm512_loadu_si512((const void *)(gb + 64 * (1 + k)));
@@ -119,6 +121,7 @@ QP_INLINE void q40_group(const int q5, const int C, int64_t nb, const uint8_t *g
     QP_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         QP_UNROLL for (int h = 0; h < 2; h++) {
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32 * h)));
             __m512i w[8], h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64 + 64 * h)) : _mm512_setzero_si512();
@@ -243,6 +246,7 @@ QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, con
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
+        qp_prefetch(gb, gbb);
         __m512i sq[QK_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
         QP_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
@@ -296,6 +300,7 @@ QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, 
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
+        qp_prefetch(gb, QP_Q6K_GBLK);
         __m512i sq[QK_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
         for (int s = 0; s < 4; s++) { /* sub-blocks s, s+4, s+8, s+12: chunks 4s+t+16q */
@@ -390,6 +395,7 @@ QP_INLINE void h16_pass(const int bf, const int C, int64_t nb, const uint8_t *wp
             QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
+            qp_prefetch(gb, QP_H16_GBLK);
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
                 __m512 w = h16_load(bf, gb + 2 * QP_ROWS * k);
                 QP_UNROLL for (int c = 0; c < C; c++) {
