@@ -67,7 +67,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 KILND := $(BUILD)/gnu/kilnd
 
 .PHONY: cuda gpu-progs test-gpu
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench shapes run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -300,6 +300,11 @@ run: tools model $(KILND)
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
+
+# Random-weight models of real shapes, quantized by llama-quantize: build/shapes/*.gguf
+# (SHAPES, FORMATS: tests/shapes/shapes.sh; `tests/shapes/gen_shape.py --list` names the shapes).
+shapes: model venv
+	BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh
 
 # The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
 # with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing
