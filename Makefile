@@ -297,12 +297,16 @@ test-unit: model venv $(gnu_TESTS) $(asan_TESTS)
 run: tools model $(KILND)
 	KILND=$(KILND) MODEL=$(MODEL) THREADS=$(THREADS) scripts/run.sh
 
+# The peer is llama.cpp's own tools (tests/bench/peer.sh, built once, ~25 min); after the
+# default model, the real shapes: SHAPES and FORMATS (make bench SHAPES="llama-3.1-8b"
+# FORMATS=Q4_K_M) as tests/shapes/shapes.sh takes them.
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
+	BUILD=$(BUILD) PY=$(PY) tests/bench/bench_shapes.sh
 
 # Random-weight models of real shapes, quantized by llama-quantize: build/shapes/*.gguf
-# (SHAPES, FORMATS: tests/shapes/shapes.sh; `tests/shapes/gen_shape.py --list` names the shapes).
+# (SHAPES, FORMATS as above; `tests/shapes/gen_shape.py --list` names the shapes).
 shapes: model venv
 	BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh
 
