@@ -51,6 +51,8 @@ for f in $files; do
   fmt=${name##*-} shape=${name%-*}
   echo "bench-shapes: $name ($(du -h "$f" | cut -f1))" >&2
   bytes=$(field decode_bytes "$("$PY" tests/bench/decode_bytes.py "$f")")
+  busy=$(busy_check)
+  [ -z "$busy" ] || notes+=("$name: ${busy#bench: }")
   k=$(kiln_single "$f" "$THREADS" $P $G $R) || { fail "kilnd bench" "$BENCH_LOGS/kilnd-bench-$name.log"; k=""; }
   l=$(llama_single "$f" "$THREADS" $P $G $R) || { fail "llama-bench" "$BENCH_LOGS/llama-bench-$name.log"; l=""; }
   ks=$(kiln_streams "$f" "$THREADS" $S $SP $SG) ||
