@@ -12,7 +12,9 @@
 # Targets, printed beside the figures (met / not met; they do not change the exit status):
 #   prefill >= 2x llama.cpp, decode >= 1.25x llama.cpp and >= 70% of the read bandwidth,
 #   32 streams >= 3x llama.cpp. A step that fails prints its error and n/a; exit status 1.
-# Env: BUILD, PY, SHAPES, FORMATS (as shapes.sh), BENCH_THREADS (2), BENCH_SHAPES_REPEAT.
+# A step during which other programs used over 5% of the CPUs is named under the table.
+# Env: BUILD, PY, SHAPES, FORMATS (as shapes.sh), BENCH_THREADS (2), BENCH_SHAPES_REPEAT,
+#   BENCH_WAIT_QUIET=N: before each step wait up to N s for the CPUs to go quiet.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,12 +35,16 @@ if [ ! -x "$MEMBW" ] || [ tests/bench/membw.c -nt "$MEMBW" ]; then
     tests/bench/membw.c -o "$MEMBW"
 fi
 machine_line
-bwline=$("$MEMBW" --threads "$THREADS" 2>/dev/null)
+: > "$BENCH_LOGS/contended"
+wait_quiet
+bwline=$(_run_logged "$BENCH_LOGS/membw.log" "$MEMBW" --threads "$THREADS")
 BW=$(field read_gb_s "$bwline")
 echo "$bwline"
+contended=$(cat "$BENCH_LOGS/contended")
 
 # ---------------------------------------------------------------- measurements
 rows=() notes=() status=0
+[ -z "$contended" ] || notes+=("membw: $contended: not reliable")
 fail() { # what log: a note with the log's last line
   notes+=("$name: $1 failed: $(grep -v '^[[:space:]]*$' "$2" 2>/dev/null | tail -1)")
   status=1
@@ -51,8 +57,7 @@ for f in $files; do
   fmt=${name##*-} shape=${name%-*}
   echo "bench-shapes: $name ($(du -h "$f" | cut -f1))" >&2
   bytes=$(field decode_bytes "$("$PY" tests/bench/decode_bytes.py "$f")")
-  busy=$(busy_check)
-  [ -z "$busy" ] || notes+=("$name: ${busy#bench: }")
+  : > "$BENCH_LOGS/contended"
   k=$(kiln_single "$f" "$THREADS" $P $G $R) || { fail "kilnd bench" "$BENCH_LOGS/kilnd-bench-$name.log"; k=""; }
   l=$(llama_single "$f" "$THREADS" $P $G $R) || { fail "llama-bench" "$BENCH_LOGS/llama-bench-$name.log"; l=""; }
   ks=$(kiln_streams "$f" "$THREADS" $S $SP $SG) ||
@@ -61,6 +66,7 @@ for f in $files; do
     { fail "llama-batched-bench" "$BENCH_LOGS/llama-batched-$name-S$S.log"; ls_=""; }
   echo "bench-shapes: $name: kilnd: $k; $S streams: $ks" >&2
   echo "bench-shapes: $name: llama.cpp: $l; $S streams: $ls_" >&2
+  while read -r c; do notes+=("$name: $c: not reliable"); done < "$BENCH_LOGS/contended"
   rows+=("$shape $fmt $bytes $(fig prefill_tok_s "$k") $(fig prefill_tok_s "$l") \
 $(fig decode_tok_s "$k") $(fig decode_tok_s "$l") $(fig output_tok_s "$ks") $(fig output_tok_s "$ls_")")
 done

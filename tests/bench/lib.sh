@@ -25,14 +25,33 @@ machine_line() {
 # llama.cpp's threads spin-wait for each other, so one core busy elsewhere costs it far
 # more than its share (seen: its decode 8x slower during a `make test`).
 busy_check() {
+  local p
+  p=$(busy_pct 1)
+  [ "$p" -le 15 ] ||
+    echo "bench: WARNING: the CPUs are $p% busy before starting: other work is running, the figures are not reliable"
+}
+
+# busy_pct SECONDS: percent of all CPUs' time not idle over the next SECONDS
+busy_pct() {
   local a b
-  a=$(head -1 /proc/stat); sleep 1; b=$(head -1 /proc/stat)
+  a=$(head -1 /proc/stat); sleep "$1"; b=$(head -1 /proc/stat)
   awk -v a="$a" -v b="$b" 'BEGIN{
     n = split(a, x); split(b, y); t = 0
     for (i = 2; i <= n; i++) t += y[i] - x[i]
-    idle = (y[5] - x[5]) + (y[6] - x[6])
-    if (t > 0 && (t - idle) / t > 0.15)
-      printf "bench: WARNING: the CPUs are %.0f%% busy before starting: other work is running, the figures are not reliable\n", 100 * (t - idle) / t }'
+    printf "%d\n", (t > 0) ? 100 * (t - (y[5] - x[5]) - (y[6] - x[6])) / t : 0 }'
+}
+
+# wait_quiet: with BENCH_WAIT_QUIET=N (seconds), before each measurement wait up to N s
+# for the CPUs to be under 10% busy over 2 s (a machine shared with other builds)
+wait_quiet() {
+  local max=${BENCH_WAIT_QUIET:-0} t0=$SECONDS p
+  [ "$max" -gt 0 ] || return 0
+  while p=$(busy_pct 2); [ "$p" -ge 10 ]; do
+    if [ $((SECONDS - t0)) -ge "$max" ]; then
+      echo "bench: the CPUs are still $p% busy after ${max} s; measuring anyway" >&2
+      return 0
+    fi
+  done
 }
 
 # peer_bin: sets PEER_BIN (builds llama.cpp's tools the first time, ~25 min on 2 cores)
@@ -42,11 +61,33 @@ peer_bin() {
   PEER_PIN=$(sed -n 's/^llama-cpp-python==\([^ ]*\).*/\1/p' tests/bench/requirements.txt)
 }
 
-# _run_logged LOG CMD...: CMD's stdout on stdout, its stderr into LOG; on failure the tail
+# _cpu_s: the machine's busy and total CPU-seconds so far; _child_s: this shell's
+# waited-for children's CPU-seconds so far
+_cpu_s() { awk '/^cpu /{ t = 0; for (i = 2; i <= NF; i++) t += $i; print (t - $5 - $6) / 100, t / 100 }' /proc/stat; }
+# (`times` itself runs in this shell, not in a substitution's subshell)
+_child_s() {
+  times > "$BENCH_LOGS/.times"
+  awk 'NR == 2 { split($1 " " $2, v, "[ ms]+"); print v[1] * 60 + v[2] + v[3] * 60 + v[4] }' "$BENCH_LOGS/.times"
+}
+
+# _run_logged LOG CMD...: CMD's stdout on stdout, its stderr into LOG; on failure the tail.
+# CPU time used meanwhile by anything but CMD (another build on a shared machine) is
+# reported on stderr and appended to $BENCH_LOGS/contended when over 5% of the machine.
 _run_logged() {
-  local log=$1; shift
-  "$@" 2>"$log" && return 0
-  local rc=$?
+  local log=$1 rc=0 s0 c0 s1 c1; shift
+  s0=$(_cpu_s)
+  _child_s > "$BENCH_LOGS/.c0"
+  "$@" 2>"$log" || rc=$?
+  s1=$(_cpu_s)
+  _child_s > "$BENCH_LOGS/.c1"
+  c0=$(cat "$BENCH_LOGS/.c0") c1=$(cat "$BENCH_LOGS/.c1")
+  awk -v a="$s0" -v b="$s1" -v c0="$c0" -v c1="$c1" -v cmd="$(basename "$1") ${*:2}" 'BEGIN{
+    split(a, x, " "); split(b, y, " "); t = y[2] - x[2]
+    o = (y[1] - x[1]) - (c1 - c0)
+    if (t > 0 && o / t > 0.05)
+      printf "other work used %.0f%% of the CPUs during %s\n", 100 * o / t, cmd }' |
+    tee -a "$BENCH_LOGS/contended" >&2
+  [ $rc = 0 ] && return 0
   echo "bench: '$*' failed ($rc); the end of $log:" >&2
   tail -15 "$log" >&2
   return $rc
@@ -58,6 +99,7 @@ _tag() { basename "$1" .gguf; }
 # it, best of R) -> "prefill_tok_s=X decode_tok_s=Y"
 kiln_single() {
   local out line
+  wait_quiet
   out=$(_run_logged "$BENCH_LOGS/kilnd-bench-$(_tag "$1").log" "$KILND" bench --model "$1" \
           --threads "$2" --prompt-tokens "$3" --gen-tokens "$4" --repeat "$5") || return 1
   line=$(grep '^bench:' <<<"$out" | tail -1 || true)
@@ -71,7 +113,9 @@ kiln_single() {
 llama_single() {
   local log pp tg
   log=$BENCH_LOGS/llama-bench-$(_tag "$1").log
+  wait_quiet
   pp=$(_run_logged "$log" "$PEER_BIN/llama-bench" -m "$1" -t "$2" -p "$3" -n 0 -r "$5" -o json) || return 1
+  wait_quiet
   tg=$(_run_logged "$log.tg" "$PEER_BIN/llama-bench" -m "$1" -t "$2" -p 0 -n "$4" -d "$3" -r "$5" -o json) || return 1
   python3 -c '
 import json, sys
@@ -85,6 +129,7 @@ print("prefill_tok_s=%.1f prefill_mean=%.1f decode_tok_s=%.1f decode_mean=%.1f" 
 # G generated tokens -> its "bench-engine: ... output_tok_s=X ..." line
 kiln_streams() {
   local out line
+  wait_quiet
   out=$(_run_logged "$BENCH_LOGS/kilnd-engine-$(_tag "$1")-S$3.log" "$KILND" bench-engine \
           --model "$1" --threads "$2" --requests "$3" --concurrency "$3" --prompt-tokens "$4" \
           --gen-tokens "$5" --max-batch 32 --max-batched-tokens 512) || return 1
@@ -100,6 +145,7 @@ kiln_streams() {
 llama_streams() {
   local npl=$3 i out
   for ((i = 1; i < $6; i++)); do npl+=",$3"; done
+  wait_quiet
   out=$(_run_logged "$BENCH_LOGS/llama-batched-$(_tag "$1")-S$3.log" "$PEER_BIN/llama-batched-bench" \
           -m "$1" -t "$2" -c $(($3 * ($4 + $5))) -npp "$4" -ntg "$5" -npl "$npl" \
           --output-format jsonl) || return 1
