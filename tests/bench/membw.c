@@ -3,8 +3,9 @@
  *   membw [--threads N] [--mib M] [--repeat R]
  *
  * N threads (default 2) each sum their own slice of one M MiB buffer (default 1024, far
- * past any cache; first-touched by the thread that reads it) with 64-bit adds the
- * compiler vectorizes; R timed passes (default 8) after one untimed, the best kept.
+ * past any cache; first-touched by the thread that reads it; no two words alike) with
+ * 64-bit adds the compiler vectorizes; R timed passes (default 8) after one untimed, the
+ * best kept.
  * Prints: membw: threads=N buffer_mib=M repeat=R read_gb_s=X   (GB = 1e9 bytes)
  * Built by tests/bench/bench_shapes.sh: gcc -O3 -march=native -pthread. */
 #include <pthread.h>
@@ -31,7 +32,10 @@ static double now_s(void) {
 
 static void *worker(void *arg) {
     slice *s = arg;
-    memset((void *)s->p, 1, s->n * sizeof *s->p); /* first touch: pages local to the reader */
+    /* first touch, so the pages are local to their reader; distinct words on every page,
+     * or page deduplication (KSM and the like) can fold the buffer into a few cached pages */
+    uint64_t *w = (uint64_t *)s->p;
+    for (size_t i = 0; i < s->n; i++) w[i] = ((uintptr_t)(w + i)) * 0x9E3779B97F4A7C15ull;
     for (int r = 0; r < passes; r++) {
         pthread_barrier_wait(&go);
         uint64_t a = 0;
