@@ -67,7 +67,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
 KILND := $(BUILD)/gnu/kilnd
 
 .PHONY: cuda gpu-progs test-gpu
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench shapes run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -297,9 +297,18 @@ test-unit: model venv $(gnu_TESTS) $(asan_TESTS)
 run: tools model $(KILND)
 	KILND=$(KILND) MODEL=$(MODEL) THREADS=$(THREADS) scripts/run.sh
 
+# The peer is llama.cpp's own tools (tests/bench/peer.sh, built once, ~25 min); after the
+# default model, the real shapes: SHAPES and FORMATS (make bench SHAPES="llama-3.1-8b"
+# FORMATS=Q4_K_M) as tests/shapes/shapes.sh takes them.
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
+	BUILD=$(BUILD) PY=$(PY) tests/bench/bench_shapes.sh
+
+# Random-weight models of real shapes, quantized by llama-quantize: build/shapes/*.gguf
+# (SHAPES, FORMATS as above; `tests/shapes/gen_shape.py --list` names the shapes).
+shapes: model venv
+	BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh
 
 # The long reliability soak (not in CI): 20,000 requests from 64 clients through lwIP
 # with cancels, disconnects and slow readers, a KV pool small enough to preempt; nothing

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# make bench (after bench.sh): kilnd's continuous-batching engine against llama.cpp's
-# batched decoding (tests/bench/peer_batched.py, same pinned llama-cpp-python) on the same
-# GGUF and thread count, run one after the other, never concurrently.
+# make bench (after bench.sh): kilnd's continuous-batching engine against llama.cpp's own
+# llama-batched-bench (tests/bench/peer.sh) on the same GGUF and thread count, run one
+# after the other, never concurrently.
 #   S streams (S in $STREAMS), each a distinct 128-token prompt + 128 generated tokens;
 #   aggregate output tok/s = S*128 / wall time (prefill included), best of 2 for each.
+#   llama-batched-bench -npp 128 -ntg 128 -npl S,S (two runs): S*128 / (T_PP + T_TG) of
+#   its rows, the same metric (all S prompts in one batch, then 128 steps of S tokens).
 # Targets: 32-stream kilnd >= 1.5x llama.cpp's 32-stream rate, and >= 4x kilnd's own
 # 1-stream rate (reported met / not met; they do not change the exit status).
 # Env: BUILD (default build), MODEL, BENCH_THREADS (default 2), BENCH_STREAMS ("1 4 16 32").
@@ -15,29 +17,13 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 THREADS=${BENCH_THREADS:-2}
 STREAMS=${BENCH_STREAMS:-1 4 16 32}
 P=128 G=128 R=2
-KILND=$BUILD/gnu/kilnd
-VENV=$BUILD/bench-venv
-REQ=tests/bench/requirements.txt
-PIN=$(sed -n 's/^llama-cpp-python==\([^ ]*\).*/\1/p' "$REQ")
-
-# ---------------------------------------------------------------- peer install (once)
-# bench.sh owns the install: run its "peer install" section (have_peer + pip install,
-# which use VENV/REQ/PIN above) rather than keeping a second copy of it here.
-install=$(sed -n '/^# -* peer install/,/^# -* machine/p' tests/bench/bench.sh)
-if [ -n "$install" ]; then
-  eval "$install"
-elif ! [ -x "$VENV/bin/python" ]; then
-  # section markers gone: fall back to a full bench.sh run, which installs the peer
-  BUILD=$BUILD MODEL=$MODEL tests/bench/bench.sh >&2 || true
-fi
-[ -x "$VENV/bin/python" ] || { echo "bench-engine: no peer venv at $VENV" >&2; exit 1; }
+. tests/bench/lib.sh
+peer_bin
 
 # ---------------------------------------------------------------- machine
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
-echo "machine: ${cpu:-unknown CPU}, $(nproc) cores online"
+machine_line
 echo "model: $MODEL; threads $THREADS; streams $STREAMS; prompt $P + gen $G tokens per stream, best of $R"
 
-field() { sed -n "s/.*[ :]$1=\([0-9.]*\).*/\1/p" <<<"$2" | tail -1; }
 best() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b == "" || a + 0 >= b + 0) print a; else print b }'; }
 
 declare -A kil peer ttft itl dec
@@ -47,13 +33,9 @@ for S in $STREAMS; do
   if [ -x "$KILND" ]; then
     k="" kt="" ki="" kd=""
     for r in $(seq $R); do
-      kout=$("$KILND" bench-engine --model "$MODEL" --threads "$THREADS" --requests "$S" \
-               --concurrency "$S" --prompt-tokens $P --gen-tokens $G --max-batch 32 \
-               --max-batched-tokens 512 2>&1) || {
-        echo "bench-engine: kilnd bench-engine failed (S=$S):"; echo "$kout"; exit 1; }
-      kline=$(grep '^bench-engine:' <<<"$kout" | tail -1 || true)
+      kline=$(kiln_streams "$MODEL" "$THREADS" "$S" $P $G) || {
+        echo "bench-engine: kilnd bench-engine failed (S=$S)"; exit 1; }
       v=$(field output_tok_s "$kline")
-      [ -n "$v" ] || { echo "bench-engine: no 'bench-engine: ... output_tok_s=X' line from kilnd:"; echo "$kout"; exit 1; }
       echo "kilnd: S=$S run $r: $kline" >&2
       if [ "$(best "$v" "$k")" = "$v" ]; then
         k=$v
@@ -65,18 +47,16 @@ for S in $STREAMS; do
     kil[$S]=$k ttft[$S]=$kt itl[$S]=$ki dec[$S]=$kd
   fi
   # ---------------------------------------------------------------- llama.cpp
-  pout=$("$VENV/bin/python" tests/bench/peer_batched.py --model "$MODEL" --threads "$THREADS" \
-           --streams "$S" --prompt-tokens $P --gen-tokens $G --repeat $R) || {
-    echo "bench-engine: peer_batched.py failed (S=$S)" >&2; exit 1; }
-  pline=$(grep '^peer-batched: streams=' <<<"$pout" | tail -1 || true)
+  pline=$(llama_streams "$MODEL" "$THREADS" "$S" $P $G $R) || {
+    echo "bench-engine: llama-batched-bench failed (S=$S)" >&2; exit 1; }
   peer[$S]=$(field output_tok_s "$pline")
-  [ -n "${peer[$S]}" ] || { echo "bench-engine: no output_tok_s from peer_batched.py:"; echo "$pout"; exit 1; }
+  pline="peer-batched: streams=$S $pline"
   echo "$pline"
 done
 [ -x "$KILND" ] || { echo "bench-engine: $KILND not built; llama.cpp numbers only"; status=1; }
 
 # ---------------------------------------------------------------- table
-echo "--- continuous batching: kilnd bench-engine vs llama-cpp-python $PIN batched, $THREADS threads"
+echo "--- continuous batching: kilnd bench-engine vs llama.cpp llama-batched-bench (llama-cpp-python $PEER_PIN sdist), $THREADS threads"
 printf '%-8s %14s %14s %7s %12s %11s %10s %13s\n' streams "kilnd tok/s" "llama.cpp" ratio "kilnd vs 1" "ttft p50ms" "itl p50ms" "decode tok/s"
 k1=${kil[1]:-}
 for S in $STREAMS; do
