@@ -304,6 +304,7 @@ bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
 	BUILD=$(BUILD) PY=$(PY) tests/bench/bench_shapes.sh
+	BUILD=$(BUILD) PY=$(PY) tests/bench/quality.sh $$(BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh)
 
 # Random-weight models of real shapes, quantized by llama-quantize: build/shapes/*.gguf
 # (SHAPES, FORMATS as above; `tests/shapes/gen_shape.py --list` names the shapes).
