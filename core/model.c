@@ -2,6 +2,7 @@
 #include "core/model.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -242,31 +243,81 @@ struct model_state {
 
 /* A packed matrix's GGUF pages, read once by the packer, leave this process's
  * resident set: the packed copy is what the kernels read, so keeping both would
- * double the memory of a large model (peak RSS stays about one copy, matrix by
- * matrix). Only pages inside the file's read-only mapping, never a caller's buffer:
- * there MADV_DONTNEED just drops them, and a later read (an embedding row of a tied
- * output matrix, the exact path) faults them back in from the page cache. */
-static void drop_source(const model *m, const model_mat *w) {
+ * double the memory of a large model (peak RSS stays about one copy, piece by piece).
+ * Only pages inside the file's read-only mapping, never a caller's buffer: there
+ * MADV_DONTNEED just drops them, and a later read (an embedding row of a tied output
+ * matrix, the exact path) faults them back in from the page cache. */
+static void drop_source(const model *m, const void *from, size_t bytes) {
     const gguf_file *f = &m->gguf;
     if (!f->mapped) return;
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)w->data, hi = lo + (size_t)w->n_out * w->row_bytes;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)from, hi = lo + bytes;
     uintptr_t base = (uintptr_t)f->base, end = base + f->size;
     if (lo < base || hi > end) return;
-    lo = (lo + pg - 1) & ~(pg - 1), hi &= ~(pg - 1); /* whole pages of this matrix only */
+    lo = (lo + pg - 1) & ~(pg - 1), hi &= ~(pg - 1); /* whole pages of this range only */
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 /* Packed copies (core/cpu/qpack) of the matrices that want one, in one allocation: a
- * first pass sizes it, a second packs. */
-static size_t pack_one(const model *m, model_mat *w, uint8_t *mem, size_t at) {
+ * first pass sizes it and places each matrix, then threads pack them. */
+static size_t place_one(model_mat *w, uint8_t *mem, size_t at) {
     size_t n = qp_wanted(w->type) ? qp_bytes(w->type, w->n_in, w->n_out) : 0;
     if (!n) return at;
-    if (mem) {
-        qp_pack(w->type, w->n_in, w->data, w->row_bytes, w->n_out, mem + at);
-        w->packed = mem + at;
-        drop_source(m, w);
-    }
+    if (mem) w->packed = mem + at;
     return at + ((n + 63) & ~(size_t)63);
+}
+
+/* Part `part` of `parts` of every packed matrix: its share of the 16-row groups, so
+ * the threads' work is even whatever the matrices' sizes. */
+typedef struct {
+    const model *m;
+    model_state *s;
+    int part, parts;
+} pack_job;
+
+static void pack_part_of(const pack_job *j, model_mat *w) {
+    if (!w->packed) return;
+    int groups = (w->n_out + QP_ROWS - 1) / QP_ROWS;
+    int r0 = (int)((int64_t)groups * j->part / j->parts) * QP_ROWS;
+    int r1 = (int)((int64_t)groups * (j->part + 1) / j->parts) * QP_ROWS;
+    if (r1 > w->n_out) r1 = w->n_out;
+    if (r1 <= r0) return;
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    size_t group_bytes = qp_bytes(w->type, w->n_in, QP_ROWS);
+    uint8_t *dst = (uint8_t *)w->packed; /* const for the kernels; the state's own mapping */
+    qp_pack(w->type, w->n_in, src, w->row_bytes, r1 - r0, dst + (size_t)(r0 / QP_ROWS) * group_bytes);
+    drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
+}
+
+static void *pack_part(void *arg) {
+    const pack_job *j = arg;
+    for (int l = 0; l < j->m->cfg.n_layers; l++) {
+        model_layer *L = &j->s->layers[l];
+        model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) pack_part_of(j, mats[i]);
+    }
+    pack_part_of(j, &j->s->output);
+    return NULL;
+}
+
+/* Packing reads and rewrites every weight once (an 8B Q4_K_M file is 4.9 GB): on one
+ * thread that was most of its start-up. As many threads as the machine has (at most
+ * PACK_THREADS), each a share of every matrix; one that cannot start is done here. */
+#define PACK_THREADS 16
+static void pack_parallel(model_state *s, const model *m) {
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = nc < 1 ? 1 : nc > PACK_THREADS ? PACK_THREADS : (int)nc;
+    pack_job jobs[PACK_THREADS];
+    pthread_t th[PACK_THREADS];
+    int started[PACK_THREADS] = {0};
+    for (int i = 0; i < parts; i++) {
+        jobs[i] = (pack_job){m, s, i, parts};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, pack_part, &jobs[i]) == 0;
+    }
+    pack_part(&jobs[0]);
+    for (int i = 1; i < parts; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else pack_part(&jobs[i]);
+    }
 }
 
 int model_unpacked_note(const model *m, char *buf, size_t n) {
@@ -302,14 +353,14 @@ int model_unpacked_note(const model *m, char *buf, size_t n) {
     return slow;
 }
 
-static size_t pack_all(model_state *s, const model *m, uint8_t *mem) {
+static size_t place_all(model_state *s, const model *m, uint8_t *mem) {
     size_t at = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         model_layer *L = &s->layers[l];
         model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = pack_one(m, mats[i], mem, at);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = place_one(mats[i], mem, at);
     }
-    return pack_one(m, &s->output, mem, at);
+    return place_one(&s->output, mem, at);
 }
 
 static int pack_weights(model_state *s, const model *m) {
@@ -318,7 +369,7 @@ static int pack_weights(model_state *s, const model *m) {
     if (!s->layers) return -1;
     memcpy(s->layers, m->w.layers, nl * sizeof *s->layers);
     s->output = m->w.output;
-    size_t bytes = pack_all(s, m, NULL);
+    size_t bytes = place_all(s, m, NULL);
     if (!bytes) return 0;
     /* its own mapping (page aligned), on huge pages where the kernel gives them: every
      * step streams all of it, ~100 MB for the default model, through the TLB */
@@ -326,7 +377,8 @@ static int pack_weights(model_state *s, const model *m) {
     if (p == MAP_FAILED) return -1;
     madvise(p, bytes, MADV_HUGEPAGE);
     s->packed = p, s->packed_bytes = bytes;
-    pack_all(s, m, s->packed);
+    place_all(s, m, s->packed);
+    pack_parallel(s, m);
     return 0;
 }
 
