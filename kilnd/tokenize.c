@@ -59,6 +59,17 @@ static int load(const char *cmd, const char *path, gguf_file *f, tok_t *t) {
     return 0;
 }
 
+/* Both commands' end: stdout flushed (a write error is a failure), the model closed. */
+static int finish(const char *cmd, gguf_file *f, tok_t *t, int rc) {
+    if (fflush(stdout) != 0) {
+        perror(cmd);
+        rc = 1;
+    }
+    tok_free(t);
+    gguf_close(f);
+    return rc;
+}
+
 static int hexval(int c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -132,13 +143,7 @@ int kd_tokenize(int argc, char **argv) {
         free(line);
     }
     free(ids);
-    if (fflush(stdout) != 0) {
-        perror(cmd);
-        rc = 1;
-    }
-    tok_free(&t);
-    gguf_close(&f);
-    return rc;
+    return finish(cmd, &f, &t, rc);
 }
 
 /* decode one line of ids through the incremental detokenizer; returns 0 or -1 */
@@ -197,11 +202,5 @@ int kd_detokenize(int argc, char **argv) {
         free(line);
     }
     free(piece);
-    if (fflush(stdout) != 0) {
-        perror(cmd);
-        rc = 1;
-    }
-    tok_free(&t);
-    gguf_close(&f);
-    return rc;
+    return finish(cmd, &f, &t, rc);
 }
