@@ -40,186 +40,6 @@ static int fail(char *err, size_t n, int code, const char *fmt, ...) {
     return code;
 }
 
-/* ------------------------------------------------------------------ loading */
-
-static int meta_u32(const gguf_file *f, const char *arch, const char *key, uint32_t *out,
-                    int required, char *err, size_t n) {
-    char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
-    if (gguf_get_u32(f, full, out) == 0) return 0;
-    if (!required) return 1;
-    return fail(err, n, -EINVAL, "model: missing or invalid metadata key '%s'", full);
-}
-
-static int meta_f32(const gguf_file *f, const char *arch, const char *key, float *out) {
-    char full[128];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
-    return gguf_get_f32(f, full, out);
-}
-
-static int read_config(model *m, char *err, size_t n) {
-    model_config *c = &m->cfg;
-    gguf_str a;
-    if (gguf_get_str(&m->gguf, "general.architecture", &a) != 0 || a.len >= sizeof c->arch)
-        return fail(err, n, -EINVAL, "model: no general.architecture in the file");
-    memcpy(c->arch, a.ptr, a.len);
-    c->arch[a.len] = 0;
-    static const char *known[] = {"llama", "qwen2", "mistral", "granite", NULL};
-    int ok = 0;
-    for (int i = 0; known[i]; i++) ok |= strcmp(c->arch, known[i]) == 0;
-    if (!ok)
-        return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, qwen2)",
-                    c->arch);
-    uint32_t v[6];
-    const char *keys[6] = {"block_count", "embedding_length", "attention.head_count",
-                           "feed_forward_length", "context_length", "attention.head_count_kv"};
-    for (int i = 0; i < 6; i++) {
-        int r = meta_u32(&m->gguf, c->arch, keys[i], &v[i], i < 5, err, n);
-        if (r < 0) return r;
-        if (r > 0) v[i] = v[2]; /* no head_count_kv: multi-head attention */
-    }
-    c->n_layers = (int)v[0], c->d_model = (int)v[1], c->n_heads = (int)v[2];
-    c->ffn_dim = (int)v[3], c->n_ctx_train = (int)v[4], c->n_kv_heads = (int)v[5];
-    if (c->n_layers < 1 || c->n_layers > 1024 || c->d_model < 1 || c->n_heads < 1 ||
-        c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->d_model % c->n_heads ||
-        c->ffn_dim < 1)
-        return fail(err, n, -EINVAL, "model: inconsistent shape (layers %d, d %d, heads %d/%d)",
-                    c->n_layers, c->d_model, c->n_heads, c->n_kv_heads);
-    uint32_t u;
-    c->head_dim = c->d_model / c->n_heads;
-    if (meta_u32(&m->gguf, c->arch, "attention.key_length", &u, 0, err, n) == 0) c->head_dim = (int)u;
-    c->rope_dim = c->head_dim;
-    if (meta_u32(&m->gguf, c->arch, "rope.dimension_count", &u, 0, err, n) == 0) c->rope_dim = (int)u;
-    if (c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 || c->rope_dim > c->head_dim ||
-        c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
-        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
-                    "not supported", c->head_dim, c->rope_dim, c->n_heads / c->n_kv_heads);
-    c->rope_base = 10000.0f;
-    meta_f32(&m->gguf, c->arch, "rope.freq_base", &c->rope_base);
-    c->rms_eps = 1e-5f;
-    meta_f32(&m->gguf, c->arch, "attention.layer_norm_rms_epsilon", &c->rms_eps);
-    /* llama.cpp's converter permutes Q/K of llama-architecture models for adjacent-pair
-     * RoPE; Qwen2 keeps the Hugging Face layout and rotates halves. */
-    c->rope_neox = strcmp(c->arch, "qwen2") == 0;
-    return 0;
-}
-
-/* A 1-D vector of n floats; F16/BF16 are widened into *spill (allocated by the caller). */
-static int load_vec(model *m, const char *name, int n, const float **out, float **spill,
-                    int optional, char *err, size_t en) {
-    const gguf_tensor *t = gguf_tensor_find(&m->gguf, name);
-    *out = NULL;
-    if (!t) return optional ? 0 : fail(err, en, -EINVAL, "model: tensor '%s' is missing", name);
-    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return fail(err, en, -EINVAL, "model: tensor '%s' has shape [%lld], want [%d]", name,
-                    (long long)t->ne[0], n);
-    if (t->type == QT_F32) {
-        *out = t->data;
-        return 0;
-    }
-    if (t->type != QT_F16 && t->type != QT_BF16)
-        return fail(err, en, -EINVAL, "model: vector '%s' has type %u (want F32/F16/BF16)", name,
-                    t->type);
-    quant_dequant(t->type, t->data, *spill, n);
-    *out = *spill;
-    *spill += n;
-    return 0;
-}
-
-static int load_mat(model *m, const char *name, int n_in, int n_out, model_mat *out,
-                    int optional, char *err, size_t en) {
-    const gguf_tensor *t = gguf_tensor_find(&m->gguf, name);
-    memset(out, 0, sizeof *out);
-    if (!t) return optional ? 0 : fail(err, en, -EINVAL, "model: tensor '%s' is missing", name);
-    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
-        return fail(err, en, -EINVAL, "model: tensor '%s' is [%lld x %lld], want [%d x %d]", name,
-                    (long long)t->ne[0], (long long)t->ne[1], n_in, n_out);
-    const quant_traits *qt = quant_traits_of(t->type);
-    if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || quant_row_size(t->type, n_in) == 0)
-        return fail(err, en, -ENOTSUP, "model: tensor '%s' has unsupported type %u", name,
-                    t->type);
-    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in), NULL};
-    return 0;
-}
-
-static int load_layer(model *m, int l, float **spill, char *err, size_t en) {
-    const model_config *c = &m->cfg;
-    model_layer *L = &m->w.layers[l];
-    int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    char nm[96];
-    int r = 0;
-#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-    if (!r) r = load_vec(m, NAME("attn_norm.weight"), d, &L->attn_norm, spill, 0, err, en);
-    if (!r) r = load_mat(m, NAME("attn_q.weight"), d, qd, &L->wq, 0, err, en);
-    if (!r) r = load_mat(m, NAME("attn_k.weight"), d, kd, &L->wk, 0, err, en);
-    if (!r) r = load_mat(m, NAME("attn_v.weight"), d, kd, &L->wv, 0, err, en);
-    if (!r) r = load_vec(m, NAME("attn_q.bias"), qd, &L->bq, spill, 1, err, en);
-    if (!r) r = load_vec(m, NAME("attn_k.bias"), kd, &L->bk, spill, 1, err, en);
-    if (!r) r = load_vec(m, NAME("attn_v.bias"), kd, &L->bv, spill, 1, err, en);
-    if (!r) r = load_mat(m, NAME("attn_output.weight"), qd, d, &L->wo, 0, err, en);
-    if (!r) r = load_vec(m, NAME("ffn_norm.weight"), d, &L->ffn_norm, spill, 0, err, en);
-    if (!r) r = load_mat(m, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0, err, en);
-    if (!r) r = load_mat(m, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0, err, en);
-    if (!r) r = load_mat(m, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0, err, en);
-#undef NAME
-    return r;
-}
-
-int model_load(model *m, const char *path, char *err, size_t en) {
-    memset(m, 0, sizeof *m);
-    int r = gguf_open(&m->gguf, path);
-    if (r < 0) return fail(err, en, r, "%s", m->gguf.err);
-    if ((r = read_config(m, err, en)) < 0) goto bad;
-    model_config *c = &m->cfg;
-    const gguf_tensor *emb = gguf_tensor_find(&m->gguf, "token_embd.weight");
-    if (!emb || emb->ne[1] < 1 || emb->ne[1] > (1 << 24)) {
-        r = fail(err, en, -EINVAL, "model: token_embd.weight missing or has a bad vocab size");
-        goto bad;
-    }
-    c->n_vocab = (int)emb->ne[1];
-    /* Worst case every vector is widened: norms + biases per layer, plus the final norm. */
-    size_t spill_n = (size_t)c->n_layers * (2 * c->d_model + c->n_heads * c->head_dim +
-                                            2 * c->n_kv_heads * c->head_dim) + c->d_model;
-    m->f32_copies = malloc(spill_n * sizeof(float));
-    m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
-    if (!m->f32_copies || !m->w.layers) {
-        r = fail(err, en, -ENOMEM, "model: out of memory");
-        goto bad;
-    }
-    float *spill = m->f32_copies;
-    if ((r = load_mat(m, "token_embd.weight", c->d_model, c->n_vocab, &m->w.tok_embd, 0, err, en)))
-        goto bad;
-    for (int l = 0; l < c->n_layers; l++)
-        if ((r = load_layer(m, l, &spill, err, en))) goto bad;
-    if ((r = load_vec(m, "output_norm.weight", c->d_model, &m->w.out_norm, &spill, 0, err, en)))
-        goto bad;
-    if ((r = load_mat(m, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1, err, en)))
-        goto bad;
-    if (!m->w.output.data) m->w.output = m->w.tok_embd; /* tied embeddings */
-    return 0;
-bad:
-    model_free(m);
-    return r;
-}
-
-void model_free(model *m) {
-    free(m->w.layers);
-    free(m->f32_copies);
-    gguf_close(&m->gguf);
-    memset(m, 0, sizeof *m);
-}
-
-/* The f16 row converters of the 8-bit KV blocks: the kernels' own (mm has none). */
-static void kv_to_f32(const uint16_t *src, float *dst, int64_t n) { quant_dequant(QT_F16, src, dst, n); }
-static void kv_to_f16(const float *src, uint16_t *dst, int64_t n) { quant_quantize(QT_F16, src, dst, n); }
-
-void model_kv_shape(const model *m, kv_config *kc) {
-    kc->n_layers = m->cfg.n_layers;
-    kc->n_kv_heads = m->cfg.n_kv_heads;
-    kc->head_dim = m->cfg.head_dim;
-    kc->f16 = (kv_f16_conv){kv_to_f32, kv_to_f16};
-}
-
 /* ------------------------------------------------------------------ scratch */
 
 struct model_state {
@@ -437,14 +257,15 @@ void model_state_free(model_state *s) {
 
 /* ------------------------------------------------------------------ small kernels */
 
-/* cos/sin of pos * base^(-2i/rope_dim) for each token, computed once per step. */
+/* cos/sin of pos * rope_freq[i] (base^(-2i/rope_dim), scaled: model.h) for each token,
+ * computed once per step. */
 static void rope_table(const model_config *c, const model_batch *b, float *tab) {
     int half = c->rope_dim / 2;
     for (int t = 0; t < b->n_tokens; t++)
         for (int i = 0; i < half; i++) {
-            double theta = (double)b->pos[t] * pow(c->rope_base, -2.0 * i / c->rope_dim);
-            tab[(t * half + i) * 2] = (float)cos(theta);
-            tab[(t * half + i) * 2 + 1] = (float)sin(theta);
+            double theta = (double)b->pos[t] * c->rope_freq[i];
+            tab[(t * half + i) * 2] = (float)cos(theta) * c->rope_mscale;
+            tab[(t * half + i) * 2 + 1] = (float)sin(theta) * c->rope_mscale;
         }
 }
 
@@ -523,8 +344,9 @@ static void norm_tokens(thr_pool *tp, int T, float *out, const float *x, const i
 enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
 
 /* out = W·x for up to three matrices that read the same activations, split into
- * MM_CHUNK-row tasks. EPI_ADD accumulates into out (the residual add), EPI_SWIGLU
- * treats mats[0] as gate and mats[1] as up and writes silu(gate)*up into out[0]. */
+ * MM_CHUNK-row tasks. EPI_ADD accumulates scale·W·x into out (the residual add; scale is
+ * Granite's residual multiplier, else 1), EPI_SWIGLU treats mats[0] as gate and mats[1]
+ * as up and writes silu(gate)*up into out[0]. */
 typedef struct {
     int n_mats;
     const model_mat *w[3];
@@ -535,6 +357,7 @@ typedef struct {
     int chunks[3];       /* tasks per matrix */
     int rows[3];         /* weight rows per task */
     int epi;
+    float scale;
     int n_tok;
     size_t xstride;
     int exact;           /* xq holds f32 rows: dequantize weights, dot in f32 */
@@ -595,6 +418,8 @@ static void mm_task(void *ctx, int task, int n_tasks) {
             mm_rows(&part, 1, r0, nr, tmp[1]);
             vm_swiglu_rows(o0, os, tmp[0], tmp[1], (size_t)nr, nr, part.n_tok);
         } else if (j->epi == EPI_ADD) {
+            if (j->scale != 1.0f)
+                for (int i = 0; i < part.n_tok * nr; i++) tmp[0][i] *= j->scale;
             vm_add_rows(o0, os, tmp[0], (size_t)nr, nr, part.n_tok);
         } else {
             for (int t = 0; t < part.n_tok; t++)
@@ -648,10 +473,10 @@ static int mm_task_rows(int n_out, int T, int n_threads) {
 }
 
 static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, int epi,
-                   int n_mats, const model_mat *const *w, const float *const *bias,
+                   float scale, int n_mats, const model_mat *const *w, const float *const *bias,
                    float *const *out, const int *ostride) {
-    mm_job j = {.n_mats = n_mats, .epi = epi, .n_tok = T, .xstride = s->xq_stride,
-                .exact = s->exact};
+    mm_job j = {.n_mats = n_mats, .epi = epi, .scale = scale, .n_tok = T,
+                .xstride = s->xq_stride, .exact = s->exact};
     int used = 0, total = 0;
     for (int i = 0; i < n_mats; i++) {
         j.w[i] = w[i];
@@ -697,7 +522,7 @@ static void att_heads(const att_job *j, int t, int h0, int nh) {
     int n_pos = j->b->pos[t] + 1;
     float q[ATT_MAX_KV_HEADS][ATTN_MAX_GROUP * ATTN_MAX_DIM];
     attn_state st[ATT_MAX_KV_HEADS];
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = c->attn_scale;
     for (int h = 0; h < nh; h++) {
         const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd;
         for (int i = 0; i < g * hd; i++) q[h][i] = qsrc[i] * scale;
@@ -729,14 +554,22 @@ static void att_task(void *ctx, int task, int n_tasks) {
 
 typedef struct {
     const model_config *c;
+    const model_layer *L;
     model_state *s;
     kv_pool *kv;
     const model_batch *b;
     int layer;
 } rope_store_job;
 
-/* RoPE on the step's q and k rows, then k and v into the cache (f16) at each token's
- * position: tokens of one sequence write different rows, so ranges run in parallel. */
+static void head_norm(const model_config *c, float *vec, int n_heads, const float *w) {
+    for (int h = 0; h < n_heads; h++)
+        vm_rmsnorm(vec + (size_t)h * c->head_dim, vec + (size_t)h * c->head_dim, w, c->head_dim,
+                   c->rms_eps);
+}
+
+/* Qwen3's per-head q/k norms and RoPE on the step's q and k rows, then k and v into the
+ * cache (f16) at each token's position: tokens of one sequence write different rows,
+ * so ranges run in parallel. */
 static void rope_store_range(void *ctx, int t0, int t1) {
     const rope_store_job *j = ctx;
     const model_config *c = j->c;
@@ -744,6 +577,10 @@ static void rope_store_range(void *ctx, int t0, int t1) {
     int hd = c->head_dim, bs = j->kv->cfg.block_size, kd = c->n_kv_heads * hd;
     int qd = c->n_heads * hd, half = c->rope_dim / 2;
     for (int t = t0; t < t1; t++) {
+        if (j->L->q_norm) {
+            head_norm(c, s->q + (size_t)t * qd, c->n_heads, j->L->q_norm);
+            head_norm(c, s->k + (size_t)t * kd, c->n_kv_heads, j->L->k_norm);
+        }
         rope_apply(c, s->q + (size_t)t * qd, c->n_heads, s->rope + (size_t)t * half * 2);
         rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, s->rope + (size_t)t * half * 2);
         int pos = j->b->pos[t];
@@ -797,6 +634,8 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         quant_dequant(m->w.tok_embd.type,
                       (const uint8_t *)m->w.tok_embd.data + (size_t)b->tokens[t] * m->w.tok_embd.row_bytes,
                       s->x + (size_t)t * d, d);
+    if (c->embd_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)T * d; i++) s->x[i] *= c->embd_scale;
     rope_table(c, b, s->rope);
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -807,8 +646,8 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         const float *bias[3] = {L->bq, L->bk, L->bv};
         float *qkv_out[3] = {s->q, s->k, s->v};
         int qkv_stride[3] = {qd, kd, kd};
-        matmul(s, tp, s->xb, d, T, EPI_STORE, 3, qkv, bias, qkv_out, qkv_stride);
-        rope_store_job rj = {c, s, kv, b, l};
+        matmul(s, tp, s->xb, d, T, EPI_STORE, 1.0f, 3, qkv, bias, qkv_out, qkv_stride);
+        rope_store_job rj = {c, L, s, kv, b, l};
         per_token(tp, T, rope_store_range, &rj);
         /* attention over the paged cache, output into xb, then x += Wo·xb */
         /* a task per token when there are enough to share among the threads (a decode
@@ -821,15 +660,15 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         const model_mat *wo[1] = {&L->wo};
         float *xo[1] = {s->x};
         int xs[1] = {d};
-        matmul(s, tp, s->xb, qd, T, EPI_ADD, 1, wo, NULL, xo, xs);
+        matmul(s, tp, s->xb, qd, T, EPI_ADD, c->resid_scale, 1, wo, NULL, xo, xs);
         /* feed-forward: x += W_down·(silu(W_gate·n) * W_up·n), n = norm(x) */
         norm_tokens(tp, T, s->xb, s->x, NULL, L->ffn_norm, d, c->rms_eps);
         const model_mat *gu[2] = {&L->w_gate, &L->w_up};
         float *hb[2] = {s->hb, s->hb};
         int hs[2] = {c->ffn_dim, c->ffn_dim};
-        matmul(s, tp, s->xb, d, T, EPI_SWIGLU, 2, gu, NULL, hb, hs);
+        matmul(s, tp, s->xb, d, T, EPI_SWIGLU, 1.0f, 2, gu, NULL, hb, hs);
         const model_mat *wd[1] = {&L->w_down};
-        matmul(s, tp, s->hb, c->ffn_dim, T, EPI_ADD, 1, wd, NULL, xo, xs);
+        matmul(s, tp, s->hb, c->ffn_dim, T, EPI_ADD, c->resid_scale, 1, wd, NULL, xo, xs);
     }
 
     /* final norm and logits, only for the requested rows */
@@ -838,7 +677,9 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         const model_mat *wout[1] = {&s->output};
         float *lo[1] = {s->logits};
         int ls[1] = {c->n_vocab};
-        matmul(s, tp, s->xb, d, b->n_logits, EPI_STORE, 1, wout, NULL, lo, ls);
+        matmul(s, tp, s->xb, d, b->n_logits, EPI_STORE, 1.0f, 1, wout, NULL, lo, ls);
+        if (c->logit_scale != 1.0f) /* Granite divides, as llama.cpp does */
+            for (size_t i = 0; i < (size_t)b->n_logits * c->n_vocab; i++) s->logits[i] /= c->logit_scale;
     }
     return s->logits;
 }

@@ -1,4 +1,5 @@
-/* model: the Llama-family transformer (Llama, SmolLM2, Llama-3, Qwen2, Mistral-style).
+/* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
+ * Granite).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/cpu/attn.h"
 #include "core/gguf.h"
 #include "mm/kv.h"
 
@@ -28,9 +30,25 @@ typedef struct {
     int rope_dim;    /* dimensions rotated per head (≤ head_dim) */
     int rope_neox;   /* 1: rotate halves (NeoX, Qwen2); 0: adjacent pairs (Llama) */
     float rope_base;
+    /* RoPE scaling as llama.cpp applies it: dimension pair i turns by pos * rope_freq[i],
+     * rope_freq[i] = base^(-2i/rope_dim) / factor_i * s_i, where factor_i comes from a
+     * rope_freqs tensor (Llama 3.1+), s_i is the linear scale 1/rope.scaling.factor, or
+     * for YaRN a ramp between 1/factor and 1 over the dimensions; cos and sin are then
+     * multiplied by rope_mscale (YaRN's magnitude correction, else 1). */
+    int rope_scaling;         /* MODEL_ROPE_NONE, _LINEAR, _YARN */
+    float rope_mscale;
+    double rope_freq[ATTN_MAX_DIM / 2]; /* [rope_dim / 2] */
     float rms_eps;
+    /* Granite's multipliers: 1 (0 for attn_scale: 1/sqrt(head_dim)) when absent */
+    float embd_scale;  /* token embeddings *= */
+    float resid_scale; /* attention and FFN outputs *= before the residual add */
+    float attn_scale;  /* q·k scale */
+    float logit_scale; /* logits /= */
+    int qk_norm;       /* Qwen3: RMSNorm over each q and k head before RoPE */
     char arch[32];
 } model_config;
+
+enum { MODEL_ROPE_NONE = 0, MODEL_ROPE_LINEAR = 1, MODEL_ROPE_YARN = 2 };
 
 /* A weight matrix: n_out rows of n_in elements, row-major, of quant type `type`.
  * packed: the same rows in core/cpu/qpack's layout, or NULL; only a model_state's copy of
@@ -48,6 +66,7 @@ typedef struct {
     model_mat wq;            /* [n_heads*head_dim][d_model] */
     model_mat wk, wv;        /* [n_kv_heads*head_dim][d_model] */
     const float *bq, *bk, *bv; /* optional biases (Qwen2), NULL otherwise */
+    const float *q_norm, *k_norm; /* [head_dim] per-head RMSNorm (Qwen3), NULL otherwise */
     model_mat wo;            /* [d_model][n_heads*head_dim] */
     const float *ffn_norm;   /* [d_model] */
     model_mat w_gate, w_up;  /* [ffn_dim][d_model] */
@@ -66,6 +85,7 @@ typedef struct {
     model_weights w;
     gguf_file gguf;
     float *f32_copies;       /* norms/biases stored as F16/BF16 in the file, widened once */
+    int has_rope_freqs;      /* cfg.rope_freq holds a rope_freqs tensor's factors */
 } model;
 
 /* One step: n_tokens tokens, each belonging to a sequence (a page table in kv) at a
@@ -83,7 +103,14 @@ typedef struct {
 
 typedef struct model_state model_state;
 
+/* Loads a GGUF strictly: every tensor in the file must be one the forward pass uses, and
+ * every "<arch>." metadata key one it implements (or one that does not change results,
+ * like context_length), else the load fails naming the tensor or key. */
 int model_load(model *m, const char *path, char *err, size_t errlen);
+/* What a model needs beyond the plain Llama/Qwen2 forward pass (RoPE scaling, per-head
+ * q/k norms, Granite's multipliers), as a comma-separated list for an error message, or
+ * "" and 0 when nothing: for backends (CUDA) that implement only that pass. */
+int model_extras(const model *m, char *buf, size_t n);
 void model_free(model *m);
 /* Scratch for batches of up to max_tokens tokens and max_logits logit rows over
  * contexts of up to max_ctx positions, and the CPU kernels' view of the weights: the

@@ -589,6 +589,11 @@ static int start(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
 
 backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const backend_cuda_config *cfg,
                           char *err, size_t errlen) {
+    char extras[256];
+    if (model_extras(m, extras, sizeof extras)) { /* the kernels run plain Llama/Qwen2 math */
+        snprintf(err, errlen, "cuda: the CUDA backend does not implement this model's %s", extras);
+        return NULL;
+    }
     const cu_api *cu = cu_load(err, errlen);
     if (!cu) return NULL;
     cuda_backend *cb = calloc(1, sizeof *cb);

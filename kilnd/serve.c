@@ -252,8 +252,8 @@ int kd_check_config(int argc, char **argv) {
     if (parse(argc, argv, &c, &threads, &control) < 0) return 1;
     static model m;
     char err[512];
-    if (model_load(&m, c.model.path, err, sizeof err) < 0) {
-        fprintf(stderr, "kilnd: model: %s\n", err);
+    if (model_load(&m, c.model.path, err, sizeof err) < 0) { /* err names "model:" */
+        fprintf(stderr, "kilnd: %s\n", err);
         return 1;
     }
     kv_config kc = {0};

@@ -94,7 +94,11 @@ run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --
 run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
 # Small random models for what the default model does not use: NeoX RoPE, biases, a
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
+# ... and the families' own math: Llama 3.1+ rope_freqs, Qwen3 q/k norms and YaRN,
+# Granite's multipliers (tests/ref/make_tiny_models.py's MODELS).
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
+# The loader refuses, by name, any key or tensor it does not implement.
+run "parity/strict-load" "$PY" tests/ref/strict_load.py --kilnd "$BUILD/gnu/kilnd"
 # test_engine's batch invariance and scheduling on a K-quant model (packed Q4_K, Q5_K,
 # Q6_K tiles on the prompt and the decode steps), not only the default model's Q4_1.
 if want parity/engine-kquants && ! [ -f "$BUILD/tiny-models/tiny-llama-kquants.gguf" ]; then
@@ -112,7 +116,10 @@ run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
 # The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
 # says why, and `auto` falls back to the CPU with the same tokens.
 if [ -x "$BUILD/cuda/kilnd" ]; then
-  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL"
+  if want cuda/no-gpu-fallback && ! [ -f "$BUILD/tiny-models/tiny-qwen3.gguf" ]; then
+    "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
+  fi
+  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL" "$BUILD/tiny-models/tiny-qwen3.gguf"
 else
   skip_entry "cuda/no-gpu-fallback" "no $BUILD/cuda/kilnd (make cuda: needs nvcc)"
 fi

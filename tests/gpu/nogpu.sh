@@ -1,9 +1,23 @@
 #!/bin/bash
-# nogpu.sh CUDA_KILND MODEL: the CUDA kilnd on a machine without a GPU (CI): asked for
-# cuda it refuses with the reason; with `auto` it says why it uses the CPU and gives the
-# CPU's tokens. On a machine that does have a GPU, cuda and cpu must agree instead.
+# nogpu.sh CUDA_KILND MODEL [EXTRAS_MODEL]: the CUDA kilnd on a machine without a GPU
+# (CI): asked for cuda it refuses with the reason; with `auto` it says why it uses the CPU
+# and gives the CPU's tokens. On a machine that does have a GPU, cuda and cpu must agree
+# instead. EXTRAS_MODEL (a model with math the CUDA kernels lack, e.g. tiny-qwen3): cuda
+# refuses it naming what, before looking for a device, and auto runs it on the CPU.
 set -u
-K=$1 M=$2
+K=$1 M=$2 X=${3:-}
+if [ -n "$X" ]; then
+  xargs_=(generate --model "$X" --prompt-ids 1,2,3 --max-tokens 4 --temperature 0 --ids --threads 2)
+  if "$K" "${xargs_[@]}" --backend cuda >/dev/null 2>/tmp/nogpu.$$; then
+    echo "FAIL: --backend cuda ran $X"; rm -f /tmp/nogpu.$$; exit 1
+  fi
+  err=$(cat /tmp/nogpu.$$); rm -f /tmp/nogpu.$$
+  echo "--backend cuda on $(basename "$X"): $err"
+  grep -q "does not implement this model's" <<<"$err" || { echo "FAIL: no clear reason"; exit 1; }
+  xcpu=$("$K" "${xargs_[@]}" --backend cpu 2>/dev/null) || { echo "FAIL: cpu failed on $X"; exit 1; }
+  xauto=$("$K" "${xargs_[@]}" --backend auto 2>/dev/null) || { echo "FAIL: auto failed on $X"; exit 1; }
+  [ "$xauto" = "$xcpu" ] || { echo "FAIL: auto [$xauto] != cpu [$xcpu] on $X"; exit 1; }
+fi
 args=(generate --model "$M" --prompt "The capital of France is" --max-tokens 12 --temperature 0 --ids --threads 2)
 cpu=$("$K" "${args[@]}" --backend cpu 2>/dev/null) || { echo "FAIL: --backend cpu failed"; exit 1; }
 if out=$("$K" "${args[@]}" --backend cuda 2>/tmp/nogpu.$$); then

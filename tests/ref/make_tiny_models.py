@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Small random GGUF models that exercise what the default model does not.
 
-  make_tiny_models.py OUTDIR      writes OUTDIR/tiny-llama-kquants.gguf and
-                                  OUTDIR/tiny-qwen2.gguf (deterministic; ~1 s)
+  make_tiny_models.py OUTDIR      writes OUTDIR/tiny-*.gguf, one per entry of MODELS
+                                  (deterministic; a few seconds)
 
 tiny-llama-kquants.gguf  arch "llama" (adjacent-pair RoPE), 2 layers, d 256,
     4 heads / 2 KV heads (GQA) of 64, ffn 512, vocab 512, tied embeddings
@@ -13,6 +13,8 @@ tiny-qwen2.gguf  arch "qwen2" (NeoX RoPE, freq_base 1e6), 2 layers, d 192,
     6 heads / 2 KV heads (group 3) of 32, ffn 512, vocab 512, F32 q/k/v biases,
     a separate output.weight (F16), token_embd in BF16, F16/BF16 norm vectors;
     the matrices are Q4_0, Q5_0, F16, BF16 and F32 (F32 on k/v only, for size).
+tiny-llama3.gguf, tiny-qwen3.gguf, tiny-granite.gguf  the families' own math: Llama
+    3.1+ rope_freqs, Qwen3's q/k norms and YaRN, Granite's multipliers (see MODELS).
 
 gguf.quants (the installed gguf package) can dequantize but not quantize the
 K-quants (Q4_K, Q5_K, Q6_K raise NotImplementedError), so this file packs those
@@ -238,9 +240,9 @@ def make_vocab(n_vocab=N_VOCAB, n_control=2):
 
 
 # ---------------------------------------------------------------------------- models
-def _add_tokenizer(w, vocab, types, merges):
+def _add_tokenizer(w, vocab, types, merges, pre="gpt2"):
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(vocab)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -270,7 +272,38 @@ def _mat(w, name, x, qtype):
         w.add_tensor(name, data, raw_dtype=raw)
 
 
-def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng):
+def _add_meta(w, arch, meta):
+    """meta: {key after "<arch>.": int (u32) | float (f32) | str}."""
+    for k, v in meta.items():
+        key = f"{arch}.{k}"
+        if isinstance(v, str):
+            w.add_string(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        else:
+            w.add_float32(key, float(v))
+
+
+def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_factor, old_ctx):
+    """Llama 3.1's RoPE frequency divisors (its rope_scaling "llama3"): pairs whose
+    wavelength is short against the original context keep their frequency, long ones
+    are divided by `factor`, those between blend smoothly."""
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = base ** (-i / head_dim)
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_ctx / high_freq_factor:
+            out.append(1.0)
+        elif wavelen > old_ctx / low_freq_factor:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
+          meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None):
     d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
     vocab, ttypes, merges = make_vocab()
     w = gguf.GGUFWriter(path, arch)
@@ -284,7 +317,11 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
     w.add_rope_freq_base(cfg["rope_base"])
     w.add_layer_norm_rms_eps(cfg["eps"])
     w.add_rope_dimension_count(hd)
-    _add_tokenizer(w, vocab, ttypes, merges)
+    if hd * H != d:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    _add_meta(w, arch, meta or {})
+    _add_tokenizer(w, vocab, ttypes, merges, pre)
 
     def norm(n):  # norm weights around 1
         return 1.0 + 0.2 * rng.standard_normal(n)
@@ -306,6 +343,9 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
             _vec(w, p + "attn_q.bias", 0.5 * rng.standard_normal(qd), "F32")
             _vec(w, p + "attn_k.bias", 0.5 * rng.standard_normal(kd), "F32")
             _vec(w, p + "attn_v.bias", 0.2 * rng.standard_normal(kd), "F32")
+        if qk_norm:
+            _vec(w, p + "attn_q_norm.weight", norm(hd), "F32")
+            _vec(w, p + "attn_k_norm.weight", norm(hd), "F32")
         _mat(w, p + "attn_output.weight", sig * rng.standard_normal((d, qd)), t["o"])
         _vec(w, p + "ffn_norm.weight", norm(d), norm_kinds[1])
         _mat(w, p + "ffn_gate.weight", sig * rng.standard_normal((ffn, d)), t["gate"])
@@ -314,6 +354,10 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
     _vec(w, "output_norm.weight", norm(d), norm_kinds[2])
     if out_type is not None:
         _mat(w, "output.weight", cfg["out_sigma"] * rng.standard_normal((N_VOCAB, d)), out_type)
+    if rope_freqs is not None:
+        _vec(w, "rope_freqs.weight", rope_freqs, "F32")
+    for name, x in (extra_tensors or {}).items():  # tests of the loader's strictness
+        w.add_tensor(name, np.asarray(x, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -348,6 +392,39 @@ MODELS = {
                  rope_base=1e6, eps=1e-6, sigma=0.05, embd_sigma=0.3, out_sigma=0.1),
         types_for_layer=lambda li: QWEN2_LAYERS[li], embd_type=QT.BF16, out_type=QT.F16,
         norm_kinds=("F16", "BF16", "F16"), biases=True),
+    # Llama 3.2's structure: rope_freqs (Llama 3.1+ RoPE factors, an original context
+    # of 64 so that the factors span 1..8 over these 16 pairs), freq_base 5e5, GQA
+    # group 4, tied Q6_K embeddings, Q4_K_M's type mix, the llama-bpe pre-tokenizer.
+    "tiny-llama3.gguf": dict(
+        arch="llama",
+        cfg=dict(d=256, layers=2, heads=8, kv_heads=2, head_dim=32, ffn=768, ctx=512,
+                 rope_base=5e5, eps=1e-5, sigma=0.08, embd_sigma=0.1, out_sigma=None),
+        types_for_layer=lambda li: dict(q=QT.Q4_K, k=QT.Q4_K, v=QT.Q6_K, o=QT.Q4_K,
+                                        gate=QT.Q4_K, up=QT.Q4_K, down=QT.Q6_K),
+        embd_type=QT.Q6_K, out_type=None, norm_kinds=("F32", "F32", "F32"), biases=False,
+        rope_freqs=llama3_rope_factors(32, 5e5, 8.0, 1.0, 4.0, 64), pre="llama-bpe"),
+    # Qwen3: per-head q/k RMSNorm, heads of 64 wider than d / heads (q is 256 wide for
+    # d 192), no biases, YaRN RoPE scaling (factor 4 over an original context of 128).
+    "tiny-qwen3.gguf": dict(
+        arch="qwen3",
+        cfg=dict(d=192, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-6, sigma=0.06, embd_sigma=0.2, out_sigma=None),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=QT.Q8_0, v=QT.Q8_0, o=QT.Q4_K,
+                                        gate=QT.Q8_0, up=QT.Q4_0, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=None, norm_kinds=("F32", "F32", "F32"), biases=False,
+        qk_norm=True, pre="qwen2",
+        meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+              "rope.scaling.original_context_length": 128}),
+    # Granite: its four multipliers and linear RoPE scaling, multi-head attention, a
+    # separate Q8_0 output matrix.
+    "tiny-granite.gguf": dict(
+        arch="granite",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=4, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e4, eps=1e-5, sigma=0.08, embd_sigma=0.05, out_sigma=0.1),
+        types_for_layer=_rotating((QT.Q5_K, QT.Q8_0, QT.F16)), embd_type=QT.F16,
+        out_type=QT.Q8_0, norm_kinds=("F32", "F32", "F32"), biases=False,
+        meta={"embedding_scale": 4.0, "residual_scale": 0.5, "attention.scale": 0.03,
+              "logit_scale": 2.0, "rope.scaling.type": "linear", "rope.scaling.factor": 2.0}),
 }
 
 

@@ -103,9 +103,16 @@ class Model:
         self.freq_base = float(kv("rope.freq_base", 10000.0))
         self.n_rot = int(kv("rope.dimension_count", self.head_dim))
         self.n_ctx_train = int(kv("context_length", 4096))
-        scale_type = kv("rope.scaling.type", "none")
-        factor = float(kv("rope.scaling.factor", 1.0) or 1.0)
-        self.pos_scale = 1.0 / factor if scale_type == "linear" and factor > 0 else 1.0
+        # RoPE scaling, as llama.cpp reads it: a factor without a type is linear
+        scale_type = kv("rope.scaling.type", "linear")
+        factor = float(kv("rope.scaling.factor", kv("rope.scale_linear", 0.0)) or 0.0)
+        fscale = 1.0 / factor if factor > 0 and scale_type != "none" else 1.0
+        self.rope_mscale = float(kv("rope.scaling.attn_factor", 1.0))
+        # Granite's multipliers (llama.cpp: 0 or absent means none)
+        self.embd_scale = float(kv("embedding_scale", 0.0) or 1.0)
+        self.resid_scale = float(kv("residual_scale", 0.0) or 1.0)
+        self.logit_scale = float(kv("logit_scale", 0.0) or 1.0)
+        self.attn_scale = float(kv("attention.scale", 0.0) or 0.0)
         self.neox = arch in NEOX_ARCHS
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head not a multiple of n_head_kv")
@@ -164,9 +171,28 @@ class Model:
             self.layers.append(L)
 
         half = self.n_rot // 2
-        inv = self.freq_base ** (-2.0 * np.arange(half, dtype=np.float64) / self.n_rot)
+        i = np.arange(half, dtype=np.float64)
+        inv = self.freq_base ** (-2.0 * i / self.n_rot)
         if ff is not None:
             inv = inv / ff.astype(np.float64)[:half]
+        if scale_type == "yarn":
+            # YaRN (Peng et al. 2023): pairs that turn many times within the original
+            # context are extrapolated (kept), slow ones interpolated (scaled by
+            # 1/factor), a linear ramp between; cos/sin gain 1 + 0.1 ln(factor).
+            orig = int(kv("rope.scaling.original_context_length", self.n_ctx_train))
+            beta_fast = float(kv("rope.scaling.yarn_beta_fast", 32.0))
+            beta_slow = float(kv("rope.scaling.yarn_beta_slow", 1.0))
+
+            def corr(turns):
+                return self.n_rot * np.log(orig / (turns * 2 * np.pi)) / (2 * np.log(self.freq_base))
+            lo = max(0.0, np.floor(corr(beta_fast)))
+            hi = min(self.n_rot - 1.0, np.ceil(corr(beta_slow)))
+            keep = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+            inv = inv * (fscale * (1.0 - keep) + keep)
+            if factor > 1.0:
+                self.rope_mscale *= 1.0 + 0.1 * np.log(factor)
+        else:
+            inv = inv * fscale
         self.inv_freq = inv
         self.reset()
         if verbose:
@@ -222,8 +248,8 @@ class Model:
 
     def _rope(self, x, pos):
         """x: [n_heads, T, head_dim]; pos: [T] absolute positions."""
-        ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.inv_freq[None, :]
-        c, s = np.cos(ang), np.sin(ang)            # [T, half]
+        ang = pos.astype(np.float64)[:, None] * self.inv_freq[None, :]
+        c, s = np.cos(ang) * self.rope_mscale, np.sin(ang) * self.rope_mscale  # [T, half]
         x64 = x.astype(np.float64)
         out = x64.copy()
         half = self.n_rot // 2
@@ -251,11 +277,11 @@ class Model:
         pos = np.arange(start_pos, n_kv)
         hd, hdv, H, Hkv = self.head_dim, self.head_dim_v, self.n_head, self.n_head_kv
         group = H // Hkv
-        scale = 1.0 / np.sqrt(hd)
+        scale = self.attn_scale or 1.0 / np.sqrt(hd)
         # causal mask over [T, n_kv]: query t (abs pos start+t) sees keys <= start+t
         mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf)
 
-        x = self.tok_embd[tokens].astype(np.float32)
+        x = self.tok_embd[tokens].astype(np.float32) * np.float32(self.embd_scale)
         for li, L in enumerate(self.layers):
             h = self._rmsnorm(x, L["attn_norm"])
             q = self._mm(h, L["wq"])
@@ -292,15 +318,15 @@ class Model:
             o = self._mm(a, L["wo"])
             if L["bo"] is not None:
                 o = o + L["bo"]
-            x = x + o
+            x = x + o * np.float32(self.resid_scale)
             h = self._rmsnorm(x, L["ffn_norm"])
             g = self._mm(h, L["gate"]).astype(np.float64)
             u = self._mm(h, L["up"]).astype(np.float64)
             act = (g / (1.0 + np.exp(-g)) * u).astype(np.float32)
-            x = x + self._mm(act, L["down"])
+            x = x + self._mm(act, L["down"]) * np.float32(self.resid_scale)
         self.n_past = n_kv
         h = self._rmsnorm(x, self.out_norm)
-        return self._mm(h, self.out_w).astype(np.float32)
+        return (self._mm(h, self.out_w) / self.logit_scale).astype(np.float32)
 
     # ------------------------------------------------------------------ text
     def token_str(self, i):

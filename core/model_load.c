@@ -1,0 +1,474 @@
+/* model_load: reading a GGUF into a model, strictly.
+ *
+ * A GGUF says what to compute through its metadata and its tensors. A reader that
+ * skips what it does not know computes some other model without a word (Llama 3.1's
+ * rope_freqs, Granite's multipliers), so here every "<arch>." key must be one this file
+ * reads or one listed as harmless, and every tensor must be one the forward pass uses;
+ * anything else fails the load with its name. */
+#include "core/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu/quant.h"
+
+typedef struct {
+    model *m;
+    uint8_t *used;  /* [n_tensors]: consumed by the loader */
+    float *spill;   /* next free float of m->f32_copies */
+    char *err;
+    size_t en;
+} loader;
+
+static int fail(char *err, size_t n, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && n) vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* ------------------------------------------------------------------ metadata */
+
+typedef struct {
+    const char *name;   /* after "<arch>." */
+    const char *archs;  /* NULL: every architecture; else a space-separated list */
+    int zero_only;      /* accepted only when 0 / false: kiln lacks what other values mean */
+} meta_key;
+
+/* Everything kiln accepts in an architecture's namespace. Keys marked zero_only turn a
+ * feature on when non-zero (sliding windows, experts, DeepSeek's YaRN variant). */
+static const meta_key known_keys[] = {
+    {"vocab_size", NULL, 0},
+    {"context_length", NULL, 0},
+    {"embedding_length", NULL, 0},
+    {"block_count", NULL, 0},
+    {"feed_forward_length", NULL, 0},
+    {"attention.head_count", NULL, 0},
+    {"attention.head_count_kv", NULL, 0},
+    {"attention.key_length", NULL, 0},
+    {"attention.value_length", NULL, 0},
+    {"attention.layer_norm_rms_epsilon", NULL, 0},
+    {"rope.dimension_count", NULL, 0},
+    {"rope.freq_base", NULL, 0},
+    {"rope.scale_linear", NULL, 0},
+    {"rope.scaling.type", NULL, 0},
+    {"rope.scaling.factor", NULL, 0},
+    {"rope.scaling.attn_factor", NULL, 0},
+    {"rope.scaling.original_context_length", NULL, 0},
+    {"rope.scaling.finetuned", NULL, 0},
+    {"rope.scaling.yarn_beta_fast", NULL, 0},
+    {"rope.scaling.yarn_beta_slow", NULL, 0},
+    {"rope.scaling.yarn_log_multiplier", NULL, 1},
+    {"attention.sliding_window", NULL, 1},
+    {"expert_count", NULL, 1},
+    {"expert_used_count", NULL, 1},
+    {"logit_scale", "granite", 0},
+    {"residual_scale", "granite", 0},
+    {"embedding_scale", "granite", 0},
+    {"attention.scale", "granite", 0},
+};
+
+static int word_in(const char *list, const char *w) {
+    size_t n = strlen(w);
+    for (const char *p = list; (p = strstr(p, w)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return 1;
+    return 0;
+}
+
+static int kv_is_zero(const gguf_kv *kv) {
+    if (kv->type == GGUF_ARR || kv->type == GGUF_STR) return 0;
+    for (uint64_t i = 0; i < kv->val_size; i++)
+        if (kv->val[i]) return 0;
+    return 1;
+}
+
+/* Every key under "<arch>." is known (and zero where it must be); split files refused. */
+static int check_keys(const model *m, char *err, size_t n) {
+    const gguf_file *f = &m->gguf;
+    size_t al = strlen(m->cfg.arch);
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const gguf_kv *kv = &f->kv[i];
+        char key[160];
+        if (kv->key.len >= sizeof key) continue; /* no known key is that long */
+        memcpy(key, kv->key.ptr, kv->key.len);
+        key[kv->key.len] = 0;
+        if (!strcmp(key, "split.count") && !kv_is_zero(kv)) {
+            uint32_t c = 0;
+            if (gguf_get_u32(f, key, &c) != 0 || c > 1)
+                return fail(err, n, -ENOTSUP, "model: a split GGUF (split.count %u): merge the "
+                            "parts into one file (llama-gguf-split --merge)", c);
+        }
+        if (strncmp(key, m->cfg.arch, al) || key[al] != '.') continue;
+        const char *name = key + al + 1;
+        const meta_key *k = NULL;
+        for (size_t j = 0; j < sizeof known_keys / sizeof known_keys[0] && !k; j++)
+            if (!strcmp(known_keys[j].name, name) &&
+                (!known_keys[j].archs || word_in(known_keys[j].archs, m->cfg.arch)))
+                k = &known_keys[j];
+        if (!k)
+            return fail(err, n, -ENOTSUP, "model: metadata key '%s' is not implemented "
+                        "(it may change the results, so the file is refused)", key);
+        if (k->zero_only && !kv_is_zero(kv))
+            return fail(err, n, -ENOTSUP, "model: metadata key '%s' is set: that feature is "
+                        "not implemented", key);
+    }
+    return 0;
+}
+
+static int meta_u32(const gguf_file *f, const char *arch, const char *key, uint32_t *out,
+                    int required, char *err, size_t n) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int r = gguf_get_u32(f, full, out);
+    if (r == 0) return 0;
+    if (r == -ENOENT && !required) return 1;
+    return fail(err, n, -EINVAL, "model: metadata key '%s' is %s", full,
+                r == -ENOENT ? "missing" : "not a single integer in range");
+}
+
+/* 0 found, 1 absent, <0 present but not a number */
+static int meta_f32(const gguf_file *f, const char *arch, const char *key, float *out,
+                    char *err, size_t n) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int r = gguf_get_f32(f, full, out);
+    if (r == 0) return isfinite(*out) ? 0 : fail(err, n, -EINVAL, "model: '%s' is not finite", full);
+    if (r == -ENOENT) return 1;
+    return fail(err, n, -EINVAL, "model: metadata key '%s' is not a float", full);
+}
+
+static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3", NULL};
+
+static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
+    gguf_str a;
+    if (gguf_get_str(f, "general.architecture", &a) != 0 || a.len >= sizeof c->arch)
+        return fail(err, n, -EINVAL, "model: no general.architecture in the file");
+    memcpy(c->arch, a.ptr, a.len);
+    c->arch[a.len] = 0;
+    for (int i = 0; known_archs[i]; i++)
+        if (!strcmp(c->arch, known_archs[i])) return 0;
+    return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
+                "granite, qwen2, qwen3)", c->arch);
+}
+
+static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) {
+    uint32_t v[6];
+    const char *keys[6] = {"block_count", "embedding_length", "attention.head_count",
+                           "feed_forward_length", "context_length", "attention.head_count_kv"};
+    for (int i = 0; i < 6; i++) {
+        int r = meta_u32(f, c->arch, keys[i], &v[i], i < 5, err, n);
+        if (r < 0) return r;
+        if (r > 0) v[i] = v[2]; /* no head_count_kv: multi-head attention */
+    }
+    c->n_layers = (int)v[0], c->d_model = (int)v[1], c->n_heads = (int)v[2];
+    c->ffn_dim = (int)v[3], c->n_ctx_train = (int)v[4], c->n_kv_heads = (int)v[5];
+    if (c->n_layers < 1 || c->n_layers > 1024 || c->d_model < 1 || c->n_heads < 1 ||
+        c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->ffn_dim < 1 ||
+        (int64_t)v[1] > (1 << 20) || (int64_t)v[3] > (1 << 22))
+        return fail(err, n, -EINVAL, "model: inconsistent shape (layers %d, d %d, heads %d/%d)",
+                    c->n_layers, c->d_model, c->n_heads, c->n_kv_heads);
+    uint32_t u;
+    int r;
+    c->head_dim = c->d_model % c->n_heads ? 0 : c->d_model / c->n_heads;
+    if ((r = meta_u32(f, c->arch, "attention.key_length", &u, 0, err, n)) < 0) return r;
+    if (r == 0) c->head_dim = (int)u;
+    if ((r = meta_u32(f, c->arch, "attention.value_length", &u, 0, err, n)) < 0) return r;
+    if (r == 0 && (int)u != c->head_dim)
+        return fail(err, n, -ENOTSUP, "model: value heads of %u differ from key heads of %d "
+                    "(not implemented)", u, c->head_dim);
+    c->rope_dim = c->head_dim;
+    if ((r = meta_u32(f, c->arch, "rope.dimension_count", &u, 0, err, n)) < 0) return r;
+    if (r == 0) c->rope_dim = (int)u;
+    if (c->head_dim < 2 || c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 ||
+        c->rope_dim > c->head_dim || c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
+        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
+                    "not supported", c->head_dim, c->rope_dim, c->n_heads / c->n_kv_heads);
+    return 0;
+}
+
+/* YaRN's correction range: the dimension pair whose wavelength fits n_rot turns in the
+ * original context (ggml's rope_yarn_corr_dim). */
+static double yarn_corr_dim(int rope_dim, int orig_ctx, float n_rot, float base) {
+    return rope_dim * log(orig_ctx / (n_rot * 2 * 3.14159265358979323846)) / (2 * log(base));
+}
+
+/* rope_freq[i] per pair and rope_mscale (see model.h). freq_factors: [rope_dim/2] or NULL. */
+static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
+    int r;
+    c->rope_base = 10000.0f;
+    if ((r = meta_f32(f, c->arch, "rope.freq_base", &c->rope_base, err, n)) < 0) return r;
+    if (!(c->rope_base > 1.0f))
+        return fail(err, n, -EINVAL, "model: rope.freq_base %g must be above 1", c->rope_base);
+    /* llama.cpp's converters permute Q/K of llama-architecture models for adjacent-pair
+     * RoPE; Qwen keeps the Hugging Face layout and rotates halves. */
+    c->rope_neox = !strncmp(c->arch, "qwen", 4);
+    char type[16] = "linear"; /* llama.cpp's default when only a factor is given */
+    char full[128];
+    snprintf(full, sizeof full, "%s.rope.scaling.type", c->arch);
+    gguf_str s;
+    if (gguf_get_str(f, full, &s) == 0) {
+        if (s.len >= sizeof type) s.len = sizeof type - 1;
+        memcpy(type, s.ptr, s.len);
+        type[s.len] = 0;
+    }
+    float factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
+    if ((r = meta_f32(f, c->arch, "rope.scaling.factor", &factor, err, n)) < 0) return r;
+    if (r > 0 && (r = meta_f32(f, c->arch, "rope.scale_linear", &factor, err, n)) < 0) return r;
+    if ((r = meta_f32(f, c->arch, "rope.scaling.attn_factor", &attn_factor, err, n)) < 0) return r;
+    if ((r = meta_f32(f, c->arch, "rope.scaling.yarn_beta_fast", &beta_fast, err, n)) < 0) return r;
+    if ((r = meta_f32(f, c->arch, "rope.scaling.yarn_beta_slow", &beta_slow, err, n)) < 0) return r;
+    uint32_t orig = (uint32_t)c->n_ctx_train;
+    if ((r = meta_u32(f, c->arch, "rope.scaling.original_context_length", &orig, 0, err, n)) < 0)
+        return r;
+    if (factor < 0.0f || attn_factor <= 0.0f || orig < 1)
+        return fail(err, n, -EINVAL, "model: bad RoPE scaling (factor %g, attn_factor %g, "
+                    "original context %u)", factor, attn_factor, orig);
+    float fscale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (!strcmp(type, "none")) c->rope_scaling = MODEL_ROPE_NONE, fscale = 1.0f;
+    else if (!strcmp(type, "linear")) c->rope_scaling = fscale == 1.0f ? MODEL_ROPE_NONE : MODEL_ROPE_LINEAR;
+    else if (!strcmp(type, "yarn")) c->rope_scaling = MODEL_ROPE_YARN;
+    else
+        return fail(err, n, -ENOTSUP, "model: RoPE scaling '%s' is not implemented", type);
+    int half = c->rope_dim / 2;
+    double lo = 0, hi = 0;
+    if (c->rope_scaling == MODEL_ROPE_YARN) {
+        lo = floor(yarn_corr_dim(c->rope_dim, (int)orig, beta_fast, c->rope_base));
+        hi = ceil(yarn_corr_dim(c->rope_dim, (int)orig, beta_slow, c->rope_base));
+        lo = lo < 0 ? 0 : lo, hi = hi > c->rope_dim - 1 ? c->rope_dim - 1 : hi;
+    }
+    for (int i = 0; i < half; i++) {
+        double inv = pow(c->rope_base, -2.0 * i / c->rope_dim), s = fscale;
+        if (c->rope_scaling == MODEL_ROPE_YARN) { /* extrapolate the fast pairs, interpolate the slow */
+            double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+            double mix = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+            s = fscale * (1.0 - mix) + mix;
+        }
+        c->rope_freq[i] = inv * s;
+    }
+    c->rope_mscale = attn_factor;
+    if (c->rope_scaling == MODEL_ROPE_YARN && factor > 1.0f)
+        c->rope_mscale *= 1.0f + 0.1f * logf(factor);
+    return 0;
+}
+
+/* Granite's multipliers (other architectures cannot have them: check_keys). */
+static int read_scales(model_config *c, const gguf_file *f, char *err, size_t n) {
+    struct { const char *key; float *out, dflt; } k[] = {
+        {"embedding_scale", &c->embd_scale, 1.0f}, {"residual_scale", &c->resid_scale, 1.0f},
+        {"attention.scale", &c->attn_scale, 0.0f}, {"logit_scale", &c->logit_scale, 1.0f}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        *k[i].out = k[i].dflt;
+        int r = meta_f32(f, c->arch, k[i].key, k[i].out, err, n);
+        if (r < 0) return r;
+        if (r == 0 && *k[i].out == 0.0f && k[i].dflt != 0.0f) *k[i].out = k[i].dflt; /* llama.cpp: 0 = unset */
+    }
+    if (c->attn_scale == 0.0f) c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    if (!(c->logit_scale != 0.0f))
+        return fail(err, n, -EINVAL, "model: %s.logit_scale is 0", c->arch);
+    return 0;
+}
+
+static int read_config(model *m, char *err, size_t n) {
+    model_config *c = &m->cfg;
+    const gguf_file *f = &m->gguf;
+    int r;
+    if ((r = read_arch(c, f, err, n)) < 0 || (r = check_keys(m, err, n)) < 0 ||
+        (r = read_shape(c, f, err, n)) < 0 || (r = read_rope(c, f, err, n)) < 0 ||
+        (r = read_scales(c, f, err, n)) < 0)
+        return r;
+    c->rms_eps = 1e-5f;
+    if ((r = meta_f32(f, c->arch, "attention.layer_norm_rms_epsilon", &c->rms_eps, err, n)) < 0)
+        return r;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ tensors */
+
+static const gguf_tensor *take(loader *ld, const char *name) {
+    const gguf_tensor *t = gguf_tensor_find(&ld->m->gguf, name);
+    if (t) ld->used[t - ld->m->gguf.tensors] = 1;
+    return t;
+}
+
+/* A 1-D vector of n floats; F16/BF16 are widened into the spill area. */
+static int load_vec(loader *ld, const char *name, int n, const float **out, int optional) {
+    const gguf_tensor *t = take(ld, name);
+    *out = NULL;
+    if (!t) return optional ? 0 : fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' has shape [%lld], want [%d]",
+                    name, (long long)t->ne[0], n);
+    if (t->type == QT_F32) {
+        *out = t->data;
+        return 0;
+    }
+    if (t->type != QT_F16 && t->type != QT_BF16)
+        return fail(ld->err, ld->en, -EINVAL, "model: vector '%s' has type %s (want F32/F16/BF16)",
+                    name, quant_type_name(t->type));
+    quant_dequant(t->type, t->data, ld->spill, n);
+    *out = ld->spill;
+    ld->spill += n;
+    return 0;
+}
+
+static int load_mat(loader *ld, const char *name, int n_in, int n_out, model_mat *out, int optional) {
+    const gguf_tensor *t = take(ld, name);
+    memset(out, 0, sizeof *out);
+    if (!t) return optional ? 0 : fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is [%lld x %lld], want [%d x %d]",
+                    name, (long long)t->ne[0], (long long)t->ne[1], n_in, n_out);
+    const quant_traits *qt = quant_traits_of(t->type);
+    if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || quant_row_size(t->type, n_in) == 0)
+        return fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%s' has unsupported type %s", name,
+                    quant_type_name(t->type));
+    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in), NULL};
+    return 0;
+}
+
+static int load_layer(loader *ld, int l) {
+    const model_config *c = &ld->m->cfg;
+    model_layer *L = &ld->m->w.layers[l];
+    int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+    int hd = c->head_dim, qk_norm = !strcmp(c->arch, "qwen3");
+    char nm[96];
+    int r = 0;
+#define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+    if (!r) r = load_vec(ld, NAME("attn_norm.weight"), d, &L->attn_norm, 0);
+    if (!r) r = load_mat(ld, NAME("attn_q.weight"), d, qd, &L->wq, 0);
+    if (!r) r = load_mat(ld, NAME("attn_k.weight"), d, kd, &L->wk, 0);
+    if (!r) r = load_mat(ld, NAME("attn_v.weight"), d, kd, &L->wv, 0);
+    if (!r) r = load_vec(ld, NAME("attn_q.bias"), qd, &L->bq, 1);
+    if (!r) r = load_vec(ld, NAME("attn_k.bias"), kd, &L->bk, 1);
+    if (!r) r = load_vec(ld, NAME("attn_v.bias"), kd, &L->bv, 1);
+    if (!r) r = load_vec(ld, NAME("attn_q_norm.weight"), hd, &L->q_norm, !qk_norm);
+    if (!r) r = load_vec(ld, NAME("attn_k_norm.weight"), hd, &L->k_norm, !qk_norm);
+    if (!r) r = load_mat(ld, NAME("attn_output.weight"), qd, d, &L->wo, 0);
+    if (!r) r = load_vec(ld, NAME("ffn_norm.weight"), d, &L->ffn_norm, 0);
+    if (!r) r = load_mat(ld, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0);
+    if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0);
+    if (!r) r = load_mat(ld, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0);
+#undef NAME
+    if (!r && (!L->q_norm) != (!L->k_norm))
+        r = fail(ld->err, ld->en, -EINVAL, "model: layer %d has only one of attn_q_norm/attn_k_norm", l);
+    return r;
+}
+
+/* Llama 3.1+'s per-pair frequency divisors (the converter's "llama3" RoPE scaling). */
+static int load_rope_freqs(loader *ld) {
+    model_config *c = &ld->m->cfg;
+    const float *ff;
+    int r = load_vec(ld, "rope_freqs.weight", c->rope_dim / 2, &ff, 1);
+    if (r || !ff) return r;
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        if (!(ff[i] > 0.0f) || !isfinite(ff[i]))
+            return fail(ld->err, ld->en, -EINVAL, "model: rope_freqs.weight[%d] is %g", i, ff[i]);
+        c->rope_freq[i] /= ff[i];
+    }
+    ld->m->has_rope_freqs = 1;
+    return 0;
+}
+
+static int load_tensors(loader *ld) {
+    model *m = ld->m;
+    model_config *c = &m->cfg;
+    int r;
+    if ((r = load_mat(ld, "token_embd.weight", c->d_model, c->n_vocab, &m->w.tok_embd, 0))) return r;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((r = load_layer(ld, l))) return r;
+    if ((r = load_vec(ld, "output_norm.weight", c->d_model, &m->w.out_norm, 0))) return r;
+    if ((r = load_mat(ld, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1))) return r;
+    if (!m->w.output.data) m->w.output = m->w.tok_embd; /* tied embeddings */
+    if ((r = load_rope_freqs(ld))) return r;
+    c->qk_norm = m->w.layers[0].q_norm != NULL;
+    for (int l = 1; l < c->n_layers; l++)
+        if ((m->w.layers[l].q_norm != NULL) != c->qk_norm)
+            return fail(ld->err, ld->en, -EINVAL, "model: attn_q_norm on some layers only");
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
+        if (!ld->used[i]) {
+            gguf_str s = m->gguf.tensors[i].name;
+            return fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%.*s' is not used by kiln's "
+                        "%s forward pass (not implemented), so the file is refused",
+                        (int)(s.len > 96 ? 96 : s.len), s.ptr, c->arch);
+        }
+    return 0;
+}
+
+int model_load(model *m, const char *path, char *err, size_t en) {
+    memset(m, 0, sizeof *m);
+    int r = gguf_open(&m->gguf, path);
+    if (r < 0) return fail(err, en, r, "%s", m->gguf.err);
+    loader ld = {m, NULL, NULL, err, en};
+    if ((r = read_config(m, err, en)) < 0) goto bad;
+    model_config *c = &m->cfg;
+    const gguf_tensor *emb = gguf_tensor_find(&m->gguf, "token_embd.weight");
+    if (!emb || emb->ne[1] < 1 || emb->ne[1] > (1 << 24)) {
+        r = fail(err, en, -EINVAL, "model: token_embd.weight missing or has a bad vocab size");
+        goto bad;
+    }
+    c->n_vocab = (int)emb->ne[1];
+    /* Worst case every vector is widened: norms, biases and q/k norms per layer, the
+     * final norm and the RoPE factors. */
+    size_t spill_n = (size_t)c->n_layers * (2 * c->d_model + c->n_heads * c->head_dim +
+                                            2 * c->n_kv_heads * c->head_dim + 2 * c->head_dim) +
+                     c->d_model + c->rope_dim;
+    m->f32_copies = malloc(spill_n * sizeof(float));
+    m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
+    ld.used = calloc(m->gguf.n_tensors ? m->gguf.n_tensors : 1, 1);
+    if (!m->f32_copies || !m->w.layers || !ld.used) {
+        r = fail(err, en, -ENOMEM, "model: out of memory");
+        goto bad;
+    }
+    ld.spill = m->f32_copies;
+    if ((r = load_tensors(&ld))) goto bad;
+    free(ld.used);
+    return 0;
+bad:
+    free(ld.used);
+    model_free(m);
+    return r;
+}
+
+void model_free(model *m) {
+    free(m->w.layers);
+    free(m->f32_copies);
+    gguf_close(&m->gguf);
+    memset(m, 0, sizeof *m);
+}
+
+int model_extras(const model *m, char *buf, size_t n) {
+    const model_config *c = &m->cfg;
+    struct { int on; const char *what; } x[] = {
+        {c->rope_scaling == MODEL_ROPE_LINEAR, "linear RoPE scaling"},
+        {c->rope_scaling == MODEL_ROPE_YARN, "YaRN RoPE scaling"},
+        {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
+        {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
+        {c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||
+         fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f, "Granite multipliers"},
+    };
+    int k = 0;
+    size_t at = 0;
+    if (n) buf[0] = 0;
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
+        if (x[i].on) {
+            if (at < n) at += (size_t)snprintf(buf + at, n - at, "%s%s", k ? ", " : "", x[i].what);
+            k++;
+        }
+    return k;
+}
+
+/* The f16 row converters of the 8-bit KV blocks: the kernels' own (mm has none). */
+static void kv_to_f32(const uint16_t *src, float *dst, int64_t n) { quant_dequant(QT_F16, src, dst, n); }
+static void kv_to_f16(const float *src, uint16_t *dst, int64_t n) { quant_quantize(QT_F16, src, dst, n); }
+
+void model_kv_shape(const model *m, kv_config *kc) {
+    kc->n_layers = m->cfg.n_layers;
+    kc->n_kv_heads = m->cfg.n_kv_heads;
+    kc->head_dim = m->cfg.head_dim;
+    kc->f16 = (kv_f16_conv){kv_to_f32, kv_to_f16};
+}
