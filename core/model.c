@@ -56,7 +56,13 @@ struct model_state {
     size_t xq_stride;    /* bytes per token row in xq */
     int exact;           /* f32 activations (model_state_set_exact) */
     model_layer *layers; /* the model's layers, with packed copies where wanted */
+    model_mat *experts;  /* their exp_gate/up/down arrays (the model's, copied) */
     model_mat output;
+    /* mixture of experts: the router's logits [T][n_expert], each token's chosen experts
+     * and weights [T][k], the (token, choice) pairs grouped by expert: gidx[t*k + j] is
+     * the pair's row in xg/hg/og, gtok[row] its token */
+    float *route, *selw, *xg, *hg, *og;
+    int32_t *sel, *gidx, *gtok;
     uint8_t *packed;     /* one mapping holding every packed matrix */
     size_t packed_bytes;
 };
@@ -108,12 +114,28 @@ static void pack_part_of(const pack_job *j, model_mat *w) {
     drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
 }
 
+/* Every weight matrix of a layer, the router's and experts' too, for the loops that
+ * place, pack and list them; mats has room for LAYER_MATS_MAX. */
+#define LAYER_MATS_MAX (8 + 3 * MODEL_MAX_EXPERTS)
+static int layer_mats(const model_config *c, model_layer *L, model_mat **mats) {
+    model_mat *fixed[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->router};
+    int n = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (fixed[i]->data) mats[n++] = fixed[i];
+    for (int e = 0; e < c->n_expert; e++) {
+        mats[n++] = &L->exp_gate[e];
+        mats[n++] = &L->exp_up[e];
+        mats[n++] = &L->exp_down[e];
+    }
+    return n;
+}
+
 static void *pack_part(void *arg) {
     const pack_job *j = arg;
+    model_mat *mats[LAYER_MATS_MAX];
     for (int l = 0; l < j->m->cfg.n_layers; l++) {
-        model_layer *L = &j->s->layers[l];
-        model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) pack_part_of(j, mats[i]);
+        int n = layer_mats(&j->m->cfg, &j->s->layers[l], mats);
+        for (int i = 0; i < n; i++) pack_part_of(j, mats[i]);
     }
     pack_part_of(j, &j->s->output);
     return NULL;
@@ -142,11 +164,11 @@ static void pack_parallel(model_state *s, const model *m) {
 
 int model_unpacked_note(const model *m, char *buf, size_t n) {
     int count[QT_COUNT] = {0}, total = 0, slow = 0;
+    model_mat *mats[LAYER_MATS_MAX];
     for (int l = 0; l <= m->cfg.n_layers; l++) {
-        const model_layer *L = &m->w.layers[l < m->cfg.n_layers ? l : 0];
-        const model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        int k = l < m->cfg.n_layers ? (int)(sizeof mats / sizeof mats[0]) : 1;
-        if (l == m->cfg.n_layers) mats[0] = &m->w.output;
+        int k = 1; /* only reads them: the const cast is for layer_mats' other callers */
+        if (l < m->cfg.n_layers) k = layer_mats(&m->cfg, (model_layer *)&m->w.layers[l], mats);
+        else mats[0] = (model_mat *)&m->w.output;
         for (int i = 0; i < k; i++) {
             const model_mat *w = mats[i];
             if (!w->data) continue;
@@ -175,10 +197,10 @@ int model_unpacked_note(const model *m, char *buf, size_t n) {
 
 static size_t place_all(model_state *s, const model *m, uint8_t *mem) {
     size_t at = 0;
+    model_mat *mats[LAYER_MATS_MAX];
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        model_layer *L = &s->layers[l];
-        model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) at = place_one(mats[i], mem, at);
+        int n = layer_mats(&m->cfg, &s->layers[l], mats);
+        for (int i = 0; i < n; i++) at = place_one(mats[i], mem, at);
     }
     return place_one(&s->output, mem, at);
 }
@@ -188,6 +210,17 @@ static int pack_weights(model_state *s, const model *m) {
     s->layers = malloc(nl * sizeof *s->layers);
     if (!s->layers) return -1;
     memcpy(s->layers, m->w.layers, nl * sizeof *s->layers);
+    if (m->cfg.n_expert) { /* the experts' matrices get packed copies too: the state's own */
+        size_t ne = nl * 3 * (size_t)m->cfg.n_expert;
+        if (!(s->experts = malloc(ne * sizeof *s->experts))) return -1;
+        memcpy(s->experts, m->experts, ne * sizeof *s->experts);
+        for (size_t l = 0; l < nl; l++) {
+            model_layer *L = &s->layers[l];
+            L->exp_gate = s->experts + (L->exp_gate - m->experts);
+            L->exp_up = s->experts + (L->exp_up - m->experts);
+            L->exp_down = s->experts + (L->exp_down - m->experts);
+        }
+    }
     s->output = m->w.output;
     size_t bytes = place_all(s, m, NULL);
     if (!bytes) return 0;
@@ -213,6 +246,7 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     size_t qd = (size_t)c->n_heads * c->head_dim, kd = (size_t)c->n_kv_heads * c->head_dim;
     size_t wide = qd > (size_t)c->d_model ? qd : (size_t)c->d_model;
     size_t widest = wide > (size_t)c->ffn_dim ? wide : (size_t)c->ffn_dim;
+    if ((size_t)c->ffn_exp_dim > widest) widest = (size_t)c->ffn_exp_dim;
     s->max_tokens = max_tokens, s->max_logits = max_logits, s->max_ctx = max_ctx;
     s->x = malloc(T * c->d_model * sizeof(float));
     s->xb = malloc(T * wide * sizeof(float));
@@ -226,6 +260,18 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
     int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
              pack_weights(s, m) == 0;
+    if (c->n_expert) {
+        size_t P = T * (size_t)c->n_expert_used; /* (token, choice) pairs */
+        s->route = malloc(T * c->n_expert * sizeof(float));
+        s->selw = malloc(P * sizeof(float));
+        s->xg = malloc(P * c->d_model * sizeof(float));
+        s->hg = malloc(P * c->ffn_exp_dim * sizeof(float));
+        s->og = malloc(P * c->d_model * sizeof(float));
+        s->sel = malloc(P * sizeof(int32_t));
+        s->gidx = malloc(P * sizeof(int32_t));
+        s->gtok = malloc(P * sizeof(int32_t));
+        ok = ok && s->route && s->selw && s->xg && s->hg && s->og && s->sel && s->gidx && s->gtok;
+    }
     for (int i = 0; i < MAX_XQ; i++) {
         s->xq[i] = aligned_alloc(64, T * s->xq_stride);
         ok = ok && s->xq[i];
@@ -240,6 +286,7 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
 int model_state_set_exact(model_state *s, const model *m, int on) {
     const model_config *c = &m->cfg;
     int widest = c->ffn_dim > c->d_model ? c->ffn_dim : c->d_model;
+    if (c->ffn_exp_dim > widest) widest = c->ffn_exp_dim;
     if (on && widest > MM_EXACT_MAX) return -EINVAL;
     s->exact = on;
     return 0;
@@ -251,6 +298,9 @@ void model_state_free(model_state *s) {
     free(s->rope), free(s->logits);
     for (int i = 0; i < MAX_XQ; i++) free(s->xq[i]);
     free(s->layers);
+    free(s->experts);
+    free(s->route), free(s->selw), free(s->xg), free(s->hg), free(s->og);
+    free(s->sel), free(s->gidx), free(s->gtok);
     if (s->packed) munmap(s->packed, s->packed_bytes);
     free(s);
 }
@@ -595,6 +645,92 @@ static void rope_store_range(void *ctx, int t0, int t1) {
     }
 }
 
+/* ------------------------------------------------------------------ experts */
+
+/* Each token's n_expert_used experts: the largest router logits (the lower index first
+ * on a tie), weighted by the softmax over those alone, which is the softmax over all
+ * experts renormalized over the chosen ones. */
+static void route_tokens(const model_config *c, model_state *s, int T) {
+    int ne = c->n_expert, k = c->n_expert_used;
+    for (int t = 0; t < T; t++) {
+        const float *lg = s->route + (size_t)t * ne;
+        int32_t *sel = s->sel + (size_t)t * k;
+        float *w = s->selw + (size_t)t * k;
+        uint8_t taken[MODEL_MAX_EXPERTS] = {0};
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < ne; e++)
+                if (!taken[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            taken[best] = 1, sel[j] = best;
+        }
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += w[j] = expf(lg[sel[j]] - lg[sel[0]]);
+        for (int j = 0; j < k; j++) w[j] = (float)(w[j] / sum);
+    }
+}
+
+typedef struct {
+    const model_config *c;
+    model_state *s;
+} moe_sum_job;
+
+/* x[t] += resid_scale * sum_j w_j * expert_j(x[t]), the choices in rank order: a token's
+ * sum is the same whatever else is in its batch. */
+static void moe_sum_range(void *ctx, int t0, int t1) {
+    const moe_sum_job *j = ctx;
+    const model_config *c = j->c;
+    model_state *s = j->s;
+    int d = c->d_model, k = c->n_expert_used;
+    for (int t = t0; t < t1; t++) {
+        float *acc = s->xb + (size_t)t * d; /* the normed input is no longer needed */
+        for (int i = 0; i < d; i++) acc[i] = 0.0f;
+        for (int jj = 0; jj < k; jj++) {
+            const float *o = s->og + (size_t)s->gidx[t * k + jj] * d;
+            float w = s->selw[t * k + jj];
+            for (int i = 0; i < d; i++) acc[i] += w * o[i];
+        }
+        float *x = s->x + (size_t)t * d;
+        for (int i = 0; i < d; i++) x[i] += c->resid_scale * acc[i];
+    }
+}
+
+/* The mixture-of-experts FFN on the normed rows in xb: route, group the (token, choice)
+ * pairs by expert, run each chosen expert once over its tokens (its weights stream once
+ * per step however many tokens chose it; a decode step reads only the chosen experts),
+ * then sum each token's choices into the residual. */
+static void moe_ffn(const model *m, model_state *s, thr_pool *tp, const model_layer *L, int T) {
+    const model_config *c = &m->cfg;
+    int d = c->d_model, fe = c->ffn_exp_dim, k = c->n_expert_used, ne = c->n_expert;
+    const model_mat *rw[1] = {&L->router};
+    float *ro[1] = {s->route};
+    int rs[1] = {ne};
+    matmul(s, tp, s->xb, d, T, EPI_STORE, 1.0f, 1, rw, NULL, ro, rs);
+    route_tokens(c, s, T);
+    int cnt[MODEL_MAX_EXPERTS] = {0}, off[MODEL_MAX_EXPERTS + 1], at[MODEL_MAX_EXPERTS];
+    for (int i = 0; i < T * k; i++) cnt[s->sel[i]]++;
+    off[0] = 0;
+    for (int e = 0; e < ne; e++) off[e + 1] = off[e] + cnt[e], at[e] = off[e];
+    for (int i = 0; i < T * k; i++) {
+        int g = at[s->sel[i]]++;
+        s->gidx[i] = g, s->gtok[g] = i / k;
+    }
+    for (int g = 0; g < T * k; g++)
+        memcpy(s->xg + (size_t)g * d, s->xb + (size_t)s->gtok[g] * d, (size_t)d * sizeof(float));
+    for (int e = 0; e < ne; e++) {
+        if (!cnt[e]) continue;
+        const model_mat *gu[2] = {&L->exp_gate[e], &L->exp_up[e]};
+        float *h = s->hg + (size_t)off[e] * fe, *hh[2] = {h, h};
+        int hs[2] = {fe, fe};
+        matmul(s, tp, s->xg + (size_t)off[e] * d, d, cnt[e], EPI_SWIGLU, 1.0f, 2, gu, NULL, hh, hs);
+        const model_mat *dw[1] = {&L->exp_down[e]};
+        float *o[1] = {s->og + (size_t)off[e] * d};
+        int os[1] = {d};
+        matmul(s, tp, h, fe, cnt[e], EPI_STORE, 1.0f, 1, dw, NULL, o, os);
+    }
+    moe_sum_job j = {c, s};
+    per_token(tp, T, moe_sum_range, &j);
+}
+
 /* ------------------------------------------------------------------ forward */
 
 static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
@@ -663,6 +799,10 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         matmul(s, tp, s->xb, qd, T, EPI_ADD, c->resid_scale, 1, wo, NULL, xo, xs);
         /* feed-forward: x += W_down·(silu(W_gate·n) * W_up·n), n = norm(x) */
         norm_tokens(tp, T, s->xb, s->x, NULL, L->ffn_norm, d, c->rms_eps);
+        if (c->n_expert) {
+            moe_ffn(m, s, tp, L, T);
+            continue;
+        }
         const model_mat *gu[2] = {&L->w_gate, &L->w_up};
         float *hb[2] = {s->hb, s->hb};
         int hs[2] = {c->ffn_dim, c->ffn_dim};

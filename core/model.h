@@ -1,5 +1,5 @@
 /* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
- * Granite).
+ * Granite) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -45,6 +45,10 @@ typedef struct {
     float attn_scale;  /* q·k scale */
     float logit_scale; /* logits /= */
     int qk_norm;       /* Qwen3: RMSNorm over each q and k head before RoPE */
+    /* Mixture of experts (0 experts: a dense SwiGLU FFN): a router picks n_expert_used
+     * of n_expert SwiGLU experts of ffn_exp_dim per token (softmax over all, top-k,
+     * the k weights renormalized to sum 1), their outputs summed by those weights. */
+    int n_expert, n_expert_used, ffn_exp_dim;
     char arch[32];
 } model_config;
 
@@ -69,9 +73,13 @@ typedef struct {
     const float *q_norm, *k_norm; /* [head_dim] per-head RMSNorm (Qwen3), NULL otherwise */
     model_mat wo;            /* [d_model][n_heads*head_dim] */
     const float *ffn_norm;   /* [d_model] */
-    model_mat w_gate, w_up;  /* [ffn_dim][d_model] */
+    model_mat w_gate, w_up;  /* [ffn_dim][d_model]; unused (NULL data) with experts */
     model_mat w_down;        /* [d_model][ffn_dim] */
+    model_mat router;        /* [n_expert][d_model] (ffn_gate_inp) */
+    model_mat *exp_gate, *exp_up, *exp_down; /* [n_expert] each: slices of the 3-D tensors */
 } model_layer;
+
+#define MODEL_MAX_EXPERTS 256
 
 typedef struct {
     model_mat tok_embd;      /* [n_vocab][d_model] */
@@ -85,6 +93,7 @@ typedef struct {
     model_weights w;
     gguf_file gguf;
     float *f32_copies;       /* norms/biases stored as F16/BF16 in the file, widened once */
+    model_mat *experts;      /* every layer's exp_gate/up/down, one allocation */
     int has_rope_freqs;      /* cfg.rope_freq holds a rope_freqs tensor's factors */
 } model;
 

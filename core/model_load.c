@@ -37,40 +37,46 @@ static int fail(char *err, size_t n, int code, const char *fmt, ...) {
 typedef struct {
     const char *name;   /* after "<arch>." */
     const char *archs;  /* NULL: every architecture; else a space-separated list */
-    int zero_only;      /* accepted only when 0 / false: kiln lacks what other values mean */
+    int must_be;        /* ANY, or the one integer value kiln implements */
 } meta_key;
+#define ANY (-1)
 
-/* Everything kiln accepts in an architecture's namespace. Keys marked zero_only turn a
- * feature on when non-zero (sliding windows, experts, DeepSeek's YaRN variant). */
+/* Everything kiln accepts in an architecture's namespace; the first entry whose name
+ * and architectures match applies. Keys that must be 0 turn on a feature kiln lacks
+ * when set (sliding windows, experts where not implemented, DeepSeek's YaRN variant). */
 static const meta_key known_keys[] = {
-    {"vocab_size", NULL, 0},
-    {"context_length", NULL, 0},
-    {"embedding_length", NULL, 0},
-    {"block_count", NULL, 0},
-    {"feed_forward_length", NULL, 0},
-    {"attention.head_count", NULL, 0},
-    {"attention.head_count_kv", NULL, 0},
-    {"attention.key_length", NULL, 0},
-    {"attention.value_length", NULL, 0},
-    {"attention.layer_norm_rms_epsilon", NULL, 0},
-    {"rope.dimension_count", NULL, 0},
-    {"rope.freq_base", NULL, 0},
-    {"rope.scale_linear", NULL, 0},
-    {"rope.scaling.type", NULL, 0},
-    {"rope.scaling.factor", NULL, 0},
-    {"rope.scaling.attn_factor", NULL, 0},
-    {"rope.scaling.original_context_length", NULL, 0},
-    {"rope.scaling.finetuned", NULL, 0},
-    {"rope.scaling.yarn_beta_fast", NULL, 0},
-    {"rope.scaling.yarn_beta_slow", NULL, 0},
-    {"rope.scaling.yarn_log_multiplier", NULL, 1},
-    {"attention.sliding_window", NULL, 1},
-    {"expert_count", NULL, 1},
-    {"expert_used_count", NULL, 1},
-    {"logit_scale", "granite", 0},
-    {"residual_scale", "granite", 0},
-    {"embedding_scale", "granite", 0},
-    {"attention.scale", "granite", 0},
+    {"vocab_size", NULL, ANY},
+    {"context_length", NULL, ANY},
+    {"embedding_length", NULL, ANY},
+    {"block_count", NULL, ANY},
+    {"feed_forward_length", NULL, ANY},
+    {"attention.head_count", NULL, ANY},
+    {"attention.head_count_kv", NULL, ANY},
+    {"attention.key_length", NULL, ANY},
+    {"attention.value_length", NULL, ANY},
+    {"attention.layer_norm_rms_epsilon", NULL, ANY},
+    {"rope.dimension_count", NULL, ANY},
+    {"rope.freq_base", NULL, ANY},
+    {"rope.scale_linear", NULL, ANY},
+    {"rope.scaling.type", NULL, ANY},
+    {"rope.scaling.factor", NULL, ANY},
+    {"rope.scaling.attn_factor", NULL, ANY},
+    {"rope.scaling.original_context_length", NULL, ANY},
+    {"rope.scaling.finetuned", NULL, ANY},
+    {"rope.scaling.yarn_beta_fast", NULL, ANY},
+    {"rope.scaling.yarn_beta_slow", NULL, ANY},
+    {"rope.scaling.yarn_log_multiplier", NULL, 0},
+    {"attention.sliding_window", NULL, 0},
+    {"expert_count", "llama mistral qwen3moe", ANY},
+    {"expert_count", NULL, 0},
+    {"expert_used_count", "llama mistral qwen3moe", ANY},
+    {"expert_used_count", NULL, 0},
+    {"expert_feed_forward_length", "qwen3moe", ANY},
+    {"expert_gating_func", "llama mistral qwen3moe", 1}, /* softmax */
+    {"logit_scale", "granite", ANY},
+    {"residual_scale", "granite", ANY},
+    {"embedding_scale", "granite", ANY},
+    {"attention.scale", "granite", ANY},
 };
 
 static int word_in(const char *list, const char *w) {
@@ -80,11 +86,13 @@ static int word_in(const char *list, const char *w) {
     return 0;
 }
 
-static int kv_is_zero(const gguf_kv *kv) {
-    if (kv->type == GGUF_ARR || kv->type == GGUF_STR) return 0;
-    for (uint64_t i = 0; i < kv->val_size; i++)
-        if (kv->val[i]) return 0;
-    return 1;
+static int kv_is(const gguf_file *f, const char *key, int want) {
+    uint32_t v;
+    int b;
+    if (gguf_get_u32(f, key, &v) == 0) return (int64_t)v == want;
+    if (gguf_get_bool(f, key, &b) == 0) return b == want;
+    float x;
+    return gguf_get_f32(f, key, &x) == 0 && x == (float)want;
 }
 
 /* Every key under "<arch>." is known (and zero where it must be); split files refused. */
@@ -97,7 +105,7 @@ static int check_keys(const model *m, char *err, size_t n) {
         if (kv->key.len >= sizeof key) continue; /* no known key is that long */
         memcpy(key, kv->key.ptr, kv->key.len);
         key[kv->key.len] = 0;
-        if (!strcmp(key, "split.count") && !kv_is_zero(kv)) {
+        if (!strcmp(key, "split.count")) {
             uint32_t c = 0;
             if (gguf_get_u32(f, key, &c) != 0 || c > 1)
                 return fail(err, n, -ENOTSUP, "model: a split GGUF (split.count %u): merge the "
@@ -113,9 +121,10 @@ static int check_keys(const model *m, char *err, size_t n) {
         if (!k)
             return fail(err, n, -ENOTSUP, "model: metadata key '%s' is not implemented "
                         "(it may change the results, so the file is refused)", key);
-        if (k->zero_only && !kv_is_zero(kv))
-            return fail(err, n, -ENOTSUP, "model: metadata key '%s' is set: that feature is "
-                        "not implemented", key);
+        if (k->must_be != ANY && !kv_is(f, key, k->must_be))
+            return fail(err, n, -ENOTSUP, k->must_be ? "model: metadata key '%s' is not %d: "
+                        "other values are not implemented" : "model: metadata key '%s' is set: "
+                        "that feature is not implemented", key, k->must_be);
     }
     return 0;
 }
@@ -142,7 +151,8 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
     return fail(err, n, -EINVAL, "model: metadata key '%s' is not a float", full);
 }
 
-static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3", NULL};
+static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
+                                          "qwen3moe", NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -153,7 +163,23 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3)", c->arch);
+                "granite, qwen2, qwen3, qwen3moe)", c->arch);
+}
+
+static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
+    uint32_t ne = 0, nu = 0, ff = (uint32_t)c->ffn_dim;
+    int r;
+    if ((r = meta_u32(f, c->arch, "expert_count", &ne, 0, err, n)) < 0 ||
+        (r = meta_u32(f, c->arch, "expert_used_count", &nu, 0, err, n)) < 0 ||
+        (r = meta_u32(f, c->arch, "expert_feed_forward_length", &ff, 0, err, n)) < 0)
+        return r;
+    if (!ne && !strcmp(c->arch, "qwen3moe"))
+        return fail(err, n, -EINVAL, "model: qwen3moe without %s.expert_count", c->arch);
+    if (ne && (ne > MODEL_MAX_EXPERTS || nu < 1 || nu > ne || ff < 1 || ff > (1u << 22)))
+        return fail(err, n, -EINVAL, "model: bad experts (%u of %u, width %u; at most %d experts)",
+                    nu, ne, ff, MODEL_MAX_EXPERTS);
+    c->n_expert = (int)ne, c->n_expert_used = ne ? (int)nu : 0, c->ffn_exp_dim = ne ? (int)ff : 0;
+    return 0;
 }
 
 static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) {
@@ -184,6 +210,7 @@ static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) 
     c->rope_dim = c->head_dim;
     if ((r = meta_u32(f, c->arch, "rope.dimension_count", &u, 0, err, n)) < 0) return r;
     if (r == 0) c->rope_dim = (int)u;
+    if ((r = read_experts(c, f, err, n)) < 0) return r;
     if (c->head_dim < 2 || c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 ||
         c->rope_dim > c->head_dim || c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
         return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
@@ -316,26 +343,41 @@ static int load_vec(loader *ld, const char *name, int n, const float **out, int 
     return 0;
 }
 
-static int load_mat(loader *ld, const char *name, int n_in, int n_out, model_mat *out, int optional) {
+/* n_mats matrices of n_out rows of n_in: a 2-D tensor (n_mats 1) or the experts' 3-D one,
+ * each expert's rows contiguous after the previous one's. */
+static int load_mats(loader *ld, const char *name, int n_in, int n_out, int n_mats,
+                     model_mat *out, int optional) {
     const gguf_tensor *t = take(ld, name);
-    memset(out, 0, sizeof *out);
+    memset(out, 0, (size_t)n_mats * sizeof *out);
     if (!t) return optional ? 0 : fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
-    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
-        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is [%lld x %lld], want [%d x %d]",
-                    name, (long long)t->ne[0], (long long)t->ne[1], n_in, n_out);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_mats || t->ne[3] != 1)
+        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is [%lld x %lld x %lld], want "
+                    "[%d x %d x %d]", name, (long long)t->ne[0], (long long)t->ne[1],
+                    (long long)t->ne[2], n_in, n_out, n_mats);
     const quant_traits *qt = quant_traits_of(t->type);
-    if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || quant_row_size(t->type, n_in) == 0)
+    size_t rb = quant_row_size(t->type, n_in);
+    if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || rb == 0)
         return fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%s' has unsupported type %s", name,
                     quant_type_name(t->type));
-    *out = (model_mat){t->data, t->type, n_in, n_out, quant_row_size(t->type, n_in), NULL};
+    for (int e = 0; e < n_mats; e++) /* gguf.c checked the whole tensor lies in the file */
+        out[e] = (model_mat){(const uint8_t *)t->data + (size_t)e * n_out * rb, t->type, n_in,
+                             n_out, rb, NULL};
     return 0;
+}
+
+static int load_mat(loader *ld, const char *name, int n_in, int n_out, model_mat *out, int optional) {
+    return load_mats(ld, name, n_in, n_out, 1, out, optional);
+}
+
+static int load_experts(loader *ld, const char *name, int n_in, int n_out, int n_exp, model_mat *out) {
+    return load_mats(ld, name, n_in, n_out, n_exp, out, 0);
 }
 
 static int load_layer(loader *ld, int l) {
     const model_config *c = &ld->m->cfg;
     model_layer *L = &ld->m->w.layers[l];
     int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    int hd = c->head_dim, qk_norm = !strcmp(c->arch, "qwen3");
+    int hd = c->head_dim, qk_norm = !strncmp(c->arch, "qwen3", 5);
     char nm[96];
     int r = 0;
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
@@ -350,9 +392,19 @@ static int load_layer(loader *ld, int l) {
     if (!r) r = load_vec(ld, NAME("attn_k_norm.weight"), hd, &L->k_norm, !qk_norm);
     if (!r) r = load_mat(ld, NAME("attn_output.weight"), qd, d, &L->wo, 0);
     if (!r) r = load_vec(ld, NAME("ffn_norm.weight"), d, &L->ffn_norm, 0);
-    if (!r) r = load_mat(ld, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0);
-    if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0);
-    if (!r) r = load_mat(ld, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0);
+    if (c->n_expert) {
+        int ne = c->n_expert, fe = c->ffn_exp_dim;
+        model_mat *x = ld->m->experts + (size_t)l * 3 * ne;
+        L->exp_gate = x, L->exp_up = x + ne, L->exp_down = x + 2 * ne;
+        if (!r) r = load_mat(ld, NAME("ffn_gate_inp.weight"), d, ne, &L->router, 0);
+        if (!r) r = load_experts(ld, NAME("ffn_gate_exps.weight"), d, fe, ne, L->exp_gate);
+        if (!r) r = load_experts(ld, NAME("ffn_up_exps.weight"), d, fe, ne, L->exp_up);
+        if (!r) r = load_experts(ld, NAME("ffn_down_exps.weight"), fe, d, ne, L->exp_down);
+    } else {
+        if (!r) r = load_mat(ld, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0);
+        if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0);
+        if (!r) r = load_mat(ld, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0);
+    }
 #undef NAME
     if (!r && (!L->q_norm) != (!L->k_norm))
         r = fail(ld->err, ld->en, -EINVAL, "model: layer %d has only one of attn_q_norm/attn_k_norm", l);
@@ -420,7 +472,8 @@ int model_load(model *m, const char *path, char *err, size_t en) {
     m->f32_copies = malloc(spill_n * sizeof(float));
     m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
     ld.used = calloc(m->gguf.n_tensors ? m->gguf.n_tensors : 1, 1);
-    if (!m->f32_copies || !m->w.layers || !ld.used) {
+    if (c->n_expert) m->experts = calloc((size_t)c->n_layers * 3 * c->n_expert, sizeof *m->experts);
+    if (!m->f32_copies || !m->w.layers || !ld.used || (c->n_expert && !m->experts)) {
         r = fail(err, en, -ENOMEM, "model: out of memory");
         goto bad;
     }
@@ -436,6 +489,7 @@ bad:
 
 void model_free(model *m) {
     free(m->w.layers);
+    free(m->experts);
     free(m->f32_copies);
     gguf_close(&m->gguf);
     memset(m, 0, sizeof *m);
@@ -448,6 +502,7 @@ int model_extras(const model *m, char *buf, size_t n) {
         {c->rope_scaling == MODEL_ROPE_YARN, "YaRN RoPE scaling"},
         {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
         {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
+        {c->n_expert > 0, "mixture of experts"},
         {c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||
          fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f, "Granite multipliers"},
     };

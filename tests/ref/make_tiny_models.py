@@ -265,7 +265,12 @@ def _vec(w, name, x, kind):
 
 
 def _mat(w, name, x, qtype):
-    data, raw = encode(x, qtype)
+    """x: [rows, n], or [experts, rows, n] for the experts' 3-D tensors."""
+    if x.ndim == 3:
+        data, raw = encode(x.reshape(-1, x.shape[2]), qtype)
+        data = data.reshape(x.shape[0], x.shape[1], -1)
+    else:
+        data, raw = encode(x, qtype)
     if raw is None:
         w.add_tensor(name, data)
     else:
@@ -303,7 +308,11 @@ def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_facto
 
 
 def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
-          meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None):
+          meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None,
+          experts=None):
+    """experts: dict(n=, ffn=) for a mixture-of-experts FFN (an F32 router and 3-D
+    gate/up/down tensors of types t["gate"], t["up"], t["down"]) instead of the dense
+    one; the expert counts go in meta."""
     d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
     vocab, ttypes, merges = make_vocab()
     w = gguf.GGUFWriter(path, arch)
@@ -348,6 +357,14 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
             _vec(w, p + "attn_k_norm.weight", norm(hd), "F32")
         _mat(w, p + "attn_output.weight", sig * rng.standard_normal((d, qd)), t["o"])
         _vec(w, p + "ffn_norm.weight", norm(d), norm_kinds[1])
+        if experts:
+            ne, fe = experts["n"], experts["ffn"]
+            # a router of unit-ish logits: the top-k choices differ from token to token
+            _mat(w, p + "ffn_gate_inp.weight", 0.5 * rng.standard_normal((ne, d)), QT.F32)
+            _mat(w, p + "ffn_gate_exps.weight", sig * rng.standard_normal((ne, fe, d)), t["gate"])
+            _mat(w, p + "ffn_up_exps.weight", sig * rng.standard_normal((ne, fe, d)), t["up"])
+            _mat(w, p + "ffn_down_exps.weight", sig * rng.standard_normal((ne, d, fe)), t["down"])
+            continue
         _mat(w, p + "ffn_gate.weight", sig * rng.standard_normal((ffn, d)), t["gate"])
         _mat(w, p + "ffn_up.weight", sig * rng.standard_normal((ffn, d)), t["up"])
         _mat(w, p + "ffn_down.weight", sig * rng.standard_normal((d, ffn)), t["down"])
@@ -425,6 +442,25 @@ MODELS = {
         out_type=QT.Q8_0, norm_kinds=("F32", "F32", "F32"), biases=False,
         meta={"embedding_scale": 4.0, "residual_scale": 0.5, "attention.scale": 0.03,
               "logit_scale": 2.0, "rope.scaling.type": "linear", "rope.scaling.factor": 2.0}),
+    # Qwen3-MoE: 16 experts of 256, 4 per token, q/k norms; Q4_K gate/up, Q6_K down.
+    "tiny-qwen3moe.gguf": dict(
+        arch="qwen3moe",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-6, sigma=0.08, embd_sigma=0.2, out_sigma=0.1),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=QT.Q8_0, v=QT.Q8_0, o=QT.Q4_K,
+                                        gate=QT.Q4_K, up=QT.Q4_K, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=QT.Q6_K, norm_kinds=("F32", "F32", "F32"), biases=False,
+        qk_norm=True, pre="qwen2", experts=dict(n=16, ffn=256),
+        meta={"expert_count": 16, "expert_used_count": 4, "expert_feed_forward_length": 256}),
+    # Mixtral: arch "llama" with 4 experts of 512, 2 per token, GQA, tied embeddings.
+    "tiny-mixtral.gguf": dict(
+        arch="llama",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-5, sigma=0.08, embd_sigma=0.1, out_sigma=None),
+        types_for_layer=lambda li: dict(q=QT.Q5_K, k=QT.Q5_K, v=QT.Q8_0, o=QT.Q5_K,
+                                        gate=QT.Q8_0, up=QT.Q8_0, down=QT.Q4_K),
+        embd_type=QT.Q8_0, out_type=None, norm_kinds=("F32", "F32", "F32"), biases=False,
+        experts=dict(n=4, ffn=512), meta={"expert_count": 4, "expert_used_count": 2}),
 }
 
 

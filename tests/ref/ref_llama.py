@@ -114,6 +114,8 @@ class Model:
         self.logit_scale = float(kv("logit_scale", 0.0) or 1.0)
         self.attn_scale = float(kv("attention.scale", 0.0) or 0.0)
         self.neox = arch in NEOX_ARCHS
+        self.n_expert = int(kv("expert_count", 0) or 0)
+        self.n_expert_used = int(kv("expert_used_count", 0) or 0)
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head not a multiple of n_head_kv")
 
@@ -164,10 +166,17 @@ class Model:
                 "q_norm": W(p + "attn_q_norm.weight", False),  # qwen3-style per-head norm
                 "k_norm": W(p + "attn_k_norm.weight", False),
                 "ffn_norm": W(p + "ffn_norm.weight"),
-                "gate": W(p + "ffn_gate.weight"),
-                "up": W(p + "ffn_up.weight"),
-                "down": W(p + "ffn_down.weight"),
             }
+            if self.n_expert:
+                L["router"] = W(p + "ffn_gate_inp.weight")
+                for k, n in (("gate_exps", "ffn_gate_exps"), ("up_exps", "ffn_up_exps"),
+                             ("down_exps", "ffn_down_exps")):
+                    a = W(p + n + ".weight")        # [experts, rows, n]
+                    L[k] = [a[e] for e in range(a.shape[0])]  # stable objects (q8 emulation)
+            else:
+                L["gate"] = W(p + "ffn_gate.weight")
+                L["up"] = W(p + "ffn_up.weight")
+                L["down"] = W(p + "ffn_down.weight")
             self.layers.append(L)
 
         half = self.n_rot // 2
@@ -263,6 +272,26 @@ class Model:
             out[..., 1:self.n_rot:2] = a * s + b * c
         return out.astype(np.float32)
 
+    def _swiglu(self, h, gate, up, down):
+        g = self._mm(h, gate).astype(np.float64)
+        u = self._mm(h, up).astype(np.float64)
+        return self._mm((g / (1.0 + np.exp(-g)) * u).astype(np.float32), down)
+
+    def _moe(self, h, L):
+        """Mixtral / Qwen3-MoE: softmax over the router's logits, the top k experts,
+        their probabilities renormalized to sum 1, the experts' outputs so weighted."""
+        logits = self._mm(h, L["router"]).astype(np.float64)      # [T, experts]
+        out = np.zeros_like(h, dtype=np.float64)
+        for t in range(h.shape[0]):
+            p = np.exp(logits[t] - logits[t].max())
+            p /= p.sum()
+            top = np.argsort(-p, kind="stable")[:self.n_expert_used]
+            w = p[top] / p[top].sum()
+            for wj, e in zip(w, top):
+                y = self._swiglu(h[t:t + 1], L["gate_exps"][e], L["up_exps"][e], L["down_exps"][e])
+                out[t] += wj * y[0]
+        return out.astype(np.float32)
+
     def forward(self, tokens, start_pos=None):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if start_pos is None:
@@ -320,10 +349,10 @@ class Model:
                 o = o + L["bo"]
             x = x + o * np.float32(self.resid_scale)
             h = self._rmsnorm(x, L["ffn_norm"])
-            g = self._mm(h, L["gate"]).astype(np.float64)
-            u = self._mm(h, L["up"]).astype(np.float64)
-            act = (g / (1.0 + np.exp(-g)) * u).astype(np.float32)
-            x = x + self._mm(act, L["down"]) * np.float32(self.resid_scale)
+            if self.n_expert:
+                x = x + self._moe(h, L) * np.float32(self.resid_scale)
+                continue
+            x = x + self._swiglu(h, L["gate"], L["up"], L["down"]) * np.float32(self.resid_scale)
         self.n_past = n_kv
         h = self._rmsnorm(x, self.out_norm)
         return (self._mm(h, self.out_w) / self.logit_scale).astype(np.float32)

@@ -188,7 +188,14 @@ def load_q8_emulation(path):
     names = {}
     for i, L in enumerate(m.layers):
         for k, n in MAT_NAMES.items():
-            names[id(L[k])] = f"blk.{i}.{n}.weight"
+            if k in L:  # mixture-of-experts layers have no dense gate/up/down
+                names[id(L[k])] = f"blk.{i}.{n}.weight"
+    for i, L in enumerate(m.layers):
+        if "router" in L:
+            names[id(L["router"])] = f"blk.{i}.ffn_gate_inp.weight"
+            for k in ("gate_exps", "up_exps", "down_exps"):
+                for e in L[k]:
+                    names[id(e)] = f"blk.{i}.ffn_{k}.weight"
     names[id(m.out_w)] = "token_embd.weight" if m.tied else "output.weight"
     mins = {}
     for t in gguf.GGUFReader(path).tensors:
