@@ -50,6 +50,8 @@ struct model_state {
     float *k, *v;  /* [T][kd] */
     float *hb;     /* [T][ffn] SwiGLU hidden */
     float *rope;   /* [T][rope_dim/2][2] cos, sin */
+    float *rope_swa; /* the same for the sliding-window layers' RoPE */
+    float *tmp;    /* [T][d] an output before its post-norm (Gemma) */
     float *logits; /* [max_logits][n_vocab] */
     uint8_t *xq[MAX_XQ]; /* quantized activations, one per dot type in use */
     int xq_type[MAX_XQ];
@@ -255,10 +257,13 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     s->v = malloc(T * kd * sizeof(float));
     s->hb = malloc(T * c->ffn_dim * sizeof(float));
     s->rope = malloc(T * c->rope_dim * sizeof(float));
+    if (c->swa_window) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
+    if (c->post_norms) s->tmp = malloc(T * c->d_model * sizeof(float));
     s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
     int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
+             (!c->swa_window || s->rope_swa) && (!c->post_norms || s->tmp) &&
              pack_weights(s, m) == 0;
     if (c->n_expert) {
         size_t P = T * (size_t)c->n_expert_used; /* (token, choice) pairs */
@@ -295,7 +300,7 @@ int model_state_set_exact(model_state *s, const model *m, int on) {
 void model_state_free(model_state *s) {
     if (!s) return;
     free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->hb);
-    free(s->rope), free(s->logits);
+    free(s->rope), free(s->rope_swa), free(s->tmp), free(s->logits);
     for (int i = 0; i < MAX_XQ; i++) free(s->xq[i]);
     free(s->layers);
     free(s->experts);
@@ -309,13 +314,14 @@ void model_state_free(model_state *s) {
 
 /* cos/sin of pos * rope_freq[i] (base^(-2i/rope_dim), scaled: model.h) for each token,
  * computed once per step. */
-static void rope_table(const model_config *c, const model_batch *b, float *tab) {
+static void rope_table(const model_config *c, const model_batch *b, const double *freq,
+                       float mscale, float *tab) {
     int half = c->rope_dim / 2;
     for (int t = 0; t < b->n_tokens; t++)
         for (int i = 0; i < half; i++) {
-            double theta = (double)b->pos[t] * c->rope_freq[i];
-            tab[(t * half + i) * 2] = (float)cos(theta) * c->rope_mscale;
-            tab[(t * half + i) * 2 + 1] = (float)sin(theta) * c->rope_mscale;
+            double theta = (double)b->pos[t] * freq[i];
+            tab[(t * half + i) * 2] = (float)cos(theta) * mscale;
+            tab[(t * half + i) * 2 + 1] = (float)sin(theta) * mscale;
         }
 }
 
@@ -391,12 +397,12 @@ static void norm_tokens(thr_pool *tp, int T, float *out, const float *x, const i
 
 /* ------------------------------------------------------------------ parallel matmul */
 
-enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
+enum { EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU };
 
 /* out = W·x for up to three matrices that read the same activations, split into
  * MM_CHUNK-row tasks. EPI_ADD accumulates scale·W·x into out (the residual add; scale is
  * Granite's residual multiplier, else 1), EPI_SWIGLU treats mats[0] as gate and mats[1]
- * as up and writes silu(gate)*up into out[0]. */
+ * as up and writes silu(gate)*up into out[0], EPI_GEGLU the same with gelu (Gemma). */
 typedef struct {
     int n_mats;
     const model_mat *w[3];
@@ -464,9 +470,10 @@ static void mm_task(void *ctx, int task, int n_tasks) {
          * short (16 floats), so a call per token would cost more than its work */
         mm_rows(&part, m, r0, nr, tmp[0]);
         size_t os = (size_t)j->ostride[m];
-        if (j->epi == EPI_SWIGLU) {
+        if (j->epi == EPI_SWIGLU || j->epi == EPI_GEGLU) {
             mm_rows(&part, 1, r0, nr, tmp[1]);
-            vm_swiglu_rows(o0, os, tmp[0], tmp[1], (size_t)nr, nr, part.n_tok);
+            (j->epi == EPI_SWIGLU ? vm_swiglu_rows : vm_geglu_rows)(o0, os, tmp[0], tmp[1], (size_t)nr,
+                                                                    nr, part.n_tok);
         } else if (j->epi == EPI_ADD) {
             if (j->scale != 1.0f)
                 for (int i = 0; i < part.n_tok * nr; i++) tmp[0][i] *= j->scale;
@@ -535,7 +542,8 @@ static void matmul(model_state *s, thr_pool *tp, const float *x, int xs, int T, 
         j.out[i] = out[i];
         j.ostride[i] = ostride[i];
         j.rows[i] = mm_task_rows(w[i]->n_out, T, tp ? thr_pool_size(tp) : 1);
-        j.chunks[i] = (epi == EPI_SWIGLU && i == 1) ? 0 : (w[i]->n_out + j.rows[i] - 1) / j.rows[i];
+        j.chunks[i] = ((epi == EPI_SWIGLU || epi == EPI_GEGLU) && i == 1) ? 0
+                                                                           : (w[i]->n_out + j.rows[i] - 1) / j.rows[i];
         total += j.chunks[i];
     }
     if (tp) thr_run(tp, mm_task, &j, total);
@@ -570,6 +578,8 @@ static void att_heads(const att_job *j, int t, int h0, int nh) {
     int hd = c->head_dim, bs = kv->cfg.block_size, g = c->n_heads / c->n_kv_heads;
     const kv_seq *sq = j->b->seq[t];
     int n_pos = j->b->pos[t] + 1;
+    /* a sliding-window layer sees the last swa_window positions, this one included */
+    int first = j->m->w.layers[j->layer].swa && n_pos > c->swa_window ? n_pos - c->swa_window : 0;
     float q[ATT_MAX_KV_HEADS][ATTN_MAX_GROUP * ATTN_MAX_DIM];
     attn_state st[ATT_MAX_KV_HEADS];
     float scale = c->attn_scale;
@@ -578,17 +588,19 @@ static void att_heads(const att_job *j, int t, int h0, int nh) {
         for (int i = 0; i < g * hd; i++) q[h][i] = qsrc[i] * scale;
         attn_init(&st[h], g, hd);
     }
-    for (int p0 = 0; p0 < n_pos; p0 += bs) {
+    for (int p0 = first / bs * bs; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
-        int n = n_pos - p0 < bs ? n_pos - p0 : bs;
+        int skip = first > p0 ? first - p0 : 0; /* rows of this block before the window */
+        int n = (n_pos - p0 < bs ? n_pos - p0 : bs) - skip;
+        size_t at = (size_t)skip * hd;
         for (int h = 0; h < nh; h++) {
             int kvh = h0 + h;
             if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
-                attn_block_q8(&st[h], q[h], kv_q8_slab(kv, blk, j->layer, 0, kvh),
-                              kv_q8_scale(kv, blk, j->layer, 0, kvh), kv_q8_slab(kv, blk, j->layer, 1, kvh),
+                attn_block_q8(&st[h], q[h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + at,
+                              kv_q8_scale(kv, blk, j->layer, 0, kvh), kv_q8_slab(kv, blk, j->layer, 1, kvh) + at,
                               kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
             else
-                attn_block(&st[h], q[h], kv_k(kv, blk, j->layer, kvh), kv_v(kv, blk, j->layer, kvh), n);
+                attn_block(&st[h], q[h], kv_k(kv, blk, j->layer, kvh) + at, kv_v(kv, blk, j->layer, kvh) + at, n);
         }
     }
     for (int h = 0; h < nh; h++)
@@ -626,13 +638,14 @@ static void rope_store_range(void *ctx, int t0, int t1) {
     model_state *s = j->s;
     int hd = c->head_dim, bs = j->kv->cfg.block_size, kd = c->n_kv_heads * hd;
     int qd = c->n_heads * hd, half = c->rope_dim / 2;
+    const float *tab = j->L->swa ? s->rope_swa : s->rope;
     for (int t = t0; t < t1; t++) {
         if (j->L->q_norm) {
             head_norm(c, s->q + (size_t)t * qd, c->n_heads, j->L->q_norm);
             head_norm(c, s->k + (size_t)t * kd, c->n_kv_heads, j->L->k_norm);
         }
-        rope_apply(c, s->q + (size_t)t * qd, c->n_heads, s->rope + (size_t)t * half * 2);
-        rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, s->rope + (size_t)t * half * 2);
+        rope_apply(c, s->q + (size_t)t * qd, c->n_heads, tab + (size_t)t * half * 2);
+        rope_apply(c, s->k + (size_t)t * kd, c->n_kv_heads, tab + (size_t)t * half * 2);
         int pos = j->b->pos[t];
         int32_t blk = j->b->seq[t]->blocks[pos / bs];
         int slot = pos % bs;
@@ -731,6 +744,41 @@ static void moe_ffn(const model *m, model_state *s, thr_pool *tp, const model_la
     per_token(tp, T, moe_sum_range, &j);
 }
 
+/* ------------------------------------------------------------------ residual adds */
+
+typedef struct {
+    model_state *s;
+    const float *w;
+    int d;
+    float eps;
+} post_job;
+
+static void post_range(void *ctx, int t0, int t1) {
+    const post_job *j = ctx;
+    for (int t = t0; t < t1; t++) {
+        float *o = j->s->tmp + (size_t)t * j->d;
+        vm_rmsnorm(o, o, j->w, j->d, j->eps);
+        vm_add(j->s->x + (size_t)t * j->d, o, j->d);
+    }
+}
+
+/* x += resid_scale * W·in (the add inside the matmul's epilogue), or with a post-norm
+ * (Gemma) x += rmsnorm(W·in). */
+static void residual_matmul(const model_config *c, model_state *s, thr_pool *tp, const float *in,
+                            int in_w, int T, const model_mat *w, const float *post) {
+    const model_mat *ws[1] = {w};
+    int os[1] = {c->d_model};
+    if (!post) {
+        float *xo[1] = {s->x};
+        matmul(s, tp, in, in_w, T, EPI_ADD, c->resid_scale, 1, ws, NULL, xo, os);
+        return;
+    }
+    float *to[1] = {s->tmp};
+    matmul(s, tp, in, in_w, T, EPI_STORE, 1.0f, 1, ws, NULL, to, os);
+    post_job j = {s, post, c->d_model, c->rms_eps};
+    per_token(tp, T, post_range, &j);
+}
+
 /* ------------------------------------------------------------------ forward */
 
 static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
@@ -772,7 +820,8 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
                       s->x + (size_t)t * d, d);
     if (c->embd_scale != 1.0f)
         for (size_t i = 0; i < (size_t)T * d; i++) s->x[i] *= c->embd_scale;
-    rope_table(c, b, s->rope);
+    rope_table(c, b, c->rope_freq, c->rope_mscale, s->rope);
+    if (c->swa_window) rope_table(c, b, c->rope_freq_swa, 1.0f, s->rope_swa);
 
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &s->layers[l];
@@ -793,10 +842,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         int n_att = T * (c->n_kv_heads / aj.heads);
         if (tp) thr_run(tp, att_task, &aj, n_att);
         else for (int i = 0; i < n_att; i++) att_task(&aj, i, n_att);
-        const model_mat *wo[1] = {&L->wo};
-        float *xo[1] = {s->x};
-        int xs[1] = {d};
-        matmul(s, tp, s->xb, qd, T, EPI_ADD, c->resid_scale, 1, wo, NULL, xo, xs);
+        residual_matmul(c, s, tp, s->xb, qd, T, &L->wo, L->attn_post_norm);
         /* feed-forward: x += W_down·(silu(W_gate·n) * W_up·n), n = norm(x) */
         norm_tokens(tp, T, s->xb, s->x, NULL, L->ffn_norm, d, c->rms_eps);
         if (c->n_expert) {
@@ -806,9 +852,8 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         const model_mat *gu[2] = {&L->w_gate, &L->w_up};
         float *hb[2] = {s->hb, s->hb};
         int hs[2] = {c->ffn_dim, c->ffn_dim};
-        matmul(s, tp, s->xb, d, T, EPI_SWIGLU, 1.0f, 2, gu, NULL, hb, hs);
-        const model_mat *wd[1] = {&L->w_down};
-        matmul(s, tp, s->hb, c->ffn_dim, T, EPI_ADD, c->resid_scale, 1, wd, NULL, xo, xs);
+        matmul(s, tp, s->xb, d, T, c->ffn_gelu ? EPI_GEGLU : EPI_SWIGLU, 1.0f, 2, gu, NULL, hb, hs);
+        residual_matmul(c, s, tp, s->hb, c->ffn_dim, T, &L->w_down, L->ffn_post_norm);
     }
 
     /* final norm and logits, only for the requested rows */
@@ -818,8 +863,12 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         float *lo[1] = {s->logits};
         int ls[1] = {c->n_vocab};
         matmul(s, tp, s->xb, d, b->n_logits, EPI_STORE, 1.0f, 1, wout, NULL, lo, ls);
+        size_t nl = (size_t)b->n_logits * c->n_vocab;
         if (c->logit_scale != 1.0f) /* Granite divides, as llama.cpp does */
-            for (size_t i = 0; i < (size_t)b->n_logits * c->n_vocab; i++) s->logits[i] /= c->logit_scale;
+            for (size_t i = 0; i < nl; i++) s->logits[i] /= c->logit_scale;
+        if (c->final_softcap > 0)
+            for (size_t i = 0; i < nl; i++)
+                s->logits[i] = c->final_softcap * tanhf(s->logits[i] / c->final_softcap);
     }
     return s->logits;
 }

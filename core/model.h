@@ -1,5 +1,5 @@
 /* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
- * Granite) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
+ * Granite, Gemma 3) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -49,6 +49,14 @@ typedef struct {
      * of n_expert SwiGLU experts of ffn_exp_dim per token (softmax over all, top-k,
      * the k weights renormalized to sum 1), their outputs summed by those weights. */
     int n_expert, n_expert_used, ffn_exp_dim;
+    /* Gemma 3: GeGLU, RMSNorm on the attention and FFN outputs before their residual
+     * adds, logits soft-capped (cap * tanh(logit / cap), when > 0), and sliding-window
+     * layers: layer.swa ones attend to the last swa_window positions only, with their
+     * own RoPE (rope_freq_swa: rope.freq_base_swa, unscaled). */
+    int ffn_gelu, post_norms;
+    float final_softcap;
+    int swa_window;
+    double rope_freq_swa[ATTN_MAX_DIM / 2];
     char arch[32];
 } model_config;
 
@@ -76,6 +84,8 @@ typedef struct {
     model_mat w_gate, w_up;  /* [ffn_dim][d_model]; unused (NULL data) with experts */
     model_mat w_down;        /* [d_model][ffn_dim] */
     model_mat router;        /* [n_expert][d_model] (ffn_gate_inp) */
+    const float *attn_post_norm, *ffn_post_norm; /* [d_model] (Gemma), NULL otherwise */
+    int swa;                 /* a sliding-window layer (model_config.swa_window) */
     model_mat *exp_gate, *exp_up, *exp_down; /* [n_expert] each: slices of the 3-D tensors */
 } model_layer;
 

@@ -66,6 +66,10 @@ static const meta_key known_keys[] = {
     {"rope.scaling.yarn_beta_fast", NULL, ANY},
     {"rope.scaling.yarn_beta_slow", NULL, ANY},
     {"rope.scaling.yarn_log_multiplier", NULL, 0},
+    {"attention.sliding_window", "gemma3", ANY},
+    {"attention.sliding_window_pattern", "gemma3", ANY},
+    {"rope.freq_base_swa", "gemma3", ANY},
+    {"final_logit_softcapping", "gemma3", ANY},
     {"attention.sliding_window", NULL, 0},
     {"expert_count", "llama mistral qwen3moe", ANY},
     {"expert_count", NULL, 0},
@@ -152,7 +156,7 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
-                                          "qwen3moe", NULL};
+                                          "qwen3moe", "gemma3", NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -163,7 +167,7 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3, qwen3moe)", c->arch);
+                "granite, qwen2, qwen3, qwen3moe, gemma3)", c->arch);
 }
 
 static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
@@ -233,7 +237,7 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
         return fail(err, n, -EINVAL, "model: rope.freq_base %g must be above 1", c->rope_base);
     /* llama.cpp's converters permute Q/K of llama-architecture models for adjacent-pair
      * RoPE; Qwen keeps the Hugging Face layout and rotates halves. */
-    c->rope_neox = !strncmp(c->arch, "qwen", 4);
+    c->rope_neox = !strncmp(c->arch, "qwen", 4) || !strncmp(c->arch, "gemma", 5);
     char type[16] = "linear"; /* llama.cpp's default when only a factor is given */
     char full[128];
     snprintf(full, sizeof full, "%s.rope.scaling.type", c->arch);
@@ -297,6 +301,42 @@ static int read_scales(model_config *c, const gguf_file *f, char *err, size_t n)
     if (c->attn_scale == 0.0f) c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     if (!(c->logit_scale != 0.0f))
         return fail(err, n, -EINVAL, "model: %s.logit_scale is 0", c->arch);
+    return 0;
+}
+
+/* Gemma 3's extras (read_config has read the shape): the embedding scale, the attention
+ * scale gemma_pytorch uses, GeGLU and post-norms, soft-capping, the sliding windows. */
+static int read_gemma(model *m, char *err, size_t n) {
+    model_config *c = &m->cfg;
+    const gguf_file *f = &m->gguf;
+    if (strcmp(c->arch, "gemma3")) return 0;
+    int r;
+    c->ffn_gelu = c->post_norms = 1;
+    c->embd_scale = sqrtf((float)c->d_model);
+    /* query_pre_attn_scalar: d / heads for the 27B (62 layers), head_dim otherwise */
+    c->attn_scale = 1.0f / sqrtf((float)(c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim));
+    if ((r = meta_f32(f, c->arch, "final_logit_softcapping", &c->final_softcap, err, n)) < 0) return r;
+    if (c->final_softcap < 0) return fail(err, n, -EINVAL, "model: negative final_logit_softcapping");
+    uint32_t win = 0, pattern = 6;
+    if ((r = meta_u32(f, c->arch, "attention.sliding_window", &win, 0, err, n)) < 0) return r;
+    if (!win) return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", c->arch);
+    const gguf_kv *pk = gguf_find(f, key);
+    int per_layer = pk && pk->type == GGUF_ARR;
+    if (per_layer && (pk->arr_type != GGUF_BOOL || pk->arr_n != (uint64_t)c->n_layers))
+        return fail(err, n, -EINVAL, "model: %s must be %d booleans", key, c->n_layers);
+    if (!per_layer && (r = meta_u32(f, c->arch, "attention.sliding_window_pattern", &pattern, 0, err, n)) < 0)
+        return r;
+    c->swa_window = (int)(win > (1u << 30) ? 1u << 30 : win);
+    for (int l = 0; l < c->n_layers; l++) /* llama.cpp's rule: every pattern-th layer is global */
+        m->w.layers[l].swa = per_layer ? pk->val[l] != 0
+                                       : pattern == 0 || (uint32_t)l % pattern < pattern - 1;
+    float base = 10000.0f;
+    if ((r = meta_f32(f, c->arch, "rope.freq_base_swa", &base, err, n)) < 0) return r;
+    if (!(base > 1.0f)) return fail(err, n, -EINVAL, "model: rope.freq_base_swa %g", base);
+    for (int i = 0; i < c->rope_dim / 2; i++)
+        c->rope_freq_swa[i] = pow(base, -2.0 * i / c->rope_dim);
     return 0;
 }
 
@@ -377,7 +417,7 @@ static int load_layer(loader *ld, int l) {
     const model_config *c = &ld->m->cfg;
     model_layer *L = &ld->m->w.layers[l];
     int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    int hd = c->head_dim, qk_norm = !strncmp(c->arch, "qwen3", 5);
+    int hd = c->head_dim, qk_norm = !strncmp(c->arch, "qwen3", 5) || c->post_norms;
     char nm[96];
     int r = 0;
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
@@ -391,7 +431,9 @@ static int load_layer(loader *ld, int l) {
     if (!r) r = load_vec(ld, NAME("attn_q_norm.weight"), hd, &L->q_norm, !qk_norm);
     if (!r) r = load_vec(ld, NAME("attn_k_norm.weight"), hd, &L->k_norm, !qk_norm);
     if (!r) r = load_mat(ld, NAME("attn_output.weight"), qd, d, &L->wo, 0);
+    if (!r && c->post_norms) r = load_vec(ld, NAME("post_attention_norm.weight"), d, &L->attn_post_norm, 0);
     if (!r) r = load_vec(ld, NAME("ffn_norm.weight"), d, &L->ffn_norm, 0);
+    if (!r && c->post_norms) r = load_vec(ld, NAME("post_ffw_norm.weight"), d, &L->ffn_post_norm, 0);
     if (c->n_expert) {
         int ne = c->n_expert, fe = c->ffn_exp_dim;
         model_mat *x = ld->m->experts + (size_t)l * 3 * ne;
@@ -464,9 +506,9 @@ int model_load(model *m, const char *path, char *err, size_t en) {
         goto bad;
     }
     c->n_vocab = (int)emb->ne[1];
-    /* Worst case every vector is widened: norms, biases and q/k norms per layer, the
-     * final norm and the RoPE factors. */
-    size_t spill_n = (size_t)c->n_layers * (2 * c->d_model + c->n_heads * c->head_dim +
+    /* Worst case every vector is widened: norms (post-norms too), biases and q/k norms
+     * per layer, the final norm and the RoPE factors. */
+    size_t spill_n = (size_t)c->n_layers * (4 * c->d_model + c->n_heads * c->head_dim +
                                             2 * c->n_kv_heads * c->head_dim + 2 * c->head_dim) +
                      c->d_model + c->rope_dim;
     m->f32_copies = malloc(spill_n * sizeof(float));
@@ -478,7 +520,7 @@ int model_load(model *m, const char *path, char *err, size_t en) {
         goto bad;
     }
     ld.spill = m->f32_copies;
-    if ((r = load_tensors(&ld))) goto bad;
+    if ((r = read_gemma(m, err, en)) < 0 || (r = load_tensors(&ld))) goto bad;
     free(ld.used);
     return 0;
 bad:
@@ -503,8 +545,10 @@ int model_extras(const model *m, char *buf, size_t n) {
         {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
         {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
         {c->n_expert > 0, "mixture of experts"},
-        {c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||
-         fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f, "Granite multipliers"},
+        {c->ffn_gelu || c->post_norms || c->swa_window || c->final_softcap > 0,
+         "Gemma's GeGLU, post-norms and sliding windows"},
+        {!c->post_norms && (c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||
+         fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f), "Granite multipliers"},
     };
     int k = 0;
     size_t at = 0;

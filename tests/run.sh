@@ -95,22 +95,19 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # Small random models for what the default model does not use: NeoX RoPE, biases, a
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 # ... and the families' own math: Llama 3.1+ rope_freqs, Qwen3 q/k norms and YaRN,
-# Granite's multipliers, mixtures of experts (Qwen3-MoE, Mixtral): make_tiny_models' MODELS.
+# Granite's multipliers, mixtures of experts (Qwen3-MoE, Mixtral), Gemma 3 (GeGLU,
+# post-norms, sliding windows, soft-capped logits): make_tiny_models' MODELS.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # The loader refuses, by name, any key or tensor it does not implement.
 run "parity/strict-load" "$PY" tests/ref/strict_load.py --kilnd "$BUILD/gnu/kilnd"
-# test_engine's batch invariance and scheduling on a K-quant model (packed Q4_K, Q5_K,
-# Q6_K tiles on the prompt and the decode steps), not only the default model's Q4_1.
-if want parity/engine-kquants && ! [ -f "$BUILD/tiny-models/tiny-llama-kquants.gguf" ]; then
-  "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
-fi
-run "parity/engine-kquants" env MODEL="$BUILD/tiny-models/tiny-llama-kquants.gguf" "$BUILD/gnu/tests/test_engine"
-# ... and on a mixture of experts: tokens grouped per expert must not change any token's
-# result either (batch invariance through the router and the per-expert matmuls).
-if want parity/engine-moe && ! [ -f "$BUILD/tiny-models/tiny-qwen3moe.gguf" ]; then
-  "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
-fi
-run "parity/engine-moe" env MODEL="$BUILD/tiny-models/tiny-qwen3moe.gguf" "$BUILD/gnu/tests/test_engine"
+# test_engine's batch invariance and scheduling beyond the default model's Q4_1: packed
+# Q4_K, Q5_K, Q6_K tiles (kquants), tokens grouped per expert (qwen3moe), sliding-window
+# layers under chunked prefill and prefix sharing (gemma3).
+for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3; do
+  name=parity/engine-${tiny#*:} file=$BUILD/tiny-models/tiny-${tiny%%:*}.gguf
+  if want "$name" && ! [ -f "$file" ]; then "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null; fi
+  run "$name" env MODEL="$file" "$BUILD/gnu/tests/test_engine"
+done
 
 # The CLI: a sanitized end-to-end generation (text out, and the closing line's token
 # count), and clear errors on bad input.

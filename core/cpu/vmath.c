@@ -59,6 +59,17 @@ void vm_swiglu_rows(float *out, size_t os, const float *gate, const float *up, s
         sw(out + (size_t)r * os, gate + (size_t)r * gs, up + (size_t)r * gs, n);
 }
 
+void vm_geglu_rows(float *out, size_t os, const float *gate, const float *up, size_t gs, int n,
+                   int rows) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate + (size_t)r * gs, *u = up + (size_t)r * gs;
+        float *o = out + (size_t)r * os;
+        for (int i = 0; i < n; i++)
+            o[i] = 0.5f * g[i] * (1.0f + tanhf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+    }
+}
+
 void vm_add_rows(float *out, size_t os, const float *a, size_t as, int n, int rows) {
     add_fn add = ISA_PICK(paths)->add;
     for (int r = 0; r < rows; r++) add(out + (size_t)r * os, a + (size_t)r * as, n);

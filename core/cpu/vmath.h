@@ -22,6 +22,12 @@ void vm_swiglu_avx512(float *out, const float *gate, const float *up, int n);
 void vm_swiglu_rows(float *out, size_t os, const float *gate, const float *up, size_t gs, int n,
                     int rows);
 
+/* GeGLU (Gemma): out[i] = gelu(gate[i]) * up[i] with GELU's tanh form,
+ * gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), over `rows` rows as
+ * vm_swiglu_rows. Plain C on every level: libm's tanhf. */
+void vm_geglu_rows(float *out, size_t os, const float *gate, const float *up, size_t gs, int n,
+                   int rows);
+
 /* out[i] += a[i]: the same IEEE additions on every path. */
 void vm_add(float *out, const float *a, int n);
 void vm_add_ref(float *out, const float *a, int n);

@@ -309,7 +309,7 @@ def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_facto
 
 def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
           meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None,
-          experts=None):
+          experts=None, post_norms=False):
     """experts: dict(n=, ffn=) for a mixture-of-experts FFN (an F32 router and 3-D
     gate/up/down tensors of types t["gate"], t["up"], t["down"]) instead of the dense
     one; the expert counts go in meta."""
@@ -356,6 +356,8 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
             _vec(w, p + "attn_q_norm.weight", norm(hd), "F32")
             _vec(w, p + "attn_k_norm.weight", norm(hd), "F32")
         _mat(w, p + "attn_output.weight", sig * rng.standard_normal((d, qd)), t["o"])
+        if post_norms:
+            _vec(w, p + "post_attention_norm.weight", norm(d), "F32")
         _vec(w, p + "ffn_norm.weight", norm(d), norm_kinds[1])
         if experts:
             ne, fe = experts["n"], experts["ffn"]
@@ -368,6 +370,8 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
         _mat(w, p + "ffn_gate.weight", sig * rng.standard_normal((ffn, d)), t["gate"])
         _mat(w, p + "ffn_up.weight", sig * rng.standard_normal((ffn, d)), t["up"])
         _mat(w, p + "ffn_down.weight", sig * rng.standard_normal((d, ffn)), t["down"])
+        if post_norms:
+            _vec(w, p + "post_ffw_norm.weight", norm(d), "F32")
     _vec(w, "output_norm.weight", norm(d), norm_kinds[2])
     if out_type is not None:
         _mat(w, "output.weight", cfg["out_sigma"] * rng.standard_normal((N_VOCAB, d)), out_type)
@@ -461,6 +465,20 @@ MODELS = {
                                         gate=QT.Q8_0, up=QT.Q8_0, down=QT.Q4_K),
         embd_type=QT.Q8_0, out_type=None, norm_kinds=("F32", "F32", "F32"), biases=False,
         experts=dict(n=4, ffn=512), meta={"expert_count": 4, "expert_used_count": 2}),
+    # Gemma 3: 4 layers of which every 2nd is global (pattern 2), the others see a
+    # window of 8 positions with their own RoPE base; GeGLU, q/k norms, post-norms,
+    # heads of 64 (q 256 wide for d 192), MQA, final logits soft-capped at 8 (they
+    # reach ~5 through the separate output matrix, so the cap bends them).
+    "tiny-gemma3.gguf": dict(
+        arch="gemma3",
+        cfg=dict(d=192, layers=4, heads=4, kv_heads=1, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-6, sigma=0.06, embd_sigma=0.02, out_sigma=0.4),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=QT.Q8_0, v=QT.Q8_0, o=QT.Q4_K,
+                                        gate=QT.Q8_0, up=QT.Q5_0, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=QT.Q8_0, norm_kinds=("F32", "F32", "F32"), biases=False,
+        qk_norm=True, post_norms=True,
+        meta={"attention.sliding_window": 8, "attention.sliding_window_pattern": 2,
+              "rope.freq_base_swa": 10000.0, "final_logit_softcapping": 8.0}),
 }
 
 

@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover
 
 # Architectures whose GGUF q/k weights are in NeoX (half-split) rope layout.
 NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "stablelm",
-              "gptneox", "falcon", "olmo2", "starcoder2", "exaone"}
+              "gptneox", "falcon", "olmo2", "starcoder2", "exaone", "gemma3"}
 
 
 def bytes_to_unicode():
@@ -114,6 +114,22 @@ class Model:
         self.logit_scale = float(kv("logit_scale", 0.0) or 1.0)
         self.attn_scale = float(kv("attention.scale", 0.0) or 0.0)
         self.neox = arch in NEOX_ARCHS
+        # Gemma 3 (gemma_pytorch): embeddings times sqrt(d), GeGLU, norms on the
+        # attention and FFN outputs, sliding-window layers with their own RoPE base
+        self.gemma = arch == "gemma3"
+        if self.gemma:
+            self.embd_scale = float(np.float32(np.sqrt(self.n_embd)))
+            self.attn_scale = 1.0 / np.sqrt(self.n_embd // self.n_head if self.n_layer == 62
+                                            else self.head_dim)
+        self.softcap = float(kv("final_logit_softcapping", 0.0) or 0.0)
+        self.n_swa = int(kv("attention.sliding_window", 0) or 0) if self.gemma else 0
+        pat = kv("attention.sliding_window_pattern", 6)
+        if isinstance(pat, (list, tuple)):
+            self.swa_layer = [bool(x) for x in pat]
+        else:
+            self.swa_layer = [int(pat) == 0 or i % int(pat) < int(pat) - 1 for i in range(self.n_layer)]
+        self.swa_layer = [self.n_swa > 0 and w for w in self.swa_layer]
+        base_swa = float(kv("rope.freq_base_swa", 10000.0))
         self.n_expert = int(kv("expert_count", 0) or 0)
         self.n_expert_used = int(kv("expert_used_count", 0) or 0)
         if self.n_head % self.n_head_kv:
@@ -166,6 +182,8 @@ class Model:
                 "q_norm": W(p + "attn_q_norm.weight", False),  # qwen3-style per-head norm
                 "k_norm": W(p + "attn_k_norm.weight", False),
                 "ffn_norm": W(p + "ffn_norm.weight"),
+                "attn_post_norm": W(p + "post_attention_norm.weight", False),
+                "ffn_post_norm": W(p + "post_ffw_norm.weight", False),
             }
             if self.n_expert:
                 L["router"] = W(p + "ffn_gate_inp.weight")
@@ -203,6 +221,7 @@ class Model:
         else:
             inv = inv * fscale
         self.inv_freq = inv
+        self.inv_freq_swa = base_swa ** (-2.0 * i / self.n_rot)  # windowed layers: unscaled
         self.reset()
         if verbose:
             sys.stderr.write(
@@ -255,10 +274,11 @@ class Model:
         r = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + self.eps)
         return (x64 * r * w).astype(np.float32)
 
-    def _rope(self, x, pos):
+    def _rope(self, x, pos, swa=False):
         """x: [n_heads, T, head_dim]; pos: [T] absolute positions."""
-        ang = pos.astype(np.float64)[:, None] * self.inv_freq[None, :]
-        c, s = np.cos(ang) * self.rope_mscale, np.sin(ang) * self.rope_mscale  # [T, half]
+        inv, ms = (self.inv_freq_swa, 1.0) if swa else (self.inv_freq, self.rope_mscale)
+        ang = pos.astype(np.float64)[:, None] * inv[None, :]
+        c, s = np.cos(ang) * ms, np.sin(ang) * ms  # [T, half]
         x64 = x.astype(np.float64)
         out = x64.copy()
         half = self.n_rot // 2
@@ -273,9 +293,14 @@ class Model:
         return out.astype(np.float32)
 
     def _swiglu(self, h, gate, up, down):
+        """SwiGLU, or GeGLU (GELU's tanh form) for Gemma."""
         g = self._mm(h, gate).astype(np.float64)
         u = self._mm(h, up).astype(np.float64)
-        return self._mm((g / (1.0 + np.exp(-g)) * u).astype(np.float32), down)
+        if self.gemma:
+            a = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+        else:
+            a = g / (1.0 + np.exp(-g))
+        return self._mm((a * u).astype(np.float32), down)
 
     def _moe(self, h, L):
         """Mixtral / Qwen3-MoE: softmax over the router's logits, the top k experts,
@@ -329,16 +354,21 @@ class Model:
                 q = self._rmsnorm(q, L["q_norm"])
             if L["k_norm"] is not None:
                 k = self._rmsnorm(k, L["k_norm"])
-            q = self._rope(q, pos)
-            k = self._rope(k, pos)
+            swa = self.swa_layer[li]
+            q = self._rope(q, pos, swa)
+            k = self._rope(k, pos, swa)
             self.kc[li][:, start_pos:n_kv] = self._h(k)
             self.vc[li][:, start_pos:n_kv] = self._h(v)
             K = self.kc[li][:, :n_kv].astype(np.float64)
             V = self.vc[li][:, :n_kv].astype(np.float64)
             att = np.empty((H, T, hdv), np.float64)
+            lmask = mask
+            if swa:  # key p0 visible from query p1 when p1 - p0 < n_swa
+                far = (pos[:, None] - np.arange(n_kv)[None, :]) >= self.n_swa
+                lmask = np.where(far, -np.inf, mask)
             for hh in range(H):
                 kvh = hh // group
-                s = (self._h(q[hh]).astype(np.float64) @ K[kvh].T) * scale + mask
+                s = (self._h(q[hh]).astype(np.float64) @ K[kvh].T) * scale + lmask
                 s -= s.max(axis=-1, keepdims=True)
                 p = np.exp(s)
                 p /= p.sum(axis=-1, keepdims=True)
@@ -347,15 +377,23 @@ class Model:
             o = self._mm(a, L["wo"])
             if L["bo"] is not None:
                 o = o + L["bo"]
+            if L["attn_post_norm"] is not None:
+                o = self._rmsnorm(o, L["attn_post_norm"])
             x = x + o * np.float32(self.resid_scale)
             h = self._rmsnorm(x, L["ffn_norm"])
             if self.n_expert:
                 x = x + self._moe(h, L) * np.float32(self.resid_scale)
                 continue
-            x = x + self._swiglu(h, L["gate"], L["up"], L["down"]) * np.float32(self.resid_scale)
+            f = self._swiglu(h, L["gate"], L["up"], L["down"])
+            if L["ffn_post_norm"] is not None:
+                f = self._rmsnorm(f, L["ffn_post_norm"])
+            x = x + f * np.float32(self.resid_scale)
         self.n_past = n_kv
         h = self._rmsnorm(x, self.out_norm)
-        return (self._mm(h, self.out_w) / self.logit_scale).astype(np.float32)
+        lg = self._mm(h, self.out_w) / self.logit_scale
+        if self.softcap > 0:
+            lg = self.softcap * np.tanh(lg / self.softcap)
+        return lg.astype(np.float32)
 
     # ------------------------------------------------------------------ text
     def token_str(self, i):

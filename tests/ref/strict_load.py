@@ -51,6 +51,11 @@ CASES = [
     ("unused tensor", dict(extra_tensors={"blk.0.attn_output.bias": np.zeros(64)}),
      "tensor 'blk.0.attn_output.bias' is not used"),
     ("unknown architecture", dict(arch="phi2"), "architecture 'phi2' is not supported"),
+    ("Gemma 2 (attention soft-capping)", dict(arch="gemma2"), "architecture 'gemma2' is not supported"),
+    ("a Gemma key on llama", dict(meta={"attention.sliding_window_pattern": 6}),
+     "metadata key 'llama.attention.sliding_window_pattern' is not implemented"),
+    ("gemma3 without post-norms", dict(arch="gemma3", qk_norm=True),
+     "tensor 'blk.0.post_attention_norm.weight' is missing"),
     ("qwen3 without q/k norms", dict(arch="qwen3"), "tensor 'blk.0.attn_q_norm.weight' is missing"),
     ("non-positive RoPE factor", dict(rope_freqs=np.zeros(16)), "rope_freqs.weight[0] is 0"),
 ]

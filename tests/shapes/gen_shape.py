@@ -13,7 +13,9 @@ converter writes them; llama-quantize turns it into the formats users download.
 Tokenizer: every tokenizer.* key of the default model (byte-level BPE, vocab 49152,
 ChatML template) is copied, and the vocabulary is padded to the shape's real size with
 unique control tokens <|reserved_N|>, so token_embd.weight / output.weight have the real
-model's size.  No rope scaling and no rope_freqs tensor (kiln does not support them yet).
+model's size.  Llama 3.1/3.2 shapes carry the rope_freqs tensor their converter writes
+(from the published rope_scaling "llama3" parameters); Qwen3 shapes have per-head q/k norms;
+mixture-of-experts shapes an F32 router and 3-D expert tensors.
 
 Metadata written: what core/model.c read_config reads ({arch}.block_count,
 embedding_length, attention.head_count, attention.head_count_kv, feed_forward_length,
@@ -41,14 +43,28 @@ except ImportError:  # pragma: no cover
     sys.stderr.write("gen_shape: needs the 'gguf' package (tests/requirements.txt)\n")
     raise
 
-# Published configurations (config.json of each model); head_dim = d / heads throughout.
+# Published configurations (config.json of each model); head_dim = d / heads unless hd.
+# llama3_rope: rope_scaling "llama3" (factor, low_freq_factor, high_freq_factor,
+# original_max_position_embeddings). experts: (count, used, expert ffn).
 SHAPES = {
     "llama-3.2-1b": dict(arch="llama", d=2048, layers=16, heads=32, kv=8, ffn=8192,
-                         vocab=128256, tied=True, theta=500000.0, eps=1e-5, ctx=131072),
+                         vocab=128256, tied=True, theta=500000.0, eps=1e-5, ctx=131072,
+                         llama3_rope=(32.0, 1.0, 4.0, 8192)),
     "llama-3.2-3b": dict(arch="llama", d=3072, layers=28, heads=24, kv=8, ffn=8192,
-                         vocab=128256, tied=True, theta=500000.0, eps=1e-5, ctx=131072),
+                         vocab=128256, tied=True, theta=500000.0, eps=1e-5, ctx=131072,
+                         llama3_rope=(32.0, 1.0, 4.0, 8192)),
     "llama-3.1-8b": dict(arch="llama", d=4096, layers=32, heads=32, kv=8, ffn=14336,
-                         vocab=128256, tied=False, theta=500000.0, eps=1e-5, ctx=131072),
+                         vocab=128256, tied=False, theta=500000.0, eps=1e-5, ctx=131072,
+                         llama3_rope=(8.0, 1.0, 4.0, 8192)),
+    "qwen3-0.6b": dict(arch="qwen3", d=1024, layers=28, heads=16, kv=8, hd=128, ffn=3072,
+                       vocab=151936, tied=True, theta=1e6, eps=1e-6, ctx=40960),
+    "qwen3-8b": dict(arch="qwen3", d=4096, layers=36, heads=32, kv=8, hd=128, ffn=12288,
+                     vocab=151936, tied=False, theta=1e6, eps=1e-6, ctx=40960),
+    # Qwen3-30B-A3B with 32 of its 128 experts: the same 8 active per token, so the same
+    # bytes per decoded token (~3.3B active parameters), in a file a 24 GB machine holds.
+    "qwen3-30b-a3b-e32": dict(arch="qwen3moe", d=2048, layers=48, heads=32, kv=4, hd=128,
+                              ffn=6144, experts=(32, 8, 768), vocab=151936, tied=False,
+                              theta=1e6, eps=1e-6, ctx=40960),
     "qwen2.5-1.5b": dict(arch="qwen2", d=1536, layers=28, heads=12, kv=2, ffn=8960,
                          vocab=151936, tied=True, bias=True, theta=1e6, eps=1e-6, ctx=32768),
     "qwen2.5-7b": dict(arch="qwen2", d=3584, layers=28, heads=28, kv=4, ffn=18944,
@@ -63,8 +79,8 @@ CHUNK = 1 << 24    # elements generated per numpy call (64 MB of float32)
 # ---------------------------------------------------------------------------- tensors
 
 def tensor_plan(s):
-    """[(name, shape as (rows, cols) or (n,), kind)] in file order; kind: mat/norm/bias."""
-    d, hd = s["d"], s["d"] // s["heads"]
+    """[(name, shape, kind)] in file order; kind: mat (F16) or norm/bias/f32 (F32)."""
+    d, hd = s["d"], s.get("hd", s["d"] // s["heads"])
     qd, kd, f, v = s["heads"] * hd, s["kv"] * hd, s["ffn"], s["vocab"]
     plan = [("token_embd.weight", (v, d), "mat")]
     for l in range(s["layers"]):
@@ -77,19 +93,49 @@ def tensor_plan(s):
             plan += [(b + "attn_q.bias", (qd,), "bias"),
                      (b + "attn_k.bias", (kd,), "bias"),
                      (b + "attn_v.bias", (kd,), "bias")]
+        if s["arch"].startswith("qwen3"):
+            plan += [(b + "attn_q_norm.weight", (hd,), "norm"),
+                     (b + "attn_k_norm.weight", (hd,), "norm")]
         plan += [(b + "attn_output.weight", (d, qd), "mat"),
-                 (b + "ffn_norm.weight", (d,), "norm"),
-                 (b + "ffn_gate.weight", (f, d), "mat"),
-                 (b + "ffn_up.weight", (f, d), "mat"),
-                 (b + "ffn_down.weight", (d, f), "mat")]
+                 (b + "ffn_norm.weight", (d,), "norm")]
+        if "experts" in s:
+            ne, _, fe = s["experts"]
+            plan += [(b + "ffn_gate_inp.weight", (ne, d), "f32"),
+                     (b + "ffn_gate_exps.weight", (ne, fe, d), "mat"),
+                     (b + "ffn_up_exps.weight", (ne, fe, d), "mat"),
+                     (b + "ffn_down_exps.weight", (ne, d, fe), "mat")]
+        else:
+            plan += [(b + "ffn_gate.weight", (f, d), "mat"),
+                     (b + "ffn_up.weight", (f, d), "mat"),
+                     (b + "ffn_down.weight", (d, f), "mat")]
     plan.append(("output_norm.weight", (d,), "norm"))
     if not s["tied"]:
         plan.append(("output.weight", (v, d), "mat"))
+    if "llama3_rope" in s:
+        plan.append(("rope_freqs.weight", (hd // 2,), "ropefreqs"))
     return plan
 
 
-def make_tensor(name, shape, kind, seed):
+def llama3_rope_factors(hd, theta, factor, low, high, old_ctx):
+    """Llama 3.1's per-pair RoPE divisors, as its rope_scaling "llama3" defines them."""
+    out = np.empty(hd // 2, np.float32)
+    for i in range(hd // 2):
+        wavelen = 2 * np.pi / theta ** (-2 * i / hd)
+        if wavelen < old_ctx / high:
+            out[i] = 1.0
+        elif wavelen > old_ctx / low:
+            out[i] = factor
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
+    return out
+
+
+def make_tensor(name, shape, kind, seed, s=None):
     """Seeded per tensor name, so a tensor does not depend on what was written before."""
+    if kind == "ropefreqs":
+        hd = s.get("hd", s["d"] // s["heads"])
+        return llama3_rope_factors(hd, s["theta"], *s["llama3_rope"])
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     n = int(np.prod(shape))
     out = np.empty(n, np.float16 if kind == "mat" else np.float32)
@@ -159,7 +205,7 @@ def main():
     if a.shape not in SHAPES or not a.out:
         ap.error(f"need SHAPE OUT; shapes: {', '.join(SHAPES)}")
     s = SHAPES[a.shape]
-    arch, hd = s["arch"], s["d"] // s["heads"]
+    arch, hd = s["arch"], s.get("hd", s["d"] // s["heads"])
 
     tmp = a.out + ".part"
     w = gguf.GGUFWriter(tmp, arch)
@@ -173,6 +219,14 @@ def main():
     w.add_head_count(s["heads"])
     w.add_head_count_kv(s["kv"])
     w.add_rope_dimension_count(hd)
+    if hd * s["heads"] != s["d"]:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if "experts" in s:
+        ne, nu, fe = s["experts"]
+        w.add_expert_count(ne)
+        w.add_expert_used_count(nu)
+        w.add_expert_feed_forward_length(fe)
     w.add_rope_freq_base(s["theta"])
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_vocab_size(s["vocab"])
@@ -191,11 +245,11 @@ def main():
     w.write_ti_data_to_file()
     done = 0
     for i, (name, shape, kind) in enumerate(plan):
-        x = make_tensor(name, shape, kind, a.seed)
+        x = make_tensor(name, shape, kind, a.seed, s)
         w.write_tensor_data(x)
         done += x.nbytes
         del x
-        if name.endswith("ffn_down.weight") or i == len(plan) - 1:
+        if "ffn_down" in name or i == len(plan) - 1:
             sys.stderr.write(f"\rgen_shape: {done / 2**30:6.2f} / {total / 2**30:.2f} GiB")
     w.close()
     os.replace(tmp, a.out)
