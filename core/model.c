@@ -257,13 +257,13 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     s->v = malloc(T * kd * sizeof(float));
     s->hb = malloc(T * c->ffn_dim * sizeof(float));
     s->rope = malloc(T * c->rope_dim * sizeof(float));
-    if (c->swa_window) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
+    if (c->swa_rope) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
     if (c->post_norms) s->tmp = malloc(T * c->d_model * sizeof(float));
     s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
     int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
-             (!c->swa_window || s->rope_swa) && (!c->post_norms || s->tmp) &&
+             (!c->swa_rope || s->rope_swa) && (!c->post_norms || s->tmp) &&
              pack_weights(s, m) == 0;
     if (c->n_expert) {
         size_t P = T * (size_t)c->n_expert_used; /* (token, choice) pairs */
@@ -638,7 +638,7 @@ static void rope_store_range(void *ctx, int t0, int t1) {
     model_state *s = j->s;
     int hd = c->head_dim, bs = j->kv->cfg.block_size, kd = c->n_kv_heads * hd;
     int qd = c->n_heads * hd, half = c->rope_dim / 2;
-    const float *tab = j->L->swa ? s->rope_swa : s->rope;
+    const float *tab = j->L->swa && c->swa_rope ? s->rope_swa : s->rope;
     for (int t = t0; t < t1; t++) {
         if (j->L->q_norm) {
             head_norm(c, s->q + (size_t)t * qd, c->n_heads, j->L->q_norm);
@@ -821,7 +821,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
     if (c->embd_scale != 1.0f)
         for (size_t i = 0; i < (size_t)T * d; i++) s->x[i] *= c->embd_scale;
     rope_table(c, b, c->rope_freq, c->rope_mscale, s->rope);
-    if (c->swa_window) rope_table(c, b, c->rope_freq_swa, 1.0f, s->rope_swa);
+    if (c->swa_rope) rope_table(c, b, c->rope_freq_swa, 1.0f, s->rope_swa);
 
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &s->layers[l];

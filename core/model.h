@@ -1,5 +1,5 @@
 /* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
- * Granite, Gemma 3) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
+ * Granite, Gemma 3, Phi-3/4) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -38,6 +38,7 @@ typedef struct {
     int rope_scaling;         /* MODEL_ROPE_NONE, _LINEAR, _YARN */
     float rope_mscale;
     double rope_freq[ATTN_MAX_DIM / 2]; /* [rope_dim / 2] */
+    int rope_orig_ctx;        /* rope.scaling.original_context_length (or the trained one) */
     float rms_eps;
     /* Granite's multipliers: 1 (0 for attn_scale: 1/sqrt(head_dim)) when absent */
     float embd_scale;  /* token embeddings *= */
@@ -56,6 +57,7 @@ typedef struct {
     int ffn_gelu, post_norms;
     float final_softcap;
     int swa_window;
+    int swa_rope; /* the windowed layers have their own RoPE, rope_freq_swa (Gemma) */
     double rope_freq_swa[ATTN_MAX_DIM / 2];
     char arch[32];
 } model_config;
@@ -105,6 +107,11 @@ typedef struct {
     float *f32_copies;       /* norms/biases stored as F16/BF16 in the file, widened once */
     model_mat *experts;      /* every layer's exp_gate/up/down, one allocation */
     int has_rope_freqs;      /* cfg.rope_freq holds a rope_freqs tensor's factors */
+    /* Phi-3's LongRoPE divisors (NULL when absent): cfg.rope_freq is rope_freq_plain
+     * divided by the long ones when the context the model runs at exceeds
+     * cfg.rope_orig_ctx, else by the short ones (model_set_context) */
+    const float *rope_long, *rope_short;
+    double rope_freq_plain[ATTN_MAX_DIM / 2];
 } model;
 
 /* One step: n_tokens tokens, each belonging to a sequence (a page table in kv) at a
@@ -126,6 +133,10 @@ typedef struct model_state model_state;
  * every "<arch>." metadata key one it implements (or one that does not change results,
  * like context_length), else the load fails naming the tensor or key. */
 int model_load(model *m, const char *path, char *err, size_t errlen);
+/* The context (positions per sequence) the model will run at, for what depends on it:
+ * LongRoPE's choice of factors, made as llama.cpp makes it (long beyond the original
+ * context). model_load assumes the trained context; call this before creating states. */
+void model_set_context(model *m, int n_ctx);
 /* What a model needs beyond the plain Llama/Qwen2 forward pass (RoPE scaling, per-head
  * q/k norms, Granite's multipliers), as a comma-separated list for an error message, or
  * "" and 0 when nothing: for backends (CUDA) that implement only that pass. */

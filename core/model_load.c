@@ -66,7 +66,7 @@ static const meta_key known_keys[] = {
     {"rope.scaling.yarn_beta_fast", NULL, ANY},
     {"rope.scaling.yarn_beta_slow", NULL, ANY},
     {"rope.scaling.yarn_log_multiplier", NULL, 0},
-    {"attention.sliding_window", "gemma3", ANY},
+    {"attention.sliding_window", "gemma3 phi3", ANY},
     {"attention.sliding_window_pattern", "gemma3", ANY},
     {"rope.freq_base_swa", "gemma3", ANY},
     {"final_logit_softcapping", "gemma3", ANY},
@@ -156,7 +156,7 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
-                                          "qwen3moe", "gemma3", NULL};
+                                          "qwen3moe", "gemma3", "phi3", NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -167,7 +167,7 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3, qwen3moe, gemma3)", c->arch);
+                "granite, qwen2, qwen3, qwen3moe, gemma3, phi3)", c->arch);
 }
 
 static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
@@ -237,7 +237,8 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
         return fail(err, n, -EINVAL, "model: rope.freq_base %g must be above 1", c->rope_base);
     /* llama.cpp's converters permute Q/K of llama-architecture models for adjacent-pair
      * RoPE; Qwen keeps the Hugging Face layout and rotates halves. */
-    c->rope_neox = !strncmp(c->arch, "qwen", 4) || !strncmp(c->arch, "gemma", 5);
+    c->rope_neox = !strncmp(c->arch, "qwen", 4) || !strncmp(c->arch, "gemma", 5) ||
+                   !strcmp(c->arch, "phi3");
     char type[16] = "linear"; /* llama.cpp's default when only a factor is given */
     char full[128];
     snprintf(full, sizeof full, "%s.rope.scaling.type", c->arch);
@@ -256,6 +257,7 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
     uint32_t orig = (uint32_t)c->n_ctx_train;
     if ((r = meta_u32(f, c->arch, "rope.scaling.original_context_length", &orig, 0, err, n)) < 0)
         return r;
+    c->rope_orig_ctx = (int)(orig > (1u << 30) ? 1u << 30 : orig);
     if (factor < 0.0f || attn_factor <= 0.0f || orig < 1)
         return fail(err, n, -EINVAL, "model: bad RoPE scaling (factor %g, attn_factor %g, "
                     "original context %u)", factor, attn_factor, orig);
@@ -305,12 +307,21 @@ static int read_scales(model_config *c, const gguf_file *f, char *err, size_t n)
 }
 
 /* Gemma 3's extras (read_config has read the shape): the embedding scale, the attention
- * scale gemma_pytorch uses, GeGLU and post-norms, soft-capping, the sliding windows. */
+ * scale gemma_pytorch uses, GeGLU and post-norms, soft-capping, the sliding windows.
+ * Phi-3's window (mini-4k: 2047 on every layer; llama.cpp ignores it, the model was
+ * trained with it). */
 static int read_gemma(model *m, char *err, size_t n) {
     model_config *c = &m->cfg;
     const gguf_file *f = &m->gguf;
-    if (strcmp(c->arch, "gemma3")) return 0;
     int r;
+    if (!strcmp(c->arch, "phi3")) { /* a window on every layer (0: Phi-4, none) */
+        uint32_t win = 0;
+        if ((r = meta_u32(f, c->arch, "attention.sliding_window", &win, 0, err, n)) < 0) return r;
+        c->swa_window = (int)(win > (1u << 30) ? 1u << 30 : win);
+        for (int l = 0; l < c->n_layers && win; l++) m->w.layers[l].swa = 1;
+        return 0;
+    }
+    if (strcmp(c->arch, "gemma3")) return 0;
     c->ffn_gelu = c->post_norms = 1;
     c->embd_scale = sqrtf((float)c->d_model);
     /* query_pre_attn_scalar: d / heads for the 27B (62 layers), head_dim otherwise */
@@ -333,6 +344,7 @@ static int read_gemma(model *m, char *err, size_t n) {
         m->w.layers[l].swa = per_layer ? pk->val[l] != 0
                                        : pattern == 0 || (uint32_t)l % pattern < pattern - 1;
     float base = 10000.0f;
+    c->swa_rope = 1;
     if ((r = meta_f32(f, c->arch, "rope.freq_base_swa", &base, err, n)) < 0) return r;
     if (!(base > 1.0f)) return fail(err, n, -EINVAL, "model: rope.freq_base_swa %g", base);
     for (int i = 0; i < c->rope_dim / 2; i++)
@@ -409,6 +421,14 @@ static int load_mat(loader *ld, const char *name, int n_in, int n_out, model_mat
     return load_mats(ld, name, n_in, n_out, 1, out, optional);
 }
 
+/* Rows [r0, r0 + n) of a row-major matrix: one of the parts of a fused tensor. */
+static model_mat mat_rows(const model_mat *w, int r0, int n) {
+    model_mat m = *w;
+    m.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    m.n_out = n;
+    return m;
+}
+
 static int load_experts(loader *ld, const char *name, int n_in, int n_out, int n_exp, model_mat *out) {
     return load_mats(ld, name, n_in, n_out, n_exp, out, 0);
 }
@@ -422,9 +442,16 @@ static int load_layer(loader *ld, int l) {
     int r = 0;
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
     if (!r) r = load_vec(ld, NAME("attn_norm.weight"), d, &L->attn_norm, 0);
-    if (!r) r = load_mat(ld, NAME("attn_q.weight"), d, qd, &L->wq, 0);
-    if (!r) r = load_mat(ld, NAME("attn_k.weight"), d, kd, &L->wk, 0);
-    if (!r) r = load_mat(ld, NAME("attn_v.weight"), d, kd, &L->wv, 0);
+    model_mat fused;
+    if (!r) r = load_mat(ld, NAME("attn_qkv.weight"), d, qd + 2 * kd, &fused, 1);
+    if (!r && fused.data) { /* Phi-3: q, k and v rows in one tensor */
+        L->wq = mat_rows(&fused, 0, qd), L->wk = mat_rows(&fused, qd, kd);
+        L->wv = mat_rows(&fused, qd + kd, kd);
+    } else {
+        if (!r) r = load_mat(ld, NAME("attn_q.weight"), d, qd, &L->wq, 0);
+        if (!r) r = load_mat(ld, NAME("attn_k.weight"), d, kd, &L->wk, 0);
+        if (!r) r = load_mat(ld, NAME("attn_v.weight"), d, kd, &L->wv, 0);
+    }
     if (!r) r = load_vec(ld, NAME("attn_q.bias"), qd, &L->bq, 1);
     if (!r) r = load_vec(ld, NAME("attn_k.bias"), kd, &L->bk, 1);
     if (!r) r = load_vec(ld, NAME("attn_v.bias"), kd, &L->bv, 1);
@@ -442,6 +469,10 @@ static int load_layer(loader *ld, int l) {
         if (!r) r = load_experts(ld, NAME("ffn_gate_exps.weight"), d, fe, ne, L->exp_gate);
         if (!r) r = load_experts(ld, NAME("ffn_up_exps.weight"), d, fe, ne, L->exp_up);
         if (!r) r = load_experts(ld, NAME("ffn_down_exps.weight"), fe, d, ne, L->exp_down);
+    } else if (!strcmp(c->arch, "phi3")) { /* gate rows then up rows in ffn_up */
+        if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, 2 * c->ffn_dim, &fused, 0);
+        if (!r) L->w_gate = mat_rows(&fused, 0, c->ffn_dim), L->w_up = mat_rows(&fused, c->ffn_dim, c->ffn_dim);
+        if (!r) r = load_mat(ld, NAME("ffn_down.weight"), c->ffn_dim, d, &L->w_down, 0);
     } else {
         if (!r) r = load_mat(ld, NAME("ffn_gate.weight"), d, c->ffn_dim, &L->w_gate, 0);
         if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, c->ffn_dim, &L->w_up, 0);
@@ -479,6 +510,17 @@ static int load_tensors(loader *ld) {
     if ((r = load_mat(ld, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1))) return r;
     if (!m->w.output.data) m->w.output = m->w.tok_embd; /* tied embeddings */
     if ((r = load_rope_freqs(ld))) return r;
+    if ((r = load_vec(ld, "rope_factors_long.weight", c->rope_dim / 2, &m->rope_long, 1)) ||
+        (r = load_vec(ld, "rope_factors_short.weight", c->rope_dim / 2, &m->rope_short, 1)))
+        return r;
+    if ((!m->rope_long) != (!m->rope_short))
+        return fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long without rope_factors_short or back");
+    for (int i = 0; m->rope_long && i < c->rope_dim / 2; i++)
+        if (!(m->rope_long[i] > 0.0f) || !(m->rope_short[i] > 0.0f) || !isfinite(m->rope_long[i]) ||
+            !isfinite(m->rope_short[i]))
+            return fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long/short[%d] not positive", i);
+    memcpy(m->rope_freq_plain, c->rope_freq, sizeof c->rope_freq);
+    model_set_context(m, c->n_ctx_train);
     c->qk_norm = m->w.layers[0].q_norm != NULL;
     for (int l = 1; l < c->n_layers; l++)
         if ((m->w.layers[l].q_norm != NULL) != c->qk_norm)
@@ -507,10 +549,10 @@ int model_load(model *m, const char *path, char *err, size_t en) {
     }
     c->n_vocab = (int)emb->ne[1];
     /* Worst case every vector is widened: norms (post-norms too), biases and q/k norms
-     * per layer, the final norm and the RoPE factors. */
+     * per layer, the final norm and the RoPE factors (three sets at most). */
     size_t spill_n = (size_t)c->n_layers * (4 * c->d_model + c->n_heads * c->head_dim +
                                             2 * c->n_kv_heads * c->head_dim + 2 * c->head_dim) +
-                     c->d_model + c->rope_dim;
+                     c->d_model + 2 * c->rope_dim;
     m->f32_copies = malloc(spill_n * sizeof(float));
     m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
     ld.used = calloc(m->gguf.n_tensors ? m->gguf.n_tensors : 1, 1);
@@ -537,6 +579,13 @@ void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
+void model_set_context(model *m, int n_ctx) {
+    model_config *c = &m->cfg;
+    if (!m->rope_long) return;
+    const float *ff = n_ctx > c->rope_orig_ctx ? m->rope_long : m->rope_short;
+    for (int i = 0; i < c->rope_dim / 2; i++) c->rope_freq[i] = m->rope_freq_plain[i] / ff[i];
+}
+
 int model_extras(const model *m, char *buf, size_t n) {
     const model_config *c = &m->cfg;
     struct { int on; const char *what; } x[] = {
@@ -545,8 +594,9 @@ int model_extras(const model *m, char *buf, size_t n) {
         {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
         {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
         {c->n_expert > 0, "mixture of experts"},
-        {c->ffn_gelu || c->post_norms || c->swa_window || c->final_softcap > 0,
-         "Gemma's GeGLU, post-norms and sliding windows"},
+        {c->ffn_gelu || c->post_norms || c->final_softcap > 0, "Gemma's GeGLU and post-norms"},
+        {c->swa_window > 0, "sliding-window attention"},
+        {m->rope_long != NULL, "LongRoPE factors (Phi-3)"},
         {!c->post_norms && (c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||
          fabsf(c->attn_scale * sqrtf((float)c->head_dim) - 1.0f) > 1e-6f), "Granite multipliers"},
     };

@@ -309,6 +309,7 @@ int kd_bench_engine(int argc, char **argv) {
     int longest = 0;
     for (int i = 0; i < pr.n; i++) longest = pr.len[i] > longest ? pr.len[i] : longest;
     int seq_len = longest + o.gen_tokens + 1;
+    model_set_context(&m, seq_len);
     kv_config kc = {0};
     model_kv_shape(&m, &kc);
     kc.block_size = o.block_size;

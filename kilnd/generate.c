@@ -157,6 +157,7 @@ int kd_generate(int argc, char **argv) {
     dr_runner e;
     if (dr_load(&e, o.model) < 0) return 1;
     int ctx = o.ctx > 0 ? o.ctx : e.m.cfg.n_ctx_train;
+    model_set_context(&e.m, ctx); /* the context asked for, not this request's length */
     prompt_builder pb = {0};
     float *logits = NULL;
     gen_run g = {.o = &o};

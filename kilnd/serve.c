@@ -154,6 +154,7 @@ int kd_serve(int argc, char **argv) {
         goto out;
     }
     int max_seq_len = c.engine.max_seq_len;
+    model_set_context(&m, max_seq_len); /* before the backend's state: LongRoPE's factors */
     kc.max_seqs = c.engine.max_queued_requests;
     kc.max_blocks_per_seq = (max_seq_len + kc.block_size - 1) / kc.block_size;
     kc.n_blocks = (int)(pool_bytes / block_bytes);

@@ -96,14 +96,16 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 # ... and the families' own math: Llama 3.1+ rope_freqs, Qwen3 q/k norms and YaRN,
 # Granite's multipliers, mixtures of experts (Qwen3-MoE, Mixtral), Gemma 3 (GeGLU,
-# post-norms, sliding windows, soft-capped logits): make_tiny_models' MODELS.
+# post-norms, sliding windows, soft-capped logits), Phi-3 (fused tensors, LongRoPE):
+# make_tiny_models' MODELS.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # The loader refuses, by name, any key or tensor it does not implement.
 run "parity/strict-load" "$PY" tests/ref/strict_load.py --kilnd "$BUILD/gnu/kilnd"
 # test_engine's batch invariance and scheduling beyond the default model's Q4_1: packed
 # Q4_K, Q5_K, Q6_K tiles (kquants), tokens grouped per expert (qwen3moe), sliding-window
-# layers under chunked prefill and prefix sharing (gemma3).
-for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3; do
+# layers under chunked prefill and prefix sharing (gemma3: some layers, phi3: all, with
+# fused q/k/v and gate/up tensors).
+for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3 phi3:phi3; do
   name=parity/engine-${tiny#*:} file=$BUILD/tiny-models/tiny-${tiny%%:*}.gguf
   if want "$name" && ! [ -f "$file" ]; then "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null; fi
   run "$name" env MODEL="$file" "$BUILD/gnu/tests/test_engine"

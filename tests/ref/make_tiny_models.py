@@ -309,10 +309,12 @@ def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_facto
 
 def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
           meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None,
-          experts=None, post_norms=False):
+          experts=None, post_norms=False, fused=False, rope_long_short=None):
     """experts: dict(n=, ffn=) for a mixture-of-experts FFN (an F32 router and 3-D
     gate/up/down tensors of types t["gate"], t["up"], t["down"]) instead of the dense
-    one; the expert counts go in meta."""
+    one; the expert counts go in meta.  fused (Phi-3): q/k/v in one attn_qkv tensor of
+    type t["q"], gate and up rows in one ffn_up of type t["up"].  rope_long_short:
+    (long, short) LongRoPE factor vectors."""
     d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
     vocab, ttypes, merges = make_vocab()
     w = gguf.GGUFWriter(path, arch)
@@ -325,7 +327,7 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
     w.add_head_count_kv(Hkv)
     w.add_rope_freq_base(cfg["rope_base"])
     w.add_layer_norm_rms_eps(cfg["eps"])
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(cfg.get("rope_dim", hd))
     if hd * H != d:
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -345,9 +347,15 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
         t = types_for_layer(li)
         p = f"blk.{li}."
         _vec(w, p + "attn_norm.weight", norm(d), norm_kinds[0])
-        _mat(w, p + "attn_q.weight", sig * rng.standard_normal((qd, d)), t["q"])
-        _mat(w, p + "attn_k.weight", sig * rng.standard_normal((kd, d)), t["k"])
-        _mat(w, p + "attn_v.weight", sig * rng.standard_normal((kd, d)), t["v"])
+        q = sig * rng.standard_normal((qd, d))
+        k = sig * rng.standard_normal((kd, d))
+        v = sig * rng.standard_normal((kd, d))
+        if fused:
+            _mat(w, p + "attn_qkv.weight", np.concatenate([q, k, v]), t["q"])
+        else:
+            _mat(w, p + "attn_q.weight", q, t["q"])
+            _mat(w, p + "attn_k.weight", k, t["k"])
+            _mat(w, p + "attn_v.weight", v, t["v"])
         if biases:
             _vec(w, p + "attn_q.bias", 0.5 * rng.standard_normal(qd), "F32")
             _vec(w, p + "attn_k.bias", 0.5 * rng.standard_normal(kd), "F32")
@@ -367,8 +375,13 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
             _mat(w, p + "ffn_up_exps.weight", sig * rng.standard_normal((ne, fe, d)), t["up"])
             _mat(w, p + "ffn_down_exps.weight", sig * rng.standard_normal((ne, d, fe)), t["down"])
             continue
-        _mat(w, p + "ffn_gate.weight", sig * rng.standard_normal((ffn, d)), t["gate"])
-        _mat(w, p + "ffn_up.weight", sig * rng.standard_normal((ffn, d)), t["up"])
+        gate = sig * rng.standard_normal((ffn, d))
+        up = sig * rng.standard_normal((ffn, d))
+        if fused:
+            _mat(w, p + "ffn_up.weight", np.concatenate([gate, up]), t["up"])
+        else:
+            _mat(w, p + "ffn_gate.weight", gate, t["gate"])
+            _mat(w, p + "ffn_up.weight", up, t["up"])
         _mat(w, p + "ffn_down.weight", sig * rng.standard_normal((d, ffn)), t["down"])
         if post_norms:
             _vec(w, p + "post_ffw_norm.weight", norm(d), "F32")
@@ -377,6 +390,9 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
         _mat(w, "output.weight", cfg["out_sigma"] * rng.standard_normal((N_VOCAB, d)), out_type)
     if rope_freqs is not None:
         _vec(w, "rope_freqs.weight", rope_freqs, "F32")
+    if rope_long_short is not None:
+        _vec(w, "rope_factors_long.weight", rope_long_short[0], "F32")
+        _vec(w, "rope_factors_short.weight", rope_long_short[1], "F32")
     for name, x in (extra_tensors or {}).items():  # tests of the loader's strictness
         w.add_tensor(name, np.asarray(x, np.float32))
     w.write_header_to_file()
@@ -479,6 +495,21 @@ MODELS = {
         qk_norm=True, post_norms=True,
         meta={"attention.sliding_window": 8, "attention.sliding_window_pattern": 2,
               "rope.freq_base_swa": 10000.0, "final_logit_softcapping": 8.0}),
+    # Phi-3: fused attn_qkv and gate+up tensors, LongRoPE (long factors: the context,
+    # 512, exceeds the original 64) with its attention factor, a window of 12 on every
+    # layer, partial rotation (48 of 64 dimensions).
+    "tiny-phi3.gguf": dict(
+        arch="phi3",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=4, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e4, eps=1e-5, sigma=0.08, embd_sigma=0.1, out_sigma=0.1,
+                 rope_dim=48),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=None, v=None, o=QT.Q4_K,
+                                        gate=None, up=QT.Q5_K, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=QT.Q6_K, norm_kinds=("F32", "F32", "F32"), biases=False,
+        fused=True, rope_long_short=(np.linspace(1.0, 6.0, 24, dtype=np.float32),
+                                     np.linspace(1.0, 1.5, 24, dtype=np.float32)),
+        meta={"rope.scaling.original_context_length": 64, "rope.scaling.attn_factor": 1.19,
+              "attention.sliding_window": 12}),
 }
 
 

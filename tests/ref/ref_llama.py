@@ -78,7 +78,7 @@ def _field(reader, key, default=None):
 
 
 class Model:
-    def __init__(self, path, verbose=False, emulate_q8=False):
+    def __init__(self, path, verbose=False, emulate_q8=False, n_ctx=None):
         t0 = time.time()
         # emulate_q8: round matmul activations to 8-bit blocks of 32 (fp16 scale)
         # and q/k/v/attention probabilities to fp16, the way llama.cpp-style
@@ -166,14 +166,26 @@ class Model:
         self.out_w = self.tok_embd if out is None else out
         self.n_vocab = self.out_w.shape[0]
         ff = W("rope_freqs.weight", required=False)  # llama3-style frequency factors
+        # Phi-3's LongRoPE: the long factors when the context (kilnd generate's default:
+        # the trained one) exceeds the original, else the short ones
+        if ff is None and "rope_factors_long.weight" in tensors:
+            orig = int(kv("rope.scaling.original_context_length", self.n_ctx_train))
+            long_ = (n_ctx or self.n_ctx_train) > orig
+            ff = W("rope_factors_long.weight" if long_ else "rope_factors_short.weight")
+        if arch == "phi3":
+            self.n_swa = int(kv("attention.sliding_window", 0) or 0)
+            self.swa_layer = [self.n_swa > 0] * self.n_layer
+            self.phi3_same_rope = True
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
+            qkv = W(p + "attn_qkv.weight", False)  # Phi-3: q, k, v rows in one tensor
+            qd, kd = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
             L = {
                 "attn_norm": W(p + "attn_norm.weight"),
-                "wq": W(p + "attn_q.weight"),
-                "wk": W(p + "attn_k.weight"),
-                "wv": W(p + "attn_v.weight"),
+                "wq": qkv[:qd] if qkv is not None else W(p + "attn_q.weight"),
+                "wk": qkv[qd:qd + kd] if qkv is not None else W(p + "attn_k.weight"),
+                "wv": qkv[qd + kd:] if qkv is not None else W(p + "attn_v.weight"),
                 "wo": W(p + "attn_output.weight"),
                 "bq": W(p + "attn_q.bias", False),
                 "bk": W(p + "attn_k.bias", False),
@@ -191,6 +203,12 @@ class Model:
                              ("down_exps", "ffn_down_exps")):
                     a = W(p + n + ".weight")        # [experts, rows, n]
                     L[k] = [a[e] for e in range(a.shape[0])]  # stable objects (q8 emulation)
+            elif arch == "phi3":  # gate rows, then up rows, in ffn_up
+                gu = W(p + "ffn_up.weight")
+                L["gate"], L["up"] = gu[:gu.shape[0] // 2], gu[gu.shape[0] // 2:]
+                L["down"] = W(p + "ffn_down.weight")
+                L["_fused"] = {"wq": "attn_qkv", "wk": "attn_qkv", "wv": "attn_qkv",
+                               "gate": "ffn_up"}
             else:
                 L["gate"] = W(p + "ffn_gate.weight")
                 L["up"] = W(p + "ffn_up.weight")
@@ -222,6 +240,8 @@ class Model:
             inv = inv * fscale
         self.inv_freq = inv
         self.inv_freq_swa = base_swa ** (-2.0 * i / self.n_rot)  # windowed layers: unscaled
+        if getattr(self, "phi3_same_rope", False):  # Phi-3's window keeps the layers' RoPE
+            self.inv_freq_swa = inv
         self.reset()
         if verbose:
             sys.stderr.write(
@@ -277,6 +297,8 @@ class Model:
     def _rope(self, x, pos, swa=False):
         """x: [n_heads, T, head_dim]; pos: [T] absolute positions."""
         inv, ms = (self.inv_freq_swa, 1.0) if swa else (self.inv_freq, self.rope_mscale)
+        if swa and getattr(self, "phi3_same_rope", False):
+            ms = self.rope_mscale
         ang = pos.astype(np.float64)[:, None] * inv[None, :]
         c, s = np.cos(ang) * ms, np.sin(ang) * ms  # [T, half]
         x64 = x.astype(np.float64)
@@ -453,8 +475,8 @@ class Model:
         return tok
 
 
-def load(path, verbose=False, emulate_q8=False):
-    return Model(path, verbose=verbose, emulate_q8=emulate_q8)
+def load(path, verbose=False, emulate_q8=False, n_ctx=None):
+    return Model(path, verbose=verbose, emulate_q8=emulate_q8, n_ctx=n_ctx)
 
 
 def forward(model, tokens, start_pos=0):

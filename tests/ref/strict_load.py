@@ -58,6 +58,8 @@ CASES = [
      "tensor 'blk.0.post_attention_norm.weight' is missing"),
     ("qwen3 without q/k norms", dict(arch="qwen3"), "tensor 'blk.0.attn_q_norm.weight' is missing"),
     ("non-positive RoPE factor", dict(rope_freqs=np.zeros(16)), "rope_freqs.weight[0] is 0"),
+    ("LongRoPE long factors only", dict(arch="phi3", fused=True, extra_tensors={"rope_factors_long.weight": np.ones(16)}),
+     "rope_factors_long without rope_factors_short"),
 ]
 
 

@@ -189,6 +189,7 @@ def load_q8_emulation(path):
     for i, L in enumerate(m.layers):
         for k, n in MAT_NAMES.items():
             if k in L:  # mixture-of-experts layers have no dense gate/up/down
+                n = L.get("_fused", {}).get(k, n)  # Phi-3's fused tensors
                 names[id(L[k])] = f"blk.{i}.{n}.weight"
     for i, L in enumerate(m.layers):
         if "router" in L:
