@@ -21,7 +21,7 @@ int kd_bench(int argc, char **argv) {
     if (o.chunk < o.prompt_tokens) o.chunk = o.prompt_tokens > 4096 ? 4096 : o.prompt_tokens;
     dr_runner e;
     if (dr_load(&e, o.model) < 0) return 1;
-    if (dr_start(&e, o.backend, o.threads, ctx, o.chunk, o.exact) < 0) {
+    if (dr_start(&e, o.backend, o.threads, ctx, o.chunk, 1, o.exact) < 0) {
         dr_close(&e);
         return 1;
     }
