@@ -95,6 +95,10 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # Small random models for what the default model does not use: NeoX RoPE, biases, a
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
+# The same models against llama.cpp's logits at every prompt position (top-1 outside its
+# own near-ties, KL per model), each also as an f32 twin; the references were recorded
+# from the peer by tests/ref/record_logits.sh and committed (llama.cpp is not built here).
+run "parity/llama-cpp" "$PY" tests/ref/llama_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # test_engine's batch invariance and scheduling on a K-quant model (packed Q4_K, Q5_K,
 # Q6_K tiles on the prompt and the decode steps), not only the default model's Q4_1.
 if want parity/engine-kquants && ! [ -f "$BUILD/tiny-models/tiny-llama-kquants.gguf" ]; then
