@@ -217,6 +217,24 @@ def compare(prompt, lg, tie):
                 ties=ties, kl_max=max(kls), kl_mean=float(np.mean(kls)), spread=max(spreads), bad=bad)
 
 
+def own_rounding(a, b):
+    """llama.cpp on a model against llama.cpp on its f32 twin (the same function): how far
+    its own activation rounding moves it, as a NOTE line; None if the prompts differ."""
+    if [p["ids"] for p in a["prompts"]] != [p["ids"] for p in b["prompts"]]:
+        return None
+    spreads, same, n = [], 0, 0
+    for pa, pb in zip(a["prompts"], b["prompts"]):
+        for qa, qb in zip(pa["positions"], pb["positions"]):
+            db = dict(zip(qb["ids"], qb["logprobs"]))
+            d = [lp - db[i] for i, lp in zip(qa["ids"], qa["logprobs"]) if i in db]
+            spreads.append(max(d) - min(d))
+            same += qa["ids"][0] == qb["ids"][0]
+            n += 1
+    return (f"NOTE {stem(a['model'])}: llama.cpp as is against llama.cpp on its f32 twin (its own "
+            f"activation rounding): spread max {max(spreads):.3f} median {np.median(spreads):.3f}, "
+            f"top-1 the same at {same}/{n} positions")
+
+
 # ---------------------------------------------------------------------------- main
 def main(argv=None):
     ap = argparse.ArgumentParser(description="kilnd against llama.cpp's recorded logits")
@@ -273,6 +291,12 @@ def main(argv=None):
                 print(f"SKIP {stem(m)} {v}: no llama.cpp reference recorded (run {RECORD} and "
                       f"commit {os.path.relpath(a.refs)}/{stem(m)}{'.f32' if v == 'f32' else ''}.json)")
 
+    by_key = {(r["model"], r["variant"]): r for _, r in refs}
+    for m in sorted({r["model"] for _, r in refs}):
+        if (m, "as-is") in by_key and (m, "f32") in by_key:
+            line = own_rounding(by_key[m, "as-is"], by_key[m, "f32"])
+            if line:
+                print(line)
     compat_dir = os.path.join(a.outdir, "llama-compat")
     for f, r in refs:
         name, variant = stem(r["model"]), r["variant"]
