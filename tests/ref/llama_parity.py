@@ -34,20 +34,24 @@ llama.cpp's CPU matmuls round the activations to the weight type's dot type: Q8_
 Q4_K/Q5_K/Q6_K (one scale per 256 values: per whole row of tiny-llama-kquants' d=256),
 Q8_0/Q8_1 for the 32-blocks, F16 or BF16 for those weights; its flash attention (on by
 default on the CPU) rounds Q and accumulates in f16.  So llama.cpp is not the f32
-function, and TIE must exceed how far its logit differences are from kilnd's: the
-"spread", max - min over the top-32 of (kilnd's log-softmax - llama.cpp's), bounds how
-much any gap between two of them moves.
-  tiny-llama-kquants as is: spread up to 0.40 with --exact (the NumPy f32 reference is
-      as far: it is llama.cpp's rounding, not kilnd), 0.25 by default (kilnd rounds too,
-      differently): TIE 0.5 (43 of 61 positions are below it: on this model llama.cpp's
-      rounding leaves top-1 meaningful at the other 18 only); KL max 1.6e-3 --exact,
-      1.0e-3 default: bounds 5e-3 / 1e-2.
-  tiny-qwen2 as is: spread <= 0.072 either way: TIE 0.1 (--exact), 0.15 (default); KL
-      max 6.3e-5 / 7.8e-5: bounds 3e-4 / 6e-4.
-  f32 twins: spread <= 0.012 (llama.cpp's f16 flash attention and KV; kilnd keeps an f16
-      KV cache too), the default path equal to --exact (no rounding for F32 weights):
-      TIE 0.03 / 0.05; KL max 1.9e-6 (llama) / 2.0e-7 (qwen2): bounds 2e-5 / 4e-5 and
-      3e-6 / 6e-6.  Here top-1 is checked at all but the few real ties.
+function: on tiny-llama-kquants its logits are up to 0.39 (max - min over its top-32 of
+the log-softmax difference) from llama.cpp's own on the f32 twin, 0.07 on tiny-qwen2
+(the NOTE lines).  kilnd's top-1 can differ from llama.cpp's only where some token of
+llama.cpp's top-32 is raised by kilnd, relative to llama.cpp's top-1, by more than
+llama.cpp's margin: that "lift" (max over the top-32 of d[j] - d[top1], d = kilnd's
+log-softmax - llama.cpp's) is printed per case, and TIE is set above its maximum:
+  tiny-llama-kquants as is: lift <= 0.244 with --exact (the NumPy f32 reference is as
+      far: it is llama.cpp's rounding, not kilnd), 0.203 by default (kilnd rounds too,
+      differently, and its rounding may change): TIE 0.35 / 0.5, so top-1 is checked at
+      25 / 18 of the 61 positions (on this model llama.cpp's rounding leaves it
+      meaningful nowhere else; kilnd --exact agrees at all 61 all the same); KL max
+      1.6e-3 --exact, 1.0e-3 default: bounds 5e-3 / 1e-2.
+  tiny-qwen2 as is: lift <= 0.051 either way: TIE 0.1 / 0.15; KL max 6.3e-5 / 7.8e-5:
+      bounds 3e-4 / 6e-4.
+  f32 twins: lift <= 0.0101 (llama) / 0.0032 (qwen2) (llama.cpp's f16 flash attention
+      and KV; kilnd keeps an f16 KV cache too), the default path equal to --exact (no
+      rounding for F32 weights): TIE 0.03 / 0.05, so top-1 is checked at all but the
+      3-9 real ties; KL max 1.9e-6 / 2.0e-7: bounds 2e-5 / 4e-5 and 3e-6 / 6e-6.
 A structural bug is far outside these: against the same references, the NumPy reference
 (tests/ref/ref_llama.py) with the RoPE pairing flipped has a max KL over the 61 positions
 of 0.11 (qwen2) and 1.7 (llama), without the qwen2 biases 0.34, ignoring layer 0's
@@ -78,7 +82,7 @@ VARIANTS = ("as-is", "f32")
 
 # (model, variant) -> tie / KL bounds for --exact and for the default path (see above)
 BOUNDS = {
-    ("tiny-llama-kquants", "as-is"): dict(tie=0.5, kl=5e-3, tie_q8=0.5, kl_q8=1e-2),
+    ("tiny-llama-kquants", "as-is"): dict(tie=0.35, kl=5e-3, tie_q8=0.5, kl_q8=1e-2),
     ("tiny-qwen2", "as-is"): dict(tie=0.1, kl=3e-4, tie_q8=0.15, kl_q8=6e-4),
     ("tiny-llama-kquants", "f32"): dict(tie=0.03, kl=2e-5, tie_q8=0.05, kl_q8=4e-5),
     ("tiny-qwen2", "f32"): dict(tie=0.03, kl=3e-6, tie_q8=0.05, kl_q8=6e-6),
@@ -184,7 +188,7 @@ def compare(prompt, lg, tie):
     """Per position of one prompt: kilnd's logits lg [n, n_vocab] against llama.cpp's
     recorded top-K.  Returns a dict of the figures and the failing positions."""
     L = log_softmax(lg)
-    kls, spreads, bad = [], [], []
+    kls, lifts, bad = [], [], []
     checked = agree = agree_all = ties = 0
     for i, pos in enumerate(prompt["positions"]):
         ids = np.asarray(pos["ids"])
@@ -200,7 +204,7 @@ def compare(prompt, lg, tie):
             kl += rest_p * np.log(rest_p / max(rest_q, 1e-300))
         kls.append(kl if np.isfinite(kl) else float("inf"))
         d = ql - lp
-        spreads.append(float(d.max() - d.min()))
+        lifts.append(float((d[1:] - d[0]).max()))
         top1 = int(np.argmax(lg[i]))
         same = top1 == int(ids[0])
         agree_all += same
@@ -214,7 +218,7 @@ def compare(prompt, lg, tie):
         else:
             ties += 1
     return dict(n=len(prompt["positions"]), checked=checked, agree=agree, agree_all=agree_all,
-                ties=ties, kl_max=max(kls), kl_mean=float(np.mean(kls)), spread=max(spreads), bad=bad)
+                ties=ties, kl_max=max(kls), kl_mean=float(np.mean(kls)), lift=max(lifts), bad=bad)
 
 
 def own_rounding(a, b):
@@ -353,7 +357,7 @@ def main(argv=None):
                        f"{case}: {c['n']} positions, {c['ties']} ties (llama.cpp margin < {tie:g}) "
                        f"skipped, top-1 {c['agree']}/{c['checked']} ({c['agree_all']}/{c['n']} with "
                        f"the ties); KL max {c['kl_max']:.2e} (<= {klb:g}) mean {c['kl_mean']:.2e}; "
-                       f"spread {c['spread']:.4f}", why)
+                       f"lift {c['lift']:.4f}", why)
     return finish()
 
 
