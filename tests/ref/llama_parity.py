@@ -231,9 +231,12 @@ def own_rounding(a, b):
         for qa, qb in zip(pa["positions"], pb["positions"]):
             db = dict(zip(qb["ids"], qb["logprobs"]))
             d = [lp - db[i] for i, lp in zip(qa["ids"], qa["logprobs"]) if i in db]
-            spreads.append(max(d) - min(d))
+            if d:
+                spreads.append(max(d) - min(d))
             same += qa["ids"][0] == qb["ids"][0]
             n += 1
+    if not spreads:
+        return None
     return (f"NOTE {stem(a['model'])}: llama.cpp as is against llama.cpp on its f32 twin (its own "
             f"activation rounding): spread max {max(spreads):.3f} median {np.median(spreads):.3f}, "
             f"top-1 the same at {same}/{n} positions")
