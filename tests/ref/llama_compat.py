@@ -84,10 +84,6 @@ def overrides(reader):
     return [f"tokenizer.ggml.pre={PRE_ALIASES[pre]}"] if pre in PRE_ALIASES else []
 
 
-def _field_value(f):
-    return f.contents()
-
-
 def write_copy(path, out, variant="compat"):
     """Writes the copy of path to out (via out.tmp); returns the changes."""
     r = gguf.GGUFReader(path)
@@ -103,7 +99,7 @@ def write_copy(path, out, variant="compat"):
         sub = f.types[1] if vt == gguf.GGUFValueType.ARRAY else None
         if vt == gguf.GGUFValueType.ARRAY and len(f.types) > 2:
             raise ValueError(f"{path}: {key}: nested arrays are not copied")
-        w.add_key_value(key, _field_value(f), vt, sub_type=sub)
+        w.add_key_value(key, f.contents(), vt, sub_type=sub)
     for t in r.tensors:
         if t.name in todo:
             w.add_tensor(t.name, _values(t))
