@@ -22,7 +22,7 @@ int kd_bench(int argc, char **argv) {
     dr_runner e;
     if (dr_load(&e, o.model) < 0) return 1;
     model_set_context(&e.m, ctx);
-    if (dr_start(&e, o.backend, o.threads, ctx, o.chunk, o.exact) < 0) {
+    if (dr_start(&e, o.backend, o.threads, ctx, o.chunk, 1, o.exact) < 0) {
         dr_close(&e);
         return 1;
     }

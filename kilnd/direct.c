@@ -17,6 +17,7 @@ void dr_close(dr_runner *e) {
     if (e->loaded_tok) tok_free(&e->tok);
     free(e->positions);
     free(e->seqs);
+    free(e->rows);
     model_free(&e->m);
     memset(e, 0, sizeof *e);
 }
@@ -39,8 +40,8 @@ int dr_load(dr_runner *e, const char *path) {
 }
 
 /* The backend (CPU, or CUDA per --backend) and a KV pool for one sequence of up to ctx
- * positions, with prefill steps of up to chunk tokens. */
-int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int exact) {
+ * positions, with prefill steps of up to chunk tokens and max_logits logit rows. */
+int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int max_logits, int exact) {
     char err[512];
     kv_config kc = {0};
     model_kv_shape(&e->m, &kc);
@@ -49,7 +50,7 @@ int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int exact)
     kc.n_blocks = kc.max_blocks_per_seq;
     kc.max_seqs = 1;
     size_t bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
-    kd_backend_want w = {kind, threads, chunk, 1, ctx, exact, bytes, bytes, 0.9, 0, 1};
+    kd_backend_want w = {kind, threads, chunk, max_logits, ctx, exact, bytes, bytes, 0.9, 0, 1};
     e->be = kd_backend_open(&e->m, &w, &kc, &e->arena, &e->kv, err, sizeof err);
     if (!e->be) {
         fprintf(stderr, "kilnd: %s\n", err);
@@ -59,10 +60,12 @@ int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int exact)
     e->chunk = chunk;
     e->positions = malloc((size_t)chunk * sizeof *e->positions);
     e->seqs = malloc((size_t)chunk * sizeof *e->seqs);
-    if (!e->positions || !e->seqs) {
+    e->rows = malloc((size_t)chunk * sizeof *e->rows);
+    if (!e->positions || !e->seqs || !e->rows) {
         fprintf(stderr, "kilnd: out of memory\n");
         return -1;
     }
+    for (int t = 0; t < chunk; t++) e->rows[t] = t;
     return 0;
 }
 
@@ -86,6 +89,32 @@ const float *dr_feed(dr_runner *e, kv_seq *seq, const int32_t *toks, int n, int 
     return e->be->ops->logits(e->be);
 }
 
+/* Every position's logits of a prompt: dr_feed's steps with every row asked for. */
+int dr_prompt_logits(dr_runner *e, const int32_t *toks, int n, float *out) {
+    size_t nv = (size_t)e->m.cfg.n_vocab;
+    kv_seq *seq = kv_seq_new(&e->kv);
+    if (!seq || kv_seq_reserve(&e->kv, seq, n) < 0) {
+        fprintf(stderr, "kilnd: no KV room for the prompt's %d positions\n", n);
+        if (seq) kv_seq_release(&e->kv, seq);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i += e->chunk) {
+        int len = n - i < e->chunk ? n - i : e->chunk;
+        for (int t = 0; t < len; t++) e->positions[t] = i + t, e->seqs[t] = seq;
+        model_batch b = {len, toks + i, e->positions, e->seqs, len, e->rows};
+        if (backend_run(e->be, &b) < 0) {
+            fprintf(stderr, "kilnd: step failed: %s\n", e->be->err);
+            rc = -1;
+            break;
+        }
+        seq->n_tokens = i + len;
+        memcpy(out + (size_t)i * nv, e->be->ops->logits(e->be), (size_t)len * nv * sizeof *out);
+    }
+    kv_seq_release(&e->kv, seq);
+    return rc;
+}
+
 int dr_parse(int argc, char **argv, dr_opts *o) {
     memset(o, 0, sizeof *o);
     o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -106,6 +135,7 @@ int dr_parse(int argc, char **argv, dr_opts *o) {
         else if (FLAG("--prompt-ids")) { NEED_ARG(); o->prompt_ids = v; }
         else if (FLAG("--system")) { NEED_ARG(); o->system = v; }
         else if (FLAG("--dump-logits")) { NEED_ARG(); o->dump_logits = v; }
+        else if (FLAG("--dump-prompt-logits")) { NEED_ARG(); o->dump_prompt_logits = v; }
         else if (FLAG("--threads")) { NEED_ARG(); o->threads = atoi(v); }
         else if (FLAG("--backend")) {
             NEED_ARG();

@@ -25,11 +25,12 @@ typedef struct {
     int chunk;          /* prefill tokens per step */
     int32_t *positions; /* [chunk] step scratch */
     kv_seq **seqs;      /* [chunk] */
+    int32_t *rows;      /* [chunk] logit rows 0..chunk-1 (dr_prompt_logits) */
     int loaded_tok, loaded_kv;
 } dr_runner;
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids, *system, *dump_logits;
+    const char *model, *prompt, *prompt_ids, *system, *dump_logits, *dump_prompt_logits;
     int chat, ids, threads, max_tokens, ctx, chunk, special, exact, backend;
     int prompt_tokens, gen_tokens, repeat;
     sampler_params sp;
@@ -42,11 +43,15 @@ void dr_close(dr_runner *e);
 /* Map the model and build its tokenizer; 0, or -1 with the reason on stderr. */
 int dr_load(dr_runner *e, const char *path);
 /* The backend (CPU, or CUDA per --backend) and a KV pool for one sequence of up to ctx
- * positions, with prefill steps of up to chunk tokens. */
-int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int exact);
+ * positions, with prefill steps of up to chunk tokens and max_logits logit rows. */
+int dr_start(dr_runner *e, int kind, int threads, int ctx, int chunk, int max_logits, int exact);
 /* Run n tokens of seq starting at position pos in steps of e->chunk; returns the logits
  * of the last token (owned by the backend) or NULL. */
 const float *dr_feed(dr_runner *e, kv_seq *seq, const int32_t *toks, int n, int pos);
+/* Every position's logits of toks[0..n) on a fresh sequence (released after), in steps
+ * of e->chunk with every row's logits asked for, into out [n][n_vocab]. Needs a backend
+ * started with max_logits = chunk. 0, or -1 with the reason on stderr. */
+int dr_prompt_logits(dr_runner *e, const int32_t *toks, int n, float *out);
 /* argv from the subcommand's name on; 0, or -1 with the reason on stderr. */
 int dr_parse(int argc, char **argv, dr_opts *o);
 #endif

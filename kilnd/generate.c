@@ -2,7 +2,11 @@
  * stdout (or its ids, --ids) and its speed to stderr. The request takes the server's
  * path: its prompt is built by core/prompt, and it runs in the engine (sched/engine)
  * on the loop through the driver (sched/drive), so what generate prints is what a
- * client of `kilnd serve` gets, and the parity tests that run generate test that path. */
+ * client of `kilnd serve` gets, and the parity tests that run generate test that path.
+ * --dump-prompt-logits is the exception: every prompt position's logits (the engine
+ * asks for the last one only) come from the prompt run first straight through the same
+ * backend (kilnd/direct) in the engine's prefill steps (--chunk tokens each), every
+ * row's logits asked for; then the request runs as above. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,21 +98,21 @@ static void on_log(void *ud, int level, const char *msg) {
     if (level == DRIVE_LOG_ERROR) loop_stop(g->lp);
 }
 
-static int write_logits(const char *path, const float *lg, int n) {
+static int write_logits(const char *path, const float *lg, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(lg, sizeof(float), (size_t)n, f) != (size_t)n || fclose(f) != 0) {
+    if (!f || fwrite(lg, sizeof(float), n, f) != n || fclose(f) != 0) {
         fprintf(stderr, "kilnd: cannot write logits to %s: %s\n", path, strerror(errno));
         return -1;
     }
     return 0;
 }
 
-/* One engine with room for exactly this request (the prompt and what it may generate)
- * on a loop, the request submitted, the loop run until the engine is idle. */
+/* One engine with room for exactly this request (the prompt and what it may generate:
+ * the backend started for that by dr_start) on a loop, the request submitted, the loop
+ * run until the engine is idle. */
 static int run_request(dr_runner *e, const dr_opts *o, const int32_t *prompt, int n_prompt,
                        int total, float *logits, gen_run *g) {
     char err[512];
-    if (dr_start(e, o->backend, o->threads, total, o->chunk, o->exact) < 0) return -1;
     eng_config ec = {.max_batch_size = 1, .max_batched_tokens = o->chunk, .max_seq_len = total,
                      .max_seqs = 1, .max_queued_requests = 1};
     eng_callbacks cb = {on_token, on_finish};
@@ -159,7 +163,7 @@ int kd_generate(int argc, char **argv) {
     int ctx = o.ctx > 0 ? o.ctx : e.m.cfg.n_ctx_train;
     model_set_context(&e.m, ctx); /* the context asked for, not this request's length */
     prompt_builder pb = {0};
-    float *logits = NULL;
+    float *logits = NULL, *prompt_logits = NULL;
     gen_run g = {.o = &o};
     int rc = 1;
     int n_prompt = build_prompt(&e, &o, &pb);
@@ -171,17 +175,26 @@ int kd_generate(int argc, char **argv) {
                 n_prompt, o.max_tokens, ctx);
         goto out;
     }
-    if (o.dump_logits && !(logits = calloc((size_t)e.m.cfg.n_vocab, sizeof *logits))) {
+    size_t n_vocab = (size_t)e.m.cfg.n_vocab;
+    if ((o.dump_logits && !(logits = calloc(n_vocab, sizeof *logits))) ||
+        (o.dump_prompt_logits && !(prompt_logits = malloc((size_t)n_prompt * n_vocab * sizeof *prompt_logits)))) {
         fprintf(stderr, "kilnd: out of memory\n");
         goto out;
     }
+    /* every prompt row's logits: as many logit rows per step as tokens */
+    int max_logits = o.dump_prompt_logits ? o.chunk : 1;
+    if ((o.max_tokens > 0 || o.dump_prompt_logits) &&
+        dr_start(&e, o.backend, o.threads, total, o.chunk, max_logits, o.exact) < 0) goto out;
+    if (o.dump_prompt_logits && (dr_prompt_logits(&e, pb.ids, n_prompt, prompt_logits) < 0 ||
+                                 write_logits(o.dump_prompt_logits, prompt_logits, (size_t)n_prompt * n_vocab) < 0))
+        goto out;
     /* nothing to generate: the engine is not started (as the server answers at once) */
     if (o.max_tokens > 0 && run_request(&e, &o, pb.ids, n_prompt, total, logits, &g) < 0) goto out;
     if (g.finished && g.reason == EF_ERROR) {
         fprintf(stderr, "kilnd: step failed: %s\n", g.msg);
         goto out;
     }
-    if (logits && write_logits(o.dump_logits, logits, e.m.cfg.n_vocab) < 0) goto out;
+    if (logits && write_logits(o.dump_logits, logits, n_vocab) < 0) goto out;
     printf("\n");
     fflush(stdout);
     const eng_usage *u = &g.usage;
@@ -194,6 +207,7 @@ int kd_generate(int argc, char **argv) {
     rc = 0;
 out:
     free(logits);
+    free(prompt_logits);
     prompt_free(&pb);
     dr_close(&e);
     return rc;

@@ -26,6 +26,9 @@ expect 1 "prompt (1 tokens) + max_tokens (100) exceeds the context (64)" \
   "$kilnd" generate --model "$model" --prompt hi --ctx 64 --max-tokens 100
 expect 1 "bad --prompt-ids near 'x,3'" "$kilnd" generate --model "$model" --prompt-ids 1,x,3
 expect 1 "bad --prompt-ids near '99999999'" "$kilnd" generate --model "$model" --prompt-ids 99999999
+expect 1 "cannot write logits to $tmp/no/dir/p.f32: no such file" \
+  "$kilnd" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 0 --dump-prompt-logits "$tmp/no/dir/p.f32"
+expect 2 "--dump-prompt-logits needs a value" "$kilnd" generate --model "$model" --dump-prompt-logits
 expect 2 "unknown command 'frobnicate'" "$kilnd" frobnicate
 printf '[engine]\nmax_batch_size = 0\n' >"$tmp/bad.ini"
 expect 2 "bad.ini:2: [engine] max_batch_size = 0: must be 1..1024" \

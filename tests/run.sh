@@ -101,6 +101,10 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # The loader refuses, by name, any key or tensor it does not implement.
 run "parity/strict-load" "$PY" tests/ref/strict_load.py --kilnd "$BUILD/gnu/kilnd"
+# The same models against llama.cpp's logits at every prompt position (top-1 outside its
+# own near-ties, KL per model), each also as an f32 twin; the references were recorded
+# from the peer by tests/ref/record_logits.sh and committed (llama.cpp is not built here).
+run "parity/llama-cpp" "$PY" tests/ref/llama_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # test_engine's batch invariance and scheduling beyond the default model's Q4_1: packed
 # Q4_K, Q5_K, Q6_K tiles (kquants), tokens grouped per expert (qwen3moe), sliding-window
 # layers under chunked prefill and prefix sharing (gemma3: some layers, phi3: all, with
