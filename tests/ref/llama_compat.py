@@ -21,7 +21,8 @@ The pre-tokenizer name: make_tiny_models.py writes tokenizer.ggml.pre = "gpt2", 
 llama.cpp spells "gpt-2" and refuses otherwise ("unknown pre-tokenizer type: 'gpt2'" at
 load).  The pre-tokenizer only splits text, and these references are computed from token
 ids, so it cannot change a logit; it is overridden at load (llama_model_kv_override), not
-rewritten, so the file stays the same.
+rewritten, so the file stays the same.  So is general.name where llama.cpp reads meaning
+into it (a "phi3" name: see overrides()).
 
 When a model needs no tensor change, MODEL itself is printed and nothing is written.
 
@@ -81,7 +82,15 @@ def overrides(reader):
     """["KEY=VALUE"] for llama_logits --override."""
     f = reader.fields.get("tokenizer.ggml.pre")
     pre = f.contents() if f is not None else None
-    return [f"tokenizer.ggml.pre={PRE_ALIASES[pre]}"] if pre in PRE_ALIASES else []
+    out = [f"tokenizer.ggml.pre={PRE_ALIASES[pre]}"] if pre in PRE_ALIASES else []
+    # llama.cpp sets special-token attributes by general.name: a name containing "phi3"
+    # makes it look up "</s>", which these vocabularies lack ("unordered_map::at" at
+    # load). The name is a label, never part of the math.
+    f = reader.fields.get("general.name")
+    name = f.contents() if f is not None else ""
+    if "phi3" in name.lower() or "phi-3" in name.lower():
+        out.append("general.name=kiln tiny model")
+    return out
 
 
 def write_copy(path, out, variant="compat"):
