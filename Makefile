@@ -299,11 +299,15 @@ run: tools model $(KILND)
 
 # The peer is llama.cpp's own tools (tests/bench/peer.sh, built once, ~25 min); after the
 # default model, the real shapes: SHAPES and FORMATS (make bench SHAPES="llama-3.1-8b"
-# FORMATS=Q4_K_M) as tests/shapes/shapes.sh takes them.
+# FORMATS=Q4_K_M) as tests/shapes/shapes.sh takes them; then a mixture of experts,
+# MOE_SHAPES in Q4_K_M (Qwen3-30B-A3B's shape with 32 of its 128 experts: the same active
+# parameters per token in a 5 GB file; its F16 intermediate needs 17 GB of disk once).
+MOE_SHAPES ?= qwen3-30b-a3b-e32
 bench: tools model venv $(KILND)
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
 	BUILD=$(BUILD) PY=$(PY) tests/bench/bench_shapes.sh
+	BUILD=$(BUILD) PY=$(PY) SHAPES="$(MOE_SHAPES)" FORMATS=Q4_K_M tests/bench/bench_shapes.sh
 	BUILD=$(BUILD) PY=$(PY) tests/bench/quality.sh $$(BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh)
 
 # Random-weight models of real shapes, quantized by llama-quantize: build/shapes/*.gguf

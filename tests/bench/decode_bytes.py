@@ -7,6 +7,8 @@
 Every tensor is read once per token (each layer's matrices, norms and biases, the final
 norm, the output matrix) except token_embd.weight, of which a token reads one row; when
 there is no output.weight the output matrix is token_embd itself (tied) and it counts.
+A mixture of experts' 3-D expert tensors (*_exps.weight) count expert_used_count of
+their expert_count experts: what one token's chosen experts read.
 """
 import sys
 
@@ -18,9 +20,15 @@ def main():
         sys.exit("usage: decode_bytes.py MODEL.gguf")
     r = gguf.GGUFReader(sys.argv[1])
     sizes = {t.name: int(t.n_bytes) for t in r.tensors}
-    total = sum(sizes.values())
+    arch = r.fields["general.architecture"].contents()
+    ne = r.fields.get(f"{arch}.expert_count")
+    nu = r.fields.get(f"{arch}.expert_used_count")
+    if ne is not None and nu is not None and int(ne.contents()) > 0:
+        frac = int(nu.contents()) / int(ne.contents())
+        sizes = {n: int(b * frac) if n.endswith("_exps.weight") else b for n, b in sizes.items()}
+    total = sum(int(t.n_bytes) for t in r.tensors)
     tied = "output.weight" not in sizes
-    read = total - (0 if tied else sizes.get("token_embd.weight", 0))
+    read = sum(sizes.values()) - (0 if tied else sizes.get("token_embd.weight", 0))
     print(f"decode_bytes={read} tensor_bytes={total} tied={int(tied)}")
 
 
