@@ -65,7 +65,8 @@ static const meta_key known_keys[] = {
     {"rope.scaling.finetuned", NULL, ANY},
     {"rope.scaling.yarn_beta_fast", NULL, ANY},
     {"rope.scaling.yarn_beta_slow", NULL, ANY},
-    {"rope.scaling.yarn_log_multiplier", NULL, 0},
+    {"rope.scaling.yarn_log_multiplier", NULL, ANY},
+    {"attention.temperature_scale", NULL, 0},
     {"attention.sliding_window", "gemma3 phi3", ANY},
     {"attention.sliding_window_pattern", "gemma3", ANY},
     {"rope.freq_base_swa", "gemma3", ANY},
@@ -156,7 +157,7 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
-                                          "qwen3moe", "gemma3", "phi3", NULL};
+                                          "qwen3moe", "gemma3", "phi3", "mistral3", NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -167,7 +168,7 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3, qwen3moe, gemma3, phi3)", c->arch);
+                "granite, qwen2, qwen3, qwen3moe, gemma3, phi3, mistral3)", c->arch);
 }
 
 static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
@@ -248,12 +249,13 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
         memcpy(type, s.ptr, s.len);
         type[s.len] = 0;
     }
-    float factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
+    float factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f, log_mul = 0.0f;
     if ((r = meta_f32(f, c->arch, "rope.scaling.factor", &factor, err, n)) < 0) return r;
     if (r > 0 && (r = meta_f32(f, c->arch, "rope.scale_linear", &factor, err, n)) < 0) return r;
     if ((r = meta_f32(f, c->arch, "rope.scaling.attn_factor", &attn_factor, err, n)) < 0) return r;
     if ((r = meta_f32(f, c->arch, "rope.scaling.yarn_beta_fast", &beta_fast, err, n)) < 0) return r;
     if ((r = meta_f32(f, c->arch, "rope.scaling.yarn_beta_slow", &beta_slow, err, n)) < 0) return r;
+    if ((r = meta_f32(f, c->arch, "rope.scaling.yarn_log_multiplier", &log_mul, err, n)) < 0) return r;
     uint32_t orig = (uint32_t)c->n_ctx_train;
     if ((r = meta_u32(f, c->arch, "rope.scaling.original_context_length", &orig, 0, err, n)) < 0)
         return r;
@@ -283,9 +285,14 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
         }
         c->rope_freq[i] = inv * s;
     }
+    /* YaRN's magnitude gain 1 + 0.1 ln(factor), or with mscale_all_dim (the GGUF's
+     * yarn_log_multiplier, Ministral 3) that gain over 1 + 0.1 * it * ln(factor), as
+     * Hugging Face and llama.cpp compute it */
     c->rope_mscale = attn_factor;
-    if (c->rope_scaling == MODEL_ROPE_YARN && factor > 1.0f)
-        c->rope_mscale *= 1.0f + 0.1f * logf(factor);
+    if (c->rope_scaling == MODEL_ROPE_YARN && factor > 1.0f) {
+        float g = 1.0f + 0.1f * logf(factor);
+        c->rope_mscale *= log_mul != 0.0f ? g / (1.0f + 0.1f * log_mul * logf(factor)) : g;
+    }
     return 0;
 }
 

@@ -98,6 +98,8 @@ BOUNDS = {
     ("tiny-gemma3", "f32"): dict(tie=0.03, kl=3e-6, tie_q8=0.05, kl_q8=3e-6),     # 1.1e-6, .006
     ("tiny-phi3", "as-is"): dict(tie=0.4, kl=5e-3, tie_q8=0.4, kl_q8=4e-3),       # 2.0e-3/1.6e-3, .26/.24
     ("tiny-phi3", "f32"): dict(tie=0.03, kl=5e-6, tie_q8=0.05, kl_q8=5e-6),       # 2.0e-6, .007
+    ("tiny-mistral3", "as-is"): dict(tie=0.4, kl=6e-3, tie_q8=0.4, kl_q8=5e-3),   # 2.5e-3/1.9e-3, .26/.26
+    ("tiny-mistral3", "f32"): dict(tie=0.03, kl=8e-6, tie_q8=0.05, kl_q8=8e-6),   # 3.2e-6, .008
     # Mixtures of experts: a router's near-tie between its k-th and (k+1)-th expert
     # flips on rounding, and then the whole FFN output of that token differs. llama.cpp
     # flips them itself between its rounded run and its f32 twin (NOTE lines: top-1

@@ -495,6 +495,18 @@ MODELS = {
         qk_norm=True, post_norms=True,
         meta={"attention.sliding_window": 8, "attention.sliding_window_pattern": 2,
               "rope.freq_base_swa": 10000.0, "final_logit_softcapping": 8.0}),
+    # Ministral 3 ("mistral3"): YaRN with its beta keys and mscale_all_dim
+    # (yarn_log_multiplier 0.5 here, so the magnitude correction is neither 1 nor the
+    # plain YaRN gain), adjacent-pair RoPE, GQA.
+    "tiny-mistral3.gguf": dict(
+        arch="mistral3",
+        cfg=dict(d=256, layers=2, heads=8, kv_heads=2, head_dim=32, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-5, sigma=0.08, embd_sigma=0.1, out_sigma=0.1),
+        types_for_layer=_rotating((QT.Q4_K, QT.Q6_K, QT.Q8_0)), embd_type=QT.Q6_K,
+        out_type=QT.Q6_K, norm_kinds=("F32", "F32", "F32"), biases=False,
+        meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 16.0,
+              "rope.scaling.original_context_length": 32, "rope.scaling.yarn_beta_fast": 16.0,
+              "rope.scaling.yarn_beta_slow": 2.0, "rope.scaling.yarn_log_multiplier": 0.5}),
     # Phi-3: fused attn_qkv and gate+up tensors, LongRoPE (long factors: the context,
     # 512, exceeds the original 64) with its attention factor, a window of 12 on every
     # layer, partial rotation (48 of 64 dimensions).

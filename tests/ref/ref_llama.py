@@ -234,8 +234,10 @@ class Model:
             hi = min(self.n_rot - 1.0, np.ceil(corr(beta_slow)))
             keep = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
             inv = inv * (fscale * (1.0 - keep) + keep)
-            if factor > 1.0:
-                self.rope_mscale *= 1.0 + 0.1 * np.log(factor)
+            if factor > 1.0:  # mscale_all_dim (yarn_log_multiplier) divides the gain
+                log_mul = float(kv("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+                gain = 1.0 + 0.1 * np.log(factor)
+                self.rope_mscale *= gain / (1.0 + 0.1 * log_mul * np.log(factor)) if log_mul else gain
         else:
             inv = inv * fscale
         self.inv_freq = inv
