@@ -213,7 +213,7 @@ static uint32_t make_piece(const tok_t *t, const int16_t inv[324], int32_t i, ch
         memcpy(o, s, n);
         return n;
     }
-    if (t->model == TOK_SPM) {
+    if (t->model == TOK_SPM || t->pre == TOK_PRE_GEMMA4) { /* '▁' for ' ', <0xXX> bytes */
         unsigned v;
         if (ty == TOK_BYTE && n == 6 && sscanf(s, "<0x%2X>", &v) == 1) {
             o[0] = (char)v;
@@ -294,6 +294,8 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         t->pre = TOK_PRE_LLAMA3, t->ignore_merges = 1;
     else if (sv_eq(in->pre, "qwen2"))
         t->pre = TOK_PRE_QWEN2;
+    else if (sv_eq(in->pre, "gemma4"))
+        t->pre = TOK_PRE_GEMMA4;
 
     /* texts, types, scores, text -> id */
     size_t o = 0;
@@ -329,7 +331,7 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
     for (int b = 0; b < 256; b++) {
         char buf[8];
         int n;
-        if (t->model == TOK_BPE) {
+        if (t->model == TOK_BPE && t->pre != TOK_PRE_GEMMA4) {
             n = utf8_put(bl_cp(b), buf);
         } else {
             n = snprintf(buf, sizeof buf, "<0x%02X>", b);
@@ -457,7 +459,8 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
         return TOK_EINVAL;
     }
     struct vocab_in in = {0};
-    if (gguf_str_eq(model, "gpt2")) {
+    int gemma4 = gguf_str_eq(model, "gemma4");
+    if (gguf_str_eq(model, "gpt2") || gemma4) {
         in.model = TOK_BPE;
     } else if (gguf_str_eq(model, "llama")) {
         in.model = TOK_SPM;
@@ -468,6 +471,7 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
         return TOK_EINVAL;
     }
     gguf_get_str(f, "tokenizer.ggml.pre", &pre);
+    if (gemma4) pre = (gguf_str){"gemma4", 6}; /* the model name implies its pre-tokenizer */
     in.pre.p = pre.ptr, in.pre.n = pre.len;
     const gguf_kv *ktok = gguf_find(f, "tokenizer.ggml.tokens");
     const gguf_kv *kmer = gguf_find(f, "tokenizer.ggml.merges");
@@ -523,6 +527,7 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
     in.add_space_prefix = in.model == TOK_SPM;
     gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &in.add_bos);
     gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &in.add_space_prefix);
+    if (gemma4) in.add_bos = 1, in.add_space_prefix = 0; /* Gemma 4 always starts with <bos> */
     rc = build(t, &in, err, errlen);
 out:
     free(gt), free(gm), free(vt), free(vm), free(types), free(scores);
@@ -611,8 +616,8 @@ static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
 /* ------------------------------------------------------------------ BPE merge loop */
 
 struct sym {
-    int32_t id, prev, next; /* BPE: id; SPM: id unused */
-    int32_t b0, b1;         /* SPM: byte range in the escaped word */
+    int32_t id, prev, next; /* BPE: id (-1 unknown, -2 merged away); SPM: id unused */
+    int32_t b0, b1;         /* byte range in the word (SPM: in the escaped word) */
 };
 struct cand {
     float key; /* BPE: rank; SPM: -score. Smaller first, then smaller l */
@@ -686,6 +691,26 @@ static void bpe_push(const tok_t *t, struct sym *sy, struct cand *cd, int *nc, i
     if (m) heap_push(cd, nc, (struct cand){(float)m->rank, l, r, sy[r].id});
 }
 
+/* merges the ns symbols of one word, lowest rank first (leftmost on a tie) */
+static void bpe_merge(const tok_t *t, struct sym *sy, struct cand *cd, int32_t ns) {
+    int nc = 0;
+    for (int32_t i = 0; i + 1 < ns; i++) bpe_push(t, sy, cd, &nc, i);
+    while (nc > 0) {
+        struct cand c = heap_pop(cd, &nc);
+        struct sym *L = &sy[c.l], *R = &sy[c.r];
+        if (L->id < 0 || L->next != c.r || R->id != c.aux) continue;
+        const struct merge_ent *m = merge_get(t, L->id, R->id);
+        if (!m || (float)m->rank != c.key) continue;
+        L->id = m->id;
+        L->b1 = R->b1;
+        L->next = R->next;
+        if (R->next >= 0) sy[R->next].prev = c.l;
+        R->id = -2; /* dead */
+        bpe_push(t, sy, cd, &nc, L->prev);
+        bpe_push(t, sy, cd, &nc, c.l);
+    }
+}
+
 static void bpe_word(enc *E, const uint8_t *w, size_t n) {
     const tok_t *t = E->t;
     if (n == 1) { /* a byte the vocabulary lacks is dropped, as Hugging Face BPE does */
@@ -709,33 +734,62 @@ static void bpe_word(enc *E, const uint8_t *w, size_t n) {
     int32_t ns = 0; /* symbols: one per byte the vocabulary has (others are dropped) */
     for (size_t i = 0; i < n; i++) {
         if (t->byte_tok[w[i]] < 0) continue;
-        sy[ns].id = t->byte_tok[w[i]];
-        sy[ns].prev = ns - 1;
-        sy[ns].next = -1;
+        sy[ns] = (struct sym){t->byte_tok[w[i]], ns - 1, -1, (int32_t)i, (int32_t)i + 1};
         if (ns > 0) sy[ns - 1].next = ns;
         ns++;
     }
-    int nc = 0;
-    for (int32_t i = 0; i + 1 < ns; i++) bpe_push(t, sy, cd, &nc, i);
-    while (nc > 0) {
-        struct cand c = heap_pop(cd, &nc);
-        struct sym *L = &sy[c.l], *R = &sy[c.r];
-        if (L->id < 0 || L->next != c.r || R->id != c.aux) continue;
-        const struct merge_ent *m = merge_get(t, L->id, R->id);
-        if (!m || (float)m->rank != c.key) continue;
-        L->id = m->id;
-        L->next = R->next;
-        if (R->next >= 0) sy[R->next].prev = c.l;
-        R->id = -2; /* dead */
-        bpe_push(t, sy, cd, &nc, L->prev);
-        bpe_push(t, sy, cd, &nc, c.l);
-    }
+    bpe_merge(t, sy, cd, ns);
     for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) emit(E, sy[i].id);
     if (mem != (void *)E->stk) free(mem);
 }
 
+/* Gemma 4: BPE over a word's characters (not bytes), ' ' read as '▁'; a character the
+ * vocabulary lacks stays a symbol of its own and falls back to its <0xXX> tokens. */
+static void raw_bpe_word(enc *E, const uint8_t *w, size_t n) {
+    const tok_t *t = E->t;
+    struct sym *sy;
+    struct cand *cd;
+    void *mem = scratch(E, n, 0, &sy, &cd, NULL);
+    if (!mem) return;
+    int32_t space = vmap_get(t, "\xE2\x96\x81", 3), ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        uint32_t cp;
+        size_t len = (size_t)utf8_next(w, i, n, &cp);
+        int32_t id = w[i] == ' ' ? space : vmap_get(t, (const char *)w + i, len);
+        sy[ns] = (struct sym){id, ns - 1, -1, (int32_t)i, (int32_t)(i + len)};
+        if (ns > 0) sy[ns - 1].next = ns;
+        i += len;
+    }
+    bpe_merge(t, sy, cd, ns);
+    for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) {
+        if (sy[i].id >= 0) {
+            emit(E, sy[i].id);
+            continue;
+        }
+        for (int32_t b = sy[i].b0; b < sy[i].b1; b++) emit(E, t->byte_tok[w[b]]); /* absent: dropped */
+    }
+    if (mem != (void *)E->stk) free(mem);
+}
+
+/* Gemma 4's pre-tokenizer is [^\n]+|[\n]+; a run of newlines that is a token is taken whole */
+static void gemma4_fragment(enc *E, const uint8_t *s, size_t n) {
+    for (size_t p = 0; p < n && !E->err;) {
+        int nl = s[p] == '\n';
+        size_t q = p;
+        while (q < n && (s[q] == '\n') == nl) q++;
+        int32_t id = nl ? vmap_get(E->t, (const char *)s + p, q - p) : -1;
+        if (id >= 0) emit(E, id);
+        else raw_bpe_word(E, s + p, q - p);
+        p = q;
+    }
+}
+
 static void bpe_fragment(enc *E, const uint8_t *s, size_t n) {
     const tok_t *t = E->t;
+    if (t->pre == TOK_PRE_GEMMA4) {
+        gemma4_fragment(E, s, n);
+        return;
+    }
     size_t p = 0;
     while (p < n && !E->err) {
         size_t e = n;

@@ -336,6 +336,53 @@ static void test_synthetic_spm(void) {
     tok_free(&t);
 }
 
+/* ------------------------------------------------------------------ synthetic Gemma 4 */
+
+/* BPE over characters with ' ' read as '▁', words split only at newline runs, <0xXX>
+ * bytes for characters the vocabulary lacks (llama.cpp's ggml-vocab-gemma-4 shape) */
+static void test_synthetic_gemma4(void) {
+    static char bytes[256][8];
+    const char *toks[300];
+    int32_t types[300];
+    int n = 0;
+    toks[n] = "<pad>", types[n++] = TOK_CONTROL;
+    toks[n] = "<eos>", types[n++] = TOK_CONTROL;
+    toks[n] = "<bos>", types[n++] = TOK_CONTROL;
+    for (int b = 0; b < 256; b++) {
+        snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+        toks[n] = bytes[b], types[n++] = TOK_BYTE;
+    }
+    const char *v[] = {"\xe2\x96\x81", "h", "i", "hi", "\xe2\x96\x81hi", "\n", "\n\n", "\xc3\xa9", "\xe2\x96\x81\xe2\x96\x81"};
+    for (int i = 0; i < NELEM(v); i++) toks[n] = v[i], types[n++] = TOK_NORMAL;
+    enum { SP = 259, H, I, HI, SPHI, NL, NL2, EACUTE, SPSP };
+    const char *merges[] = {"h i", "\xe2\x96\x81 hi", "\xe2\x96\x81 \xe2\x96\x81"};
+    tok_spec s = {TOK_BPE, "gemma4", n, NELEM(merges), toks, types, NULL, merges, 2, 1, -1, 1, 0};
+    tok_t t;
+    char err[128];
+    CHECK(tok_init(&t, &s, err, sizeof err) == 0, "tok_init gemma4: %s", err);
+    CHECK(t.pre == TOK_PRE_GEMMA4 && t.byte_tok['x'] == 3 + 'x', "gemma4 byte tokens are <0xXX>");
+    int32_t ids[64];
+    /* merges run across spaces (no word split); "\n\n\n" is no token: one per character */
+    const char *text = "hi hi\n\n\n  x\xe2\x82\xac\n\n\xc3\xa9";
+    int k = tok_encode(&t, text, strlen(text), 0, ids, 64);
+    int32_t w1[] = {HI, SPHI, NL, NL, NL, SPSP, 3 + 'x', 3 + 0xE2, 3 + 0x82, 3 + 0xAC, NL2, EACUTE};
+    CHECK(ids_eq(ids, k, w1, NELEM(w1)), "gemma4 encode: %d ids", k);
+    /* an invalid byte is a character of its own: its byte token */
+    k = tok_encode(&t, "h\xffi", 3, 0, ids, 64);
+    int32_t w2[] = {H, 3 + 0xFF, I};
+    CHECK(ids_eq(ids, k, w2, NELEM(w2)), "gemma4 invalid byte: %d ids", k);
+    char p[64];
+    CHECK(tok_decode(&t, SPHI, 0, p, 64) == 3 && memcmp(p, " hi", 3) == 0, "gemma4 piece: '▁' is a space");
+    CHECK(tok_decode(&t, 3 + 0xE2, 0, p, 64) == 1 && (unsigned char)p[0] == 0xE2, "gemma4 byte piece");
+    char out[256];
+    int32_t seq[] = {HI, SPHI, SPSP, 3 + 0xE2, 3 + 0x82, 3 + 0xAC};
+    int partial;
+    k = stream_all(&t, seq, NELEM(seq), out, (int)sizeof out, &partial);
+    CHECK(k == 10 && memcmp(out, "hi hi  \xe2\x82\xac", 10) == 0, "gemma4 stream keeps the first space (%d)", k);
+    (void)SP;
+    tok_free(&t);
+}
+
 /* ------------------------------------------------------------------ chat templates */
 
 static void test_chat(void) {
@@ -378,6 +425,7 @@ int main(void) {
     test_model(model && *model ? model : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     test_synthetic_bpe();
     test_synthetic_spm();
+    test_synthetic_gemma4();
     test_chat();
     return check_done("tokenizer");
 }
