@@ -88,6 +88,12 @@ done
 # The engine end to end: reference parity for the tokenizer and the forward pass.
 run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" \
   --corpus tests/data/tok_corpus.jsonl
+# ... and on llama.cpp's own tokenizer tests for each family's vocabulary (llama-bpe,
+# qwen2, llama-spm, phi-3, gpt-2, starcoder, refact, gemma-4): every input's ids identical
+# and decoded back. The vocabularies come from the pinned llama-cpp-python sdist
+# (tests/ref/vocabs.sh: downloaded once into $BUILD/peer/dl, ~25 s; then cached).
+run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \
+  --fetch tests/ref/vocabs.sh
 # --exact: f32 activations, held to the f32 reference tightly (all 32 ids equal);
 # default: the production 8-bit-activation path, within its stated tolerance.
 run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact
