@@ -9,6 +9,7 @@
 
 #include "core/chat.h"
 #include "core/gguf.h"
+#include "core/prompt.h"
 #include "core/tokenizer.h"
 #include "tests/unit/check.h"
 
@@ -420,6 +421,101 @@ static void test_chat(void) {
     CHECK(chat_format(CHAT_UNKNOWN, a, 3, 1, out, sizeof out) == CHAT_EINVAL, "chat unknown kind");
 }
 
+/* the families' templates: expected bytes are Jinja2's renderings of the real templates
+ * (tests/ref/chat_parity.py checks many more conversations the same way) */
+static void test_chat_families(void) {
+    chat_msg c1[] = {{"system", "Be terse."}, {"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."},
+                     {"user", "2+2?"}};
+    chat_msg c2[] = {{"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."}};
+    static const struct {
+        int kind, conv; /* conv: 1 = c1, 2 = c2 */
+        const char *want; /* NULL: refused */
+    } cases[] = {
+        {CHAT_QWEN3, 1, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n"
+                        "Hello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {CHAT_QWEN3, 2, "<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\nHello.<|im_end|>\n"
+                        "<|im_start|>assistant\n"},
+        {CHAT_QWEN3_NOTHINK, 2, "<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\nHello."
+                                "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        {CHAT_GEMMA, 1, "<bos><start_of_turn>user\nBe terse.\n\nHi<end_of_turn>\n<start_of_turn>model\n<think>\nhm\n</think>\n\n"
+                        "Hello.<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"},
+        {CHAT_GEMMA, 2, "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n<think>\nhm\n</think>\n\nHello."
+                        "<end_of_turn>\n<start_of_turn>model\n"},
+        {CHAT_PHI3, 1, "<|system|>\nBe terse.<|end|>\n<|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello."
+                       "<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n"},
+        {CHAT_PHI3_LEGACY, 2, "<s><|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello.<|end|>\n"},
+        {CHAT_MISTRAL_TEKKEN, 1, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>[INST]Be terse.\n\n2+2?[/INST]"},
+        {CHAT_MISTRAL_TEKKEN, 2, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"},
+        {CHAT_GRANITE3, 2, "<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: December 02, "
+                           "2025. You are Granite, developed by IBM. You are a helpful AI assistant.<|end_of_text|>\n"
+                           "<|start_of_role|>user<|end_of_role|> Hi\n<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"
+                           "<think>\nhm\n</think>\n\nHello.<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"},
+        {CHAT_LLAMA31, 1, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                          "Today Date: 26 Jul 2024\n\nBe terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nhm\n</think>\n\nHello.<|eot_id|>"
+                          "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {CHAT_LLAMA32, 2, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                          "Today Date: 02 Dec 2025\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nhm\n</think>\n\nHello.<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    };
+    char out[2048];
+    const int64_t noon = 1764676800; /* 2025-12-02 12:00 UTC */
+    for (int i = 0; i < NELEM(cases); i++) {
+        const chat_msg *m = cases[i].conv == 1 ? c1 : c2;
+        int n = chat_format_at(cases[i].kind, m, cases[i].conv == 1 ? NELEM(c1) : NELEM(c2), 1, noon, out, sizeof out);
+        CHECK(n == (int)strlen(cases[i].want) && strcmp(out, cases[i].want) == 0, "%s conversation %d (%d): %s",
+              chat_name(cases[i].kind), cases[i].conv, n, n > 0 ? out : "");
+    }
+    /* what the templates refuse, kiln refuses; Gemma 2's refusal of a system message is
+     * the one kiln does not copy (Gemma 3 folds it, as above) */
+    chat_msg two_users[] = {{"user", "a"}, {"user", "b"}};
+    chat_msg tool[] = {{"user", "a"}, {"tool", "42"}};
+    CHECK(chat_format(CHAT_GEMMA, two_users, 2, 1, out, sizeof out) == CHAT_EINVAL, "gemma: roles must alternate");
+    CHECK(chat_format(CHAT_MISTRAL_TEKKEN, two_users, 2, 1, out, sizeof out) == CHAT_EINVAL, "mistral: roles alternate");
+    CHECK(chat_format(CHAT_MISTRAL_TEKKEN, tool, 2, 1, out, sizeof out) == CHAT_EINVAL, "mistral: no tool ids");
+    /* Qwen3/Qwen2.5 tool results: one user turn of <tool_response> blocks */
+    chat_msg tools[] = {{"user", "a"}, {"tool", "1"}, {"tool", "2"}};
+    const char *wt = "<|im_start|>user\na<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n"
+                     "2\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+    int n = chat_format(CHAT_QWEN3, tools, 3, 1, out, sizeof out);
+    CHECK(n == (int)strlen(wt) && strcmp(out, wt) == 0, "qwen3 tool results (%d): %s", n, out);
+    /* Llama 3.1 tool results are ipython turns holding a JSON string */
+    chat_msg ipy[] = {{"tool", "say \"hi\"\n\x01"}};
+    n = chat_format(CHAT_LLAMA31, ipy, 1, 0, out, sizeof out);
+    CHECK(n > 0 && strstr(out, "<|start_header_id|>ipython<|end_header_id|>\n\n\"say \\\"hi\\\"\\n\\u0001\"<|eot_id|>"),
+          "llama3.1 ipython json (%d): %s", n, out);
+    CHECK(chat_format_at(CHAT_GRANITE3, c2, 2, 1, noon, out, 100) == CHAT_ESPACE, "granite ESPACE");
+
+    /* detection from the templates' own text; kiln.ini names */
+    static const struct {
+        const char *text;
+        int kind;
+    } det[] = {
+        {"{%- if messages[0].role == 'system' %}<|im_start|>{% set reasoning_content = '' %}{% set ns.last_query_index %}"
+         "{%- if enable_thinking is defined and enable_thinking is false %}", CHAT_QWEN3},
+        {"{{ bos_token }}<|im_start|> reasoning_content enable_thinking ns.last_query_index", CHAT_CHATML},
+        {"{{ '<start_of_turn>' + role + '\n' }}", CHAT_GEMMA},
+        {"{{'<|system|>\n'}}<|user|><|assistant|><|end|>{% if add_generation_prompt %}{{ eos_token }}", CHAT_PHI3},
+        {"{{ bos_token }}<|user|><|end|><|assistant|>", CHAT_PHI3_LEGACY},
+        {"<|user|><|end|><|assistant|>{{ tools }}", CHAT_UNKNOWN},
+        {"{%- if loop.last and system_message is defined %}{{- \"[INST]\" + system_message + \"\\n\\n\" }}", CHAT_MISTRAL_TEKKEN},
+        {"[SYSTEM_PROMPT][INST]", CHAT_UNKNOWN},
+        {"<|start_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: You are Granite, developed by IBM.", CHAT_GRANITE3},
+        {"<|start_of_role|>", CHAT_UNKNOWN},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023\\n{{- \"Today Date: \" + date_string", CHAT_LLAMA31},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023 strftime_now Today Date: \" + date_string", CHAT_LLAMA32},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023\\n\\n", CHAT_LLAMA3},
+    };
+    for (int i = 0; i < NELEM(det); i++)
+        CHECK(chat_detect_text(det[i].text, strlen(det[i].text)) == det[i].kind, "detect %d: %s, not %s", i,
+              chat_name(chat_detect_text(det[i].text, strlen(det[i].text))), chat_name(det[i].kind));
+    for (int k = 1; k < CHAT_NKINDS; k++)
+        CHECK(chat_template_names[k] && strcmp(chat_name(k), chat_template_names[k]) == 0 &&
+                  prompt_chat_kind(NULL, k) == k, "kind %d by name", k);
+    CHECK(chat_template_names[CHAT_NKINDS] == NULL && strcmp(chat_name(CHAT_NKINDS), "unknown") == 0, "names end");
+}
+
 int main(void) {
     const char *model = getenv("MODEL");
     test_model(model && *model ? model : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -427,5 +523,6 @@ int main(void) {
     test_synthetic_spm();
     test_synthetic_gemma4();
     test_chat();
+    test_chat_families();
     return check_done("tokenizer");
 }
