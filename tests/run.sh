@@ -94,6 +94,12 @@ run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" 
 # (tests/ref/vocabs.sh: downloaded once into $BUILD/peer/dl, ~25 s; then cached).
 run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \
   --fetch tests/ref/vocabs.sh
+# core/chat's templates against the models' own Jinja templates (llama.cpp's
+# models/templates, same sdist): Qwen3, Gemma, Phi-3, Mistral (v3-tekken), Granite 3.x,
+# Llama 3.1-3.3, Qwen2.5 byte for byte over 17 conversations with and without the
+# generation prompt; and every other template there kiln claims (--tree).
+run "parity/chat-templates" env BUILD="$BUILD" "$PY" tests/ref/chat_parity.py --kilnd "$BUILD/gnu/kilnd" \
+  --fetch tests/ref/vocabs.sh --tree
 # --exact: f32 activations, held to the f32 reference tightly (all 32 ids equal);
 # default: the production 8-bit-activation path, within its stated tolerance.
 run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact
