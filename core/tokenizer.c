@@ -296,6 +296,16 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         t->pre = TOK_PRE_QWEN2;
     else if (sv_eq(in->pre, "gemma4"))
         t->pre = TOK_PRE_GEMMA4;
+    else if (t->model == TOK_BPE && !sv_eq(in->pre, "gpt2") && !sv_eq(in->pre, "gpt-2")) {
+        /* another pre-tokenizer splits words differently: wrong ids, silently. Refused. */
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(in->pre.n < 60 ? in->pre.n : 60), in->pre.p);
+        free(mem);
+        memset(t, 0, sizeof *t);
+        seterr(err, errlen, "unsupported tokenizer.ggml.pre (kiln knows gpt2, smollm, starcoder, refact, "
+               "llama-bpe, qwen2, gemma4)", name);
+        return TOK_EINVAL;
+    }
 
     /* texts, types, scores, text -> id */
     size_t o = 0;

@@ -384,6 +384,25 @@ static void test_synthetic_gemma4(void) {
     tok_free(&t);
 }
 
+/* a BPE pre-tokenizer kiln does not implement is refused by name, not run as GPT-2's */
+static void test_unknown_pre(void) {
+    const char *toks[] = {"a", "b", "ab"};
+    const char *merges[] = {"a b"};
+    tok_spec s = {TOK_BPE, "falcon", 3, 1, toks, NULL, NULL, merges, -1, -1, -1, 0, 0};
+    tok_t t;
+    char err[256] = "";
+    CHECK(tok_init(&t, &s, err, sizeof err) == TOK_EINVAL && strstr(err, "tokenizer.ggml.pre") && strstr(err, "falcon"),
+          "unknown pre refused: %s", err);
+    CHECK(t.mem == NULL, "nothing kept");
+    s.pre = "gpt-2";
+    CHECK(tok_init(&t, &s, err, sizeof err) == 0, "gpt-2 is GPT-2's: %s", err);
+    tok_free(&t);
+    const char *spm[] = {"<unk>", "a"};
+    tok_spec s2 = {TOK_SPM, "default", 2, 0, spm, NULL, NULL, NULL, -1, -1, 0, 0, 1};
+    CHECK(tok_init(&t, &s2, err, sizeof err) == 0, "SentencePiece ignores pre: %s", err);
+    tok_free(&t);
+}
+
 /* ------------------------------------------------------------------ chat templates */
 
 static void test_chat(void) {
@@ -522,6 +541,7 @@ int main(void) {
     test_synthetic_bpe();
     test_synthetic_spm();
     test_synthetic_gemma4();
+    test_unknown_pre();
     test_chat();
     test_chat_families();
     return check_done("tokenizer");
