@@ -57,6 +57,10 @@ int chat_detect_text(const char *t, size_t n) {
     static const char *const tekken[] = {"[INST]\" + system_message", "loop.last and system_message is defined", NULL};
     static const char *const tekken_not[] = {"[SYSTEM_PROMPT]", NULL};
     if (has_all(t, n, tekken, tekken_not)) return CHAT_MISTRAL_TEKKEN;
+    if (contains(t, n, "<|im_sep|>")) { /* Phi-4's; any other is no ChatML */
+        static const char *const phi4[] = {"<|im_start|>user<|im_sep|>", "<|im_end|><|im_start|>assistant<|im_sep|>", NULL};
+        return has_all(t, n, phi4, NULL) ? CHAT_PHI4 : CHAT_UNKNOWN;
+    }
     if (contains(t, n, "<|im_start|>")) {
         /* Qwen3's own (Qwen3.5's and MiniCPM5's reuse the markers around more) */
         static const char *const qwen3[] = {"reasoning_content", "enable_thinking", "ns.last_query_index", NULL};
@@ -91,6 +95,7 @@ const char *const chat_template_names[CHAT_NKINDS + 1] = {
     [CHAT_GRANITE3] = "granite3",
     [CHAT_LLAMA31] = "llama3.1",
     [CHAT_LLAMA32] = "llama3.2",
+    [CHAT_PHI4] = "phi4",
     [CHAT_NKINDS] = NULL,
 };
 
@@ -357,6 +362,21 @@ static void render_phi3(sbuf *b, const chat_msg *m, int n, int agp) {
     puts_(b, agp ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
+static void render_phi4(sbuf *b, const chat_msg *m, int n) {
+    for (int i = 0; i < n; i++) {
+        if (is(m[i].role, "system") || is(m[i].role, "user")) {
+            puts_(b, "<|im_start|>");
+            puts_(b, m[i].role);
+            puts_(b, "<|im_sep|>");
+            puts_(b, m[i].content);
+            puts_(b, is(m[i].role, "user") ? "<|im_end|><|im_start|>assistant<|im_sep|>" : "<|im_end|>");
+        } else if (is(m[i].role, "assistant")) {
+            puts_(b, m[i].content);
+            puts_(b, "<|im_end|>");
+        }
+    }
+}
+
 static void render_phi3_legacy(sbuf *b, const chat_msg *m, int n) {
     puts_(b, "<s>");
     for (int i = 0; i < n; i++) {
@@ -442,6 +462,7 @@ int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_pro
     case CHAT_GEMMA: rc = render_gemma(&b, msgs, n, agp); break;
     case CHAT_PHI3: render_phi3(&b, msgs, n, agp); break;
     case CHAT_PHI3_LEGACY: render_phi3_legacy(&b, msgs, n); break;
+    case CHAT_PHI4: render_phi4(&b, msgs, n); break;
     case CHAT_MISTRAL_TEKKEN: rc = render_mistral_tekken(&b, msgs, n); break;
     case CHAT_GRANITE3: render_granite3(&b, msgs, n, agp, now); break;
     case CHAT_LLAMA31: render_llama31(&b, msgs, n, agp, "26 Jul 2024"); break;

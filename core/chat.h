@@ -33,7 +33,9 @@ enum {
                         * Date: December 2023\nToday Date: 26 Jul 2024\n\n"; tool results
                         * as ipython turns */
     CHAT_LLAMA32 = 14, /* Llama 3.2: the same with today's date */
-    CHAT_NKINDS = 15
+    CHAT_PHI4 = 15,    /* <|im_start|>role<|im_sep|>...<|im_end|>, the assistant's opening
+                        * after every user turn (Phi-4) */
+    CHAT_NKINDS = 16
 };
 enum { CHAT_EINVAL = -1, CHAT_ESPACE = -2 };
 

@@ -102,7 +102,7 @@ done
 run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \
   --fetch tests/ref/vocabs.sh
 # core/chat's templates against the models' own Jinja templates (llama.cpp's
-# models/templates, same sdist): Qwen3, Gemma, Phi-3, Mistral (v3-tekken), Granite 3.x,
+# models/templates, same sdist): Qwen3, Gemma, Phi-3, Phi-4, Mistral (v3-tekken), Granite 3.x,
 # Llama 3.1-3.3, Qwen2.5 byte for byte over 17 conversations with and without the
 # generation prompt; and every other template there kiln claims (--tree).
 run "parity/chat-templates" env BUILD="$BUILD" "$PY" tests/ref/chat_parity.py --kilnd "$BUILD/gnu/kilnd" \

@@ -2,7 +2,8 @@
 """Chat-template parity: core/chat's C renderings against the models' own Jinja templates.
 
 The templates are the ones llama.cpp keeps in its source tree (models/templates/*.jinja,
-and the chat_template of its phi-3 test vocabulary), taken from the pinned
+the chat_template of its phi-3 test vocabulary, and Phi-4's among the C strings of
+tests/test-chat-template.cpp), taken from the pinned
 llama-cpp-python sdist by tests/ref/vocabs.sh. Each is rendered with Jinja2 the way
 Hugging Face's apply_chat_template does (a sandboxed environment with trim_blocks and
 lstrip_blocks, raise_exception, strftime_now, tojson) over a set of conversations:
@@ -42,6 +43,7 @@ CASES = [
     ("templates/google-gemma-2-2b-it.jinja", "gemma", {"bos_token": "<bos>", "eos_token": "<eos>"}, {}),
     ("templates/microsoft-Phi-3.5-mini-instruct.jinja", "phi3", {"bos_token": "<s>", "eos_token": "<|endoftext|>"}, {}),
     ("gguf:ggml-vocab-phi-3.gguf", "phi3-legacy", {"bos_token": "<s>", "eos_token": "<|endoftext|>"}, {}),
+    ("cpp:phi-4", "phi4", {}, {}),
     ("templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-tekken", {"bos_token": "<s>", "eos_token": "</s>"}, {}),
     ("templates/ibm-granite-granite-3.3-2B-Instruct.jinja", "granite3", {}, {}),
     # the kinds kiln had before, on the real templates that are in the tree
@@ -120,7 +122,23 @@ def env():
     return e
 
 
+def cpp_template(path, name):
+    """The template_str of the test named name in test-chat-template.cpp (a C string)."""
+    import ast
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == '/* .name= */ "%s",' % name:
+            s = lines[i + 1].strip()
+            prefix = "/* .template_str= */ "
+            if s.startswith(prefix) and s.endswith(","):
+                return ast.literal_eval(s[len(prefix):-1])  # C's escapes here are Python's too
+    sys.exit("chat_parity: no template %r in %s" % (name, path))
+
+
 def template_text(folder, src):
+    if src.startswith("cpp:"):
+        return cpp_template(os.path.join(folder, "templates", "test-chat-template.cpp"), src[4:])
     if src.startswith("gguf:"):
         from gguf import GGUFReader
         return GGUFReader(os.path.join(folder, src[5:])).fields["tokenizer.chat_template"].contents()

@@ -2,7 +2,8 @@
 # vocabs.sh [--templates] NAME...: llama.cpp's test vocabularies ggml-vocab-NAME.gguf with
 # their test inputs and expected ids (.gguf.inp, .gguf.out) under $BUILD/vocabs, for
 # tests/ref/vocab_parity.py; --templates: also the models' chat templates llama.cpp keeps
-# (models/templates/*.jinja) under $BUILD/vocabs/templates, for tests/ref/chat_parity.py.
+# (models/templates/*.jinja, and tests/test-chat-template.cpp, which holds more as C
+# strings) under $BUILD/vocabs/templates, for tests/ref/chat_parity.py.
 # They are data of the pinned llama-cpp-python sdist (scripts/llama_sdist.sh downloads it
 # from PyPI by name, once); only these files are extracted from it, and nothing of it is
 # kept in the repository. Prints the folder.
@@ -30,7 +31,8 @@ if [ ${#missing[@]} -gt 0 ] || [ $want_tmpl = 1 ]; then
   for n in "${missing[@]}"; do
     for ext in gguf gguf.inp gguf.out; do members+=("$top/vendor/llama.cpp/models/ggml-vocab-$n.$ext"); done
   done
-  [ $want_tmpl = 1 ] && members+=("$top/vendor/llama.cpp/models/templates/*.jinja")
+  [ $want_tmpl = 1 ] && members+=("$top/vendor/llama.cpp/models/templates/*.jinja"
+    "$top/vendor/llama.cpp/tests/test-chat-template.cpp")
   rm -rf "$OUT.tmp"
   mkdir -p "$OUT.tmp" "$OUT"
   tar -xzf "$sdist" -C "$OUT.tmp" --strip-components=4 --wildcards "${members[@]}"
@@ -38,6 +40,7 @@ if [ ${#missing[@]} -gt 0 ] || [ $want_tmpl = 1 ]; then
   if [ $want_tmpl = 1 ]; then
     rm -rf "$OUT/templates"
     mv "$OUT.tmp/templates" "$OUT/templates"
+    mv "$OUT.tmp/test-chat-template.cpp" "$OUT/templates/"
     touch "$OUT/templates/.ok"
   fi
   rm -rf "$OUT.tmp"

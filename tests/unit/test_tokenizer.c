@@ -462,6 +462,9 @@ static void test_chat_families(void) {
                         "<end_of_turn>\n<start_of_turn>model\n"},
         {CHAT_PHI3, 1, "<|system|>\nBe terse.<|end|>\n<|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello."
                        "<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n"},
+        {CHAT_PHI4, 1, "<|im_start|>system<|im_sep|>Be terse.<|im_end|><|im_start|>user<|im_sep|> Hi\n<|im_end|>"
+                       "<|im_start|>assistant<|im_sep|><think>\nhm\n</think>\n\nHello.<|im_end|><|im_start|>user<|im_sep|>"
+                       "2+2?<|im_end|><|im_start|>assistant<|im_sep|>"},
         {CHAT_PHI3_LEGACY, 2, "<s><|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello.<|end|>\n"},
         {CHAT_MISTRAL_TEKKEN, 1, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>[INST]Be terse.\n\n2+2?[/INST]"},
         {CHAT_MISTRAL_TEKKEN, 2, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"},
@@ -520,6 +523,8 @@ static void test_chat_families(void) {
         {"<|user|><|end|><|assistant|>{{ tools }}", CHAT_UNKNOWN},
         {"{%- if loop.last and system_message is defined %}{{- \"[INST]\" + system_message + \"\\n\\n\" }}", CHAT_MISTRAL_TEKKEN},
         {"[SYSTEM_PROMPT][INST]", CHAT_UNKNOWN},
+        {"{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|><|im_start|>assistant<|im_sep|>'}}", CHAT_PHI4},
+        {"<|im_start|>{{ role }}<|im_sep|>", CHAT_UNKNOWN},
         {"<|start_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: You are Granite, developed by IBM.", CHAT_GRANITE3},
         {"<|start_of_role|>", CHAT_UNKNOWN},
         {"<|start_header_id|>Cutting Knowledge Date: December 2023\\n{{- \"Today Date: \" + date_string", CHAT_LLAMA31},
