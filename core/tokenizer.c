@@ -106,6 +106,17 @@ static int cp_class(uint32_t cp) {
     return 0;
 }
 
+static int is_mark(uint32_t cp) {
+    size_t lo = 0, hi = sizeof uc_marks / sizeof uc_marks[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < uc_marks[mid].lo) hi = mid;
+        else if (cp > uc_marks[mid].hi) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
 /* class of the code point at i, its length in *n */
 static int cls_at(const uint8_t *s, size_t i, size_t e, int *n, uint32_t *cpo) {
     uint32_t cp;
@@ -294,6 +305,8 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         t->pre = TOK_PRE_LLAMA3, t->ignore_merges = 1;
     else if (sv_eq(in->pre, "qwen2"))
         t->pre = TOK_PRE_QWEN2;
+    else if (sv_eq(in->pre, "qwen35"))
+        t->pre = TOK_PRE_QWEN35;
     else if (sv_eq(in->pre, "gemma4"))
         t->pre = TOK_PRE_GEMMA4;
     else if (t->model == TOK_BPE && !sv_eq(in->pre, "gpt2") && !sv_eq(in->pre, "gpt-2")) {
@@ -303,7 +316,7 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         free(mem);
         memset(t, 0, sizeof *t);
         seterr(err, errlen, "unsupported tokenizer.ggml.pre (kiln knows gpt2, smollm, starcoder, refact, "
-               "llama-bpe, qwen2, gemma4)", name);
+               "llama-bpe, qwen2, qwen35, gemma4)", name);
         return TOK_EINVAL;
     }
 
@@ -586,9 +599,19 @@ static size_t pre_gpt2(const uint8_t *s, size_t i, size_t e) {
     return ws_run(s, i, e, &lastnl, &have_nl);
 }
 
+/* the class at i, marks (\p{M}) counted as letters when asked: Qwen3.5's regex puts
+ * [\p{L}\p{M}] wherever Qwen2's has \p{L}, which makes a mark a letter in every rule */
+static int cls_lm(const uint8_t *s, size_t i, size_t e, int *n, uint32_t *cpo, int marks) {
+    uint32_t cp;
+    int c = cls_at(s, i, e, n, &cp);
+    if (cpo) *cpo = cp;
+    return marks && c == 0 && cp < CP_BAD && cp >= 0x300 && is_mark(cp) ? C_L : c;
+}
+
 /* Llama-3 / Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxn}|
- *   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
+ *   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * marks: Qwen3.5's, [\p{L}\p{M}] for \p{L} (and [^\s\p{L}\p{M}\p{N}] for [^\s\p{L}\p{N}]) */
+static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn, int marks) {
     int n, n2, c;
     uint32_t cp;
     if (s[i] == '\'' && i + 1 < e) {
@@ -596,23 +619,23 @@ static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
         if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
         if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
     }
-    c = cls_at(s, i, e, &n, &cp);
+    c = cls_lm(s, i, e, &n, &cp, marks);
     size_t k;
     if (c == C_L || (c != C_N && cp != '\r' && cp != '\n' && i + (size_t)n < e &&
-                     cls_at(s, i + (size_t)n, e, &n2, NULL) == C_L)) {
+                     cls_lm(s, i + (size_t)n, e, &n2, NULL, marks) == C_L)) {
         k = i + (size_t)n;
-        while (k < e && cls_at(s, k, e, &n2, NULL) == C_L) k += (size_t)n2;
+        while (k < e && cls_lm(s, k, e, &n2, NULL, marks) == C_L) k += (size_t)n2;
         return k;
     }
     if (c == C_N) {
         k = i + (size_t)n;
-        for (int m = 1; m < maxn && k < e && cls_at(s, k, e, &n2, NULL) == C_N; m++) k += (size_t)n2;
+        for (int m = 1; m < maxn && k < e && cls_lm(s, k, e, &n2, NULL, marks) == C_N; m++) k += (size_t)n2;
         return k;
     }
     size_t j = i + (s[i] == ' ' && i + 1 < e);
-    if (cls_at(s, j, e, &n2, NULL) == 0) {
+    if (cls_lm(s, j, e, &n2, NULL, marks) == 0) {
         k = j + (size_t)n2;
-        while (k < e && cls_at(s, k, e, &n2, NULL) == 0) k += (size_t)n2;
+        while (k < e && cls_lm(s, k, e, &n2, NULL, marks) == 0) k += (size_t)n2;
         while (k < e && (s[k] == '\r' || s[k] == '\n')) k++;
         return k;
     }
@@ -819,9 +842,10 @@ static void bpe_fragment(enc *E, const uint8_t *s, size_t n) {
             }
         }
         while (p < e && !E->err) {
-            size_t m = t->pre == TOK_PRE_LLAMA3 ? pre_llama3(s, p, e, 3)
-                     : t->pre == TOK_PRE_QWEN2  ? pre_llama3(s, p, e, 1)
-                                                : pre_gpt2(s, p, e);
+            size_t m = t->pre == TOK_PRE_LLAMA3  ? pre_llama3(s, p, e, 3, 0)
+                     : t->pre == TOK_PRE_QWEN2   ? pre_llama3(s, p, e, 1, 0)
+                     : t->pre == TOK_PRE_QWEN35  ? pre_llama3(s, p, e, 1, 1)
+                                                 : pre_gpt2(s, p, e);
             bpe_word(E, s + p, m - p);
             p = m;
         }

@@ -1,4 +1,4 @@
-/* tokenizer: byte-level BPE ("gpt2": SmolLM2, Llama-3, Qwen2), SentencePiece-style BPE
+/* tokenizer: byte-level BPE ("gpt2": SmolLM2, Llama-3, Qwen2/3, Qwen3.5), SentencePiece-style BPE
  * ("llama": Llama 2, Mistral, Phi-3, Gemma 3) and Gemma 4's BPE over '▁'-escaped text
  * ("gemma4": merges on characters, <0xXX> byte fallback) from a GGUF's tokenizer.ggml.*
  * metadata. Everything is allocated at init;
@@ -12,7 +12,7 @@
 #include "core/gguf.h"
 
 enum { TOK_BPE = 1, TOK_SPM = 2 };                                      /* tok_t.model */
-enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2, TOK_PRE_GEMMA4 }; /* tok_t.pre */
+enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2, TOK_PRE_GEMMA4, TOK_PRE_QWEN35 }; /* .pre */
 enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
 enum { TOK_EINVAL = -1, TOK_ESPACE = -2, TOK_ENOMEM = -3 };
 #define TOK_WORD_MAX 256

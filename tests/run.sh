@@ -88,15 +88,15 @@ done
 # The engine end to end: reference parity for the tokenizer and the forward pass.
 run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" \
   --corpus tests/data/tok_corpus.jsonl
-# ... and on the same corpus with Llama 3's and Qwen2's vocabularies (llama.cpp's test
+# ... and on the same corpus with Llama 3's, Qwen2's and Qwen3.5's vocabularies (llama.cpp's test
 # vocabularies, tests/ref/vocabs.sh below), against their tokenizer.json pre-tokenizers
-for v in llama-bpe qwen2; do
+for v in llama-bpe qwen2 qwen35; do
   run "parity/tokenizer-$v" sh -c 'd=$(BUILD="$1" tests/ref/vocabs.sh "$3") &&
     "$2" tests/ref/tok_parity.py --kilnd "$1/gnu/kilnd" --model "$d/ggml-vocab-$3.gguf" \
       --corpus tests/data/tok_corpus.jsonl' _ "$BUILD" "$PY" "$v"
 done
 # ... and on llama.cpp's own tokenizer tests for each family's vocabulary (llama-bpe,
-# qwen2, llama-spm, phi-3, gpt-2, starcoder, refact, gemma-4): every input's ids identical
+# qwen2, qwen35, llama-spm, phi-3, gpt-2, starcoder, refact, gemma-4): every input's ids identical
 # and decoded back. The vocabularies come from the pinned llama-cpp-python sdist
 # (tests/ref/vocabs.sh: downloaded once into $BUILD/peer/dl, ~25 s; then cached).
 run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \

@@ -5,8 +5,8 @@ The reference is built from the GGUF's own vocabulary and merges (read with the 
 package), with the pre-tokenizer its tokenizer.ggml.pre names, as the model's
 tokenizer.json has it: smollm/starcoder/refact (Digits(individual_digits=True), then
 ByteLevel(add_prefix_space=False, use_regex=True)), llama-bpe (Llama 3's Split regex,
-then ByteLevel without its regex; BPE with ignore_merges) or qwen2 (Qwen2's Split regex,
-then ByteLevel; Qwen2's NFC normalizer is left out, as llama.cpp and kiln leave it out),
+then ByteLevel without its regex; BPE with ignore_merges), qwen2 or qwen35 (Qwen2's or
+Qwen3.5's Split regex, then ByteLevel; Qwen2's NFC normalizer is left out, as llama.cpp and kiln leave it out),
 the ByteLevel decoder, and every control token (token_type 3) added as a special token. For each corpus item (one JSON
 string per line) it compares the ids of `kilnd tokenize --hex --special` and the text of
 `kilnd detokenize --hex` (special tokens skipped, as HF's decode does by default).
@@ -27,7 +27,9 @@ from tokenizers import pre_tokenizers as pre
 # one digit per piece)
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")}
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+PRE_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2,
+             "qwen35": _QWEN2.replace(r"?\p{L}+", r"?[\p{L}\p{M}]+").replace(r"[^\s\p{L}\p{N}]", r"[^\s\p{L}\p{M}\p{N}]")}
 
 
 def field(reader, key):

@@ -28,6 +28,7 @@ import sys
 VOCABS = [
     "llama-bpe",   # gpt2 / llama-bpe: Llama 3.x
     "qwen2",       # gpt2 / qwen2: Qwen2, Qwen2.5, Qwen3
+    "qwen35",      # gpt2 / qwen35: Qwen3.5 (combining marks are letters)
     "llama-spm",   # llama (SentencePiece): Llama 2, Mistral v1-v3, Mixtral
     "phi-3",       # llama (SentencePiece): Phi-3
     "gpt-2",       # gpt2 / gpt-2

@@ -384,6 +384,39 @@ static void test_synthetic_gemma4(void) {
     tok_free(&t);
 }
 
+/* Qwen3.5's pre-tokenizer counts combining marks (\p{M}) as letters: "e" + U+0301 + "x"
+ * is one word there, three pieces for Qwen2 (a merge across them shows which) */
+static void test_qwen35_marks(void) {
+    static char bytes[256][4];
+    const char *toks[260];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        unsigned cp = (unsigned)b;
+        if (!bl_printable(b)) {
+            cp = 256;
+            for (int x = 0; x < b; x++) cp += !bl_printable(x);
+        }
+        if (cp < 0x80) bytes[b][0] = (char)cp;
+        else bytes[b][0] = (char)(0xC0 | (cp >> 6)), bytes[b][1] = (char)(0x80 | (cp & 0x3F));
+        toks[n++] = bytes[b];
+    }
+    toks[n++] = "e\xc3\x8c"; /* 'e' + the byte 0xCC (U+0301's lead byte, byte-level 'Ì') */
+    const char *merges[] = {"e \xc3\x8c"};
+    const char *text = "e\xcc\x81x";
+    int32_t ids[16];
+    const char *pres[] = {"qwen35", "qwen2"};
+    for (int v = 0; v < 2; v++) {
+        tok_spec s = {TOK_BPE, pres[v], n, 1, toks, NULL, NULL, merges, -1, -1, -1, 0, 0};
+        tok_t t;
+        char err[128];
+        CHECK(tok_init(&t, &s, err, sizeof err) == 0, "tok_init %s: %s", pres[v], err);
+        int k = tok_encode(&t, text, strlen(text), 0, ids, 16);
+        int merged = k == 3 && ids[0] == 256;
+        CHECK(v == 0 ? merged : k == 4, "%s: 'e' and the mark %s (%d ids)", pres[v], v == 0 ? "merge" : "do not", k);
+        tok_free(&t);
+    }
+}
+
 /* a BPE pre-tokenizer kiln does not implement is refused by name, not run as GPT-2's */
 static void test_unknown_pre(void) {
     const char *toks[] = {"a", "b", "ab"};
@@ -547,6 +580,7 @@ int main(void) {
     test_synthetic_spm();
     test_synthetic_gemma4();
     test_unknown_pre();
+    test_qwen35_marks();
     test_chat();
     test_chat_families();
     return check_done("tokenizer");
