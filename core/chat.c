@@ -1,7 +1,9 @@
 /* chat.c: chat templates rendered in C, byte for byte what the Jinja template gives. */
 #include "core/chat.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ detection */
 
@@ -24,10 +26,46 @@ static int contains(const char *s, size_t n, const char *needle) {
     return 0;
 }
 
+/* all of the markers, none of the excluded */
+static int has_all(const char *t, size_t n, const char *const *yes, const char *const *no) {
+    for (; *yes; yes++)
+        if (!contains(t, n, *yes)) return 0;
+    for (; no && *no; no++)
+        if (contains(t, n, *no)) return 0;
+    return 1;
+}
+
 int chat_detect_text(const char *t, size_t n) {
     if (!t) return CHAT_UNKNOWN;
-    if (contains(t, n, "<|start_header_id|>")) return CHAT_LLAMA3;
+    if (contains(t, n, "<|start_header_id|>")) {
+        if (!contains(t, n, "Cutting Knowledge Date: December 2023") || !contains(t, n, "Today Date: \" + date_string"))
+            return CHAT_LLAMA3;
+        return contains(t, n, "strftime_now") ? CHAT_LLAMA32 : CHAT_LLAMA31;
+    }
+    if (contains(t, n, "<start_of_turn>")) return CHAT_GEMMA;
+    static const char *const granite3[] = {"<|start_of_role|>", "Knowledge Cutoff Date: April 2024. Today's Date: ",
+                                           "You are Granite, developed by IBM.", NULL};
+    if (has_all(t, n, granite3, NULL)) return CHAT_GRANITE3;
+    static const char *const phi3[] = {"<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "add_generation_prompt",
+                                       "eos_token", NULL};
+    static const char *const phi3_legacy[] = {"bos_token", "<|user|>", "<|assistant|>", "<|end|>", NULL};
+    static const char *const phi3_legacy_not[] = {"<|system|>", "add_generation_prompt", "tool", NULL};
+    static const char *const phi3_not[] = {"tool", NULL}; /* Apriel's tool-calling one */
+    if (has_all(t, n, phi3, phi3_not)) return CHAT_PHI3;
+    if (has_all(t, n, phi3_legacy, phi3_legacy_not)) return CHAT_PHI3_LEGACY;
+    /* v3-tekken: no space after [INST], the system message before the last user turn */
+    static const char *const tekken[] = {"[INST]\" + system_message", "loop.last and system_message is defined", NULL};
+    static const char *const tekken_not[] = {"[SYSTEM_PROMPT]", NULL};
+    if (has_all(t, n, tekken, tekken_not)) return CHAT_MISTRAL_TEKKEN;
+    if (contains(t, n, "<|im_sep|>")) { /* Phi-4's; any other is no ChatML */
+        static const char *const phi4[] = {"<|im_start|>user<|im_sep|>", "<|im_end|><|im_start|>assistant<|im_sep|>", NULL};
+        return has_all(t, n, phi4, NULL) ? CHAT_PHI4 : CHAT_UNKNOWN;
+    }
     if (contains(t, n, "<|im_start|>")) {
+        /* Qwen3's own (Qwen3.5's and MiniCPM5's reuse the markers around more) */
+        static const char *const qwen3[] = {"reasoning_content", "enable_thinking", "ns.last_query_index", NULL};
+        static const char *const qwen3_not[] = {"bos_token", "render_content", NULL};
+        if (has_all(t, n, qwen3, qwen3_not)) return CHAT_QWEN3;
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             if (contains(t, n, defaults[i].marker)) return defaults[i].kind;
         return CHAT_CHATML;
@@ -41,15 +79,28 @@ int chat_detect(const gguf_file *f) {
     return chat_detect_text(s.ptr, (size_t)s.len);
 }
 
+const char *const chat_template_names[CHAT_NKINDS + 1] = {
+    [0] = "auto", /* kiln.ini: detect */
+    [CHAT_CHATML] = "chatml",
+    [CHAT_SMOLLM] = "smollm",
+    [CHAT_QWEN2] = "qwen2",
+    [CHAT_QWEN25] = "qwen2.5",
+    [CHAT_LLAMA3] = "llama3",
+    [CHAT_QWEN3] = "qwen3",
+    [CHAT_QWEN3_NOTHINK] = "qwen3-nothink",
+    [CHAT_GEMMA] = "gemma",
+    [CHAT_PHI3] = "phi3",
+    [CHAT_PHI3_LEGACY] = "phi3-legacy",
+    [CHAT_MISTRAL_TEKKEN] = "mistral-tekken",
+    [CHAT_GRANITE3] = "granite3",
+    [CHAT_LLAMA31] = "llama3.1",
+    [CHAT_LLAMA32] = "llama3.2",
+    [CHAT_PHI4] = "phi4",
+    [CHAT_NKINDS] = NULL,
+};
+
 const char *chat_name(int kind) {
-    switch (kind) {
-    case CHAT_CHATML: return "chatml";
-    case CHAT_SMOLLM: return "smollm";
-    case CHAT_QWEN2: return "qwen2";
-    case CHAT_QWEN25: return "qwen2.5";
-    case CHAT_LLAMA3: return "llama3";
-    default: return "unknown";
-    }
+    return kind > 0 && kind < CHAT_NKINDS ? chat_template_names[kind] : "unknown";
 }
 
 /* ------------------------------------------------------------------ rendering */
@@ -91,48 +142,344 @@ static void put_trimmed(sbuf *b, const char *s) {
     put(b, (const char *)p, n);
 }
 
-int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt, char *out, size_t cap) {
+static int is(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+/* s[0..n) without leading / trailing '\n' (Python's lstrip('\n'), rstrip('\n')) */
+static const char *lstrip_nl(const char *s, size_t *n) {
+    while (*n > 0 && *s == '\n') s++, (*n)--;
+    return s;
+}
+static size_t rstrip_nl(const char *s, size_t n) {
+    while (n > 0 && s[n - 1] == '\n') n--;
+    return n;
+}
+
+/* first / last occurrence of needle in s[0..n), or NULL */
+static const char *find(const char *s, size_t n, const char *needle, int last) {
+    size_t k = strlen(needle);
+    const char *hit = NULL;
+    for (size_t i = 0; k <= n && i <= n - k; i++)
+        if (memcmp(s + i, needle, k) == 0) {
+            hit = s + i;
+            if (!last) break;
+        }
+    return hit;
+}
+
+static int starts(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+static int ends(const char *s, const char *p) {
+    size_t n = strlen(s), k = strlen(p);
+    return n >= k && memcmp(s + n - k, p, k) == 0;
+}
+
+/* Qwen2.5/Qwen3: a run of tool results is one user turn of <tool_response> blocks */
+static void qwen_tool(sbuf *b, const chat_msg *m, int n, int i) {
+    if (i == 0 || !is(m[i - 1].role, "tool")) puts_(b, "<|im_start|>user");
+    puts_(b, "\n<tool_response>\n");
+    puts_(b, m[i].content);
+    puts_(b, "\n</tool_response>");
+    if (i == n - 1 || !is(m[i + 1].role, "tool")) puts_(b, "<|im_end|>\n");
+}
+
+/* ChatML with an optional default system message (SmolLM2, Qwen2, Qwen2.5) */
+static void render_chatml(sbuf *b, int kind, const chat_msg *m, int n, int agp) {
+    for (int i = 0; i < n; i++) {
+        if (kind == CHAT_QWEN25 && is(m[i].role, "tool")) {
+            qwen_tool(b, m, n, i);
+            continue;
+        }
+        if (i == 0 && kind != CHAT_CHATML && !is(m[0].role, "system")) {
+            for (size_t d = 0; d < sizeof defaults / sizeof defaults[0]; d++)
+                if (defaults[d].kind == kind) {
+                    puts_(b, "<|im_start|>system\n");
+                    puts_(b, defaults[d].sys);
+                    puts_(b, "<|im_end|>\n");
+                }
+        }
+        puts_(b, "<|im_start|>");
+        puts_(b, m[i].role);
+        puts_(b, "\n");
+        puts_(b, m[i].content);
+        puts_(b, "<|im_end|>\n");
+    }
+    if (agp) puts_(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(sbuf *b, const chat_msg *m, int n, int agp) {
+    for (int i = 0; i < n; i++) {
+        if (i == 0) puts_(b, "<|begin_of_text|>");
+        puts_(b, "<|start_header_id|>");
+        puts_(b, m[i].role);
+        puts_(b, "<|end_header_id|>\n\n");
+        put_trimmed(b, m[i].content);
+        puts_(b, "<|eot_id|>");
+    }
+    if (agp) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* a JSON string literal (Jinja's tojson on a string, as json.dumps: non-ASCII kept) */
+static void put_json_str(sbuf *b, const char *s) {
+    puts_(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                        : c == '\t' ? "\\t" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+        char u[8];
+        if (!esc && c < 0x20) snprintf(u, sizeof u, "\\u%04x", c), esc = u;
+        if (esc) puts_(b, esc);
+        else put(b, s, 1);
+    }
+    puts_(b, "\"");
+}
+
+/* Llama 3.1-3.3: a system turn always, opening with the knowledge cutoff and a date;
+ * texts trimmed; tool results ("tool"/"ipython") are ipython turns, as JSON strings */
+static void render_llama31(sbuf *b, const chat_msg *m, int n, int agp, const char *date) {
+    const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : "";
+    puts_(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n");
+    puts_(b, "Today Date: ");
+    puts_(b, date);
+    puts_(b, "\n\n");
+    put_trimmed(b, sys);
+    puts_(b, "<|eot_id|>");
+    for (int i = n > 0 && is(m[0].role, "system"); i < n; i++) {
+        if (is(m[i].role, "tool") || is(m[i].role, "ipython")) {
+            puts_(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            put_json_str(b, m[i].content);
+        } else {
+            puts_(b, "<|start_header_id|>");
+            puts_(b, m[i].role);
+            puts_(b, "<|end_header_id|>\n\n");
+            put_trimmed(b, m[i].content);
+        }
+        puts_(b, "<|eot_id|>");
+    }
+    if (agp) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* today's date in local time, strftime's format; "" when the clock cannot say */
+static void date_of(int64_t now, const char *fmt, char *out, size_t cap) {
+    time_t t = (time_t)now;
+    struct tm tm;
+    if (!localtime_r(&t, &tm) || strftime(out, cap, fmt, &tm) == 0) out[0] = 0;
+}
+
+/* Qwen3: an assistant turn's "<think>reasoning</think>answer" is split; the reasoning is
+ * kept only for turns after the last real user query (a user turn that is not wholly a
+ * <tool_response>), and there always for the final turn. Tool results are user turns. */
+static void qwen3_assistant(sbuf *b, const chat_msg *m, int after_query, int last) {
+    const char *c = m->content, *ans = c, *why = "";
+    size_t cn = strlen(c), an = cn, wn = 0;
+    const char *close = find(c, cn, "</think>", 1);
+    if (close) {
+        an = cn - (size_t)(close + 8 - c);
+        ans = lstrip_nl(close + 8, &an);
+        size_t pn = rstrip_nl(c, (size_t)(find(c, cn, "</think>", 0) - c));
+        const char *open = find(c, pn, "<think>", 1);
+        why = open ? open + 7 : c;
+        wn = pn - (size_t)(why - c);
+        why = lstrip_nl(why, &wn);
+    }
+    puts_(b, "<|im_start|>");
+    puts_(b, m->role);
+    if (after_query && (last || wn > 0)) {
+        puts_(b, "\n<think>\n");
+        why = lstrip_nl(why, &wn);
+        put(b, why, rstrip_nl(why, wn));
+        puts_(b, "\n</think>\n\n");
+        ans = lstrip_nl(ans, &an);
+    } else {
+        puts_(b, "\n");
+    }
+    put(b, ans, an);
+    puts_(b, "<|im_end|>\n");
+}
+
+static void render_qwen3(sbuf *b, const chat_msg *m, int n, int agp, int think) {
+    if (n > 0 && is(m[0].role, "system")) {
+        puts_(b, "<|im_start|>system\n");
+        puts_(b, m[0].content);
+        puts_(b, "<|im_end|>\n");
+    }
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (is(m[i].role, "user") && !(starts(m[i].content, "<tool_response>") && ends(m[i].content, "</tool_response>"))) {
+            last_query = i;
+            break;
+        }
+    for (int i = 0; i < n; i++) {
+        if (is(m[i].role, "user") || (is(m[i].role, "system") && i > 0)) {
+            puts_(b, "<|im_start|>");
+            puts_(b, m[i].role);
+            puts_(b, "\n");
+            puts_(b, m[i].content);
+            puts_(b, "<|im_end|>\n");
+        } else if (is(m[i].role, "assistant")) {
+            qwen3_assistant(b, &m[i], i > last_query, i == n - 1);
+        } else if (is(m[i].role, "tool")) {
+            qwen_tool(b, m, n, i);
+        } /* any other role: the template renders nothing */
+    }
+    if (agp) puts_(b, think ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+/* Gemma 2/3: user and model turns alternate after an optional system message, which
+ * Gemma 3's template puts before the first turn's text (Gemma 2's refuses it; kiln
+ * renders it the Gemma 3 way). Turn texts are trimmed, the system text is not. */
+static int render_gemma(sbuf *b, const chat_msg *m, int n, int agp) {
+    const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : NULL;
+    const chat_msg *loop = sys ? m + 1 : m;
+    int ln = sys ? n - 1 : n;
+    for (int k = 0; k < ln; k++)
+        if (is(loop[k].role, "user") != (k % 2 == 0)) return CHAT_EINVAL;
+    puts_(b, "<bos>");
+    for (int k = 0; k < ln; k++) {
+        puts_(b, "<start_of_turn>");
+        puts_(b, is(loop[k].role, "assistant") ? "model" : loop[k].role);
+        puts_(b, "\n");
+        if (k == 0 && sys) {
+            puts_(b, sys);
+            puts_(b, "\n\n");
+        }
+        put_trimmed(b, loop[k].content);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (agp) puts_(b, "<start_of_turn>model\n");
+    return 0;
+}
+
+static void render_phi3(sbuf *b, const chat_msg *m, int n, int agp) {
+    for (int i = 0; i < n; i++) {
+        const char *tag = is(m[i].role, "system") && m[i].content[0] ? "<|system|>\n"
+                        : is(m[i].role, "user")                      ? "<|user|>\n"
+                        : is(m[i].role, "assistant")                 ? "<|assistant|>\n"
+                                                                     : NULL;
+        if (!tag) continue;
+        puts_(b, tag);
+        puts_(b, m[i].content);
+        puts_(b, "<|end|>\n");
+    }
+    puts_(b, agp ? "<|assistant|>\n" : "<|endoftext|>");
+}
+
+static void render_phi4(sbuf *b, const chat_msg *m, int n) {
+    for (int i = 0; i < n; i++) {
+        if (is(m[i].role, "system") || is(m[i].role, "user")) {
+            puts_(b, "<|im_start|>");
+            puts_(b, m[i].role);
+            puts_(b, "<|im_sep|>");
+            puts_(b, m[i].content);
+            puts_(b, is(m[i].role, "user") ? "<|im_end|><|im_start|>assistant<|im_sep|>" : "<|im_end|>");
+        } else if (is(m[i].role, "assistant")) {
+            puts_(b, m[i].content);
+            puts_(b, "<|im_end|>");
+        }
+    }
+}
+
+static void render_phi3_legacy(sbuf *b, const chat_msg *m, int n) {
+    puts_(b, "<s>");
+    for (int i = 0; i < n; i++) {
+        if (is(m[i].role, "user")) {
+            puts_(b, "<|user|>\n");
+            puts_(b, m[i].content);
+            puts_(b, "<|end|>\n<|assistant|>\n");
+        } else if (is(m[i].role, "assistant")) {
+            puts_(b, m[i].content);
+            puts_(b, "<|end|>\n");
+        }
+    }
+}
+
+/* Mistral v3-tekken: user/assistant alternate after an optional system message, which
+ * goes before the last turn when that is the user's (and nowhere otherwise). */
+static int render_mistral_tekken(sbuf *b, const chat_msg *m, int n) {
+    const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : NULL;
+    const chat_msg *loop = sys ? m + 1 : m;
+    int ln = sys ? n - 1 : n;
+    for (int k = 0; k < ln; k++) /* tool turns need tool_call ids kiln's messages lack */
+        if (is(loop[k].role, "user") != (k % 2 == 0) || (!is(loop[k].role, "user") && !is(loop[k].role, "assistant")))
+            return CHAT_EINVAL;
+    puts_(b, "<s>");
+    for (int k = 0; k < ln; k++) {
+        if (is(loop[k].role, "user")) {
+            puts_(b, "[INST]");
+            if (k == ln - 1 && sys) {
+                puts_(b, sys);
+                puts_(b, "\n\n");
+            }
+            puts_(b, loop[k].content);
+            puts_(b, "[/INST]");
+        } else {
+            puts_(b, loop[k].content);
+            puts_(b, "</s>");
+        }
+    }
+    return 0;
+}
+
+/* Granite 3.x: a system turn always, the default one naming today's date */
+static void render_granite3(sbuf *b, const chat_msg *m, int n, int agp, int64_t now) {
+    const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : NULL;
+    puts_(b, "<|start_of_role|>system<|end_of_role|>");
+    if (sys) {
+        puts_(b, sys);
+    } else {
+        char date[64];
+        date_of(now, "%B %d, %Y", date, sizeof date);
+        puts_(b, "Knowledge Cutoff Date: April 2024. Today's Date: ");
+        puts_(b, date);
+        puts_(b, ". You are Granite, developed by IBM. You are a helpful AI assistant.");
+    }
+    puts_(b, "<|end_of_text|>\n");
+    const chat_msg *loop = sys ? m + 1 : m;
+    int ln = sys ? n - 1 : n;
+    for (int k = 0; k < ln; k++) {
+        puts_(b, "<|start_of_role|>");
+        puts_(b, loop[k].role);
+        puts_(b, "<|end_of_role|>");
+        puts_(b, loop[k].content);
+        puts_(b, "<|end_of_text|>\n");
+        if (k == ln - 1 && agp) puts_(b, "<|start_of_role|>assistant<|end_of_role|>");
+    }
+}
+
+int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now, char *out,
+                   size_t cap) {
     if (n < 0 || (n > 0 && !msgs) || (!out && cap > 0)) return CHAT_EINVAL;
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content) return CHAT_EINVAL;
     sbuf b = {out, cap, 0};
+    int agp = add_generation_prompt, rc = 0;
     switch (kind) {
     case CHAT_CHATML:
     case CHAT_SMOLLM:
     case CHAT_QWEN2:
-    case CHAT_QWEN25:
-        for (int i = 0; i < n; i++) {
-            if (i == 0 && kind != CHAT_CHATML && strcmp(msgs[0].role, "system") != 0) {
-                for (size_t d = 0; d < sizeof defaults / sizeof defaults[0]; d++)
-                    if (defaults[d].kind == kind) {
-                        puts_(&b, "<|im_start|>system\n");
-                        puts_(&b, defaults[d].sys);
-                        puts_(&b, "<|im_end|>\n");
-                    }
-            }
-            puts_(&b, "<|im_start|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "\n");
-            puts_(&b, msgs[i].content);
-            puts_(&b, "<|im_end|>\n");
-        }
-        if (add_generation_prompt) puts_(&b, "<|im_start|>assistant\n");
+    case CHAT_QWEN25: render_chatml(&b, kind, msgs, n, agp); break;
+    case CHAT_LLAMA3: render_llama3(&b, msgs, n, agp); break;
+    case CHAT_QWEN3:
+    case CHAT_QWEN3_NOTHINK: render_qwen3(&b, msgs, n, agp, kind == CHAT_QWEN3); break;
+    case CHAT_GEMMA: rc = render_gemma(&b, msgs, n, agp); break;
+    case CHAT_PHI3: render_phi3(&b, msgs, n, agp); break;
+    case CHAT_PHI3_LEGACY: render_phi3_legacy(&b, msgs, n); break;
+    case CHAT_PHI4: render_phi4(&b, msgs, n); break;
+    case CHAT_MISTRAL_TEKKEN: rc = render_mistral_tekken(&b, msgs, n); break;
+    case CHAT_GRANITE3: render_granite3(&b, msgs, n, agp, now); break;
+    case CHAT_LLAMA31: render_llama31(&b, msgs, n, agp, "26 Jul 2024"); break;
+    case CHAT_LLAMA32: {
+        char date[64];
+        date_of(now, "%d %b %Y", date, sizeof date);
+        render_llama31(&b, msgs, n, agp, date);
         break;
-    case CHAT_LLAMA3:
-        for (int i = 0; i < n; i++) {
-            if (i == 0) puts_(&b, "<|begin_of_text|>");
-            puts_(&b, "<|start_header_id|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "<|end_header_id|>\n\n");
-            put_trimmed(&b, msgs[i].content);
-            puts_(&b, "<|eot_id|>");
-        }
-        if (add_generation_prompt) puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        break;
-    default:
-        return CHAT_EINVAL;
     }
+    default: return CHAT_EINVAL;
+    }
+    if (rc < 0) return rc;
     if (b.n >= cap || b.n > 0x7FFFFFFF) return CHAT_ESPACE;
     out[b.n] = 0;
     return (int)b.n;
+}
+
+int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt, char *out, size_t cap) {
+    return chat_format_at(kind, msgs, n, add_generation_prompt, (int64_t)time(NULL), out, cap);
 }

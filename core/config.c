@@ -39,7 +39,6 @@ typedef struct {
     const char *const *names; /* T_ENUM, indexed by value; NULL-terminated */
 } cfg_key;
 
-static const char *const templates[] = {"auto", "chatml", "llama3", NULL};
 static const char *const backends[] = {"auto", "cpu", "cuda", NULL};
 static const char *const prefills[] = {"kiln", "cublas", NULL};
 static const char *const drivers[] = {"host", "tap", "packet", NULL};
@@ -54,7 +53,7 @@ static const char *const sections[] = {"model", "engine", "sampling", "net", "lo
 
 static const cfg_key keys[] = {
     STR("model", "path", model.path, F_REQ),
-    ENUM("model", "chat_template", model.chat_template, templates),
+    ENUM("model", "chat_template", model.chat_template, chat_template_names),
     ENUM("engine", "backend", engine.backend, backends),
     INT("engine", "threads", engine.threads, 0, 1024, 0, 1),
     INT("engine", "block_size", engine.block_size, 8, 256, F_POW2, 1),
@@ -398,11 +397,12 @@ static int set_key(kiln_config *c, int k, const char *value, const char *prefix,
                 *(int *)field = i;
                 return 0;
             }
-        char all[64] = "";
-        for (int i = 0; K->names[i]; i++) {
-            if (i) strcat(all, "|");
-            strcat(all, K->names[i]);
-        }
+        /* every choice, '|'-separated; bounded to fit BAD's reason (cut, never overrun) */
+        char all[144];
+        size_t k = 0;
+        all[0] = 0;
+        for (int i = 0; K->names[i] && k < sizeof all; i++)
+            k += (size_t)snprintf(all + k, sizeof all - k, "%s%s", i ? "|" : "", K->names[i]);
         BAD("must be %s", all);
     }
     case T_STR: {

@@ -12,11 +12,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/chat.h"
+
 #define CFG_STR_MAX 4000   /* longest path (bytes): a "key = value" line fits inih's 4096 */
 #define CFG_HOST_MAX 16    /* dotted-quad IPv4 and its NUL */
 #define CFG_DUMP_MAX 32768 /* cfg_dump never needs more */
 
-enum { CFG_TEMPLATE_AUTO, CFG_TEMPLATE_CHATML, CFG_TEMPLATE_LLAMA3 };
+/* [model] chat_template: auto (detect from the GGUF) or a CHAT_* kind by its name
+ * (chat_template_names) */
+enum { CFG_TEMPLATE_AUTO = 0, CFG_TEMPLATE_CHATML = CHAT_CHATML, CFG_TEMPLATE_LLAMA3 = CHAT_LLAMA3 };
 enum { CFG_BACKEND_AUTO, CFG_BACKEND_CPU, CFG_BACKEND_CUDA };
 enum { CFG_PREFILL_KILN, CFG_PREFILL_CUBLAS };
 enum { CFG_DRIVER_HOST, CFG_DRIVER_TAP, CFG_DRIVER_PACKET };
@@ -25,7 +29,7 @@ enum { CFG_LOG_ERROR, CFG_LOG_WARN, CFG_LOG_INFO, CFG_LOG_DEBUG };
 typedef struct kiln_config {
     struct {
         char path[CFG_STR_MAX + 1];  /* GGUF file */
-        int chat_template;           /* CFG_TEMPLATE_* */
+        int chat_template;           /* CFG_TEMPLATE_AUTO or a CHAT_* kind */
     } model;
     struct {
         int backend;                 /* CFG_BACKEND_* */

@@ -9,8 +9,7 @@
 #include "core/config.h"
 
 int prompt_chat_kind(const gguf_file *f, int cfg_template) {
-    if (cfg_template == CFG_TEMPLATE_CHATML) return CHAT_CHATML;
-    if (cfg_template == CFG_TEMPLATE_LLAMA3) return CHAT_LLAMA3;
+    if (cfg_template > CFG_TEMPLATE_AUTO && cfg_template < CHAT_NKINDS) return cfg_template;
     return chat_detect(f);
 }
 

@@ -106,6 +106,17 @@ static int cp_class(uint32_t cp) {
     return 0;
 }
 
+static int is_mark(uint32_t cp) {
+    size_t lo = 0, hi = sizeof uc_marks / sizeof uc_marks[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < uc_marks[mid].lo) hi = mid;
+        else if (cp > uc_marks[mid].hi) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
 /* class of the code point at i, its length in *n */
 static int cls_at(const uint8_t *s, size_t i, size_t e, int *n, uint32_t *cpo) {
     uint32_t cp;
@@ -213,7 +224,7 @@ static uint32_t make_piece(const tok_t *t, const int16_t inv[324], int32_t i, ch
         memcpy(o, s, n);
         return n;
     }
-    if (t->model == TOK_SPM) {
+    if (t->model == TOK_SPM || t->pre == TOK_PRE_GEMMA4) { /* '▁' for ' ', <0xXX> bytes */
         unsigned v;
         if (ty == TOK_BYTE && n == 6 && sscanf(s, "<0x%2X>", &v) == 1) {
             o[0] = (char)v;
@@ -294,6 +305,20 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         t->pre = TOK_PRE_LLAMA3, t->ignore_merges = 1;
     else if (sv_eq(in->pre, "qwen2"))
         t->pre = TOK_PRE_QWEN2;
+    else if (sv_eq(in->pre, "qwen35"))
+        t->pre = TOK_PRE_QWEN35;
+    else if (sv_eq(in->pre, "gemma4"))
+        t->pre = TOK_PRE_GEMMA4;
+    else if (t->model == TOK_BPE && !sv_eq(in->pre, "gpt2") && !sv_eq(in->pre, "gpt-2")) {
+        /* another pre-tokenizer splits words differently: wrong ids, silently. Refused. */
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(in->pre.n < 60 ? in->pre.n : 60), in->pre.p);
+        free(mem);
+        memset(t, 0, sizeof *t);
+        seterr(err, errlen, "unsupported tokenizer.ggml.pre (kiln knows gpt2, smollm, starcoder, refact, "
+               "llama-bpe, qwen2, qwen35, gemma4)", name);
+        return TOK_EINVAL;
+    }
 
     /* texts, types, scores, text -> id */
     size_t o = 0;
@@ -329,7 +354,7 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
     for (int b = 0; b < 256; b++) {
         char buf[8];
         int n;
-        if (t->model == TOK_BPE) {
+        if (t->model == TOK_BPE && t->pre != TOK_PRE_GEMMA4) {
             n = utf8_put(bl_cp(b), buf);
         } else {
             n = snprintf(buf, sizeof buf, "<0x%02X>", b);
@@ -457,7 +482,8 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
         return TOK_EINVAL;
     }
     struct vocab_in in = {0};
-    if (gguf_str_eq(model, "gpt2")) {
+    int gemma4 = gguf_str_eq(model, "gemma4");
+    if (gguf_str_eq(model, "gpt2") || gemma4) {
         in.model = TOK_BPE;
     } else if (gguf_str_eq(model, "llama")) {
         in.model = TOK_SPM;
@@ -468,6 +494,7 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
         return TOK_EINVAL;
     }
     gguf_get_str(f, "tokenizer.ggml.pre", &pre);
+    if (gemma4) pre = (gguf_str){"gemma4", 6}; /* the model name implies its pre-tokenizer */
     in.pre.p = pre.ptr, in.pre.n = pre.len;
     const gguf_kv *ktok = gguf_find(f, "tokenizer.ggml.tokens");
     const gguf_kv *kmer = gguf_find(f, "tokenizer.ggml.merges");
@@ -523,6 +550,7 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
     in.add_space_prefix = in.model == TOK_SPM;
     gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &in.add_bos);
     gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &in.add_space_prefix);
+    if (gemma4) in.add_bos = 1, in.add_space_prefix = 0; /* Gemma 4 always starts with <bos> */
     rc = build(t, &in, err, errlen);
 out:
     free(gt), free(gm), free(vt), free(vm), free(types), free(scores);
@@ -571,9 +599,19 @@ static size_t pre_gpt2(const uint8_t *s, size_t i, size_t e) {
     return ws_run(s, i, e, &lastnl, &have_nl);
 }
 
+/* the class at i, marks (\p{M}) counted as letters when asked: Qwen3.5's regex puts
+ * [\p{L}\p{M}] wherever Qwen2's has \p{L}, which makes a mark a letter in every rule */
+static int cls_lm(const uint8_t *s, size_t i, size_t e, int *n, uint32_t *cpo, int marks) {
+    uint32_t cp;
+    int c = cls_at(s, i, e, n, &cp);
+    if (cpo) *cpo = cp;
+    return marks && c == 0 && cp < CP_BAD && cp >= 0x300 && is_mark(cp) ? C_L : c;
+}
+
 /* Llama-3 / Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,maxn}|
- *   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
+ *   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * marks: Qwen3.5's, [\p{L}\p{M}] for \p{L} (and [^\s\p{L}\p{M}\p{N}] for [^\s\p{L}\p{N}]) */
+static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn, int marks) {
     int n, n2, c;
     uint32_t cp;
     if (s[i] == '\'' && i + 1 < e) {
@@ -581,23 +619,23 @@ static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
         if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
         if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
     }
-    c = cls_at(s, i, e, &n, &cp);
+    c = cls_lm(s, i, e, &n, &cp, marks);
     size_t k;
     if (c == C_L || (c != C_N && cp != '\r' && cp != '\n' && i + (size_t)n < e &&
-                     cls_at(s, i + (size_t)n, e, &n2, NULL) == C_L)) {
+                     cls_lm(s, i + (size_t)n, e, &n2, NULL, marks) == C_L)) {
         k = i + (size_t)n;
-        while (k < e && cls_at(s, k, e, &n2, NULL) == C_L) k += (size_t)n2;
+        while (k < e && cls_lm(s, k, e, &n2, NULL, marks) == C_L) k += (size_t)n2;
         return k;
     }
     if (c == C_N) {
         k = i + (size_t)n;
-        for (int m = 1; m < maxn && k < e && cls_at(s, k, e, &n2, NULL) == C_N; m++) k += (size_t)n2;
+        for (int m = 1; m < maxn && k < e && cls_lm(s, k, e, &n2, NULL, marks) == C_N; m++) k += (size_t)n2;
         return k;
     }
     size_t j = i + (s[i] == ' ' && i + 1 < e);
-    if (cls_at(s, j, e, &n2, NULL) == 0) {
+    if (cls_lm(s, j, e, &n2, NULL, marks) == 0) {
         k = j + (size_t)n2;
-        while (k < e && cls_at(s, k, e, &n2, NULL) == 0) k += (size_t)n2;
+        while (k < e && cls_lm(s, k, e, &n2, NULL, marks) == 0) k += (size_t)n2;
         while (k < e && (s[k] == '\r' || s[k] == '\n')) k++;
         return k;
     }
@@ -611,8 +649,8 @@ static size_t pre_llama3(const uint8_t *s, size_t i, size_t e, int maxn) {
 /* ------------------------------------------------------------------ BPE merge loop */
 
 struct sym {
-    int32_t id, prev, next; /* BPE: id; SPM: id unused */
-    int32_t b0, b1;         /* SPM: byte range in the escaped word */
+    int32_t id, prev, next; /* BPE: id (-1 unknown, -2 merged away); SPM: id unused */
+    int32_t b0, b1;         /* byte range in the word (SPM: in the escaped word) */
 };
 struct cand {
     float key; /* BPE: rank; SPM: -score. Smaller first, then smaller l */
@@ -686,6 +724,26 @@ static void bpe_push(const tok_t *t, struct sym *sy, struct cand *cd, int *nc, i
     if (m) heap_push(cd, nc, (struct cand){(float)m->rank, l, r, sy[r].id});
 }
 
+/* merges the ns symbols of one word, lowest rank first (leftmost on a tie) */
+static void bpe_merge(const tok_t *t, struct sym *sy, struct cand *cd, int32_t ns) {
+    int nc = 0;
+    for (int32_t i = 0; i + 1 < ns; i++) bpe_push(t, sy, cd, &nc, i);
+    while (nc > 0) {
+        struct cand c = heap_pop(cd, &nc);
+        struct sym *L = &sy[c.l], *R = &sy[c.r];
+        if (L->id < 0 || L->next != c.r || R->id != c.aux) continue;
+        const struct merge_ent *m = merge_get(t, L->id, R->id);
+        if (!m || (float)m->rank != c.key) continue;
+        L->id = m->id;
+        L->b1 = R->b1;
+        L->next = R->next;
+        if (R->next >= 0) sy[R->next].prev = c.l;
+        R->id = -2; /* dead */
+        bpe_push(t, sy, cd, &nc, L->prev);
+        bpe_push(t, sy, cd, &nc, c.l);
+    }
+}
+
 static void bpe_word(enc *E, const uint8_t *w, size_t n) {
     const tok_t *t = E->t;
     if (n == 1) { /* a byte the vocabulary lacks is dropped, as Hugging Face BPE does */
@@ -709,33 +767,62 @@ static void bpe_word(enc *E, const uint8_t *w, size_t n) {
     int32_t ns = 0; /* symbols: one per byte the vocabulary has (others are dropped) */
     for (size_t i = 0; i < n; i++) {
         if (t->byte_tok[w[i]] < 0) continue;
-        sy[ns].id = t->byte_tok[w[i]];
-        sy[ns].prev = ns - 1;
-        sy[ns].next = -1;
+        sy[ns] = (struct sym){t->byte_tok[w[i]], ns - 1, -1, (int32_t)i, (int32_t)i + 1};
         if (ns > 0) sy[ns - 1].next = ns;
         ns++;
     }
-    int nc = 0;
-    for (int32_t i = 0; i + 1 < ns; i++) bpe_push(t, sy, cd, &nc, i);
-    while (nc > 0) {
-        struct cand c = heap_pop(cd, &nc);
-        struct sym *L = &sy[c.l], *R = &sy[c.r];
-        if (L->id < 0 || L->next != c.r || R->id != c.aux) continue;
-        const struct merge_ent *m = merge_get(t, L->id, R->id);
-        if (!m || (float)m->rank != c.key) continue;
-        L->id = m->id;
-        L->next = R->next;
-        if (R->next >= 0) sy[R->next].prev = c.l;
-        R->id = -2; /* dead */
-        bpe_push(t, sy, cd, &nc, L->prev);
-        bpe_push(t, sy, cd, &nc, c.l);
-    }
+    bpe_merge(t, sy, cd, ns);
     for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) emit(E, sy[i].id);
     if (mem != (void *)E->stk) free(mem);
 }
 
+/* Gemma 4: BPE over a word's characters (not bytes), ' ' read as '▁'; a character the
+ * vocabulary lacks stays a symbol of its own and falls back to its <0xXX> tokens. */
+static void raw_bpe_word(enc *E, const uint8_t *w, size_t n) {
+    const tok_t *t = E->t;
+    struct sym *sy;
+    struct cand *cd;
+    void *mem = scratch(E, n, 0, &sy, &cd, NULL);
+    if (!mem) return;
+    int32_t space = vmap_get(t, "\xE2\x96\x81", 3), ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        uint32_t cp;
+        size_t len = (size_t)utf8_next(w, i, n, &cp);
+        int32_t id = w[i] == ' ' ? space : vmap_get(t, (const char *)w + i, len);
+        sy[ns] = (struct sym){id, ns - 1, -1, (int32_t)i, (int32_t)(i + len)};
+        if (ns > 0) sy[ns - 1].next = ns;
+        i += len;
+    }
+    bpe_merge(t, sy, cd, ns);
+    for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) {
+        if (sy[i].id >= 0) {
+            emit(E, sy[i].id);
+            continue;
+        }
+        for (int32_t b = sy[i].b0; b < sy[i].b1; b++) emit(E, t->byte_tok[w[b]]); /* absent: dropped */
+    }
+    if (mem != (void *)E->stk) free(mem);
+}
+
+/* Gemma 4's pre-tokenizer is [^\n]+|[\n]+; a run of newlines that is a token is taken whole */
+static void gemma4_fragment(enc *E, const uint8_t *s, size_t n) {
+    for (size_t p = 0; p < n && !E->err;) {
+        int nl = s[p] == '\n';
+        size_t q = p;
+        while (q < n && (s[q] == '\n') == nl) q++;
+        int32_t id = nl ? vmap_get(E->t, (const char *)s + p, q - p) : -1;
+        if (id >= 0) emit(E, id);
+        else raw_bpe_word(E, s + p, q - p);
+        p = q;
+    }
+}
+
 static void bpe_fragment(enc *E, const uint8_t *s, size_t n) {
     const tok_t *t = E->t;
+    if (t->pre == TOK_PRE_GEMMA4) {
+        gemma4_fragment(E, s, n);
+        return;
+    }
     size_t p = 0;
     while (p < n && !E->err) {
         size_t e = n;
@@ -755,9 +842,10 @@ static void bpe_fragment(enc *E, const uint8_t *s, size_t n) {
             }
         }
         while (p < e && !E->err) {
-            size_t m = t->pre == TOK_PRE_LLAMA3 ? pre_llama3(s, p, e, 3)
-                     : t->pre == TOK_PRE_QWEN2  ? pre_llama3(s, p, e, 1)
-                                                : pre_gpt2(s, p, e);
+            size_t m = t->pre == TOK_PRE_LLAMA3  ? pre_llama3(s, p, e, 3, 0)
+                     : t->pre == TOK_PRE_QWEN2   ? pre_llama3(s, p, e, 1, 0)
+                     : t->pre == TOK_PRE_QWEN35  ? pre_llama3(s, p, e, 1, 1)
+                                                 : pre_gpt2(s, p, e);
             bpe_word(E, s + p, m - p);
             p = m;
         }

@@ -1,5 +1,7 @@
-/* tokenizer: byte-level BPE ("gpt2": SmolLM2, Llama-3, Qwen2) and SentencePiece-style BPE
- * ("llama") from a GGUF's tokenizer.ggml.* metadata. Everything is allocated at init;
+/* tokenizer: byte-level BPE ("gpt2": SmolLM2, Llama-3, Qwen2/3, Qwen3.5), SentencePiece-style BPE
+ * ("llama": Llama 2, Mistral, Phi-3, Gemma 3) and Gemma 4's BPE over '▁'-escaped text
+ * ("gemma4": merges on characters, <0xXX> byte fallback) from a GGUF's tokenizer.ggml.*
+ * metadata. Everything is allocated at init;
  * encode and decode write only into the caller's buffers (a single pre-token longer than
  * TOK_WORD_MAX bytes borrows a temporary scratch from malloc). Functions return counts
  * or a negative TOK_E* code. A tok_t is read-only after init: share it across threads. */
@@ -10,7 +12,7 @@
 #include "core/gguf.h"
 
 enum { TOK_BPE = 1, TOK_SPM = 2 };                                      /* tok_t.model */
-enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2 };   /* tok_t.pre */
+enum { TOK_PRE_GPT2, TOK_PRE_SMOLLM, TOK_PRE_LLAMA3, TOK_PRE_QWEN2, TOK_PRE_GEMMA4, TOK_PRE_QWEN35 }; /* .pre */
 enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
 enum { TOK_EINVAL = -1, TOK_ESPACE = -2, TOK_ENOMEM = -3 };
 #define TOK_WORD_MAX 256

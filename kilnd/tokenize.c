@@ -1,17 +1,25 @@
 /* tokenize: `kilnd tokenize` and `kilnd detokenize` from the command line, for people and
- * for the tokenizer parity test (tests/ref/tok_parity.py), which drives the --hex forms. */
+ * for the tokenizer parity tests (tests/ref/tok_parity.py, vocab_parity.py), which drive
+ * the --hex forms, and `kilnd tokenize --chat`: conversations through core/chat (what the
+ * model sees for a chat request), which tests/ref/chat_parity.py drives. */
 #include "kilnd/kilnd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/chat.h"
 #include "core/gguf.h"
 #include "core/tokenizer.h"
 
 typedef struct {
     const char *model, *text, *ids;
     int hex, special;
+    /* --chat: stdin lines are conversations */
+    int chat, render, detect, no_gen;
+    const char *tmpl, *tmpl_file; /* a kind by name; a Jinja file to detect the kind from */
+    long long now;                /* --now: Unix seconds for templates that print the date */
 } cli_opts;
 
 static int parse(int argc, char **argv, cli_opts *o, int tokenize) {
@@ -24,12 +32,20 @@ static int parse(int argc, char **argv, cli_opts *o, int tokenize) {
         else if (strcmp(a, "--ids") == 0 && has_val && !tokenize) o->ids = argv[++i];
         else if (strcmp(a, "--hex") == 0) o->hex = 1;
         else if (strcmp(a, "--special") == 0) o->special = 1;
+        else if (strcmp(a, "--chat") == 0 && tokenize) o->chat = 1;
+        else if (strcmp(a, "--render") == 0 && tokenize) o->render = 1;
+        else if (strcmp(a, "--detect") == 0 && tokenize) o->detect = 1;
+        else if (strcmp(a, "--no-generation-prompt") == 0 && tokenize) o->no_gen = 1;
+        else if (strcmp(a, "--template") == 0 && has_val && tokenize) o->tmpl = argv[++i];
+        else if (strcmp(a, "--template-file") == 0 && has_val && tokenize) o->tmpl_file = argv[++i];
+        else if (strcmp(a, "--now") == 0 && has_val && tokenize) o->now = strtoll(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "%s: unknown or incomplete flag '%s'\n", argv[0], a);
             return -1;
         }
     }
-    if (!o->model) {
+    int no_model_ok = o->chat && (o->render || o->detect) && (o->tmpl || o->tmpl_file);
+    if (!o->model && !no_model_ok) {
         fprintf(stderr, "%s: --model PATH is required\n", argv[0]);
         return -1;
     }
@@ -39,8 +55,14 @@ static int parse(int argc, char **argv, cli_opts *o, int tokenize) {
 static void usage(const char *cmd) {
     fprintf(stderr,
             "usage: kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
+            "       kilnd tokenize --chat [--model PATH] [--template NAME | --template-file F]\n"
+            "                      [--render] [--detect] [--no-generation-prompt] [--now SECONDS]\n"
             "       kilnd detokenize --model PATH [--hex] [--special] [--ids \"1 2 3\"]\n"
-            "(%s) --hex: stdin lines of hex-encoded text (tokenize) or of ids (detokenize)\n",
+            "(%s) --hex: stdin lines of hex-encoded text (tokenize) or of ids (detokenize)\n"
+            "--chat: stdin lines are conversations, ROLE=HEX items separated by spaces; each is\n"
+            "rendered with the model's chat template (or --template, or the kind --template-file\n"
+            "names) and tokenized, or printed in hex with --render ('!' when the template\n"
+            "refuses it); --detect prints the template kind\n",
             cmd);
 }
 
@@ -103,13 +125,125 @@ static int print_ids(const char *cmd, const tok_t *t, const char *text, size_t l
     return 0;
 }
 
+static int unhex(char *s, size_t n) { /* in place; returns the byte count or -1 */
+    if (n % 2) return -1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hexval((unsigned char)s[2 * i]), lo = hexval((unsigned char)s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        s[i] = (char)(hi << 4 | lo);
+    }
+    return (int)(n / 2);
+}
+
+/* the kind --template, --template-file or the model names; CHAT_UNKNOWN (said) if none */
+static int chat_kind_of(const char *cmd, const cli_opts *o, const gguf_file *f) {
+    if (o->tmpl) {
+        for (int k = 1; k < CHAT_NKINDS; k++)
+            if (strcmp(o->tmpl, chat_template_names[k]) == 0) return k;
+        fprintf(stderr, "%s: --template %s: not one of kiln's templates\n", cmd, o->tmpl);
+        return CHAT_UNKNOWN;
+    }
+    if (o->tmpl_file) {
+        FILE *fp = fopen(o->tmpl_file, "rb");
+        if (!fp) {
+            perror(o->tmpl_file);
+            return CHAT_UNKNOWN;
+        }
+        static char text[1 << 20];
+        size_t n = fread(text, 1, sizeof text, fp);
+        fclose(fp);
+        return chat_detect_text(text, n);
+    }
+    return chat_detect(f);
+}
+
+/* one conversation line: ROLE=HEX items; the roles and texts are decoded in place */
+static int parse_conv(char *line, chat_msg *msgs, int max) {
+    int n = 0;
+    for (char *p = strtok(line, " "); p; p = strtok(NULL, " ")) {
+        char *eq = strchr(p, '=');
+        if (!eq || n == max) return -1;
+        *eq = 0;
+        char *hex = eq + 1;
+        int k = unhex(hex, strlen(hex));
+        if (k < 0) return -1;
+        hex[k] = 0; /* a text with a NUL in it ends there */
+        msgs[n++] = (chat_msg){p, hex};
+    }
+    return n;
+}
+
+static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int kind) {
+    enum { MAX_MSGS = 64 };
+    size_t cap = 0;
+    char *out = NULL, *line = NULL;
+    int32_t *ids = NULL;
+    size_t lcap = 0, idcap = 0;
+    ssize_t got;
+    int rc = 0;
+    for (long ln = 1; rc == 0 && (got = getline(&line, &lcap, stdin)) >= 0; ln++) {
+        chomp(line, (size_t)got);
+        chat_msg msgs[MAX_MSGS];
+        int n = parse_conv(line, msgs, MAX_MSGS);
+        if (n < 0) {
+            fprintf(stderr, "%s: line %ld: not ROLE=HEX items (at most %d)\n", cmd, ln, MAX_MSGS);
+            rc = 1;
+            break;
+        }
+        int k = CHAT_ESPACE;
+        for (size_t want = (size_t)got * 2 + 65536; k == CHAT_ESPACE; want = cap * 2) {
+            if (cap < want || !out) {
+                char *p = realloc(out, want);
+                if (!p) {
+                    fprintf(stderr, "%s: out of memory\n", cmd);
+                    rc = 1;
+                    break;
+                }
+                out = p, cap = want;
+            }
+            k = chat_format_at(kind, msgs, n, !o->no_gen, o->now ? o->now : (long long)time(NULL), out, cap);
+        }
+        if (rc) break;
+        if (k < 0) {
+            printf("!\n");
+        } else if (o->render) {
+            for (int i = 0; i < k; i++) printf("%02x", (unsigned char)out[i]);
+            putchar('\n');
+        } else if (print_ids(cmd, t, out, (size_t)k, 1, &ids, &idcap) < 0) {
+            rc = 1;
+        }
+    }
+    free(out), free(line), free(ids);
+    return rc;
+}
+
+static int kd_tokenize_chat(const char *cmd, const cli_opts *o) {
+    gguf_file f;
+    tok_t t;
+    int have_model = o->model != NULL;
+    if (have_model && load(cmd, o->model, &f, &t) < 0) return 1;
+    int kind = chat_kind_of(cmd, o, have_model ? &f : NULL);
+    int rc = 0;
+    if (o->detect) {
+        printf("%s\n", chat_name(kind));
+    } else if (kind == CHAT_UNKNOWN) {
+        fprintf(stderr, "%s: kiln cannot render this chat template (set --template)\n", cmd);
+        rc = 1;
+    } else {
+        rc = chat_lines(cmd, o, have_model ? &t : NULL, kind);
+    }
+    if (!have_model) return fflush(stdout) != 0 ? 1 : rc;
+    return finish(cmd, &f, &t, rc);
+}
+
 int kd_tokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "tokenize";
     cli_opts o;
-    if (parse(argc, argv, &o, 1) < 0 || (!o.hex && !o.text) || (o.hex && o.text)) {
+    if (parse(argc, argv, &o, 1) < 0 || (!o.chat && ((!o.hex && !o.text) || (o.hex && o.text)))) {
         usage(cmd);
         return 2;
     }
+    if (o.chat) return kd_tokenize_chat(cmd, &o);
     gguf_file f;
     tok_t t;
     if (load(cmd, o.model, &f, &t) < 0) return 1;

@@ -88,6 +88,25 @@ done
 # The engine end to end: reference parity for the tokenizer and the forward pass.
 run "parity/tokenizer" "$PY" tests/ref/tok_parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" \
   --corpus tests/data/tok_corpus.jsonl
+# ... and on the same corpus with Llama 3's, Qwen2's and Qwen3.5's vocabularies (llama.cpp's test
+# vocabularies, tests/ref/vocabs.sh below), against their tokenizer.json pre-tokenizers
+for v in llama-bpe qwen2 qwen35; do
+  run "parity/tokenizer-$v" sh -c 'd=$(BUILD="$1" tests/ref/vocabs.sh "$3") &&
+    "$2" tests/ref/tok_parity.py --kilnd "$1/gnu/kilnd" --model "$d/ggml-vocab-$3.gguf" \
+      --corpus tests/data/tok_corpus.jsonl' _ "$BUILD" "$PY" "$v"
+done
+# ... and on llama.cpp's own tokenizer tests for each family's vocabulary (llama-bpe,
+# qwen2, qwen35, llama-spm, phi-3, gpt-2, starcoder, refact, gemma-4): every input's ids identical
+# and decoded back. The vocabularies come from the pinned llama-cpp-python sdist
+# (tests/ref/vocabs.sh: downloaded once into $BUILD/peer/dl, ~25 s; then cached).
+run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \
+  --fetch tests/ref/vocabs.sh
+# core/chat's templates against the models' own Jinja templates (llama.cpp's
+# models/templates, same sdist): Qwen3, Gemma, Phi-3, Phi-4, Mistral (v3-tekken), Granite 3.x,
+# Llama 3.1-3.3, Qwen2.5 byte for byte over 17 conversations with and without the
+# generation prompt; and every other template there kiln claims (--tree).
+run "parity/chat-templates" env BUILD="$BUILD" "$PY" tests/ref/chat_parity.py --kilnd "$BUILD/gnu/kilnd" \
+  --fetch tests/ref/vocabs.sh --tree
 # --exact: f32 activations, held to the f32 reference tightly (all 32 ids equal);
 # default: the production 8-bit-activation path, within its stated tolerance.
 run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # peer.sh: llama.cpp's own tools, the benchmarks' peer, built once with cmake from the
-# llama.cpp source inside the pinned llama-cpp-python sdist (the PyPI package by name),
-# cached under $BUILD/peer. Prints the bin directory on stdout.
+# llama.cpp source inside the pinned llama-cpp-python sdist (the PyPI package by name,
+# scripts/llama_sdist.sh), cached under $BUILD/peer. Prints the bin directory on stdout.
 #   $BUILD/peer/bin: llama-bench llama-batched-bench llama-quantize llama-server
 #   $BUILD/peer/src: the sdist's llama.cpp (its gguf-py is the shape generator's writer)
 # Takes ~25 min on 2 cores the first time; afterwards it only checks the stamp.
@@ -18,16 +18,7 @@ STAMP=$PEER/bin/.built-$PIN
 if [ -f "$STAMP" ]; then echo "$PEER/bin"; exit 0; fi
 
 scripts/need.sh python3 python3 gcc gcc g++ g++ cmake cmake make make >&2
-mkdir -p "$PEER/dl"
-sdist=$(ls "$PEER/dl"/llama_cpp_python-"$PIN".tar.gz 2>/dev/null || true)
-if [ -z "$sdist" ]; then
-  echo "peer: downloading the llama-cpp-python==$PIN sdist" >&2
-  python3 -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
-    --no-build-isolation -d "$PEER/dl" "llama-cpp-python==$PIN" >&2 ||
-  python3 -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
-    -d "$PEER/dl" "llama-cpp-python==$PIN" >&2
-  sdist=$(ls "$PEER/dl"/llama_cpp_python-"$PIN".tar.gz)
-fi
+sdist=$(BUILD=$BUILD scripts/llama_sdist.sh)
 
 rm -rf "$PEER/src" "$PEER/x"
 mkdir -p "$PEER/x"

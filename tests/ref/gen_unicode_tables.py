@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Generate core/unicode_tables.h: code point ranges for the regex classes the
-pre-tokenizers need (\\p{L}, \\p{N}, \\s), from Python's unicodedata.
+pre-tokenizers need (\\p{L}, \\p{N}, \\s, and \\p{M} for Qwen3.5's), from Python's
+unicodedata.
 
 Usage: python3 tests/ref/gen_unicode_tables.py > core/unicode_tables.h
 """
@@ -20,6 +21,18 @@ def cat(cp):
     if c[0] == "N":
         return 2
     return 0
+
+
+def marks():
+    out, lo = [], None
+    for cp in range(0x110000):
+        m = unicodedata.category(chr(cp))[0] == "M"
+        if m and lo is None:
+            lo = cp
+        elif not m and lo is not None:
+            out.append((lo, cp - 1))
+            lo = None
+    return out
 
 
 def main():
@@ -51,7 +64,18 @@ def main():
     w("/* Unicode White_Space, the \\s of the pre-tokenizer regexes */\n")
     w("static const struct uc_range uc_space[%d] = {\n   " % len(WHITE_SPACE))
     w("".join(" {0x%X, 0x%X, 0}," % r for r in WHITE_SPACE))
-    w("\n};\n\n#endif\n")
+    w("\n};\n\n")
+    mk = marks()
+    w("/* sorted, disjoint ranges of \\p{M} (combining marks) */\n")
+    w("static const struct uc_range uc_marks[%d] = {\n" % len(mk))
+    line = "   "
+    for lo, hi in mk:
+        item = " {0x%X, 0x%X, 0}," % (lo, hi)
+        if len(line) + len(item) > 96:
+            w(line + "\n")
+            line = "   "
+        line += item
+    w(line + "\n};\n\n#endif\n")
 
 
 if __name__ == "__main__":

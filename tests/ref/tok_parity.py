@@ -2,9 +2,12 @@
 """Tokenizer parity: kilnd's tokenizer against Hugging Face `tokenizers`.
 
 The reference is built from the GGUF's own vocabulary and merges (read with the `gguf`
-package), with the pre-tokenizer SmolLM2 uses (Digits(individual_digits=True), then
-ByteLevel(add_prefix_space=False, use_regex=True)), the ByteLevel decoder, and every
-control token (token_type 3) added as a special token. For each corpus item (one JSON
+package), with the pre-tokenizer its tokenizer.ggml.pre names, as the model's
+tokenizer.json has it: smollm/starcoder/refact (Digits(individual_digits=True), then
+ByteLevel(add_prefix_space=False, use_regex=True)), llama-bpe (Llama 3's Split regex,
+then ByteLevel without its regex; BPE with ignore_merges), qwen2 or qwen35 (Qwen2's or
+Qwen3.5's Split regex, then ByteLevel; Qwen2's NFC normalizer is left out, as llama.cpp and kiln leave it out),
+the ByteLevel decoder, and every control token (token_type 3) added as a special token. For each corpus item (one JSON
 string per line) it compares the ids of `kilnd tokenize --hex --special` and the text of
 `kilnd detokenize --hex` (special tokens skipped, as HF's decode does by default).
 
@@ -17,8 +20,16 @@ import subprocess
 import sys
 
 from gguf import GGUFReader
-from tokenizers import AddedToken, Tokenizer, decoders, models
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models
 from tokenizers import pre_tokenizers as pre
+
+# the Split regexes of the models' tokenizer.json files (Llama 3: digits in threes; Qwen2:
+# one digit per piece)
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+PRE_REGEX = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2,
+             "qwen35": _QWEN2.replace(r"?\p{L}+", r"?[\p{L}\p{M}]+").replace(r"[^\s\p{L}\p{N}]", r"[^\s\p{L}\p{M}\p{N}]")}
 
 
 def field(reader, key):
@@ -34,12 +45,20 @@ def reference(path):
     tokens = field(r, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges")]
     types = field(r, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    kind = field(r, "tokenizer.ggml.pre") or "gpt2"
     vocab = {}
     for i, t in enumerate(tokens):
         vocab[t] = i
-    tk = Tokenizer(models.BPE(vocab, merges))
-    tk.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True),
-                                     pre.ByteLevel(add_prefix_space=False, use_regex=True)])
+    if kind in ("smollm", "starcoder", "refact"):
+        tk = Tokenizer(models.BPE(vocab, merges))
+        tk.pre_tokenizer = pre.Sequence([pre.Digits(individual_digits=True),
+                                         pre.ByteLevel(add_prefix_space=False, use_regex=True)])
+    elif kind in PRE_REGEX:
+        tk = Tokenizer(models.BPE(vocab, merges, ignore_merges=kind in ("llama-bpe", "llama3")))
+        tk.pre_tokenizer = pre.Sequence([pre.Split(Regex(PRE_REGEX[kind]), behavior="isolated"),
+                                         pre.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        sys.exit("tok_parity: no reference for tokenizer.ggml.pre %r" % kind)
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
                            for t, ty in zip(tokens, types) if ty == 3])

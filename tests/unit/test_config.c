@@ -140,7 +140,10 @@ typedef struct {
 } bound;
 
 static const bound bounds[] = {
-    {"model", "chat_template", {"auto", "chatml", "llama3", "ChatML"}, {"", "llama2", "chatml "}, "auto|chatml|llama3"},
+    {"model", "chat_template", {"auto", "chatml", "llama3", "ChatML", "qwen3", "Qwen3-NoThink", "gemma", "granite3"},
+     {"", "llama2", "chatml ", "unknown"},
+     "auto|chatml|smollm|qwen2|qwen2.5|llama3|qwen3|qwen3-nothink|gemma|phi3|phi3-legacy|mistral-tekken|granite3|"
+     "llama3.1|llama3.2|phi4"},
     {"engine", "backend", {"auto", "cpu", "cuda", "CUDA"}, {"", "gpu", "cpu,cuda"}, "auto|cpu|cuda"},
     {"engine", "threads", {"0", "1", "1024"}, {"1025", "-1", "-0", "", "4x", "1K", "0x10", "4.0", "99999999999999999999999"}, "0..1024"},
     {"engine", "block_size", {"8", "16", "128", "256"}, {"4", "7", "12", "512", "255", "257", "0"}, "power of two 8..256"},

@@ -9,6 +9,7 @@
 
 #include "core/chat.h"
 #include "core/gguf.h"
+#include "core/prompt.h"
 #include "core/tokenizer.h"
 #include "tests/unit/check.h"
 
@@ -336,6 +337,105 @@ static void test_synthetic_spm(void) {
     tok_free(&t);
 }
 
+/* ------------------------------------------------------------------ synthetic Gemma 4 */
+
+/* BPE over characters with ' ' read as '▁', words split only at newline runs, <0xXX>
+ * bytes for characters the vocabulary lacks (llama.cpp's ggml-vocab-gemma-4 shape) */
+static void test_synthetic_gemma4(void) {
+    static char bytes[256][8];
+    const char *toks[300];
+    int32_t types[300];
+    int n = 0;
+    toks[n] = "<pad>", types[n++] = TOK_CONTROL;
+    toks[n] = "<eos>", types[n++] = TOK_CONTROL;
+    toks[n] = "<bos>", types[n++] = TOK_CONTROL;
+    for (int b = 0; b < 256; b++) {
+        snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+        toks[n] = bytes[b], types[n++] = TOK_BYTE;
+    }
+    const char *v[] = {"\xe2\x96\x81", "h", "i", "hi", "\xe2\x96\x81hi", "\n", "\n\n", "\xc3\xa9", "\xe2\x96\x81\xe2\x96\x81"};
+    for (int i = 0; i < NELEM(v); i++) toks[n] = v[i], types[n++] = TOK_NORMAL;
+    enum { SP = 259, H, I, HI, SPHI, NL, NL2, EACUTE, SPSP };
+    const char *merges[] = {"h i", "\xe2\x96\x81 hi", "\xe2\x96\x81 \xe2\x96\x81"};
+    tok_spec s = {TOK_BPE, "gemma4", n, NELEM(merges), toks, types, NULL, merges, 2, 1, -1, 1, 0};
+    tok_t t;
+    char err[128];
+    CHECK(tok_init(&t, &s, err, sizeof err) == 0, "tok_init gemma4: %s", err);
+    CHECK(t.pre == TOK_PRE_GEMMA4 && t.byte_tok['x'] == 3 + 'x', "gemma4 byte tokens are <0xXX>");
+    int32_t ids[64];
+    /* merges run across spaces (no word split); "\n\n\n" is no token: one per character */
+    const char *text = "hi hi\n\n\n  x\xe2\x82\xac\n\n\xc3\xa9";
+    int k = tok_encode(&t, text, strlen(text), 0, ids, 64);
+    int32_t w1[] = {HI, SPHI, NL, NL, NL, SPSP, 3 + 'x', 3 + 0xE2, 3 + 0x82, 3 + 0xAC, NL2, EACUTE};
+    CHECK(ids_eq(ids, k, w1, NELEM(w1)), "gemma4 encode: %d ids", k);
+    /* an invalid byte is a character of its own: its byte token */
+    k = tok_encode(&t, "h\xffi", 3, 0, ids, 64);
+    int32_t w2[] = {H, 3 + 0xFF, I};
+    CHECK(ids_eq(ids, k, w2, NELEM(w2)), "gemma4 invalid byte: %d ids", k);
+    char p[64];
+    CHECK(tok_decode(&t, SPHI, 0, p, 64) == 3 && memcmp(p, " hi", 3) == 0, "gemma4 piece: '▁' is a space");
+    CHECK(tok_decode(&t, 3 + 0xE2, 0, p, 64) == 1 && (unsigned char)p[0] == 0xE2, "gemma4 byte piece");
+    char out[256];
+    int32_t seq[] = {HI, SPHI, SPSP, 3 + 0xE2, 3 + 0x82, 3 + 0xAC};
+    int partial;
+    k = stream_all(&t, seq, NELEM(seq), out, (int)sizeof out, &partial);
+    CHECK(k == 10 && memcmp(out, "hi hi  \xe2\x82\xac", 10) == 0, "gemma4 stream keeps the first space (%d)", k);
+    (void)SP;
+    tok_free(&t);
+}
+
+/* Qwen3.5's pre-tokenizer counts combining marks (\p{M}) as letters: "e" + U+0301 + "x"
+ * is one word there, three pieces for Qwen2 (a merge across them shows which) */
+static void test_qwen35_marks(void) {
+    static char bytes[256][4];
+    const char *toks[260];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        unsigned cp = (unsigned)b;
+        if (!bl_printable(b)) {
+            cp = 256;
+            for (int x = 0; x < b; x++) cp += !bl_printable(x);
+        }
+        if (cp < 0x80) bytes[b][0] = (char)cp;
+        else bytes[b][0] = (char)(0xC0 | (cp >> 6)), bytes[b][1] = (char)(0x80 | (cp & 0x3F));
+        toks[n++] = bytes[b];
+    }
+    toks[n++] = "e\xc3\x8c"; /* 'e' + the byte 0xCC (U+0301's lead byte, byte-level 'Ì') */
+    const char *merges[] = {"e \xc3\x8c"};
+    const char *text = "e\xcc\x81x";
+    int32_t ids[16];
+    const char *pres[] = {"qwen35", "qwen2"};
+    for (int v = 0; v < 2; v++) {
+        tok_spec s = {TOK_BPE, pres[v], n, 1, toks, NULL, NULL, merges, -1, -1, -1, 0, 0};
+        tok_t t;
+        char err[128];
+        CHECK(tok_init(&t, &s, err, sizeof err) == 0, "tok_init %s: %s", pres[v], err);
+        int k = tok_encode(&t, text, strlen(text), 0, ids, 16);
+        int merged = k == 3 && ids[0] == 256;
+        CHECK(v == 0 ? merged : k == 4, "%s: 'e' and the mark %s (%d ids)", pres[v], v == 0 ? "merge" : "do not", k);
+        tok_free(&t);
+    }
+}
+
+/* a BPE pre-tokenizer kiln does not implement is refused by name, not run as GPT-2's */
+static void test_unknown_pre(void) {
+    const char *toks[] = {"a", "b", "ab"};
+    const char *merges[] = {"a b"};
+    tok_spec s = {TOK_BPE, "falcon", 3, 1, toks, NULL, NULL, merges, -1, -1, -1, 0, 0};
+    tok_t t;
+    char err[256] = "";
+    CHECK(tok_init(&t, &s, err, sizeof err) == TOK_EINVAL && strstr(err, "tokenizer.ggml.pre") && strstr(err, "falcon"),
+          "unknown pre refused: %s", err);
+    CHECK(t.mem == NULL, "nothing kept");
+    s.pre = "gpt-2";
+    CHECK(tok_init(&t, &s, err, sizeof err) == 0, "gpt-2 is GPT-2's: %s", err);
+    tok_free(&t);
+    const char *spm[] = {"<unk>", "a"};
+    tok_spec s2 = {TOK_SPM, "default", 2, 0, spm, NULL, NULL, NULL, -1, -1, 0, 0, 1};
+    CHECK(tok_init(&t, &s2, err, sizeof err) == 0, "SentencePiece ignores pre: %s", err);
+    tok_free(&t);
+}
+
 /* ------------------------------------------------------------------ chat templates */
 
 static void test_chat(void) {
@@ -373,11 +473,115 @@ static void test_chat(void) {
     CHECK(chat_format(CHAT_UNKNOWN, a, 3, 1, out, sizeof out) == CHAT_EINVAL, "chat unknown kind");
 }
 
+/* the families' templates: expected bytes are Jinja2's renderings of the real templates
+ * (tests/ref/chat_parity.py checks many more conversations the same way) */
+static void test_chat_families(void) {
+    chat_msg c1[] = {{"system", "Be terse."}, {"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."},
+                     {"user", "2+2?"}};
+    chat_msg c2[] = {{"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."}};
+    static const struct {
+        int kind, conv; /* conv: 1 = c1, 2 = c2 */
+        const char *want; /* NULL: refused */
+    } cases[] = {
+        {CHAT_QWEN3, 1, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n"
+                        "Hello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {CHAT_QWEN3, 2, "<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\nHello.<|im_end|>\n"
+                        "<|im_start|>assistant\n"},
+        {CHAT_QWEN3_NOTHINK, 2, "<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\nHello."
+                                "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        {CHAT_GEMMA, 1, "<bos><start_of_turn>user\nBe terse.\n\nHi<end_of_turn>\n<start_of_turn>model\n<think>\nhm\n</think>\n\n"
+                        "Hello.<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"},
+        {CHAT_GEMMA, 2, "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n<think>\nhm\n</think>\n\nHello."
+                        "<end_of_turn>\n<start_of_turn>model\n"},
+        {CHAT_PHI3, 1, "<|system|>\nBe terse.<|end|>\n<|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello."
+                       "<|end|>\n<|user|>\n2+2?<|end|>\n<|assistant|>\n"},
+        {CHAT_PHI4, 1, "<|im_start|>system<|im_sep|>Be terse.<|im_end|><|im_start|>user<|im_sep|> Hi\n<|im_end|>"
+                       "<|im_start|>assistant<|im_sep|><think>\nhm\n</think>\n\nHello.<|im_end|><|im_start|>user<|im_sep|>"
+                       "2+2?<|im_end|><|im_start|>assistant<|im_sep|>"},
+        {CHAT_PHI3_LEGACY, 2, "<s><|user|>\n Hi\n<|end|>\n<|assistant|>\n<think>\nhm\n</think>\n\nHello.<|end|>\n"},
+        {CHAT_MISTRAL_TEKKEN, 1, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>[INST]Be terse.\n\n2+2?[/INST]"},
+        {CHAT_MISTRAL_TEKKEN, 2, "<s>[INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"},
+        {CHAT_GRANITE3, 2, "<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: December 02, "
+                           "2025. You are Granite, developed by IBM. You are a helpful AI assistant.<|end_of_text|>\n"
+                           "<|start_of_role|>user<|end_of_role|> Hi\n<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"
+                           "<think>\nhm\n</think>\n\nHello.<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"},
+        {CHAT_LLAMA31, 1, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                          "Today Date: 26 Jul 2024\n\nBe terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nhm\n</think>\n\nHello.<|eot_id|>"
+                          "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {CHAT_LLAMA32, 2, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                          "Today Date: 02 Dec 2025\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nhm\n</think>\n\nHello.<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    };
+    char out[2048];
+    const int64_t noon = 1764676800; /* 2025-12-02 12:00 UTC */
+    for (int i = 0; i < NELEM(cases); i++) {
+        const chat_msg *m = cases[i].conv == 1 ? c1 : c2;
+        int n = chat_format_at(cases[i].kind, m, cases[i].conv == 1 ? NELEM(c1) : NELEM(c2), 1, noon, out, sizeof out);
+        CHECK(n == (int)strlen(cases[i].want) && strcmp(out, cases[i].want) == 0, "%s conversation %d (%d): %s",
+              chat_name(cases[i].kind), cases[i].conv, n, n > 0 ? out : "");
+    }
+    /* what the templates refuse, kiln refuses; Gemma 2's refusal of a system message is
+     * the one kiln does not copy (Gemma 3 folds it, as above) */
+    chat_msg two_users[] = {{"user", "a"}, {"user", "b"}};
+    chat_msg tool[] = {{"user", "a"}, {"tool", "42"}};
+    CHECK(chat_format(CHAT_GEMMA, two_users, 2, 1, out, sizeof out) == CHAT_EINVAL, "gemma: roles must alternate");
+    CHECK(chat_format(CHAT_MISTRAL_TEKKEN, two_users, 2, 1, out, sizeof out) == CHAT_EINVAL, "mistral: roles alternate");
+    CHECK(chat_format(CHAT_MISTRAL_TEKKEN, tool, 2, 1, out, sizeof out) == CHAT_EINVAL, "mistral: no tool ids");
+    /* Qwen3/Qwen2.5 tool results: one user turn of <tool_response> blocks */
+    chat_msg tools[] = {{"user", "a"}, {"tool", "1"}, {"tool", "2"}};
+    const char *wt = "<|im_start|>user\na<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n"
+                     "2\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+    int n = chat_format(CHAT_QWEN3, tools, 3, 1, out, sizeof out);
+    CHECK(n == (int)strlen(wt) && strcmp(out, wt) == 0, "qwen3 tool results (%d): %s", n, out);
+    /* Llama 3.1 tool results are ipython turns holding a JSON string */
+    chat_msg ipy[] = {{"tool", "say \"hi\"\n\x01"}};
+    n = chat_format(CHAT_LLAMA31, ipy, 1, 0, out, sizeof out);
+    CHECK(n > 0 && strstr(out, "<|start_header_id|>ipython<|end_header_id|>\n\n\"say \\\"hi\\\"\\n\\u0001\"<|eot_id|>"),
+          "llama3.1 ipython json (%d): %s", n, out);
+    CHECK(chat_format_at(CHAT_GRANITE3, c2, 2, 1, noon, out, 100) == CHAT_ESPACE, "granite ESPACE");
+
+    /* detection from the templates' own text; kiln.ini names */
+    static const struct {
+        const char *text;
+        int kind;
+    } det[] = {
+        {"{%- if messages[0].role == 'system' %}<|im_start|>{% set reasoning_content = '' %}{% set ns.last_query_index %}"
+         "{%- if enable_thinking is defined and enable_thinking is false %}", CHAT_QWEN3},
+        {"{{ bos_token }}<|im_start|> reasoning_content enable_thinking ns.last_query_index", CHAT_CHATML},
+        {"{{ '<start_of_turn>' + role + '\n' }}", CHAT_GEMMA},
+        {"{{'<|system|>\n'}}<|user|><|assistant|><|end|>{% if add_generation_prompt %}{{ eos_token }}", CHAT_PHI3},
+        {"{{ bos_token }}<|user|><|end|><|assistant|>", CHAT_PHI3_LEGACY},
+        {"<|user|><|end|><|assistant|>{{ tools }}", CHAT_UNKNOWN},
+        {"{%- if loop.last and system_message is defined %}{{- \"[INST]\" + system_message + \"\\n\\n\" }}", CHAT_MISTRAL_TEKKEN},
+        {"[SYSTEM_PROMPT][INST]", CHAT_UNKNOWN},
+        {"{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|><|im_start|>assistant<|im_sep|>'}}", CHAT_PHI4},
+        {"<|im_start|>{{ role }}<|im_sep|>", CHAT_UNKNOWN},
+        {"<|start_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: You are Granite, developed by IBM.", CHAT_GRANITE3},
+        {"<|start_of_role|>", CHAT_UNKNOWN},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023\\n{{- \"Today Date: \" + date_string", CHAT_LLAMA31},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023 strftime_now Today Date: \" + date_string", CHAT_LLAMA32},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023\\n\\n", CHAT_LLAMA3},
+    };
+    for (int i = 0; i < NELEM(det); i++)
+        CHECK(chat_detect_text(det[i].text, strlen(det[i].text)) == det[i].kind, "detect %d: %s, not %s", i,
+              chat_name(chat_detect_text(det[i].text, strlen(det[i].text))), chat_name(det[i].kind));
+    for (int k = 1; k < CHAT_NKINDS; k++)
+        CHECK(chat_template_names[k] && strcmp(chat_name(k), chat_template_names[k]) == 0 &&
+                  prompt_chat_kind(NULL, k) == k, "kind %d by name", k);
+    CHECK(chat_template_names[CHAT_NKINDS] == NULL && strcmp(chat_name(CHAT_NKINDS), "unknown") == 0, "names end");
+}
+
 int main(void) {
     const char *model = getenv("MODEL");
     test_model(model && *model ? model : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     test_synthetic_bpe();
     test_synthetic_spm();
+    test_synthetic_gemma4();
+    test_unknown_pre();
+    test_qwen35_marks();
     test_chat();
+    test_chat_families();
     return check_done("tokenizer");
 }
