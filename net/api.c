@@ -52,6 +52,12 @@ void api_parser_free(api_parser *p) {
 
 /* ---------------------------------------------------------------- values */
 
+/* An object's key (yyjson keys are always strings; "" keeps the compiler sure of it). */
+static const char *api_key(yyjson_val *k) {
+    const char *s = yyjson_get_str(k);
+    return s ? s : "";
+}
+
 /* A JSON string without NUL inside (the prompt path takes C strings), or NULL. */
 static const char *api_str(yyjson_val *v) {
     if (!yyjson_is_str(v)) return NULL;
@@ -68,13 +74,16 @@ static int api_bad_str(api_err *e, const char *param, yyjson_val *v) {
 static int api_gen_set(api_req *r, const char *key, const char *param, yyjson_val *v, api_err *e) {
     proto_str s = {0};
     char tf[2];
+    int boolean = !strcmp(key, "logprobs") || !strcmp(key, "ignore_eos");
+    if (boolean != yyjson_is_bool(v))
+        return api_fail(e, 400, param, "%s must be a %s", param, boolean ? "boolean" : "number");
     if (yyjson_is_bool(v)) {
         tf[0] = yyjson_get_bool(v) ? '1' : '0', tf[1] = 0;
         s.s = tf, s.len = 1;
     } else if (yyjson_is_raw(v)) {
         s.s = (char *)yyjson_get_raw(v), s.len = yyjson_get_len(v);
     } else {
-        return api_fail(e, 400, param, "%s must be a %s", param, strcmp(key, "logprobs") ? "number" : "boolean");
+        return api_fail(e, 400, param, "%s must be a number", param);
     }
     char err[160];
     if (proto_gen_set(&r->g, key, &s, err, sizeof err) < 0) {
@@ -161,7 +170,7 @@ static int api_message(api_parser *p, api_req *r, yyjson_val *m, int i, api_err 
     size_t k, max;
     yyjson_val *key, *v;
     yyjson_obj_foreach(m, k, max, key, v) {
-        const char *name = yyjson_get_str(key);
+        const char *name = api_key(key);
         snprintf(param, sizeof param, "messages[%d].%.40s", i, name);
         if (!strcmp(name, "role")) {
             const char *s = api_str(v);
@@ -285,9 +294,9 @@ static int api_stream_options(api_req *r, yyjson_val *v, api_err *e) {
     size_t k, max;
     yyjson_val *key, *val;
     yyjson_obj_foreach(v, k, max, key, val) {
-        if (strcmp(yyjson_get_str(key), "include_usage"))
+        if (strcmp(api_key(key), "include_usage"))
             return api_fail(e, 400, "stream_options", "stream_options.%.40s is not supported by kiln",
-                            yyjson_get_str(key));
+                            api_key(key));
         if (yyjson_is_null(val)) continue;
         if (!yyjson_is_bool(val))
             return api_fail(e, 400, "stream_options", "stream_options.include_usage must be a boolean");
@@ -353,7 +362,7 @@ static int api_fields_of(api_parser *p, api_req *r, yyjson_val *root, api_err *e
     size_t k, max;
     _Static_assert(sizeof api_fields / sizeof api_fields[0] <= 32, "seen is 32 bits");
     yyjson_obj_foreach(root, k, max, key, v) {
-        const char *name = yyjson_get_str(key);
+        const char *name = api_key(key);
         char param[64];
         snprintf(param, sizeof param, "%.60s", name);
         const api_field *f = api_field_find(r->kind, name);
@@ -388,7 +397,10 @@ int api_parse(api_parser *p, int kind, const char *body, size_t len, api_req *r,
     yyjson_read_err rerr;
     p->doc = yyjson_read_opts((char *)body, len, YYJSON_READ_NUMBER_AS_RAW, &alc, &rerr);
     if (!p->doc) {
-        if (rerr.code == YYJSON_READ_ERROR_MEMORY_ALLOCATION) return api_fail(e, 413, "", "the body is too large");
+        /* the pool holds any valid document of max_body bytes (yyjson's own bound), so
+         * running out means a malformed one (e.g. thousands of unclosed brackets) */
+        if (rerr.code == YYJSON_READ_ERROR_MEMORY_ALLOCATION)
+            return api_fail(e, 400, "", "the body is not valid JSON (unbalanced or too deeply nested)");
         return api_fail(e, 400, "", "the body is not valid JSON: %s at byte %zu", rerr.msg, rerr.pos);
     }
     yyjson_val *root = yyjson_doc_get_root(p->doc);

@@ -55,7 +55,7 @@ static int ab_room(api_buf *b, size_t n, size_t max) {
 }
 
 static void ab_put(api_buf *b, size_t max, const char *s, size_t n) {
-    if (ab_room(b, n, max) == 0) memcpy(b->p + b->len, s, n), b->len += n;
+    if (n && ab_room(b, n, max) == 0) memcpy(b->p + b->len, s, n), b->len += n; /* s may be NULL when n is 0 */
 }
 
 /* a string literal, its length counted by the compiler */
@@ -76,6 +76,7 @@ static void ab_printf(api_buf *b, size_t max, const char *fmt, ...) {
 
 /* s[0..n) JSON-escaped, without quotes */
 static void ab_esc(api_buf *b, size_t max, const char *s, size_t n) {
+    if (!n) return;
     size_t need = API_JSON_ESCAPED_MAX(n);
     if (ab_room(b, need, max) < 0) return;
     long k = api_json_escape(b->p + b->len, b->cap - b->len, s, n);
