@@ -278,6 +278,18 @@ def test_keepalive(model):
           st1 == 200 and json.loads(b1)["object"] == "text_completion" and st2 == 200 and
           json.loads(b2)["object"] == "list", (st1, b1[:80], st2, b2[:80]))
     s.close()
+    # an HTTP request on a connection that chose the line protocol by ALPN is told so
+    s = tls_conn(alpn=["kiln/1"])
+    s.sendall(b"GET /v1/models HTTP/1.1\r\n\r\n")
+    got = b""
+    while b"\n" not in got:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    check("ALPN kiln/1: an HTTP request gets the line protocol's answer saying so",
+          got.startswith(b"ERR - 401 unauthorized") and b"ALPN http/1.1" in got, got)
+    s.close()
     # without ALPN: told apart by the first bytes
     s = tls_conn()
     s.sendall(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
