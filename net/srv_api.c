@@ -161,7 +161,8 @@ static void api_err_json(api_buf *b, size_t max, int status, const char *msg, co
 
 /* An error answer's head and body; retry_ms > 0 adds Retry-After (whole seconds, rounded
  * up, from the same retry_after_ms a GEN's ERR line carries). The connection closes after
- * a 401 (as after a refused HELLO), a server error or input it could not read to its end. */
+ * a 401 (as after a refused HELLO) or an internal error; api_process has already chosen to
+ * close after input it could not read to its end. */
 static void api_error_body(srv_sess *ss, int status, const char *msg, const char *param, const char *code,
                            int retry_ms, const char *allow) {
     api_buf *b = api_scratch(ss->s);
@@ -171,7 +172,7 @@ static void api_error_body(srv_sess *ss, int status, const char *msg, const char
     if (retry_ms > 0) snprintf(extra, sizeof extra, "Retry-After: %d\r\n", (retry_ms + 999) / 1000);
     else if (status == 401) snprintf(extra, sizeof extra, "WWW-Authenticate: Bearer\r\n");
     else if (allow) snprintf(extra, sizeof extra, "Allow: %s\r\n", allow);
-    if (status == 401 || status >= 500 || status == 413 || status == 431 || (status == 400 && !code && !param)) ss->http_keep = 0;
+    if (status == 401 || status == 500) ss->http_keep = 0;
     api_head(ss, status, "application/json", (long long)b->len, extra);
     sess_write(ss, b->p, b->len);
 }
