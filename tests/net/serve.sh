@@ -125,7 +125,7 @@ if [ "$CHECKS" = sdk ]; then
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \
-    --expect "$W/expect.json" || rc=1
+    --expect "$W/expect.json" $([ "$MODE" != host ] && echo --lwip) || rc=1
 else
   timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
