@@ -272,6 +272,18 @@ static const api_field api_fields[] = {
 #undef CH
 #undef CO
 
+/* OpenAI's fields that kiln knows of and does not implement: refused as such, with the
+ * same 400 and param as an unknown field, but a message that says which it is. */
+static int api_openai_only(const char *name) {
+    static const char *const names[] = {
+        "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "response_format",
+        "audio", "modalities", "prediction", "reasoning_effort", "service_tier", "store", "metadata",
+        "web_search_options", "verbosity", "safety_identifier", "prompt_cache_key", NULL};
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], name)) return 1;
+    return 0;
+}
+
 static const api_field *api_field_find(int kind, const char *name) {
     for (size_t i = 0; i < sizeof api_fields / sizeof api_fields[0]; i++)
         if ((api_fields[i].kinds & (1u << kind)) && !strcmp(api_fields[i].name, name)) return &api_fields[i];
@@ -366,6 +378,7 @@ static int api_fields_of(api_parser *p, api_req *r, yyjson_val *root, api_err *e
         char param[64];
         snprintf(param, sizeof param, "%.60s", name);
         const api_field *f = api_field_find(r->kind, name);
+        if (!f && api_openai_only(name)) return api_fail(e, 400, param, "%s is not supported by kiln", param);
         if (!f) return api_fail(e, 400, param, "unrecognized request argument supplied: %s", param);
         unsigned bit = 1u << (f - api_fields); /* JSON allows a repeated key; a request should not */
         if (seen & bit) return api_fail(e, 400, param, "%s is given twice", param);

@@ -100,6 +100,9 @@ static void test_completions(void) {
 static void test_refusals(void) {
     REFUSED(API_CHAT, CHAT(",\"frobnicate\":1"), 400, "frobnicate");
     REFUSED(API_CHAT, CHAT(",\"tools\":[]"), 400, "tools");
+    CHECK(strstr(E.msg, "not supported by kiln") != NULL, "tools: said to be unsupported: %s", E.msg);
+    REFUSED(API_CHAT, CHAT(",\"frobnicate\":[]"), 400, "frobnicate");
+    CHECK(strstr(E.msg, "unrecognized") != NULL, "an unknown field: said to be unknown: %s", E.msg);
     REFUSED(API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_object\"}"), 400, "response_format");
     REFUSED(API_CHAT, CHAT(",\"logit_bias\":{\"1\":5}"), 400, "logit_bias");
     REFUSED(API_CHAT, CHAT(",\"top_logprobs\":2"), 400, "top_logprobs");
