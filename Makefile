@@ -26,7 +26,7 @@ FUZZ_SRCS := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 TOOL_SRCS := $(sort $(wildcard tests/net/*.c))
 # The dependency libraries (scripts/deps.sh), in link order; static, so a program
 # takes only what it uses.
-DEP_LIBS  := -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih
+DEP_LIBS  := -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih -lyyjson
 
 # ---------------------------------------------------------------- one build variant
 # $(1) variant dir, $(2) compiler, $(3) extra cflags, $(4) extra ldflags, $(5) deps toolchain

@@ -94,6 +94,8 @@ static const cfg_key keys[] = {
     INT("net", "max_line_bytes", net.max_line_bytes, 4096, 67108864, F_SIZE, 1),
     INT("net", "max_requests_per_conn", net.max_requests_per_conn, 1, 4096, 0, 1),
     INT("net", "max_output_bytes", net.max_output_bytes, 16384, 1073741824, F_SIZE, 1),
+    INT("net", "max_http_head_bytes", net.max_http_head_bytes, 1024, 1048576, F_SIZE, 1),
+    INT("net", "max_http_body_bytes", net.max_http_body_bytes, 16384, 67108864, F_SIZE, 1),
     STR("net", "interface", net.interface, 0),
     STR("net", "address", net.address, F_REQ),
     STR("net", "gateway", net.gateway, 0),
@@ -147,6 +149,8 @@ void cfg_defaults(kiln_config *c) {
     c->net.max_line_bytes = 1048576;
     c->net.max_requests_per_conn = 64;
     c->net.max_output_bytes = 1048576;
+    c->net.max_http_head_bytes = 16384;
+    c->net.max_http_body_bytes = 1048576;
     strcpy(c->net.interface, "eth0");
     strcpy(c->net.address, "dhcp");
     c->log.level = CFG_LOG_INFO;

@@ -70,6 +70,8 @@ typedef struct kiln_config {
         int max_requests_per_conn;   /* requests in flight per connection */
         int max_output_bytes;        /* unsent output per connection before its
                                       * requests pause */
+        int max_http_head_bytes;     /* HTTP (the OpenAI API): request line + headers */
+        int max_http_body_bytes;     /* HTTP: one request's body (its JSON) */
         char interface[CFG_STR_MAX + 1]; /* tap / packet: the device */
         char address[CFG_STR_MAX + 1];   /* tap / packet: "dhcp" or a.b.c.d/len */
         char gateway[CFG_STR_MAX + 1];   /* "" or a.b.c.d */

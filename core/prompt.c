@@ -39,7 +39,16 @@ int prompt_build(prompt_builder *pb, const prompt_req *r) {
     size_t len = r->user_len;
     size_t sys_len = r->chat && r->system ? strlen(r->system) : 0;
     if (len + sys_len + PROMPT_TEMPLATE_MAX > pb->text_cap) return PROMPT_ESPACE;
-    if (r->chat) {
+    if (r->chat && r->msgs) {
+        size_t need = PROMPT_TEMPLATE_MAX;
+        for (int i = 0; i < r->n_msgs; i++)
+            need += strlen(r->msgs[i].role) + strlen(r->msgs[i].content) + PROMPT_MSG_OVERHEAD;
+        if (r->n_msgs < 1 || need > pb->text_cap) return r->n_msgs < 1 ? PROMPT_ETEMPLATE : PROMPT_ESPACE;
+        int k = chat_format(pb->chat_kind, r->msgs, r->n_msgs, 1, pb->text, pb->text_cap);
+        if (k == CHAT_ESPACE) return PROMPT_ESPACE;
+        if (k < 0) return PROMPT_ETEMPLATE;
+        text = pb->text, len = (size_t)k;
+    } else if (r->chat) {
         chat_msg msgs[2];
         int n = 0;
         if (r->system) msgs[n++] = (chat_msg){"system", r->system};

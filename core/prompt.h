@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/chat.h"
 #include "core/gguf.h"
 #include "core/tokenizer.h"
 
@@ -35,13 +36,17 @@ typedef struct {
     size_t user_len;
     int chat;           /* render through the chat template */
     int special;        /* plain text: special-token texts become their ids */
+    const chat_msg *msgs; /* with chat: a whole conversation (role-tagged turns) rendered
+                           * instead of system + user; NULL: system + user */
+    int n_msgs;
 } prompt_req;
 
 /* The template kind for [model] chat_template (CFG_TEMPLATE_*): the configured one, or
  * with `auto` the one the GGUF's tokenizer.chat_template names. */
 int prompt_chat_kind(const gguf_file *f, int cfg_template);
-/* Scratch for prompts whose system and user texts add up to max_input bytes. 0 or
- * -ENOMEM. */
+/* Scratch for prompts whose system and user texts (or messages: their contents and
+ * roles, plus PROMPT_MSG_OVERHEAD each) add up to max_input bytes. 0 or -ENOMEM. */
+#define PROMPT_MSG_OVERHEAD 64 /* bytes a template adds around one more message, at most */
 int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_input);
 void prompt_free(prompt_builder *pb);
 /* The prompt's ids in pb->ids: their count, or PROMPT_E* (an input over max_input is

@@ -198,7 +198,7 @@ static int load_prompts(const be_opts *o, const tok_t *tok, int n_vocab, be_prom
         size_t l = strcspn(line, "\n");
         if (l == 0) continue;
         line[l] = 0;
-        prompt_req r = {NULL, line, l, 0, 0};
+        prompt_req r = {.user = line, .user_len = l};
         int k = prompt_build(&pb, &r);
         if (k <= 0) continue;
         if (used + (size_t)k > cap) { cap = (used + (size_t)k) * 2; p->toks = realloc(p->toks, cap * sizeof(int32_t)); }

@@ -49,7 +49,7 @@ static int build_prompt(const dr_runner *e, const dr_opts *o, prompt_builder *pb
         return -1;
     }
     if (o->prompt_ids) return parse_ids(o->prompt_ids, &e->tok, pb->ids, pb->ids_cap);
-    prompt_req r = {o->system, text, strlen(text), o->chat, o->special};
+    prompt_req r = {.system = o->system, .user = text, .user_len = strlen(text), .chat = o->chat, .special = o->special};
     int n = prompt_build(pb, &r);
     if (n < 0) fprintf(stderr, "kilnd: %s\n", prompt_strerror(n));
     return n < 0 ? -1 : n;

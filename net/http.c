@@ -63,11 +63,10 @@ static int http_version(const char *v, size_t n, int *minor) {
     return -505;
 }
 
-/* METHOD SP request-target SP HTTP-version, without its line end. Checks in this order:
- * bytes, shape and method token (-400), version (-400/-505), target (-400), path
- * length (-414), and last the method (-405), so that 405 means "a fine request for a
- * method we do not serve". */
-static int http_request_line(const char *s, size_t n, http_req *r) {
+/* METHOD SP request-target SP HTTP-version, without its line end: the method token
+ * (its length in *ml), the path and the version. Checks in this order: bytes, shape and
+ * method token (-400), version (-400/-505), target (-400), path length (-414). */
+static int http_line_parts(const char *s, size_t n, size_t *ml, char *path, int *minor) {
     for (size_t i = 0; i < n; i++)
         if (!http_line_byte((unsigned char)s[i])) return -400;
     const char *end = s + n;
@@ -80,8 +79,7 @@ static int http_request_line(const char *s, size_t n, http_req *r) {
     if (!sp2 || sp2 == t) return -400;
     const char *v = sp2 + 1;
     if (memchr(v, ' ', (size_t)(end - v))) return -400;
-    int minor = 0;
-    int rc = http_version(v, (size_t)(end - v), &minor);
+    int rc = http_version(v, (size_t)(end - v), minor);
     if (rc < 0) return rc;
     /* origin-form only: absolute-form ("http://h/x") and "*" are not for us. The byte
      * scan above already kept the target to visible ASCII, and SP splits it off. */
@@ -89,7 +87,20 @@ static int http_request_line(const char *s, size_t n, http_req *r) {
     const char *q = memchr(t, '?', (size_t)(sp2 - t));
     size_t pl = (size_t)((q ? q : sp2) - t);
     if (pl > HTTP_PATH_MAX) return -414;
-    size_t ml = (size_t)(sp1 - s);
+    memcpy(path, t, pl);
+    path[pl] = '\0';
+    *ml = (size_t)(sp1 - s);
+    return 0;
+}
+
+/* The request line for http_parse: http_line_parts' checks, and last the method (-405),
+ * so that 405 means "a fine request for a method we do not serve". */
+static int http_request_line(const char *s, size_t n, http_req *r) {
+    char path[HTTP_PATH_MAX + 1];
+    size_t ml = 0;
+    int minor = 0;
+    int rc = http_line_parts(s, n, &ml, path, &minor);
+    if (rc < 0) return rc;
     int method;
     if (ml == 3 && !memcmp(s, "GET", 3))
         method = HTTP_GET;
@@ -99,8 +110,7 @@ static int http_request_line(const char *s, size_t n, http_req *r) {
         return -405;
     r->method = method;
     r->minor = minor;
-    memcpy(r->path, t, pl);
-    r->path[pl] = '\0';
+    memcpy(r->path, path, strlen(path) + 1);
     return 0;
 }
 
@@ -170,18 +180,120 @@ int http_parse(const char *buf, size_t len, http_req *r) {
     }
 }
 
+/* ---------------------------------------------------------------- the API's requests */
+
+/* Does the comma-separated list v[0..n) hold tok (case-insensitive, OWS trimmed)? */
+static int http_list_has(const char *v, size_t n, const char *tok) {
+    const char *p = v, *end = v + n;
+    while (p < end) {
+        const char *c = memchr(p, ',', (size_t)(end - p));
+        const char *e = c ? c : end, *a = p;
+        while (a < e && (*a == ' ' || *a == '\t')) a++;
+        while (e > a && (e[-1] == ' ' || e[-1] == '\t')) e--;
+        if (http_name_is(a, (size_t)(e - a), tok)) return 1;
+        p = c ? c + 1 : end;
+    }
+    return 0;
+}
+
+/* A header line of a request to the API: http_header's checks of bytes and shape, then
+ * the few fields the server acts on. */
+static int http_msg_header(const char *s, size_t n, http_msg *m) {
+    for (size_t i = 0; i < n; i++)
+        if (!http_field_byte((unsigned char)s[i])) return -400;
+    if (s[0] == ' ' || s[0] == '\t') return -400;
+    const char *colon = memchr(s, ':', n);
+    if (!colon || colon == s) return -400;
+    size_t nl = (size_t)(colon - s);
+    for (size_t i = 0; i < nl; i++)
+        if (!http_tchar((unsigned char)s[i])) return -400;
+    const char *v = colon + 1, *end = s + n;
+    while (v < end && (*v == ' ' || *v == '\t')) v++;
+    while (end > v && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    size_t vl = (size_t)(end - v);
+    if (http_name_is(s, nl, "transfer-encoding")) return -501; /* bodies come with a length */
+    if (http_name_is(s, nl, "content-length")) {
+        if (m->content_length >= 0 || vl == 0) return -400; /* a second one, or empty */
+        long long x = 0;
+        for (const char *p = v; p < end; p++) {
+            if (*p < '0' || *p > '9') return -400;
+            if (x > (HTTP_BODY_LIMIT - (*p - '0')) / 10) return -413;
+            x = x * 10 + (*p - '0');
+        }
+        m->content_length = x;
+    } else if (http_name_is(s, nl, "connection")) {
+        m->conn_close |= http_list_has(v, vl, "close");
+        m->conn_keep_alive |= http_list_has(v, vl, "keep-alive");
+    } else if (http_name_is(s, nl, "expect")) {
+        if (!http_name_is(v, vl, "100-continue")) return -417;
+        m->expect_continue = 1;
+    } else if (http_name_is(s, nl, "authorization")) {
+        if (m->auth_set) return -400;
+        m->auth_set = 1;
+        if (vl > HTTP_AUTH_MAX) {
+            m->auth_too_long = 1;
+        } else {
+            memcpy(m->auth, v, vl);
+            m->auth[vl] = '\0';
+        }
+    }
+    return 0;
+}
+
+static void http_msg_clear(http_msg *m) {
+    memset(m, 0, sizeof *m);
+    m->content_length = -1;
+}
+
+int http_parse_msg(const char *buf, size_t len, size_t max_head, http_msg *m) {
+    if (!m || (!buf && len)) return -400;
+    http_msg_clear(m);
+    size_t lim = len < max_head ? len : max_head;
+    size_t pos = 0;
+    for (int line = 0;; line++) {
+        const char *nl = pos < lim ? memchr(buf + pos, '\n', lim - pos) : NULL;
+        if (!nl) {
+            if (http_partial_bad(buf + pos, lim - pos, line == 0)) return -400;
+            return len >= max_head ? -431 : 0;
+        }
+        size_t end = (size_t)(nl - buf);
+        size_t n = end - pos;
+        if (n > 0 && buf[end - 1] == '\r') n--;
+        if (line == 0) {
+            size_t ml = 0;
+            int rc = n ? http_line_parts(buf + pos, n, &ml, m->path, &m->minor) : -400;
+            if (rc < 0) return rc;
+            if (ml > HTTP_METHOD_MAX) return -501; /* no method of ours is that long */
+            memcpy(m->method, buf + pos, ml);
+            m->method[ml] = '\0';
+        } else if (n == 0) {
+            return (int)(end + 1);
+        } else {
+            int rc = http_msg_header(buf + pos, n, m);
+            if (rc < 0) return rc;
+        }
+        pos = end + 1;
+    }
+}
+
 const char *http_reason(int status) {
     switch (status) {
+    case 100: return "Continue";
     case 200: return "OK";
     case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Content Too Large"; /* RFC 9110's name; "Payload Too Large" in 7231 */
     case 414: return "URI Too Long";
+    case 417: return "Expectation Failed";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
     default: return "Unknown";

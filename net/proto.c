@@ -538,6 +538,17 @@ static void proto_gen_defaults(proto_gen *g) {
     g->repeat_last_n = 64;
 }
 
+void proto_gen_init(proto_gen *g) { proto_gen_defaults(g); }
+
+int proto_gen_set(proto_gen *g, const char *key, const proto_str *val, char *err, size_t errlen) {
+    const proto_gkey *k = proto_gkey_find(key);
+    if (!k || k->kind == PGK_ID || k->kind == PGK_PROMPT || k->kind == PGK_SYSTEM)
+        return proto_fail(err, errlen, "unknown key %s", key);
+    int rc = proto_gen_value(k, val, g, err, errlen);
+    if (rc == 0) g->set |= k->bit;
+    return rc;
+}
+
 int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen) {
     unsigned seen = 0; /* bit i: proto_gkeys[i] was given */
     proto_gen_defaults(g);

@@ -91,6 +91,13 @@ typedef struct {
     unsigned set; /* PG_* */
 } proto_gen;
 int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen);
+/* The same request from another framing (the OpenAI API's JSON, net/api.h), so both
+ * share GEN's keys, ranges and messages: proto_gen_init gives GEN's defaults (nothing
+ * set, no id, no prompt); proto_gen_set applies one GEN key (not id, prompt or system)
+ * as if it came in a line, val as its bare text (quoted for stop). 0 or -EINVAL (an
+ * unknown key, or a value GEN would refuse) with err. */
+void proto_gen_init(proto_gen *g);
+int proto_gen_set(proto_gen *g, const char *key, const proto_str *val, char *err, size_t errlen);
 
 /* UPDATE size=N sha256=HEX [tries=T] (admin; docs/PROTOCOL.md): N 1..2^40 bytes of a signed
  * bundle follow once the server says OK; sha256 is 64 lower-case hex digits (the whole

@@ -119,7 +119,7 @@ static void srv_step_hung(srv *s) {
     drive_ladder_restart(&s->drv);
     for (srv_sess *ss = s->sessions; ss; ss = ss->next) {
         for (srv_req *r = ss->reqs; r; r = r->next) {
-            sess_err(ss, r->id, 503, "restarting", "the engine stopped responding; retry");
+            gen_fail(r, 503, "restarting", "the engine stopped responding; retry");
             r->sess = NULL; /* the engine keeps the slot; nothing more goes out for it */
         }
         ss->reqs = NULL, ss->n_reqs = 0;
@@ -158,7 +158,7 @@ static void srv_drain_expire(srv *s) {
     for (srv_sess *ss = s->sessions; ss; ss = ss->next)
         for (srv_req *r = ss->reqs, *next; r; r = next) {
             next = r->next; /* eng_cancel may finish (and recycle) r right here */
-            if (!r->failed++) sess_err(ss, r->id, 503, "draining", "drain_timeout_ms passed; retry elsewhere");
+            gen_fail(r, 503, "draining", "drain_timeout_ms passed; retry elsewhere");
             eng_cancel(s->eng, r->eng_id);
             n++;
         }
@@ -196,7 +196,8 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
             }
         } else if (!ss->n_reqs && !ss->close_when_flushed &&
                    now - ss->last_rx_ms >= s->cfg.net.idle_timeout_ms) {
-            sess_err(ss, "-", 408, "idle_timeout", NULL);
+            /* an idle HTTP keep-alive connection just closes (RFC 9112 9.5) */
+            if (ss->kind != SK_HTTP) sess_err(ss, "-", 408, "idle_timeout", NULL);
             sess_close(ss);
         }
     }
@@ -281,8 +282,13 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     s->metrics_text = malloc(SRV_METRICS_CAP);
     s->met = met_new(64);
     int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
-    if (prompt_init(&s->pb, env->tok, chat_kind, 2 * (size_t)c->net.max_line_bytes) < 0 || !s->reqs ||
-        !s->metrics_text || !s->met || add_metrics(s) < 0) {
+    /* a GEN's system + prompt come in at most two lines; an OpenAI body's messages render
+     * to at most twice the body (a template's markup per turn is at most twice the JSON
+     * around it: PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
+    size_t max_in = 2 * (size_t)c->net.max_line_bytes;
+    if (max_in < 2 * (size_t)c->net.max_http_body_bytes) max_in = 2 * (size_t)c->net.max_http_body_bytes;
+    if (prompt_init(&s->pb, env->tok, chat_kind, max_in) < 0 || !s->reqs ||
+        !s->metrics_text || !s->met || add_metrics(s) < 0 || api_init(s) < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -341,6 +347,7 @@ void srv_free(srv *s) {
     tls_server_free(s->tls);
     met_free(s->met);
     prompt_free(&s->pb);
+    api_free(s);
     free(s->reqs), free(s->metrics_text);
     free(s);
 }

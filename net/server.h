@@ -1,4 +1,4 @@
-/* server: kilnd serving the line protocol (docs/PROTOCOL.md) and HTTP /metrics.
+/* server: kilnd serving the line protocol (docs/PROTOCOL.md), the OpenAI API and HTTP /metrics.
  *
  * One cooperative loop carries everything: the transport (net.h) hands bytes to a
  * session, TLS (tls.h) decrypts them, a line becomes a request (proto.h) that the
@@ -10,9 +10,14 @@
  *
  * The server owns the engine (created over the caller's model, tokenizer, KV pool and
  * backend); the driver (sched/drive.h) runs it on the loop and ticks the degrade ladder.
+ * The same TLS port speaks HTTP/1.1 with the OpenAI-compatible API to clients that ask
+ * for it by ALPN (http/1.1) or start with an HTTP method: a generation there is a GEN in
+ * another framing, through the same admission, engine and metrics.
+ *
  * The server's files: server.c (setup, health, stats, metrics, the sweep), srv_sess.c
- * (tokens, output, connections, line input), srv_verbs.c (the verb table), srv_gen.c
- * (GEN, CANCEL), srv_update.c (UPDATE, REBOOT), srv_fault.c (FAULT), srv_http.c (the
+ * (tokens, output, connections, telling the protocols apart, line input), srv_verbs.c
+ * (the verb table), srv_gen.c (the submit path, GEN, CANCEL), srv_api.c (HTTP and the
+ * OpenAI API), srv_update.c (UPDATE, REBOOT), srv_fault.c (FAULT), srv_http.c (the
  * metrics_port listener); srv_int.h is their private header. */
 #ifndef KILN_SERVER_H
 #define KILN_SERVER_H

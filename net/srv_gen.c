@@ -1,5 +1,6 @@
-/* srv_gen: GEN and CANCEL: a request from a line, its tokens streamed back as TOK lines, END
- * with its usage, through the engine's callbacks. */
+/* srv_gen: the one way a request reaches the engine (gen_submit, for GEN and the OpenAI API
+ * alike), GEN and CANCEL: a request from a line, its tokens streamed back as TOK lines, END
+ * with its usage, through the engine's callbacks (an API request's go to net/srv_api.c). */
 #include "net/srv_int.h"
 
 void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len,
@@ -11,6 +12,7 @@ void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *tex
     if (tok >= 0 && r->t_last[sample] > 0) met_observe(s->met, s->m_itl, t - r->t_last[sample]);
     if (tok >= 0) r->t_last[sample] = t;
     srv_sess *ss = r->sess;
+    if (ss && r->api) { api_on_token(r, sample, tok, text, len, lp); return; }
     if (!ss || len <= 0) return; /* nothing to show yet (held back), or nobody to show it to */
     sess_printf(ss, "TOK %s ", r->id);
     sess_quote(ss, text, (size_t)len);
@@ -38,7 +40,10 @@ void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage
     met_inc(s->met, s->m_reason[reason], 1);
     met_observe(s->met, s->m_e2e, u->e2e_s);
     if (u->completion_tokens > 0) met_observe(s->met, s->m_ttft, u->ttft_s);
-    if (ss) {
+    if (ss && r->api) {
+        if (reason == EF_ERROR) gen_fail(r, 500, "internal", msg);
+        else if (!r->failed) api_on_finish(r, sample, reason, u, msg);
+    } else if (ss) {
         if (reason == EF_ERROR) {
             if (!r->failed++) sess_err(ss, r->id, 500, "internal", msg);
         } else if (!r->failed) {
@@ -55,6 +60,7 @@ void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage
     if (++r->n_done < r->n) return;
     drive_note_finished(&s->drv);
     if (ss) req_unlink(ss, r);
+    if (r->api) api_req_free(r); /* after the unlink: the session may take its next request */
     r->sess = NULL;
     r->next = s->free_reqs;
     s->free_reqs = r;
@@ -66,8 +72,99 @@ static srv_req *gen_find_req(srv_sess *ss, const char *id) {
     return NULL;
 }
 
-void verb_gen(srv_sess *ss, const proto_line *l) {
+/* A refusal for gen_submit's caller; 503s are counted as rejected. */
+static int gen_refuse(gen_err *e, int code, const char *slug, int retry_ms, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int gen_refuse(gen_err *e, int code, const char *slug, int retry_ms, const char *fmt, ...) {
+    e->code = code, e->slug = slug, e->retry_ms = retry_ms;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* g's sampling keys over the config's defaults. */
+static void gen_sampling(const srv *s, const proto_gen *g, int max_tokens, sampler_params *sp) {
+    const kiln_config *c = &s->cfg;
+    sampler_params_default(sp);
+    sp->temperature = g->set & PG_TEMPERATURE ? g->temperature : (float)c->sampling.temperature;
+    sp->top_p = g->set & PG_TOP_P ? g->top_p : (float)c->sampling.top_p;
+    sp->top_k = g->set & PG_TOP_K ? g->top_k : c->sampling.top_k;
+    sp->min_p = g->set & PG_MIN_P ? g->min_p : (float)c->sampling.min_p;
+    sp->repeat_penalty = g->set & PG_REPEAT_PENALTY ? g->repeat_penalty : (float)c->sampling.repeat_penalty;
+    sp->repeat_last_n = g->repeat_last_n;
+    sp->presence_penalty = g->presence_penalty;
+    sp->frequency_penalty = g->frequency_penalty;
+    sp->seed = g->set & PG_SEED ? g->seed : c->sampling.seed;
+    sp->max_tokens = max_tokens;
+}
+
+int gen_submit(srv_sess *ss, const proto_gen *g, const chat_msg *msgs, int n_msgs, srv_req **rp,
+               int *n_prompt_out, gen_err *e) {
     srv *s = ss->s;
+    char err[256];
+    *rp = NULL;
+    if (s->draining) return gen_refuse(e, 503, "draining", 0, "the server is draining");
+    if (s->drv.lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
+        met_inc(s->met, s->m_rejected, 1);
+        met_inc(s->met, s->m_shed, 1);
+        return gen_refuse(e, 503, "overloaded", drive_retry_after_ms(&s->drv), "the server is shedding load");
+    }
+    if (ss->n_reqs >= s->cfg.net.max_requests_per_conn)
+        return gen_refuse(e, 429, "too_many", 0, "too many requests in flight on this connection");
+    if (g->n > SRV_MAX_N) return gen_refuse(e, 400, "bad_request", 0, "n is too large");
+    prompt_req pr = {.system = g->system, .user = g->prompt, .user_len = g->prompt_len,
+                     .chat = g->chat, .msgs = msgs, .n_msgs = n_msgs};
+    int n_prompt = prompt_build(&s->pb, &pr);
+    if (n_prompt < 0) return gen_refuse(e, 400, "bad_request", 0, "%s", prompt_strerror(n_prompt));
+    if (n_prompt == 0) return gen_refuse(e, 400, "bad_request", 0, "the prompt is empty");
+    *n_prompt_out = n_prompt;
+    int max_tokens = g->set & PG_MAX_TOKENS ? g->max_tokens : s->cfg.engine.default_max_tokens;
+    if (n_prompt + max_tokens > s->env.max_seq_len)
+        return gen_refuse(e, 413, "too_long", 0, "prompt (%d tokens) + max_tokens (%d) exceeds the context (%d)",
+                          n_prompt, max_tokens, s->env.max_seq_len);
+    srv_req *r = s->free_reqs;
+    if (!r) {
+        met_inc(s->met, s->m_rejected, 1);
+        return gen_refuse(e, 503, "overloaded", SRV_RETRY_MS, "the request queue is full");
+    }
+    if (max_tokens == 0) return 0; /* nothing to generate: the usage alone */
+    eng_params ep = {0};
+    ep.prompt = s->pb.ids, ep.n_prompt = n_prompt, ep.n = g->n, ep.ud = r;
+    ep.stops = g->stops, ep.n_stops = g->n_stops;
+    ep.ignore_eog = g->ignore_eos, ep.logprobs = g->logprobs;
+    ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
+    gen_sampling(s, g, max_tokens, &ep.sp);
+    int64_t eid = eng_submit(s->eng, &ep, err, sizeof err);
+    if (eid < 0) {
+        if (eid == -EAGAIN) {
+            met_inc(s->met, s->m_rejected, 1);
+            return gen_refuse(e, 503, "overloaded", SRV_RETRY_MS, "the engine's queue is full");
+        }
+        return gen_refuse(e, eid == -E2BIG ? 413 : 400, eid == -E2BIG ? "too_long" : "bad_request", 0, "%s", err);
+    }
+    s->free_reqs = r->next;
+    memset(r, 0, sizeof *r);
+    r->owner = s, r->sess = ss, r->eng_id = eid, r->n = g->n, r->logprobs = g->logprobs;
+    snprintf(r->id, sizeof r->id, "%s", g->id ? g->id : "-");
+    r->next = ss->reqs;
+    ss->reqs = r;
+    ss->n_reqs++;
+    s->requests_total++;
+    if (ss->paused) eng_pause(s->eng, eid, 1), r->paused = 1;
+    srv_kick(s);
+    *rp = r;
+    return 1;
+}
+
+void gen_fail(srv_req *r, int code, const char *slug, const char *msg) {
+    if (r->failed++ || !r->sess) return;
+    if (r->api) api_fail(r, code, slug, msg);
+    else sess_err(r->sess, r->id, code, slug, msg);
+}
+
+void verb_gen(srv_sess *ss, const proto_line *l) {
     proto_gen g;
     char err[256];
     if (proto_gen_parse(l, &g, err, sizeof err) < 0) {
@@ -75,79 +172,22 @@ void verb_gen(srv_sess *ss, const proto_line *l) {
         sess_err(ss, id && proto_id_ok(id->s, id->len) ? id->s : "-", 400, "bad_request", err);
         return;
     }
-    if (s->draining) { sess_err(ss, g.id, 503, "draining", "the server is draining"); return; }
-    if (s->drv.lad.level >= LADDER_SHED) { /* the ladder's third rung: running ones finish */
-        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, drive_retry_after_ms(&s->drv));
-        met_inc(s->met, s->m_rejected, 1);
-        met_inc(s->met, s->m_shed, 1);
+    /* checked where GEN always did: after draining and shedding, before the rest */
+    if (!ss->s->draining && ss->s->drv.lad.level < LADDER_SHED && gen_find_req(ss, g.id)) {
+        sess_err(ss, g.id, 409, "duplicate_id", "that id is in flight");
         return;
     }
-    if (gen_find_req(ss, g.id)) { sess_err(ss, g.id, 409, "duplicate_id", "that id is in flight"); return; }
-    if (ss->n_reqs >= s->cfg.net.max_requests_per_conn) {
-        sess_err(ss, g.id, 429, "too_many", "too many requests in flight on this connection");
-        return;
-    }
-    if (g.n > SRV_MAX_N) { sess_err(ss, g.id, 400, "bad_request", "n is too large"); return; }
-    prompt_req pr = {g.system, g.prompt, g.prompt_len, g.chat, 0};
-    int n_prompt = prompt_build(&s->pb, &pr);
-    if (n_prompt < 0) { sess_err(ss, g.id, 400, "bad_request", prompt_strerror(n_prompt)); return; }
-    if (n_prompt == 0) { sess_err(ss, g.id, 400, "bad_request", "the prompt is empty"); return; }
-    int max_tokens = g.set & PG_MAX_TOKENS ? g.max_tokens : s->cfg.engine.default_max_tokens;
-    if (n_prompt + max_tokens > s->env.max_seq_len) {
-        snprintf(err, sizeof err, "prompt (%d tokens) + max_tokens (%d) exceeds the context (%d)",
-                 n_prompt, max_tokens, s->env.max_seq_len);
-        sess_err(ss, g.id, 413, "too_long", err);
-        return;
-    }
-    srv_req *r = s->free_reqs;
-    if (!r) {
-        sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, SRV_RETRY_MS);
-        met_inc(s->met, s->m_rejected, 1);
-        return;
-    }
-    eng_params ep = {0};
-    ep.prompt = s->pb.ids, ep.n_prompt = n_prompt, ep.n = g.n, ep.ud = r;
-    ep.stops = g.stops, ep.n_stops = g.n_stops;
-    ep.ignore_eog = g.ignore_eos, ep.logprobs = g.logprobs;
-    ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
-    sampler_params *sp = &ep.sp;
-    sampler_params_default(sp);
-    const kiln_config *c = &s->cfg;
-    sp->temperature = g.set & PG_TEMPERATURE ? g.temperature : (float)c->sampling.temperature;
-    sp->top_p = g.set & PG_TOP_P ? g.top_p : (float)c->sampling.top_p;
-    sp->top_k = g.set & PG_TOP_K ? g.top_k : c->sampling.top_k;
-    sp->min_p = g.set & PG_MIN_P ? g.min_p : (float)c->sampling.min_p;
-    sp->repeat_penalty = g.set & PG_REPEAT_PENALTY ? g.repeat_penalty : (float)c->sampling.repeat_penalty;
-    sp->repeat_last_n = g.repeat_last_n;
-    sp->presence_penalty = g.presence_penalty;
-    sp->frequency_penalty = g.frequency_penalty;
-    sp->seed = g.set & PG_SEED ? g.seed : c->sampling.seed;
-    sp->max_tokens = max_tokens;
-    if (max_tokens == 0) { /* nothing to generate: the usage alone */
+    srv_req *r;
+    int n_prompt = 0;
+    gen_err e;
+    int rc = gen_submit(ss, &g, NULL, 0, &r, &n_prompt, &e);
+    if (rc == 0)
         sess_printf(ss, "END %s reason=length prompt_tokens=%d completion_tokens=0 cached_tokens=0 "
                     "ttft_ms=0 tpot_ms=0 e2e_ms=0\n", g.id, n_prompt);
-        return;
-    }
-    int64_t eid = eng_submit(s->eng, &ep, err, sizeof err);
-    if (eid < 0) {
-        if (eid == -EAGAIN) {
-            sess_printf(ss, "ERR %s 503 overloaded retry_after_ms=%d\n", g.id, SRV_RETRY_MS);
-            met_inc(s->met, s->m_rejected, 1);
-        } else {
-            sess_err(ss, g.id, eid == -E2BIG ? 413 : 400, eid == -E2BIG ? "too_long" : "bad_request", err);
-        }
-        return;
-    }
-    s->free_reqs = r->next;
-    memset(r, 0, sizeof *r);
-    r->owner = s, r->sess = ss, r->eng_id = eid, r->n = g.n, r->logprobs = g.logprobs;
-    snprintf(r->id, sizeof r->id, "%s", g.id);
-    r->next = ss->reqs;
-    ss->reqs = r;
-    ss->n_reqs++;
-    s->requests_total++;
-    if (ss->paused) eng_pause(s->eng, eid, 1), r->paused = 1;
-    srv_kick(s);
+    else if (rc < 0 && e.retry_ms > 0)
+        sess_printf(ss, "ERR %s %d %s retry_after_ms=%d\n", g.id, e.code, e.slug, e.retry_ms);
+    else if (rc < 0)
+        sess_err(ss, g.id, e.code, e.slug, e.msg);
 }
 
 void verb_cancel(srv_sess *ss, const proto_line *l) {

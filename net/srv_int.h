@@ -13,6 +13,7 @@
 
 #include "core/prompt.h"
 #include "core/sampler.h"
+#include "net/api.h"
 #include "net/http.h"
 #include "net/metrics.h"
 #include "net/proto.h"
@@ -42,6 +43,9 @@ _Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN
 
 enum { ROLE_NONE, ROLE_USER, ROLE_ADMIN };
 enum { SS_TLS, SS_HELLO, SS_READY, SS_CLOSING };
+/* What a connection speaks: told by ALPN, or else by its first bytes (net/srv_sess.c) */
+enum { SK_UNKNOWN, SK_LINE, SK_HTTP };
+#define SRV_SNIFF_MAX 8 /* bytes that tell an HTTP method + SP from a protocol verb */
 /* A network update: kiln-init clears the slot's entry (BEGIN), the bytes come (DATA),
  * kiln-init verifies and activates (ACTIVATE). */
 enum { UP_IDLE, UP_BEGIN, UP_DATA, UP_ACTIVATE };
@@ -57,6 +61,7 @@ typedef struct srv_req {
     int n, n_done, logprobs, paused;
     int failed;            /* ERR sent: the other samples end silently */
     double t_last[SRV_MAX_N]; /* the previous token's time, per sample */
+    struct srv_api_req *api; /* an OpenAI API request's answer being built; NULL for GEN */
     struct srv_req *next;  /* the session's list, or the free list */
 } srv_req;
 
@@ -81,6 +86,14 @@ struct srv_sess {
     int dirty;
     uint64_t raw_left;     /* bytes of an UPDATE still to come: data, not lines */
     int64_t resume_timer;  /* reading resumes here after an update slice */
+    int kind;              /* SK_* */
+    char sniff[SRV_SNIFF_MAX]; /* SK_UNKNOWN: the first bytes, until they tell */
+    size_t sniff_len;
+    /* SK_HTTP (net/srv_api.c): one request at a time; the next waits in `in` */
+    int http_busy;         /* a request's answer is still being produced */
+    int http_keep;         /* keep the connection after this answer */
+    int http_chunked;      /* the answer's body is chunked (HTTP/1.1 streams) */
+    int http_continued;    /* 100 Continue sent for the head at the front of `in` */
 };
 
 /* An HTTP connection on metrics_port: one request, one response, close. */
@@ -117,7 +130,10 @@ struct srv {
     int64_t goodbye_ms;    /* drained: sessions closing, the loop stops at this time */
     srv_token tokens[SRV_MAX_TOKENS];
     int n_tokens;
-    prompt_builder pb;     /* GEN's text to ids; its input is at most two lines */
+    prompt_builder pb;     /* GEN's text to ids; its input is at most two lines or a body */
+    api_parser api;        /* the OpenAI API's bodies */
+    api_req *api_req;      /* the body being read (one at a time) */
+    struct srv_api_buf *api_scratch; /* one response or event being built */
     char *metrics_text;    /* [SRV_METRICS_CAP] */
     int draining, restart;
     drive drv;             /* the engine on the loop; the ladder is drv.lad */
@@ -164,12 +180,33 @@ void sess_printf(srv_sess *ss, const char *fmt, ...) __attribute__((format(print
 void sess_quote(srv_sess *ss, const char *text, size_t len);
 void sess_err(srv_sess *ss, const char *id, int code, const char *slug, const char *msg);
 void sess_body(srv_sess *ss, const char *text, size_t len);
+void sess_write(srv_sess *ss, const char *p, size_t n); /* bytes as they are */
+/* sess_close for a session with no request in flight, safe inside the engine's callbacks
+ * (it cancels nothing and kicks nothing) */
+void sess_close_idle(srv_sess *ss);
 void sess_kill(srv_sess *ss, int abort);
 void sess_close(srv_sess *ss);
 void sess_flush(srv_sess *ss);
 int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud);
 
 /* net/srv_gen.c */
+/* Why gen_submit refused: GEN's code and slug, a message, and for 503 the client's wait. */
+typedef struct {
+    int code;
+    const char *slug;
+    char msg[256];
+    int retry_ms;          /* > 0: retry_after_ms */
+} gen_err;
+/* The one way a request reaches the engine, for GEN and the OpenAI API alike: admission
+ * (draining, the ladder's shed rung, the connection's limit), the prompt through
+ * core/prompt (msgs: a conversation instead of g's system + prompt), the context check,
+ * g's sampling over the config's defaults, eng_submit. 1: running as *rp (its id copied
+ * from g->id); 0: nothing to generate (max_tokens 0), *n_prompt says the prompt's
+ * tokens; -1: refused, *e says why (rejections counted in the metrics). */
+int gen_submit(srv_sess *ss, const proto_gen *g, const chat_msg *msgs, int n_msgs, srv_req **rp,
+               int *n_prompt, gen_err *e);
+/* The request's client learns it failed (once; later samples end silently). */
+void gen_fail(srv_req *r, int code, const char *slug, const char *msg);
 void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *text, int len, float lp);
 void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u, const char *msg);
 void verb_gen(srv_sess *ss, const proto_line *l);
@@ -187,6 +224,15 @@ void verb_reboot(srv_sess *ss, const proto_line *l);
 
 /* net/srv_fault.c */
 void verb_fault(srv_sess *ss, const proto_line *l);
+
+/* net/srv_api.c: HTTP/1.1 and the OpenAI API on the protocol port */
+void api_sess_input(srv_sess *ss, const char *p, size_t n);
+void api_on_token(srv_req *r, int sample, int32_t tok, const char *text, int len, float lp);
+void api_on_finish(srv_req *r, int sample, int reason, const eng_usage *u, const char *msg);
+void api_req_free(srv_req *r);     /* all samples ended: the answer's memory */
+void api_fail(srv_req *r, int code, const char *slug, const char *msg);
+int api_init(srv *s);              /* 0 or -ENOMEM */
+void api_free(srv *s);
 
 /* net/srv_http.c */
 void srvh_done(srv_http *h, int abort);

@@ -111,6 +111,13 @@ void sess_quote(srv_sess *ss, const char *text, size_t len) {
     if (n > 0) ss->out_len += (size_t)n;
 }
 
+void sess_write(srv_sess *ss, const char *p, size_t n) {
+    if (!n || out_reserve(ss, n) < 0) return;
+    memcpy(ss->out + ss->out_len, p, n);
+    ss->out_len += n;
+    sess_mark_dirty(ss);
+}
+
 /* ERR <id> <code> <slug>[ msg="..."] */
 void sess_err(srv_sess *ss, const char *id, int code, const char *slug, const char *msg) {
     sess_printf(ss, "ERR %s %d %s", id && *id ? id : "-", code, slug);
@@ -160,6 +167,11 @@ void sess_kill(srv_sess *ss, int abort) {
  * short linger so the peer sees our last lines rather than a reset. */
 void sess_close(srv_sess *ss) {
     sess_drop_requests(ss);
+    ss->close_when_flushed = 1;
+    sess_mark_dirty(ss);
+}
+
+void sess_close_idle(srv_sess *ss) {
     ss->close_when_flushed = 1;
     sess_mark_dirty(ss);
 }
@@ -214,7 +226,7 @@ void sess_flush(srv_sess *ss) {
 
 /* Append received plaintext; handle each complete line. A line longer than
  * max_line_bytes ends the session with 413 (its bytes are not kept). */
-static void sess_input(srv_sess *ss, const char *p, size_t n) {
+static void sess_lines(srv_sess *ss, const char *p, size_t n) {
     size_t max = (size_t)ss->s->cfg.net.max_line_bytes;
     while (n > 0 && !ss->close_when_flushed) {
         if (ss->raw_left) { /* an UPDATE's bytes */
@@ -248,6 +260,62 @@ static void sess_input(srv_sess *ss, const char *p, size_t n) {
     }
 }
 
+/* Does a connection's first word name an HTTP method (then it speaks HTTP), or not (the
+ * line protocol: HELLO, or anything else, which gets its 401)? 1 HTTP, 0 line, -1 not
+ * known yet. The protocol's verbs that share a prefix with a method (HEALTH, HEAD) part
+ * at the space a method needs. */
+static int sess_sniff(const char *p, size_t n) {
+    static const char *const methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS",
+                                          "PATCH", "CONNECT", "TRACE"};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        size_t ml = strlen(methods[i]), k = n < ml ? n : ml;
+        if (memcmp(p, methods[i], k)) continue;
+        if (n <= ml) return -1;   /* a prefix so far */
+        if (p[ml] == ' ') return 1;
+    }
+    return 0;
+}
+
+/* Plaintext from the client: until the connection's kind is known (ALPN said nothing),
+ * its first bytes wait in sniff; then everything goes to the line protocol or to HTTP. */
+static void sess_input(srv_sess *ss, const char *p, size_t n) {
+    if (ss->kind == SK_UNKNOWN) {
+        size_t take = n < SRV_SNIFF_MAX - ss->sniff_len ? n : SRV_SNIFF_MAX - ss->sniff_len;
+        memcpy(ss->sniff + ss->sniff_len, p, take);
+        ss->sniff_len += take, p += take, n -= take;
+        int k = sess_sniff(ss->sniff, ss->sniff_len);
+        if (k < 0 && ss->sniff_len < SRV_SNIFF_MAX) return;
+        ss->kind = k == 1 ? SK_HTTP : SK_LINE;
+        srv_log(ss->s, CFG_LOG_DEBUG, "session %d: %s (first bytes)", ss->num, k == 1 ? "HTTP" : "line protocol");
+        sess_input(ss, ss->sniff, ss->sniff_len);
+        if (n == 0 || ss->close_when_flushed) return;
+    }
+    if (ss->kind == SK_HTTP) api_sess_input(ss, p, n);
+    else sess_lines(ss, p, n);
+}
+
+/* A client that sent plaintext to the TLS port is told, in its own protocol, what the
+ * port speaks: an HTTP response for an HTTP request, an ERR line otherwise. Best effort,
+ * unencrypted (there is no TLS session), then the connection goes. */
+static void sess_plain_answer(srv_sess *ss) {
+    char head[16], sink[4096], msg[400];
+    size_t n = tls_plain_head(ss->tls, head, sizeof head);
+    if (!n || !ss->c) return;
+    /* what the request sent beyond the bytes TLS looked at: unread input would turn our
+     * close into a reset that can overtake the answer */
+    for (int i = 0; i < 16 && net_read(ss->c, sink, sizeof sink) > 0; i++) {}
+    static const char text[] = "This port speaks HTTPS (TLS) only: use https:// (the OpenAI API is "
+                               "under /v1/, the line protocol after a TLS handshake).\n";
+    int len;
+    if (sess_sniff(head, n) != 0)
+        len = snprintf(msg, sizeof msg, "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n"
+                       "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", sizeof text - 1, text);
+    else
+        len = snprintf(msg, sizeof msg, "ERR - 400 tls_required msg=\"this port speaks TLS only: "
+                       "connect with TLS (openssl s_client), then HELLO kiln/1 token=...\"\n");
+    if (len > 0 && (size_t)len < sizeof msg) (void)net_write(ss->c, msg, (size_t)len);
+}
+
 static ssize_t bio_read(void *ctx, void *buf, size_t cap) { return net_read(ctx, buf, cap); }
 
 static ssize_t bio_write(void *ctx, const void *buf, size_t len) { return net_write(ctx, buf, len); }
@@ -259,11 +327,14 @@ static void on_readable(void *ud) {
         int r = tls_handshake(ss->tls);
         if (r < 0) {
             srv_log(s, CFG_LOG_INFO, "session %d: TLS handshake failed: %s", ss->num, tls_error(ss->tls));
-            sess_kill(ss, 1);
+            sess_plain_answer(ss);
+            sess_kill(ss, 0);
             return;
         }
         if (r == 0) return;
         ss->state = SS_HELLO;
+        const char *alpn = tls_alpn(ss->tls);
+        if (alpn) ss->kind = !strcmp(alpn, "http/1.1") ? SK_HTTP : SK_LINE;
         srv_log(s, CFG_LOG_DEBUG, "session %d: %s %s", ss->num, tls_version(ss->tls), tls_suite(ss->tls));
     }
     char buf[16384];

@@ -164,7 +164,12 @@ void verb_line(srv_sess *ss, char *line, size_t len) {
     if (ss->state != SS_READY) {
         if (!strcmp(l.verb, "HELLO")) verb_hello(ss, &l);
         else {
-            sess_err(ss, "-", 401, "unauthorized", "HELLO first");
+            /* an HTTP request on a connection that chose the line protocol by ALPN */
+            int http = l.n_pos == 2 && !strncmp(l.pos[1].s, "HTTP/", 5);
+            sess_err(ss, "-", 401, "unauthorized",
+                     http ? "HELLO first: this connection speaks the kiln line protocol (ALPN kiln/1); "
+                            "for HTTP and the OpenAI API offer ALPN http/1.1 or none"
+                          : "HELLO first");
             sess_close(ss);
         }
         return;

@@ -355,6 +355,15 @@ tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen) {
                                               MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_EPHEMERAL);
 #if defined(MBEDTLS_SSL_SESSION_TICKETS)
     mbedtls_ssl_conf_new_session_tickets(&s->conf, 0);
+    /* One port, two protocols (DESIGN.md §6): an HTTP client says so by ALPN; a client
+     * offering neither gets the handshake refused (no_application_protocol), one
+     * offering none is told apart by its first bytes (net/srv_sess.c). */
+    static const char *alpn[] = {"http/1.1", "kiln/1", NULL};
+    r = mbedtls_ssl_conf_alpn_protocols(&s->conf, alpn);
+    if (r) {
+        fmt_err(err, errlen, "tls: ALPN: %s", mbed_str(r, m, sizeof m));
+        goto fail;
+    }
 #endif
     if (want_client) {
         mbedtls_ssl_conf_ca_chain(&s->conf, &s->client_ca, NULL);
@@ -421,6 +430,15 @@ void tls_conn_free(tls_conn *t) {
         return;
     mbedtls_ssl_free(&t->ssl);
     free(t);
+}
+
+const char *tls_alpn(const tls_conn *t) { return mbedtls_ssl_get_alpn_protocol(&t->ssl); }
+
+size_t tls_plain_head(const tls_conn *t, char *buf, size_t cap) {
+    if (!t->not_tls) return 0;
+    size_t n = t->head_len < cap ? t->head_len : cap;
+    memcpy(buf, t->head, n);
+    return n;
 }
 
 /* The subject CN of a verified peer certificate into t->cn. A CN with control bytes or

@@ -62,6 +62,13 @@ int tls_close_notify(tls_conn *t);
 const char *tls_error(const tls_conn *t);      /* the last failure, one line */
 const char *tls_version(const tls_conn *t);    /* "TLSv1.3", after the handshake */
 const char *tls_suite(const tls_conn *t);      /* the ciphersuite name */
+/* The application protocol ALPN agreed on ("http/1.1" or "kiln/1", the server's two),
+ * or NULL when the client offered none. */
+const char *tls_alpn(const tls_conn *t);
+/* After a handshake that failed because the stream is not TLS: its first bytes (up to
+ * cap, at most 16) and their count, so the caller can answer a plaintext client in its
+ * own terms; 0 when the stream was TLS. */
+size_t tls_plain_head(const tls_conn *t, char *buf, size_t cap);
 /* The verified client certificate's subject CN: its length, -ENOENT without one. */
 int tls_peer_cn(const tls_conn *t, char *buf, size_t cap);
 

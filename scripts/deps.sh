@@ -9,7 +9,7 @@
 #  3. unpack the upstream tarball only (no Debian patches) into build/deps/src/<pkg>/.
 #  4. build static libraries per toolchain into build/<tc>/deps/{lib,include}:
 #     gnu (gcc) and musl (musl-gcc): libmbedtls.a libmbedx509.a libmbedcrypto.a liblwip.a
-#     libinih.a; then build and run tests/deps/deps_smoke.c against them.
+#     libinih.a libyyjson.a; then build and run tests/deps/deps_smoke.c against them.
 #
 # Cached: tarballs stay in build/deps/dl/, a stamp per package and toolchain records what
 # was built; a second run only re-runs the smoke tests.
@@ -39,7 +39,7 @@ SUITE=trixie
 # ---------------------------------------------------------------- pins
 # Source package versions in trixie, the upstream tarball each .dsc names, and its sha256
 # (copied from the .dsc's Checksums-Sha256; a changed tarball is rejected).
-PKGS=(lwip mbedtls libinih)
+PKGS=(lwip mbedtls libinih yyjson)
 declare -A VER ORIG SHA
 VER[lwip]=2.2.1+dfsg1-1+deb13u1
 ORIG[lwip]=lwip_2.2.1+dfsg1.orig.tar.xz
@@ -50,12 +50,18 @@ SHA[mbedtls]=8fb65fae8dcae5840f793c0a334860a411f884cc537ea290ce1c52bb64ca007a
 VER[libinih]=59-1
 ORIG[libinih]=libinih_59.orig.tar.gz
 SHA[libinih]=062279922805f5e9a369551a08d5ddb506140fe50774183ffdbb7c22bb97e3f4
+VER[yyjson]=0.10.0+ds-1
+ORIG[yyjson]=yyjson_0.10.0+ds.orig.tar.xz
+SHA[yyjson]=ae6fde69a193e10afab426ef13f113d6903446405f9db9ee98bfb572bd6c961a
 
 # Bump when a build recipe below changes, so existing stamps no longer match.
 RECIPE=2
 # -fPIC: the client SDK links mbedTLS into a shared libkiln.so as well
 DEPS_CFLAGS="-O2 -g -fPIC -ffunction-sections -fdata-sections"
 INIH_DEFS="-DINI_MAX_LINE=4096"
+# The OpenAI API's bodies are read only (responses are written by net/): no writer, no
+# JSON5/comment extensions compiled in, so the reader cannot be asked to be lenient.
+YYJSON_DEFS="-DYYJSON_DISABLE_WRITER=1 -DYYJSON_DISABLE_NON_STANDARD=1 -DYYJSON_DISABLE_UTILS=1"
 
 T0=$(date +%s.%N)
 log() { printf 'deps: %s\n' "$*" >&2; }
@@ -160,8 +166,22 @@ fetch() {
     env APT_CONFIG="$APTDIR/apt.conf" apt-get update
   log "apt-get source --download-only ${args[*]}"
   mkdir -p "$DL"
-  ( cd "$DL" && run_logged "$APTDIR/source.log" "apt-get source ${args[*]}" \
-      env APT_CONFIG="$APTDIR/apt.conf" apt-get source --download-only "${args[@]}" )
+  # Only the upstream tarballs are used (checked against the pins below). The mirror may
+  # lack a package's .dsc or Debian diff while its orig tarball is there (yyjson in trixie,
+  # seen on this project's mirror): apt-get then fails, and that is fine as long as
+  # every orig tarball arrived.
+  if ! ( cd "$DL" && env APT_CONFIG="$APTDIR/apt.conf" apt-get source --download-only "${args[@]}" \
+           >"$APTDIR/source.log" 2>&1 ); then
+    for p in "$@"; do
+      if [ ! -f "$DL/${ORIG[$p]}" ]; then
+        echo "deps: apt-get source ${args[*]} failed; last lines of $APTDIR/source.log:" >&2
+        tail -n 40 "$APTDIR/source.log" >&2
+        die "$p ${VER[$p]}: no ${ORIG[$p]} from the mirror"
+      fi
+    done
+    log "apt-get source: the mirror lacks some .dsc/.debian files (see $APTDIR/source.log);" \
+        "every orig tarball arrived and is checked against its pin"
+  fi
   log "fetched in $(elapsed "$t")"
 }
 
@@ -251,10 +271,24 @@ build_libinih() {  # TC CC
   cp "$SRC/libinih/ini.h" "$out/include/"
 }
 
+build_yyjson() {  # TC CC
+  local tc=$1 cc=$2 out=$BUILD/$1/deps
+  rm -rf "$out/build/yyjson"
+  run_logged "$out/log/yyjson.log" "yyjson ($tc) build" \
+    make -f "$ROOT/scripts/deps/lib.mk" LIB="$out/lib/libyyjson.a" \
+      SRCDIR="$SRC/yyjson/src" OBJDIR="$out/build/yyjson" SRCS=yyjson.c CC="$cc" \
+      CFLAGS="$DEPS_CFLAGS $YYJSON_DEFS"
+  # the header must see the same switches as the library (they remove declarations)
+  { printf '/* scripts/deps.sh: the switches libyyjson.a was built with */\n'
+    for d in $YYJSON_DEFS; do d=${d#-D}; printf '#define %s %s\n' "${d%%=*}" "${d#*=}"; done
+    cat "$SRC/yyjson/src/yyjson.h"; } >"$out/include/yyjson.h"
+}
+
 declare -A LIBS=(
   [mbedtls]="libmbedtls.a libmbedx509.a libmbedcrypto.a"
   [lwip]="liblwip.a"
   [libinih]="libinih.a"
+  [yyjson]="libyyjson.a"
 )
 lwip_cfg_sha=$(cat "$LWIP_CONFIG_DIR/lwipopts.h" "$LWIP_CONFIG_DIR/arch/cc.h" | sha256sum | cut -c1-16)
 
@@ -272,6 +306,7 @@ for tc in $TOOLCHAINS; do
     case $p in
       lwip) key+=" config=$lwip_cfg_sha" ;;
       libinih) key+=" defs=$INIH_DEFS" ;;
+      yyjson) key+=" defs=$YYJSON_DEFS" ;;
     esac
     files=()
     for l in ${LIBS[$p]}; do files+=("$out/lib/$l"); done
@@ -290,7 +325,7 @@ for tc in $TOOLCHAINS; do
     run_logged "$out/log/smoke.log" "deps_smoke ($tc) build" \
       "$cc" -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -I"$out/include" \
         -DKILN_INIH_VERSION="\"${VER[libinih]%-*}\"" tests/deps/deps_smoke.c -o "$exe" \
-        -L"$out/lib" -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih $ldflags
+        -L"$out/lib" -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih -lyyjson $ldflags
   fi
   if [ "$tc" = musl ] && readelf -l "$exe" 2>/dev/null | grep -q INTERP; then
     die "deps_smoke ($tc) is not a static executable"

@@ -46,6 +46,8 @@ Connect by hand (docs/PROTOCOL.md):
 then type:
   HELLO kiln/1 token=$UTOK
   GEN id=1 chat=1 max_tokens=64 prompt="Why is the sky blue?"
+or the OpenAI API on the same port (README.md has a chat completion):
+  curl --cacert $D/tls/ca.crt https://127.0.0.1:$PORT/v1/models -H "Authorization: Bearer $UTOK"
 Tokens (user, admin): $D/tokens.txt   Stop: Ctrl-C (drains running requests).
 ----------------------------------------------------------------------------
 EOF

@@ -161,6 +161,14 @@ run "net/serve-host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host a
 run "net/serve-tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap all
 run "net/serve-packet-musl" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/musl/kilnd" \
   tests/net/serve.sh packet basic
+# The OpenAI-compatible API on the same TLS port: the official `openai` package (the venv's),
+# curl, keep-alive and pipelining on raw sockets, errors by name, a body over the limit, a
+# disconnect mid-stream, drain, 503 + Retry-After under a pinned ladder, a slow reader
+# (lwIP only); over host sockets, over lwIP on TAP, and under ASan+UBSan.
+run "net/openai-host" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/serve.sh host openai
+run "net/openai-tap" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/serve.sh tap openai
+run "net/openai-asan" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" KILND="$BUILD/asan/kilnd" \
+  tests/net/serve.sh host openai
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault

@@ -1,10 +1,11 @@
 /* deps_smoke.c: link test for the third-party libraries built by scripts/deps.sh.
  *
  * Uses each library a little (mbedTLS: version, PSA init with the OS entropy source, a TLS
- * server config; lwIP: init and a TCP pcb; inih: parse a string) and prints the versions.
+ * server config; lwIP: init and a TCP pcb; inih: parse a string; yyjson: parse a document
+ * inside a fixed pool, refuse a trailing comma) and prints the versions.
  * Exit status 0 when all worked. deps.sh builds it per toolchain (static for musl):
  *   cc -Ibuild/<tc>/deps/include deps_smoke.c -Lbuild/<tc>/deps/lib \
- *      -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih
+ *      -lmbedtls -lmbedx509 -lmbedcrypto -llwip -linih -lyyjson
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,8 @@
 #include "lwip/tcp.h"
 
 #include "ini.h"
+
+#include "yyjson.h"
 
 #ifndef KILN_INIH_VERSION
 #define KILN_INIH_VERSION "?"
@@ -102,7 +105,24 @@ int main(void)
         fails++;
     }
 
-    printf("mbedtls %s, lwip %s, inih r%s: %s\n", mver, LWIP_VERSION_STRING, KILN_INIH_VERSION,
-           fails ? "FAILED" : "ok");
+    /* yyjson: on a fixed pool (how the server reads request bodies), strict RFC 8259 */
+    static char pool[4096];
+    yyjson_alc alc;
+    char js[] = "{\"model\":\"m\",\"n\":2}", bad[] = "{\"n\":2,}";
+    yyjson_doc *doc = yyjson_alc_pool_init(&alc, pool, sizeof pool)
+                          ? yyjson_read_opts(js, strlen(js), 0, &alc, NULL) : NULL;
+    if (!doc || yyjson_get_int(yyjson_obj_get(yyjson_doc_get_root(doc), "n")) != 2) {
+        fprintf(stderr, "deps_smoke: yyjson_read_opts failed\n");
+        fails++;
+    }
+    yyjson_doc_free(doc);
+    if ((doc = yyjson_read_opts(bad, strlen(bad), 0, &alc, NULL)) != NULL) {
+        fprintf(stderr, "deps_smoke: yyjson took a trailing comma\n");
+        yyjson_doc_free(doc);
+        fails++;
+    }
+
+    printf("mbedtls %s, lwip %s, inih r%s, yyjson %s: %s\n", mver, LWIP_VERSION_STRING,
+           KILN_INIH_VERSION, YYJSON_VERSION_STRING, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }

@@ -349,7 +349,81 @@ static void test_reason(void) {
         CHECK(strcmp(http_reason(errs[i]), "Unknown"), "reason for %d", errs[i]);
 }
 
+/* ---------------------------------------------------------------- http_parse_msg */
+
+static http_msg M;
+
+static int msg_n(const char *s, size_t n, size_t max_head) {
+    char *b = malloc(n ? n : 1);
+    memcpy(b, s, n);
+    memset(&M, 0x5a, sizeof M);
+    int rc = http_parse_msg(b, n, max_head, &M);
+    free(b);
+    return rc;
+}
+
+static int msg(const char *s) { return msg_n(s, strlen(s), 16384); }
+
+/* As cuts(), for http_parse_msg. */
+static int msg_cuts(const char *s, size_t max_head) {
+    size_t n = strlen(s);
+    int whole = msg_n(s, n, max_head), bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        int rc = msg_n(s, k, max_head);
+        if (rc != 0 && rc != whole) bad++;
+        if (whole > 0 && k < (size_t)whole && rc != 0) bad++;
+    }
+    return bad;
+}
+
+static void test_msg(void) {
+    static const char *post = "POST /v1/chat/completions HTTP/1.1\r\nHost: kiln\r\nAuthorization:  Bearer abc.def \r\n"
+                              "Content-Type: application/json\r\nContent-Length: 42\r\nExpect: 100-continue\r\n"
+                              "Connection: Keep-Alive, TE\r\n\r\n{\"body\"";
+    int hl = msg(post);
+    CHECK(hl > 0 && (size_t)hl == strlen(post) - 7, "post: %d", hl);
+    CHECK(!strcmp(M.method, "POST") && !strcmp(M.path, "/v1/chat/completions") && M.minor == 1, "post fields %s %s",
+          M.method, M.path);
+    CHECK(M.content_length == 42 && M.expect_continue && M.conn_keep_alive && !M.conn_close, "post headers");
+    CHECK(M.auth_set && !M.auth_too_long && !strcmp(M.auth, "Bearer abc.def"), "auth \"%s\"", M.auth);
+    CHECK(msg_cuts(post, 16384) == 0, "post cuts");
+    CHECK(msg("GET /v1/models?x=1 HTTP/1.0\nConnection: close\n\n") > 0 && M.content_length == -1 && M.conn_close &&
+              M.minor == 0 && !strcmp(M.path, "/v1/models") && !M.auth_set,
+          "get 1.0 close");
+    CHECK(msg("DELETE /x HTTP/1.1\r\n\r\n") > 0 && !strcmp(M.method, "DELETE"), "any method token");
+    CHECK(msg("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n") == -400, "two lengths");
+    CHECK(msg("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") == -400, "negative length");
+    CHECK(msg("POST / HTTP/1.1\r\nContent-Length: 1099511627776\r\n\r\n") > 0 && M.content_length == 1LL << 40,
+          "2^40 is the limit itself");
+    CHECK(msg("POST / HTTP/1.1\r\nContent-Length: 1099511627777\r\n\r\n") == -413, "past 2^40");
+    CHECK(msg("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n") == -413, "huge length");
+    CHECK(msg("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == -501, "chunked body");
+    CHECK(msg("POST / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n") == -417, "other expectation");
+    CHECK(msg("POST / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n") == -400, "two auths");
+    CHECK(msg("GET / HTTP/2\r\n\r\n") == -505, "version");
+    CHECK(msg("GET  / HTTP/1.1\r\n\r\n") == -400 && msg("GET /\x01 HTTP/1.1\r\n\r\n") == -400, "bad lines");
+    CHECK(msg("ABCDEFGHIJKLMNOPQ / HTTP/1.1\r\n\r\n") == -501, "method over HTTP_METHOD_MAX");
+    CHECK(msg("ABCDEFGHIJKLMNOP / HTTP/1.1\r\n\r\n") > 0, "method at HTTP_METHOD_MAX");
+    /* the Authorization value at and past its limit */
+    char big[HTTP_AUTH_MAX + 64];
+    for (int extra = 0; extra <= 1; extra++) {
+        int k = snprintf(big, sizeof big, "GET / HTTP/1.1\r\nAuthorization: ");
+        memset(big + k, 'a', HTTP_AUTH_MAX + (size_t)extra);
+        snprintf(big + k + HTTP_AUTH_MAX + extra, sizeof big - (size_t)k - HTTP_AUTH_MAX - (size_t)extra, "\r\n\r\n");
+        CHECK(msg(big) > 0 && M.auth_set && M.auth_too_long == extra, "auth of %d bytes", HTTP_AUTH_MAX + extra);
+    }
+    /* max_head: a head of exactly max_head bytes parses, one byte more is -431 */
+    static const char *h = "GET / HTTP/1.1\r\nX: yyyy\r\n\r\n";
+    size_t n = strlen(h);
+    CHECK(msg_n(h, n, n + 1) == (int)n, "head under max_head");
+    CHECK(msg_n(h, n, n) == (int)n, "head of exactly max_head");
+    CHECK(msg_n(h, n, n - 1) == -431, "head one byte over max_head: -431");
+    CHECK(msg_n(h, n - 1, n) == 0, "a prefix under max_head: 0");
+    CHECK(msg_cuts(h, n) == 0 && msg_cuts(h, n - 1) == 0, "cuts at max_head");
+}
+
 int main(void) {
+    test_msg();
     test_good();
     test_errors();
     test_limits();
