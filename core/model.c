@@ -1,10 +1,10 @@
 /* model: loading a Llama-family GGUF and the forward pass over a batch. */
 #include "core/model.h"
+#include "core/model_int.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,16 +29,6 @@ _Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0, "tasks s
                             * thread 42 but no slack when one thread is held up) */
 #define MAX_XQ 3       /* distinct activation dot types one parallel matmul may need */
 #define MM_EXACT_MAX 16384 /* widest row the f32-activation (exact) path handles */
-
-/* ------------------------------------------------------------------ errors */
-
-static int fail(char *err, size_t n, int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && n) vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 /* ------------------------------------------------------------------ scratch */
 
@@ -865,25 +855,25 @@ static int check_batch(const model *m, const model_state *s, const kv_pool *kv,
                        const model_batch *b, char *err, size_t en) {
     if (b->n_tokens < 1 || b->n_tokens > s->max_tokens || b->n_logits < 0 ||
         b->n_logits > s->max_logits)
-        return fail(err, en, -EINVAL, "forward: batch of %d tokens / %d logits exceeds %d / %d",
+        return model_fail(err, en, -EINVAL, "forward: batch of %d tokens / %d logits exceeds %d / %d",
                     b->n_tokens, b->n_logits, s->max_tokens, s->max_logits);
     int bs = kv->cfg.block_size;
     if (bs > ATTN_MAX_BLOCK || kv->cfg.head_dim != m->cfg.head_dim ||
         kv->cfg.n_layers != m->cfg.n_layers || kv->cfg.n_kv_heads != m->cfg.n_kv_heads)
-        return fail(err, en, -EINVAL, "forward: KV pool shape does not match the model");
+        return model_fail(err, en, -EINVAL, "forward: KV pool shape does not match the model");
     for (int t = 0; t < b->n_tokens; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= m->cfg.n_vocab)
-            return fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
+            return model_fail(err, en, -EINVAL, "forward: token id %d out of range", b->tokens[t]);
         if (b->pos[t] < 0 || b->pos[t] >= s->max_ctx || b->pos[t] >= b->seq[t]->n_blocks * bs)
-            return fail(err, en, -EINVAL, "forward: position %d has no KV block reserved",
+            return model_fail(err, en, -EINVAL, "forward: position %d has no KV block reserved",
                         b->pos[t]);
         if (kv_is_q8(kv, b->seq[t]->blocks[b->pos[t] / bs])) /* writes need kv_seq_cow */
-            return fail(err, en, -EINVAL, "forward: position %d lies in an 8-bit KV block",
+            return model_fail(err, en, -EINVAL, "forward: position %d lies in an 8-bit KV block",
                         b->pos[t]);
     }
     for (int i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
-            return fail(err, en, -EINVAL, "forward: logit row %d out of range", b->logit_rows[i]);
+            return model_fail(err, en, -EINVAL, "forward: logit row %d out of range", b->logit_rows[i]);
     return 0;
 }
 

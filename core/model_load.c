@@ -6,6 +6,7 @@
  * reads or one listed as harmless, and every tensor must be one the forward pass uses;
  * anything else fails the load with its name. */
 #include "core/model.h"
+#include "core/model_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,7 +25,7 @@ typedef struct {
     size_t en;
 } loader;
 
-static int fail(char *err, size_t n, int code, const char *fmt, ...) {
+int model_fail(char *err, size_t n, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     if (err && n) vsnprintf(err, n, fmt, ap);
@@ -113,7 +114,7 @@ static int check_keys(const model *m, char *err, size_t n) {
         if (!strcmp(key, "split.count")) {
             uint32_t c = 0;
             if (gguf_get_u32(f, key, &c) != 0 || c > 1)
-                return fail(err, n, -ENOTSUP, "model: a split GGUF (split.count %u): merge the "
+                return model_fail(err, n, -ENOTSUP, "model: a split GGUF (split.count %u): merge the "
                             "parts into one file (llama-gguf-split --merge)", c);
         }
         if (strncmp(key, m->cfg.arch, al) || key[al] != '.') continue;
@@ -124,10 +125,10 @@ static int check_keys(const model *m, char *err, size_t n) {
                 (!known_keys[j].archs || word_in(known_keys[j].archs, m->cfg.arch)))
                 k = &known_keys[j];
         if (!k)
-            return fail(err, n, -ENOTSUP, "model: metadata key '%s' is not implemented "
+            return model_fail(err, n, -ENOTSUP, "model: metadata key '%s' is not implemented "
                         "(it may change the results, so the file is refused)", key);
         if (k->must_be != ANY && !kv_is(f, key, k->must_be))
-            return fail(err, n, -ENOTSUP, k->must_be ? "model: metadata key '%s' is not %d: "
+            return model_fail(err, n, -ENOTSUP, k->must_be ? "model: metadata key '%s' is not %d: "
                         "other values are not implemented" : "model: metadata key '%s' is set: "
                         "that feature is not implemented", key, k->must_be);
     }
@@ -141,7 +142,7 @@ static int meta_u32(const gguf_file *f, const char *arch, const char *key, uint3
     int r = gguf_get_u32(f, full, out);
     if (r == 0) return 0;
     if (r == -ENOENT && !required) return 1;
-    return fail(err, n, -EINVAL, "model: metadata key '%s' is %s", full,
+    return model_fail(err, n, -EINVAL, "model: metadata key '%s' is %s", full,
                 r == -ENOENT ? "missing" : "not a single integer in range");
 }
 
@@ -151,9 +152,9 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     int r = gguf_get_f32(f, full, out);
-    if (r == 0) return isfinite(*out) ? 0 : fail(err, n, -EINVAL, "model: '%s' is not finite", full);
+    if (r == 0) return isfinite(*out) ? 0 : model_fail(err, n, -EINVAL, "model: '%s' is not finite", full);
     if (r == -ENOENT) return 1;
-    return fail(err, n, -EINVAL, "model: metadata key '%s' is not a float", full);
+    return model_fail(err, n, -EINVAL, "model: metadata key '%s' is not a float", full);
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
@@ -162,12 +163,12 @@ static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2"
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
     if (gguf_get_str(f, "general.architecture", &a) != 0 || a.len >= sizeof c->arch)
-        return fail(err, n, -EINVAL, "model: no general.architecture in the file");
+        return model_fail(err, n, -EINVAL, "model: no general.architecture in the file");
     memcpy(c->arch, a.ptr, a.len);
     c->arch[a.len] = 0;
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
-    return fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
+    return model_fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
                 "granite, qwen2, qwen3, qwen3moe, gemma3, phi3, mistral3)", c->arch);
 }
 
@@ -179,9 +180,9 @@ static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n
         (r = meta_u32(f, c->arch, "expert_feed_forward_length", &ff, 0, err, n)) < 0)
         return r;
     if (!ne && !strcmp(c->arch, "qwen3moe"))
-        return fail(err, n, -EINVAL, "model: qwen3moe without %s.expert_count", c->arch);
+        return model_fail(err, n, -EINVAL, "model: qwen3moe without %s.expert_count", c->arch);
     if (ne && (ne > MODEL_MAX_EXPERTS || nu < 1 || nu > ne || ff < 1 || ff > (1u << 22)))
-        return fail(err, n, -EINVAL, "model: bad experts (%u of %u, width %u; at most %d experts)",
+        return model_fail(err, n, -EINVAL, "model: bad experts (%u of %u, width %u; at most %d experts)",
                     nu, ne, ff, MODEL_MAX_EXPERTS);
     c->n_expert = (int)ne, c->n_expert_used = ne ? (int)nu : 0, c->ffn_exp_dim = ne ? (int)ff : 0;
     return 0;
@@ -201,7 +202,7 @@ static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) 
     if (c->n_layers < 1 || c->n_layers > 1024 || c->d_model < 1 || c->n_heads < 1 ||
         c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->ffn_dim < 1 ||
         (int64_t)v[1] > (1 << 20) || (int64_t)v[3] > (1 << 22))
-        return fail(err, n, -EINVAL, "model: inconsistent shape (layers %d, d %d, heads %d/%d)",
+        return model_fail(err, n, -EINVAL, "model: inconsistent shape (layers %d, d %d, heads %d/%d)",
                     c->n_layers, c->d_model, c->n_heads, c->n_kv_heads);
     uint32_t u;
     int r;
@@ -210,7 +211,7 @@ static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) 
     if (r == 0) c->head_dim = (int)u;
     if ((r = meta_u32(f, c->arch, "attention.value_length", &u, 0, err, n)) < 0) return r;
     if (r == 0 && (int)u != c->head_dim)
-        return fail(err, n, -ENOTSUP, "model: value heads of %u differ from key heads of %d "
+        return model_fail(err, n, -ENOTSUP, "model: value heads of %u differ from key heads of %d "
                     "(not implemented)", u, c->head_dim);
     c->rope_dim = c->head_dim;
     if ((r = meta_u32(f, c->arch, "rope.dimension_count", &u, 0, err, n)) < 0) return r;
@@ -218,7 +219,7 @@ static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) 
     if ((r = read_experts(c, f, err, n)) < 0) return r;
     if (c->head_dim < 2 || c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 ||
         c->rope_dim > c->head_dim || c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
-        return fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
+        return model_fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
                     "not supported", c->head_dim, c->rope_dim, c->n_heads / c->n_kv_heads);
     return 0;
 }
@@ -235,7 +236,7 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
     c->rope_base = 10000.0f;
     if ((r = meta_f32(f, c->arch, "rope.freq_base", &c->rope_base, err, n)) < 0) return r;
     if (!(c->rope_base > 1.0f))
-        return fail(err, n, -EINVAL, "model: rope.freq_base %g must be above 1", c->rope_base);
+        return model_fail(err, n, -EINVAL, "model: rope.freq_base %g must be above 1", c->rope_base);
     /* llama.cpp's converters permute Q/K of llama-architecture models for adjacent-pair
      * RoPE; Qwen keeps the Hugging Face layout and rotates halves. */
     c->rope_neox = !strncmp(c->arch, "qwen", 4) || !strncmp(c->arch, "gemma", 5) ||
@@ -261,14 +262,14 @@ static int read_rope(model_config *c, const gguf_file *f, char *err, size_t n) {
         return r;
     c->rope_orig_ctx = (int)(orig > (1u << 30) ? 1u << 30 : orig);
     if (factor < 0.0f || attn_factor <= 0.0f || orig < 1)
-        return fail(err, n, -EINVAL, "model: bad RoPE scaling (factor %g, attn_factor %g, "
+        return model_fail(err, n, -EINVAL, "model: bad RoPE scaling (factor %g, attn_factor %g, "
                     "original context %u)", factor, attn_factor, orig);
     float fscale = factor == 0.0f ? 1.0f : 1.0f / factor;
     if (!strcmp(type, "none")) c->rope_scaling = MODEL_ROPE_NONE, fscale = 1.0f;
     else if (!strcmp(type, "linear")) c->rope_scaling = fscale == 1.0f ? MODEL_ROPE_NONE : MODEL_ROPE_LINEAR;
     else if (!strcmp(type, "yarn")) c->rope_scaling = MODEL_ROPE_YARN;
     else
-        return fail(err, n, -ENOTSUP, "model: RoPE scaling '%s' is not implemented", type);
+        return model_fail(err, n, -ENOTSUP, "model: RoPE scaling '%s' is not implemented", type);
     int half = c->rope_dim / 2;
     double lo = 0, hi = 0;
     if (c->rope_scaling == MODEL_ROPE_YARN) {
@@ -309,7 +310,7 @@ static int read_scales(model_config *c, const gguf_file *f, char *err, size_t n)
     }
     if (c->attn_scale == 0.0f) c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     if (!(c->logit_scale != 0.0f))
-        return fail(err, n, -EINVAL, "model: %s.logit_scale is 0", c->arch);
+        return model_fail(err, n, -EINVAL, "model: %s.logit_scale is 0", c->arch);
     return 0;
 }
 
@@ -334,7 +335,7 @@ static int read_gemma(model *m, char *err, size_t n) {
     /* query_pre_attn_scalar: d / heads for the 27B (62 layers), head_dim otherwise */
     c->attn_scale = 1.0f / sqrtf((float)(c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim));
     if ((r = meta_f32(f, c->arch, "final_logit_softcapping", &c->final_softcap, err, n)) < 0) return r;
-    if (c->final_softcap < 0) return fail(err, n, -EINVAL, "model: negative final_logit_softcapping");
+    if (c->final_softcap < 0) return model_fail(err, n, -EINVAL, "model: negative final_logit_softcapping");
     uint32_t win = 0, pattern = 6;
     if ((r = meta_u32(f, c->arch, "attention.sliding_window", &win, 0, err, n)) < 0) return r;
     if (!win) return 0;
@@ -343,7 +344,7 @@ static int read_gemma(model *m, char *err, size_t n) {
     const gguf_kv *pk = gguf_find(f, key);
     int per_layer = pk && pk->type == GGUF_ARR;
     if (per_layer && (pk->arr_type != GGUF_BOOL || pk->arr_n != (uint64_t)c->n_layers))
-        return fail(err, n, -EINVAL, "model: %s must be %d booleans", key, c->n_layers);
+        return model_fail(err, n, -EINVAL, "model: %s must be %d booleans", key, c->n_layers);
     if (!per_layer && (r = meta_u32(f, c->arch, "attention.sliding_window_pattern", &pattern, 0, err, n)) < 0)
         return r;
     c->swa_window = (int)(win > (1u << 30) ? 1u << 30 : win);
@@ -353,7 +354,7 @@ static int read_gemma(model *m, char *err, size_t n) {
     float base = 10000.0f;
     c->swa_rope = 1;
     if ((r = meta_f32(f, c->arch, "rope.freq_base_swa", &base, err, n)) < 0) return r;
-    if (!(base > 1.0f)) return fail(err, n, -EINVAL, "model: rope.freq_base_swa %g", base);
+    if (!(base > 1.0f)) return model_fail(err, n, -EINVAL, "model: rope.freq_base_swa %g", base);
     for (int i = 0; i < c->rope_dim / 2; i++)
         c->rope_freq_swa[i] = pow(base, -2.0 * i / c->rope_dim);
     return 0;
@@ -385,16 +386,16 @@ static const gguf_tensor *take(loader *ld, const char *name) {
 static int load_vec(loader *ld, const char *name, int n, const float **out, int optional) {
     const gguf_tensor *t = take(ld, name);
     *out = NULL;
-    if (!t) return optional ? 0 : fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (!t) return optional ? 0 : model_fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
     if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' has shape [%lld], want [%d]",
+        return model_fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' has shape [%lld], want [%d]",
                     name, (long long)t->ne[0], n);
     if (t->type == QT_F32) {
         *out = t->data;
         return 0;
     }
     if (t->type != QT_F16 && t->type != QT_BF16)
-        return fail(ld->err, ld->en, -EINVAL, "model: vector '%s' has type %s (want F32/F16/BF16)",
+        return model_fail(ld->err, ld->en, -EINVAL, "model: vector '%s' has type %s (want F32/F16/BF16)",
                     name, quant_type_name(t->type));
     quant_dequant(t->type, t->data, ld->spill, n);
     *out = ld->spill;
@@ -408,15 +409,15 @@ static int load_mats(loader *ld, const char *name, int n_in, int n_out, int n_ma
                      model_mat *out, int optional) {
     const gguf_tensor *t = take(ld, name);
     memset(out, 0, (size_t)n_mats * sizeof *out);
-    if (!t) return optional ? 0 : fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
+    if (!t) return optional ? 0 : model_fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is missing", name);
     if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_mats || t->ne[3] != 1)
-        return fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is [%lld x %lld x %lld], want "
+        return model_fail(ld->err, ld->en, -EINVAL, "model: tensor '%s' is [%lld x %lld x %lld], want "
                     "[%d x %d x %d]", name, (long long)t->ne[0], (long long)t->ne[1],
                     (long long)t->ne[2], n_in, n_out, n_mats);
     const quant_traits *qt = quant_traits_of(t->type);
     size_t rb = quant_row_size(t->type, n_in);
     if (!qt || !quant_traits_of((uint32_t)qt->dot_type) || rb == 0)
-        return fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%s' has unsupported type %s", name,
+        return model_fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%s' has unsupported type %s", name,
                     quant_type_name(t->type));
     for (int e = 0; e < n_mats; e++) /* gguf.c checked the whole tensor lies in the file */
         out[e] = (model_mat){(const uint8_t *)t->data + (size_t)e * n_out * rb, t->type, n_in,
@@ -487,7 +488,7 @@ static int load_layer(loader *ld, int l) {
     }
 #undef NAME
     if (!r && (!L->q_norm) != (!L->k_norm))
-        r = fail(ld->err, ld->en, -EINVAL, "model: layer %d has only one of attn_q_norm/attn_k_norm", l);
+        r = model_fail(ld->err, ld->en, -EINVAL, "model: layer %d has only one of attn_q_norm/attn_k_norm", l);
     return r;
 }
 
@@ -499,7 +500,7 @@ static int load_rope_freqs(loader *ld) {
     if (r || !ff) return r;
     for (int i = 0; i < c->rope_dim / 2; i++) {
         if (!(ff[i] > 0.0f) || !isfinite(ff[i]))
-            return fail(ld->err, ld->en, -EINVAL, "model: rope_freqs.weight[%d] is %g", i, ff[i]);
+            return model_fail(ld->err, ld->en, -EINVAL, "model: rope_freqs.weight[%d] is %g", i, ff[i]);
         c->rope_freq[i] /= ff[i];
     }
     ld->m->has_rope_freqs = 1;
@@ -521,21 +522,21 @@ static int load_tensors(loader *ld) {
         (r = load_vec(ld, "rope_factors_short.weight", c->rope_dim / 2, &m->rope_short, 1)))
         return r;
     if ((!m->rope_long) != (!m->rope_short))
-        return fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long without rope_factors_short or back");
+        return model_fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long without rope_factors_short or back");
     for (int i = 0; m->rope_long && i < c->rope_dim / 2; i++)
         if (!(m->rope_long[i] > 0.0f) || !(m->rope_short[i] > 0.0f) || !isfinite(m->rope_long[i]) ||
             !isfinite(m->rope_short[i]))
-            return fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long/short[%d] not positive", i);
+            return model_fail(ld->err, ld->en, -EINVAL, "model: rope_factors_long/short[%d] not positive", i);
     memcpy(m->rope_freq_plain, c->rope_freq, sizeof c->rope_freq);
     model_set_context(m, c->n_ctx_train);
     c->qk_norm = m->w.layers[0].q_norm != NULL;
     for (int l = 1; l < c->n_layers; l++)
         if ((m->w.layers[l].q_norm != NULL) != c->qk_norm)
-            return fail(ld->err, ld->en, -EINVAL, "model: attn_q_norm on some layers only");
+            return model_fail(ld->err, ld->en, -EINVAL, "model: attn_q_norm on some layers only");
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++)
         if (!ld->used[i]) {
             gguf_str s = m->gguf.tensors[i].name;
-            return fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%.*s' is not used by kiln's "
+            return model_fail(ld->err, ld->en, -ENOTSUP, "model: tensor '%.*s' is not used by kiln's "
                         "%s forward pass (not implemented), so the file is refused",
                         (int)(s.len > 96 ? 96 : s.len), s.ptr, c->arch);
         }
@@ -545,13 +546,13 @@ static int load_tensors(loader *ld) {
 int model_load(model *m, const char *path, char *err, size_t en) {
     memset(m, 0, sizeof *m);
     int r = gguf_open(&m->gguf, path);
-    if (r < 0) return fail(err, en, r, "%s", m->gguf.err);
+    if (r < 0) return model_fail(err, en, r, "%s", m->gguf.err);
     loader ld = {m, NULL, NULL, err, en};
     if ((r = read_config(m, err, en)) < 0) goto bad;
     model_config *c = &m->cfg;
     const gguf_tensor *emb = gguf_tensor_find(&m->gguf, "token_embd.weight");
     if (!emb || emb->ne[1] < 1 || emb->ne[1] > (1 << 24)) {
-        r = fail(err, en, -EINVAL, "model: token_embd.weight missing or has a bad vocab size");
+        r = model_fail(err, en, -EINVAL, "model: token_embd.weight missing or has a bad vocab size");
         goto bad;
     }
     c->n_vocab = (int)emb->ne[1];
@@ -565,7 +566,7 @@ int model_load(model *m, const char *path, char *err, size_t en) {
     ld.used = calloc(m->gguf.n_tensors ? m->gguf.n_tensors : 1, 1);
     if (c->n_expert) m->experts = calloc((size_t)c->n_layers * 3 * c->n_expert, sizeof *m->experts);
     if (!m->f32_copies || !m->w.layers || !ld.used || (c->n_expert && !m->experts)) {
-        r = fail(err, en, -ENOMEM, "model: out of memory");
+        r = model_fail(err, en, -ENOMEM, "model: out of memory");
         goto bad;
     }
     ld.spill = m->f32_copies;
