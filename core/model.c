@@ -630,6 +630,7 @@ static void att_heads(const att_job *j, int t, int h0, int nh) {
         const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd;
         for (int i = 0; i < g * hd; i++) q[h][i] = qsrc[i] * scale;
         attn_init(&st[h], g, hd);
+        attn_set_softcap(&st[h], c->attn_softcap);
     }
     for (int p0 = first / bs * bs; p0 < n_pos; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];

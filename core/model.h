@@ -1,5 +1,5 @@
 /* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
- * Granite, Gemma 3, Phi-3/4) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
+ * Granite, Gemma 2/3, Phi-3/4, Ministral 3) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -56,6 +56,7 @@ typedef struct {
      * own RoPE (rope_freq_swa: rope.freq_base_swa, unscaled). */
     int ffn_gelu, post_norms;
     float final_softcap;
+    float attn_softcap; /* Gemma 2: attention scores soft-capped the same way, when > 0 */
     int swa_window;
     int swa_rope; /* the windowed layers have their own RoPE, rope_freq_swa (Gemma) */
     double rope_freq_swa[ATTN_MAX_DIM / 2];

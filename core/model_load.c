@@ -68,10 +68,11 @@ static const meta_key known_keys[] = {
     {"rope.scaling.yarn_beta_slow", NULL, ANY},
     {"rope.scaling.yarn_log_multiplier", NULL, ANY},
     {"attention.temperature_scale", NULL, 0},
-    {"attention.sliding_window", "gemma3 phi3", ANY},
-    {"attention.sliding_window_pattern", "gemma3", ANY},
-    {"rope.freq_base_swa", "gemma3", ANY},
-    {"final_logit_softcapping", "gemma3", ANY},
+    {"attention.sliding_window", "gemma2 gemma3 phi3", ANY},
+    {"attention.sliding_window_pattern", "gemma2 gemma3", ANY},
+    {"rope.freq_base_swa", "gemma2 gemma3", ANY},
+    {"final_logit_softcapping", "gemma2 gemma3", ANY},
+    {"attn_logit_softcapping", "gemma2", ANY},
     {"attention.sliding_window", NULL, 0},
     {"expert_count", "llama mistral qwen3moe", ANY},
     {"expert_count", NULL, 0},
@@ -158,7 +159,7 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
-                                          "qwen3moe", "gemma3", "phi3", "mistral3", NULL};
+                                          "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -169,7 +170,7 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return model_fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3, qwen3moe, gemma3, phi3, mistral3)", c->arch);
+                "granite, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, mistral3)", c->arch);
 }
 
 static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
@@ -329,14 +330,22 @@ static int read_gemma(model *m, char *err, size_t n) {
         for (int l = 0; l < c->n_layers && win; l++) m->w.layers[l].swa = 1;
         return 0;
     }
-    if (strcmp(c->arch, "gemma3")) return 0;
+    int g2 = !strcmp(c->arch, "gemma2");
+    if (!g2 && strcmp(c->arch, "gemma3")) return 0;
     c->ffn_gelu = c->post_norms = 1;
     c->embd_scale = sqrtf((float)c->d_model);
-    /* query_pre_attn_scalar: d / heads for the 27B (62 layers), head_dim otherwise */
-    c->attn_scale = 1.0f / sqrtf((float)(c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim));
-    if ((r = meta_f32(f, c->arch, "final_logit_softcapping", &c->final_softcap, err, n)) < 0) return r;
-    if (c->final_softcap < 0) return model_fail(err, n, -EINVAL, "model: negative final_logit_softcapping");
-    uint32_t win = 0, pattern = 6;
+    /* query_pre_attn_scalar: d / heads for the 27B (46 layers in Gemma 2, 62 in Gemma 3),
+     * head_dim otherwise */
+    c->attn_scale = 1.0f / sqrtf((float)(c->n_layers == (g2 ? 46 : 62) ? c->d_model / c->n_heads
+                                                                         : c->head_dim));
+    /* Gemma 2 always caps (llama.cpp's defaults when the keys are absent: 50 and 30) */
+    c->attn_softcap = g2 ? 50.0f : 0.0f, c->final_softcap = g2 ? 30.0f : 0.0f;
+    if ((r = meta_f32(f, c->arch, "final_logit_softcapping", &c->final_softcap, err, n)) < 0 ||
+        (r = meta_f32(f, c->arch, "attn_logit_softcapping", &c->attn_softcap, err, n)) < 0)
+        return r;
+    if (c->final_softcap < 0 || c->attn_softcap < 0)
+        return model_fail(err, n, -EINVAL, "model: negative logit soft-capping");
+    uint32_t win = g2 ? 4096 : 0, pattern = g2 ? 2 : 6; /* Gemma 2: every other layer */
     if ((r = meta_u32(f, c->arch, "attention.sliding_window", &win, 0, err, n)) < 0) return r;
     if (!win) return 0;
     char key[128];
@@ -352,8 +361,8 @@ static int read_gemma(model *m, char *err, size_t n) {
         m->w.layers[l].swa = per_layer ? pk->val[l] != 0
                                        : pattern == 0 || (uint32_t)l % pattern < pattern - 1;
     float base = 10000.0f;
-    c->swa_rope = 1;
     if ((r = meta_f32(f, c->arch, "rope.freq_base_swa", &base, err, n)) < 0) return r;
+    c->swa_rope = !g2 || r == 0; /* Gemma 2's windowed layers share the global RoPE */
     if (!(base > 1.0f)) return model_fail(err, n, -EINVAL, "model: rope.freq_base_swa %g", base);
     for (int i = 0; i < c->rope_dim / 2; i++)
         c->rope_freq_swa[i] = pow(base, -2.0 * i / c->rope_dim);
@@ -445,7 +454,7 @@ static int load_layer(loader *ld, int l) {
     const model_config *c = &ld->m->cfg;
     model_layer *L = &ld->m->w.layers[l];
     int d = c->d_model, qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-    int hd = c->head_dim, qk_norm = !strncmp(c->arch, "qwen3", 5) || c->post_norms;
+    int hd = c->head_dim, qk_norm = !strncmp(c->arch, "qwen3", 5) || !strcmp(c->arch, "gemma3");
     char nm[96];
     int r = 0;
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
@@ -515,7 +524,10 @@ static int load_tensors(loader *ld) {
     for (int l = 0; l < c->n_layers; l++)
         if ((r = load_layer(ld, l))) return r;
     if ((r = load_vec(ld, "output_norm.weight", c->d_model, &m->w.out_norm, 0))) return r;
-    if ((r = load_mat(ld, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1))) return r;
+    /* Gemma 2 always ties (llama.cpp never reads an output.weight there: refused if present) */
+    if (strcmp(c->arch, "gemma2") &&
+        (r = load_mat(ld, "output.weight", c->d_model, c->n_vocab, &m->w.output, 1)))
+        return r;
     if (!m->w.output.data) m->w.output = m->w.tok_embd; /* tied embeddings */
     if ((r = load_rope_freqs(ld))) return r;
     if ((r = load_vec(ld, "rope_factors_long.weight", c->rope_dim / 2, &m->rope_long, 1)) ||
@@ -602,7 +614,8 @@ int model_extras(const model *m, char *buf, size_t n) {
         {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
         {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
         {c->n_expert > 0, "mixture of experts"},
-        {c->ffn_gelu || c->post_norms || c->final_softcap > 0, "Gemma's GeGLU and post-norms"},
+        {c->ffn_gelu || c->post_norms || c->final_softcap > 0 || c->attn_softcap > 0,
+         "Gemma's GeGLU, post-norms and soft-capping"},
         {c->swa_window > 0, "sliding-window attention"},
         {m->rope_long != NULL, "LongRoPE factors (Phi-3)"},
         {!c->post_norms && (c->embd_scale != 1.0f || c->resid_scale != 1.0f || c->logit_scale != 1.0f ||

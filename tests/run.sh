@@ -115,7 +115,8 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 # ... and the families' own math: Llama 3.1+ rope_freqs, Qwen3 q/k norms and YaRN,
 # Granite's multipliers, mixtures of experts (Qwen3-MoE, Mixtral), Gemma 3 (GeGLU,
-# post-norms, sliding windows, soft-capped logits), Phi-3 (fused tensors, LongRoPE):
+# post-norms, sliding windows, soft-capped logits), Gemma 2 (soft-capped attention),
+# Phi-3 (fused tensors, LongRoPE), Ministral 3 (YaRN with mscale_all_dim):
 # make_tiny_models' MODELS.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # The loader refuses, by name, any key or tensor it does not implement.
@@ -128,7 +129,7 @@ run "parity/llama-cpp" "$PY" tests/ref/llama_parity.py --kilnd "$BUILD/gnu/kilnd
 # Q4_K, Q5_K, Q6_K tiles (kquants), tokens grouped per expert (qwen3moe), sliding-window
 # layers under chunked prefill and prefix sharing (gemma3: some layers, phi3: all, with
 # fused q/k/v and gate/up tensors).
-for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3 phi3:phi3; do
+for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3 gemma2:gemma2 phi3:phi3; do
   name=parity/engine-${tiny#*:} file=$BUILD/tiny-models/tiny-${tiny%%:*}.gguf
   if want "$name" && ! [ -f "$file" ]; then "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null; fi
   run "$name" env MODEL="$file" "$BUILD/gnu/tests/test_engine"

@@ -7,10 +7,12 @@
 #include "core/cpu/quant.h"
 
 void attn_init(attn_state *st, int g, int hd) {
-    st->g = g, st->hd = hd;
+    st->g = g, st->hd = hd, st->softcap = 0.0f;
     for (int j = 0; j < g; j++) st->m[j] = -INFINITY, st->l[j] = 0.0f;
     for (int i = 0; i < g * hd; i++) st->acc[i] = 0.0f;
 }
+
+void attn_set_softcap(attn_state *st, float softcap) { st->softcap = softcap > 0.0f ? softcap : 0.0f; }
 
 /* Element i of a K or V block: f16, or int8 times the block's scale. */
 static inline float elem(const void *p, size_t i, float scale, int q8) {
@@ -28,6 +30,7 @@ static void ref_block(attn_state *st, const float *q, const void *K, float ks, c
         for (int i = 0; i < n; i++) {
             float dot = 0.0f;
             for (int d = 0; d < hd; d++) dot += q[j * hd + d] * elem(K, (size_t)(i * hd + d), ks, q8);
+            if (st->softcap > 0.0f) dot = st->softcap * tanhf(dot / st->softcap);
             s[j][i] = dot;
             if (dot > mx) mx = dot;
         }
@@ -75,19 +78,20 @@ static const attn_path paths[ISA_SLOTS] = {
 };
 
 /* The slot's path, or the first below it whose lanes divide hd (the reference's is 1). */
-static const attn_path *path(int hd) {
+static const attn_path *path(const attn_state *st) {
+    if (st->softcap > 0.0f) return &paths[ISA_SCALAR];
     const attn_path *p = ISA_PICK(paths);
-    while (hd % p->lanes) p--;
+    while (st->hd % p->lanes) p--;
     return p;
 }
 
 void attn_block_q8(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
                    float vs, int n) {
-    path(st->hd)->q8(st, q, K, ks, V, vs, n);
+    path(st)->q8(st, q, K, ks, V, vs, n);
 }
 
 void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
-    path(st->hd)->f16(st, q, K, V, n);
+    path(st)->f16(st, q, K, V, n);
 }
 
 void attn_finish(const attn_state *st, float *out, size_t out_stride) {

@@ -20,12 +20,16 @@
  * unnormalized output acc [g][hd]. */
 typedef struct {
     int g, hd;
+    float softcap; /* > 0: scores become softcap * tanh(score / softcap) first (Gemma 2) */
     float m[ATTN_MAX_GROUP];
     float l[ATTN_MAX_GROUP];
     float acc[ATTN_MAX_GROUP * ATTN_MAX_DIM];
 } attn_state;
 
 void attn_init(attn_state *st, int g, int hd);
+/* Soft-capped scores from now on (0: none). The capped form runs the reference on every
+ * level: only Gemma 2 has it. */
+void attn_set_softcap(attn_state *st, float softcap);
 /* Fold n keys/values into the state. q: [g][hd] f32, already scaled by 1/sqrt(hd). */
 void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);
 void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);

@@ -96,6 +96,8 @@ BOUNDS = {
     ("tiny-granite", "f32"): dict(tie=0.03, kl=1e-6, tie_q8=0.05, kl_q8=1e-6),    # 1.6e-7, .003
     ("tiny-gemma3", "as-is"): dict(tie=0.35, kl=4e-3, tie_q8=0.35, kl_q8=3e-3),   # 1.5e-3/1.1e-3, .19/.24
     ("tiny-gemma3", "f32"): dict(tie=0.03, kl=3e-6, tie_q8=0.05, kl_q8=3e-6),     # 1.1e-6, .006
+    ("tiny-gemma2", "as-is"): dict(tie=0.2, kl=1e-3, tie_q8=0.2, kl_q8=1e-3),     # 2.9e-4/3.5e-4, .09/.11
+    ("tiny-gemma2", "f32"): dict(tie=0.03, kl=1e-6, tie_q8=0.05, kl_q8=1e-6),     # 2.9e-7, .003
     ("tiny-phi3", "as-is"): dict(tie=0.4, kl=5e-3, tie_q8=0.4, kl_q8=4e-3),       # 2.0e-3/1.6e-3, .26/.24
     ("tiny-phi3", "f32"): dict(tie=0.03, kl=5e-6, tie_q8=0.05, kl_q8=5e-6),       # 2.0e-6, .007
     ("tiny-mistral3", "as-is"): dict(tie=0.4, kl=6e-3, tie_q8=0.4, kl_q8=5e-3),   # 2.5e-3/1.9e-3, .26/.26

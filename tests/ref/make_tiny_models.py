@@ -507,6 +507,18 @@ MODELS = {
         meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 16.0,
               "rope.scaling.original_context_length": 32, "rope.scaling.yarn_beta_fast": 16.0,
               "rope.scaling.yarn_beta_slow": 2.0, "rope.scaling.yarn_log_multiplier": 0.5}),
+    # Gemma 2: GeGLU, post-norms, no q/k norms, every other layer windowed (8 here) with
+    # the global RoPE, attention scores soft-capped at 1.5 and logits at 8, tied output.
+    "tiny-gemma2.gguf": dict(
+        arch="gemma2",
+        cfg=dict(d=256, layers=4, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e4, eps=1e-6, sigma=0.06, embd_sigma=0.1, out_sigma=None),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=QT.Q8_0, v=QT.Q8_0, o=QT.Q4_K,
+                                        gate=QT.Q5_K, up=QT.Q5_K, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=None, norm_kinds=("F32", "F32", "F32"), biases=False,
+        post_norms=True,
+        meta={"attention.sliding_window": 8, "attn_logit_softcapping": 1.5,
+              "final_logit_softcapping": 8.0}),
     # Phi-3: fused attn_qkv and gate+up tensors, LongRoPE (long factors: the context,
     # 512, exceeds the original 64) with its attention factor, a window of 12 on every
     # layer, partial rotation (48 of 64 dimensions).

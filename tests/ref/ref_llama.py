@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover
 
 # Architectures whose GGUF q/k weights are in NeoX (half-split) rope layout.
 NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "stablelm",
-              "gptneox", "falcon", "olmo2", "starcoder2", "exaone", "gemma3"}
+              "gptneox", "falcon", "olmo2", "starcoder2", "exaone", "gemma2", "gemma3"}
 
 
 def bytes_to_unicode():
@@ -114,22 +114,26 @@ class Model:
         self.logit_scale = float(kv("logit_scale", 0.0) or 1.0)
         self.attn_scale = float(kv("attention.scale", 0.0) or 0.0)
         self.neox = arch in NEOX_ARCHS
-        # Gemma 3 (gemma_pytorch): embeddings times sqrt(d), GeGLU, norms on the
-        # attention and FFN outputs, sliding-window layers with their own RoPE base
-        self.gemma = arch == "gemma3"
+        # Gemma 2/3 (gemma_pytorch): embeddings times sqrt(d), GeGLU, norms on the
+        # attention and FFN outputs, sliding-window layers (Gemma 3: with their own RoPE
+        # base); Gemma 2 also soft-caps the attention scores and always the logits
+        self.gemma = arch in ("gemma2", "gemma3")
+        g2 = arch == "gemma2"
         if self.gemma:
             self.embd_scale = float(np.float32(np.sqrt(self.n_embd)))
-            self.attn_scale = 1.0 / np.sqrt(self.n_embd // self.n_head if self.n_layer == 62
-                                            else self.head_dim)
-        self.softcap = float(kv("final_logit_softcapping", 0.0) or 0.0)
-        self.n_swa = int(kv("attention.sliding_window", 0) or 0) if self.gemma else 0
-        pat = kv("attention.sliding_window_pattern", 6)
+            big = self.n_layer == (46 if g2 else 62)  # the 27B: query_pre_attn_scalar d/heads
+            self.attn_scale = 1.0 / np.sqrt(self.n_embd // self.n_head if big else self.head_dim)
+        self.softcap = float(kv("final_logit_softcapping", 30.0 if g2 else 0.0) or 0.0)
+        self.attn_softcap = float(kv("attn_logit_softcapping", 50.0) or 0.0) if g2 else 0.0
+        self.n_swa = int(kv("attention.sliding_window", 4096 if g2 else 0) or 0) if self.gemma else 0
+        pat = kv("attention.sliding_window_pattern", 2 if g2 else 6)
         if isinstance(pat, (list, tuple)):
             self.swa_layer = [bool(x) for x in pat]
         else:
             self.swa_layer = [int(pat) == 0 or i % int(pat) < int(pat) - 1 for i in range(self.n_layer)]
         self.swa_layer = [self.n_swa > 0 and w for w in self.swa_layer]
         base_swa = float(kv("rope.freq_base_swa", 10000.0))
+        self.swa_own_rope = not g2 or kv("rope.freq_base_swa") is not None
         self.n_expert = int(kv("expert_count", 0) or 0)
         self.n_expert_used = int(kv("expert_used_count", 0) or 0)
         if self.n_head % self.n_head_kv:
@@ -242,8 +246,9 @@ class Model:
             inv = inv * fscale
         self.inv_freq = inv
         self.inv_freq_swa = base_swa ** (-2.0 * i / self.n_rot)  # windowed layers: unscaled
-        if getattr(self, "phi3_same_rope", False):  # Phi-3's window keeps the layers' RoPE
-            self.inv_freq_swa = inv
+        if getattr(self, "phi3_same_rope", False) or not self.swa_own_rope:
+            self.inv_freq_swa = inv  # Phi-3's and Gemma 2's windows keep the layers' RoPE
+            self.phi3_same_rope = True
         self.reset()
         if verbose:
             sys.stderr.write(
@@ -392,7 +397,10 @@ class Model:
                 lmask = np.where(far, -np.inf, mask)
             for hh in range(H):
                 kvh = hh // group
-                s = (self._h(q[hh]).astype(np.float64) @ K[kvh].T) * scale + lmask
+                s = (self._h(q[hh]).astype(np.float64) @ K[kvh].T) * scale
+                if self.attn_softcap > 0:
+                    s = self.attn_softcap * np.tanh(s / self.attn_softcap)
+                s = s + lmask
                 s -= s.max(axis=-1, keepdims=True)
                 p = np.exp(s)
                 p /= p.sum(axis=-1, keepdims=True)
