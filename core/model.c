@@ -56,6 +56,7 @@ struct model_state {
      * and weights [T][k], the (token, choice) pairs grouped by expert: gidx[t*k + j] is
      * the pair's row in xg/hg/og, gtok[row] its token */
     float *route, *selw, *xg, *hg, *og;
+    float *shared, *shg; /* the shared expert's output [T][d] and gate logit [T] */
     int32_t *sel, *gidx, *gtok;
     uint8_t *xqg[2];     /* xg or hg quantized for the experts' matrices (two dot types) */
     struct mm_job *mjobs; /* [n_expert]: one job per chosen expert */
@@ -112,9 +113,11 @@ static void pack_part_of(const pack_job *j, model_mat *w) {
 
 /* Every weight matrix of a layer, the router's and experts' too, for the loops that
  * place, pack and list them; mats has room for LAYER_MATS_MAX. */
-#define LAYER_MATS_MAX (8 + 3 * MODEL_MAX_EXPERTS)
+#define LAYER_MATS_MAX (12 + 3 * MODEL_MAX_EXPERTS)
 static int layer_mats(const model_config *c, model_layer *L, model_mat **mats) {
-    model_mat *fixed[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->router};
+    model_mat *fixed[] = {&L->wq,     &L->wk,          &L->wv,      &L->wo,    &L->w_gate, &L->w_up,
+                          &L->w_down, &L->router,      &L->sh_gate_inp, &L->sh_gate, &L->sh_up,
+                          &L->sh_down};
     int n = 0;
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (fixed[i]->data) mats[n++] = fixed[i];
@@ -243,13 +246,15 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     size_t wide = qd > (size_t)c->d_model ? qd : (size_t)c->d_model;
     size_t widest = wide > (size_t)c->ffn_dim ? wide : (size_t)c->ffn_dim;
     if ((size_t)c->ffn_exp_dim > widest) widest = (size_t)c->ffn_exp_dim;
+    if ((size_t)c->ffn_shexp_dim > widest) widest = (size_t)c->ffn_shexp_dim;
     s->max_tokens = max_tokens, s->max_logits = max_logits, s->max_ctx = max_ctx;
     s->x = malloc(T * c->d_model * sizeof(float));
     s->xb = malloc(T * wide * sizeof(float));
     s->q = malloc(T * qd * sizeof(float));
     s->k = malloc(T * kd * sizeof(float));
     s->v = malloc(T * kd * sizeof(float));
-    s->hb = malloc(T * c->ffn_dim * sizeof(float));
+    /* the dense FFN's hidden rows, or the shared expert's (Qwen2-MoE) */
+    s->hb = malloc(T * (c->ffn_shexp_dim > c->ffn_dim ? c->ffn_shexp_dim : c->ffn_dim) * sizeof(float));
     s->rope = malloc(T * c->rope_dim * sizeof(float));
     if (c->swa_rope) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
     if (c->post_norms) s->tmp = malloc(T * c->d_model * sizeof(float));
@@ -274,6 +279,11 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
         s->mjobs = malloc((size_t)c->n_expert * mm_job_bytes());
         ok = ok && s->route && s->selw && s->xg && s->hg && s->og && s->sel && s->gidx && s->gtok &&
              s->xqg[0] && s->xqg[1] && s->mjobs;
+        if (c->ffn_shexp_dim) {
+            s->shared = malloc(T * c->d_model * sizeof(float));
+            s->shg = malloc(T * sizeof(float));
+            ok = ok && s->shared && s->shg;
+        }
     }
     for (int i = 0; i < MAX_XQ; i++) {
         s->xq[i] = aligned_alloc(64, T * s->xq_stride);
@@ -290,6 +300,7 @@ int model_state_set_exact(model_state *s, const model *m, int on) {
     const model_config *c = &m->cfg;
     int widest = c->ffn_dim > c->d_model ? c->ffn_dim : c->d_model;
     if (c->ffn_exp_dim > widest) widest = c->ffn_exp_dim;
+    if (c->ffn_shexp_dim > widest) widest = c->ffn_shexp_dim;
     if (on && widest > MM_EXACT_MAX) return -EINVAL;
     s->exact = on;
     return 0;
@@ -304,6 +315,7 @@ void model_state_free(model_state *s) {
     free(s->experts);
     free(s->route), free(s->selw), free(s->xg), free(s->hg), free(s->og);
     free(s->sel), free(s->gidx), free(s->gtok), free(s->xqg[0]), free(s->xqg[1]), free(s->mjobs);
+    free(s->shared), free(s->shg);
     if (s->packed) munmap(s->packed, s->packed_bytes);
     free(s);
 }
@@ -706,7 +718,8 @@ static void rope_store_range(void *ctx, int t0, int t1) {
 
 /* Each token's n_expert_used experts: the largest router logits (the lower index first
  * on a tie), weighted by the softmax over those alone, which is the softmax over all
- * experts renormalized over the chosen ones. */
+ * experts renormalized over the chosen ones; without expert_norm (Qwen2-MoE) by their
+ * softmax probabilities over all the experts. */
 static void route_tokens(const model_config *c, model_state *s, int T) {
     int ne = c->n_expert, k = c->n_expert_used;
     for (int t = 0; t < T; t++) {
@@ -722,6 +735,8 @@ static void route_tokens(const model_config *c, model_state *s, int T) {
         }
         double sum = 0;
         for (int j = 0; j < k; j++) sum += w[j] = expf(lg[sel[j]] - lg[sel[0]]);
+        if (!c->expert_norm)
+            for (int e = 0; e < ne; e++) sum += taken[e] ? 0.0 : expf(lg[e] - lg[sel[0]]);
         for (int j = 0; j < k; j++) w[j] = (float)(w[j] / sum);
     }
 }
@@ -746,9 +761,33 @@ static void moe_sum_range(void *ctx, int t0, int t1) {
             float w = s->selw[t * k + jj];
             for (int i = 0; i < d; i++) acc[i] += w * o[i];
         }
+        if (c->ffn_shexp_dim) { /* Qwen2-MoE's shared expert, gated per token */
+            float g = 1.0f / (1.0f + expf(-s->shg[t]));
+            const float *o = s->shared + (size_t)t * d;
+            for (int i = 0; i < d; i++) acc[i] += g * o[i];
+        }
         float *x = s->x + (size_t)t * d;
         for (int i = 0; i < d; i++) x[i] += c->resid_scale * acc[i];
     }
+}
+
+/* Qwen2-MoE's shared expert on every token's normed row (xb): its gate logit into shg,
+ * its SwiGLU output into shared. */
+static void shared_expert(const model_config *c, model_state *s, thr_pool *tp, const model_layer *L,
+                          int T) {
+    int d = c->d_model, fs = c->ffn_shexp_dim;
+    const model_mat *gw[1] = {&L->sh_gate_inp};
+    float *go[1] = {s->shg};
+    int gs[1] = {1};
+    matmul(s, tp, s->xb, d, T, EPI_STORE, 1.0f, 1, gw, NULL, go, gs);
+    const model_mat *gu[2] = {&L->sh_gate, &L->sh_up};
+    float *hb[2] = {s->hb, s->hb};
+    int hs[2] = {fs, fs};
+    matmul(s, tp, s->xb, d, T, EPI_SWIGLU, 1.0f, 2, gu, NULL, hb, hs);
+    const model_mat *dw[1] = {&L->sh_down};
+    float *so[1] = {s->shared};
+    int ss[1] = {d};
+    matmul(s, tp, s->hb, fs, T, EPI_STORE, 1.0f, 1, dw, NULL, so, ss);
 }
 
 /* The mixture-of-experts FFN on the normed rows in xb: route, group the (token, choice)
@@ -811,6 +850,7 @@ static void moe_ffn(const model *m, model_state *s, thr_pool *tp, const model_la
     }
     if (tp) thr_run(tp, mm_multi_task, &mj, first[n]);
     else for (int t = 0; t < first[n]; t++) mm_multi_task(&mj, t, first[n]);
+    if (c->ffn_shexp_dim) shared_expert(c, s, tp, L, T);
     moe_sum_job j = {c, s};
     per_token(tp, T, moe_sum_range, &j);
 }

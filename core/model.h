@@ -1,5 +1,6 @@
 /* model: the Llama-family transformer (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3,
- * Granite, Gemma 2/3, Phi-3/4, Ministral 3) and its mixture-of-experts form (Mixtral, Qwen3-MoE).
+ * Granite, Gemma 2/3, Phi-3/4, Ministral 3) and its mixture-of-experts form (Mixtral,
+ * Qwen2-MoE, Qwen3-MoE).
  *
  * Three structs split by lifetime, as in llama2.c: the hyperparameters, the read-only
  * weights (pointers into the GGUF mapping: quantized matrices stay quantized), and the
@@ -48,8 +49,10 @@ typedef struct {
     int qk_norm;       /* Qwen3: RMSNorm over each q and k head before RoPE */
     /* Mixture of experts (0 experts: a dense SwiGLU FFN): a router picks n_expert_used
      * of n_expert SwiGLU experts of ffn_exp_dim per token (softmax over all, top-k,
-     * the k weights renormalized to sum 1), their outputs summed by those weights. */
-    int n_expert, n_expert_used, ffn_exp_dim;
+     * the k weights renormalized to sum 1 when expert_norm, Qwen2-MoE keeps the plain
+     * probabilities), their outputs summed by those weights; Qwen2-MoE adds a shared
+     * expert of ffn_shexp_dim (0: none) gated by sigmoid(x . shexp_gate). */
+    int n_expert, n_expert_used, ffn_exp_dim, expert_norm, ffn_shexp_dim;
     /* Gemma 3: GeGLU, RMSNorm on the attention and FFN outputs before their residual
      * adds, logits soft-capped (cap * tanh(logit / cap), when > 0), and sliding-window
      * layers: layer.swa ones attend to the last swa_window positions only, with their
@@ -90,6 +93,7 @@ typedef struct {
     const float *attn_post_norm, *ffn_post_norm; /* [d_model] (Gemma), NULL otherwise */
     int swa;                 /* a sliding-window layer (model_config.swa_window) */
     model_mat *exp_gate, *exp_up, *exp_down; /* [n_expert] each: slices of the 3-D tensors */
+    model_mat sh_gate_inp, sh_gate, sh_up, sh_down; /* the shared expert (Qwen2-MoE) */
 } model_layer;
 
 #define MODEL_MAX_EXPERTS 256

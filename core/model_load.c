@@ -74,12 +74,13 @@ static const meta_key known_keys[] = {
     {"final_logit_softcapping", "gemma2 gemma3", ANY},
     {"attn_logit_softcapping", "gemma2", ANY},
     {"attention.sliding_window", NULL, 0},
-    {"expert_count", "llama mistral qwen3moe", ANY},
+    {"expert_count", "llama mistral qwen2moe qwen3moe", ANY},
     {"expert_count", NULL, 0},
-    {"expert_used_count", "llama mistral qwen3moe", ANY},
+    {"expert_used_count", "llama mistral qwen2moe qwen3moe", ANY},
     {"expert_used_count", NULL, 0},
-    {"expert_feed_forward_length", "qwen3moe", ANY},
-    {"expert_gating_func", "llama mistral qwen3moe", 1}, /* softmax */
+    {"expert_feed_forward_length", "qwen2moe qwen3moe", ANY},
+    {"expert_shared_feed_forward_length", "qwen2moe", ANY},
+    {"expert_gating_func", "llama mistral qwen2moe qwen3moe", 1}, /* softmax */
     {"logit_scale", "granite", ANY},
     {"residual_scale", "granite", ANY},
     {"embedding_scale", "granite", ANY},
@@ -159,7 +160,8 @@ static int meta_f32(const gguf_file *f, const char *arch, const char *key, float
 }
 
 static const char *const known_archs[] = {"llama", "mistral", "granite", "qwen2", "qwen3",
-                                          "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", NULL};
+                                          "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3",
+                                          NULL};
 
 static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     gguf_str a;
@@ -170,17 +172,23 @@ static int read_arch(model_config *c, const gguf_file *f, char *err, size_t n) {
     for (int i = 0; known_archs[i]; i++)
         if (!strcmp(c->arch, known_archs[i])) return 0;
     return model_fail(err, n, -ENOTSUP, "model: architecture '%s' is not supported (llama, mistral, "
-                "granite, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, mistral3)", c->arch);
+                "granite, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3, mistral3)", c->arch);
 }
 
 static int read_experts(model_config *c, const gguf_file *f, char *err, size_t n) {
-    uint32_t ne = 0, nu = 0, ff = (uint32_t)c->ffn_dim;
-    int r;
+    uint32_t ne = 0, nu = 0, ff = (uint32_t)c->ffn_dim, fs = 0;
+    int r, q2 = !strcmp(c->arch, "qwen2moe");
     if ((r = meta_u32(f, c->arch, "expert_count", &ne, 0, err, n)) < 0 ||
         (r = meta_u32(f, c->arch, "expert_used_count", &nu, 0, err, n)) < 0 ||
         (r = meta_u32(f, c->arch, "expert_feed_forward_length", &ff, 0, err, n)) < 0)
         return r;
-    if (!ne && !strcmp(c->arch, "qwen3moe"))
+    /* Qwen2-MoE: a shared expert (as wide as the dense FFN unless said) beside the routed
+     * ones, whose probabilities are not renormalized over the top k (llama.cpp: norm_w false) */
+    fs = q2 ? (uint32_t)c->ffn_dim : 0;
+    if (q2 && (r = meta_u32(f, c->arch, "expert_shared_feed_forward_length", &fs, 0, err, n)) < 0) return r;
+    if (fs > (1u << 22)) return model_fail(err, n, -EINVAL, "model: shared expert width %u", fs);
+    c->ffn_shexp_dim = (int)fs, c->expert_norm = !q2;
+    if (!ne && (q2 || !strcmp(c->arch, "qwen3moe")))
         return model_fail(err, n, -EINVAL, "model: qwen3moe without %s.expert_count", c->arch);
     if (ne && (ne > MODEL_MAX_EXPERTS || nu < 1 || nu > ne || ff < 1 || ff > (1u << 22)))
         return model_fail(err, n, -EINVAL, "model: bad experts (%u of %u, width %u; at most %d experts)",
@@ -486,6 +494,11 @@ static int load_layer(loader *ld, int l) {
         if (!r) r = load_experts(ld, NAME("ffn_gate_exps.weight"), d, fe, ne, L->exp_gate);
         if (!r) r = load_experts(ld, NAME("ffn_up_exps.weight"), d, fe, ne, L->exp_up);
         if (!r) r = load_experts(ld, NAME("ffn_down_exps.weight"), fe, d, ne, L->exp_down);
+        int fs = c->ffn_shexp_dim;
+        if (!r && fs) r = load_mat(ld, NAME("ffn_gate_inp_shexp.weight"), d, 1, &L->sh_gate_inp, 0);
+        if (!r && fs) r = load_mat(ld, NAME("ffn_gate_shexp.weight"), d, fs, &L->sh_gate, 0);
+        if (!r && fs) r = load_mat(ld, NAME("ffn_up_shexp.weight"), d, fs, &L->sh_up, 0);
+        if (!r && fs) r = load_mat(ld, NAME("ffn_down_shexp.weight"), fs, d, &L->sh_down, 0);
     } else if (!strcmp(c->arch, "phi3")) { /* gate rows then up rows in ffn_up */
         if (!r) r = load_mat(ld, NAME("ffn_up.weight"), d, 2 * c->ffn_dim, &fused, 0);
         if (!r) L->w_gate = mat_rows(&fused, 0, c->ffn_dim), L->w_up = mat_rows(&fused, c->ffn_dim, c->ffn_dim);

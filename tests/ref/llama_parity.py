@@ -112,6 +112,8 @@ BOUNDS = {
     ("tiny-qwen3moe", "f32"): dict(tie=0.05, kl=5e-5, tie_q8=0.05, kl_q8=5e-5),   # 2.0e-5, .030
     ("tiny-mixtral", "as-is"): dict(tie=1.5, kl=0.25, tie_q8=0.45, kl_q8=2.5e-2), # 0.12/1.0e-2, 1.29/.31
     ("tiny-mixtral", "f32"): dict(tie=0.1, kl=5e-4, tie_q8=0.1, kl_q8=5e-4),      # 1.9e-4, .076
+    ("tiny-qwen2moe", "as-is"): dict(tie=1.8, kl=0.15, tie_q8=1.8, kl_q8=0.1),    # 7.1e-2/4.3e-2, 1.50/1.53
+    ("tiny-qwen2moe", "f32"): dict(tie=0.05, kl=2e-5, tie_q8=0.05, kl_q8=2e-5),   # 6.4e-6, .016
 }
 # the loosest of the measured models, per variant
 DEFAULT_BOUNDS = {

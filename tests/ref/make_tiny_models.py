@@ -374,6 +374,12 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
             _mat(w, p + "ffn_gate_exps.weight", sig * rng.standard_normal((ne, fe, d)), t["gate"])
             _mat(w, p + "ffn_up_exps.weight", sig * rng.standard_normal((ne, fe, d)), t["up"])
             _mat(w, p + "ffn_down_exps.weight", sig * rng.standard_normal((ne, d, fe)), t["down"])
+            fs = experts.get("shared")
+            if fs:  # Qwen2-MoE's shared expert and its (1-D, F32) gate
+                _vec(w, p + "ffn_gate_inp_shexp.weight", 0.5 * rng.standard_normal(d), "F32")
+                _mat(w, p + "ffn_gate_shexp.weight", sig * rng.standard_normal((fs, d)), t["gate"])
+                _mat(w, p + "ffn_up_shexp.weight", sig * rng.standard_normal((fs, d)), t["up"])
+                _mat(w, p + "ffn_down_shexp.weight", sig * rng.standard_normal((d, fs)), t["down"])
             continue
         gate = sig * rng.standard_normal((ffn, d))
         up = sig * rng.standard_normal((ffn, d))
@@ -534,6 +540,18 @@ MODELS = {
                                      np.linspace(1.0, 1.5, 24, dtype=np.float32)),
         meta={"rope.scaling.original_context_length": 64, "rope.scaling.attn_factor": 1.19,
               "attention.sliding_window": 12}),
+    # Qwen2-MoE: 8 experts of 256 (2 per token, probabilities not renormalized), a shared
+    # expert of 384 behind a sigmoid gate, q/k/v biases, NeoX RoPE.
+    "tiny-qwen2moe.gguf": dict(
+        arch="qwen2moe",
+        cfg=dict(d=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, ctx=512,
+                 rope_base=1e6, eps=1e-6, sigma=0.08, embd_sigma=0.2, out_sigma=0.1),
+        types_for_layer=lambda li: dict(q=QT.Q8_0, k=QT.Q8_0, v=QT.Q8_0, o=QT.Q4_K,
+                                        gate=QT.Q8_0, up=QT.Q8_0, down=QT.Q6_K),
+        embd_type=QT.Q8_0, out_type=QT.Q6_K, norm_kinds=("F32", "F32", "F32"), biases=True,
+        pre="qwen2", experts=dict(n=8, ffn=256, shared=512),
+        meta={"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 256,
+              "expert_shared_feed_forward_length": 512}),
 }
 
 

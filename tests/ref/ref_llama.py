@@ -136,6 +136,7 @@ class Model:
         self.swa_own_rope = not g2 or kv("rope.freq_base_swa") is not None
         self.n_expert = int(kv("expert_count", 0) or 0)
         self.n_expert_used = int(kv("expert_used_count", 0) or 0)
+        self.expert_norm = arch != "qwen2moe"  # Qwen2-MoE keeps the softmax probabilities
         if self.n_head % self.n_head_kv:
             raise ValueError("n_head not a multiple of n_head_kv")
 
@@ -207,6 +208,11 @@ class Model:
                              ("down_exps", "ffn_down_exps")):
                     a = W(p + n + ".weight")        # [experts, rows, n]
                     L[k] = [a[e] for e in range(a.shape[0])]  # stable objects (q8 emulation)
+                if p + "ffn_gate_inp_shexp.weight" in tensors:  # Qwen2-MoE's shared expert
+                    L["sh_gate_inp"] = W(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)
+                    for k, n in (("sh_gate", "ffn_gate_shexp"), ("sh_up", "ffn_up_shexp"),
+                                 ("sh_down", "ffn_down_shexp")):
+                        L[k] = W(p + n + ".weight")
             elif arch == "phi3":  # gate rows, then up rows, in ffn_up
                 gu = W(p + "ffn_up.weight")
                 L["gate"], L["up"] = gu[:gu.shape[0] // 2], gu[gu.shape[0] // 2:]
@@ -340,10 +346,13 @@ class Model:
             p = np.exp(logits[t] - logits[t].max())
             p /= p.sum()
             top = np.argsort(-p, kind="stable")[:self.n_expert_used]
-            w = p[top] / p[top].sum()
+            w = p[top] / p[top].sum() if self.expert_norm else p[top]
             for wj, e in zip(w, top):
                 y = self._swiglu(h[t:t + 1], L["gate_exps"][e], L["up_exps"][e], L["down_exps"][e])
                 out[t] += wj * y[0]
+        if "sh_gate_inp" in L:  # the shared expert, gated by a sigmoid per token
+            g = self._mm(h, L["sh_gate_inp"]).astype(np.float64)      # [T, 1]
+            out += 1.0 / (1.0 + np.exp(-g)) * self._swiglu(h, L["sh_gate"], L["sh_up"], L["sh_down"])
         return out.astype(np.float32)
 
     def forward(self, tokens, start_pos=None):

@@ -197,6 +197,10 @@ def load_q8_emulation(path):
             for k in ("gate_exps", "up_exps", "down_exps"):
                 for e in L[k]:
                     names[id(e)] = f"blk.{i}.ffn_{k}.weight"
+            for k, n in (("sh_gate_inp", "ffn_gate_inp_shexp"), ("sh_gate", "ffn_gate_shexp"),
+                         ("sh_up", "ffn_up_shexp"), ("sh_down", "ffn_down_shexp")):
+                if k in L:
+                    names[id(L[k])] = f"blk.{i}.{n}.weight"
     names[id(m.out_w)] = "token_embd.weight" if m.tied else "output.weight"
     mins = {}
     for t in gguf.GGUFReader(path).tensors:
