@@ -115,10 +115,9 @@ run "parity/model" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model 
 # separate output matrix, K-quants, Q4_0/Q5_x, F16/BF16/F32 weights.
 # ... and the families' own math: Llama 3.1+ rope_freqs, Qwen3 q/k norms and YaRN,
 # Granite's multipliers, mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE with its
-# shared expert), Gemma 3 (GeGLU,
-# post-norms, sliding windows, soft-capped logits), Gemma 2 (soft-capped attention),
-# Phi-3 (fused tensors, LongRoPE), Ministral 3 (YaRN with mscale_all_dim):
-# make_tiny_models' MODELS.
+# shared expert), Gemma 3 (GeGLU, post-norms, sliding windows, soft-capped logits),
+# Gemma 2 (soft-capped attention), Phi-3 (fused tensors, LongRoPE), Ministral 3 (YaRN
+# with mscale_all_dim): make_tiny_models' MODELS.
 run "parity/tiny-models" "$PY" tests/ref/tiny_parity.py --kilnd "$BUILD/gnu/kilnd" --outdir "$BUILD/tiny-models"
 # The loader refuses, by name, any key or tensor it does not implement.
 run "parity/strict-load" "$PY" tests/ref/strict_load.py --kilnd "$BUILD/gnu/kilnd"

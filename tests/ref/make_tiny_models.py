@@ -555,6 +555,9 @@ MODELS = {
 }
 
 
+# Each model's random numbers are seeded by its position in MODELS: add new models at the
+# end, or every later model (and its recorded llama.cpp reference, tests/ref/logits/)
+# changes.
 def make_all(outdir):
     os.makedirs(outdir, exist_ok=True)
     paths = []
