@@ -59,6 +59,8 @@ struct model_state {
     float *shared, *shg; /* the shared expert's output [T][d] and gate logit [T] */
     int32_t *sel, *gidx, *gtok;
     uint8_t *xqg[2];     /* xg or hg quantized for the experts' matrices (two dot types) */
+    size_t xqg_stride;   /* bytes per row there: as wide as d or an expert, not the widest
+                          * matrix (a [T * k] buffer at xq_stride was 100 MB per 512 tokens) */
     struct mm_job *mjobs; /* [n_expert]: one job per chosen expert */
     uint8_t *packed;     /* one mapping holding every packed matrix */
     size_t packed_bytes;
@@ -274,8 +276,10 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
         s->sel = malloc(P * sizeof(int32_t));
         s->gidx = malloc(P * sizeof(int32_t));
         s->gtok = malloc(P * sizeof(int32_t));
-        s->xqg[0] = aligned_alloc(64, P * s->xq_stride);
-        s->xqg[1] = aligned_alloc(64, P * s->xq_stride);
+        size_t wx = (size_t)(c->d_model > c->ffn_exp_dim ? c->d_model : c->ffn_exp_dim);
+        s->xqg_stride = (wx * 4 + 63) & ~(size_t)63; /* f32 rows (exact) are the widest form */
+        s->xqg[0] = aligned_alloc(64, P * s->xqg_stride);
+        s->xqg[1] = aligned_alloc(64, P * s->xqg_stride);
         s->mjobs = malloc((size_t)c->n_expert * mm_job_bytes());
         ok = ok && s->route && s->selw && s->xg && s->hg && s->og && s->sel && s->gidx && s->gtok &&
              s->xqg[0] && s->xqg[1] && s->mjobs;
@@ -816,7 +820,7 @@ static void moe_ffn(const model *m, model_state *s, thr_pool *tp, const model_la
     /* every chosen expert's gate and up in one parallel run, then every down in another:
      * a decode step has 8 small experts per layer, and a run each left the threads
      * waiting on one another (28% of a Qwen3-MoE decode step spent in the hand-offs) */
-    size_t qs = s->xq_stride;
+    size_t qs = s->xqg_stride;
     int dg = mm_dot_type(s, &L->exp_gate[0]), du = mm_dot_type(s, &L->exp_up[0]);
     quant_rows(tp, dg, s->xg, d, d, P, s->xqg[0], qs);
     if (du != dg) quant_rows(tp, du, s->xg, d, d, P, s->xqg[1], qs);

@@ -110,7 +110,12 @@ static int check_keys(const model *m, char *err, size_t n) {
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const gguf_kv *kv = &f->kv[i];
         char key[160];
-        if (kv->key.len >= sizeof key) continue; /* no known key is that long */
+        if (kv->key.len >= sizeof key) { /* no known key is that long: refused if it is ours */
+            if (kv->key.len > al && !memcmp(kv->key.ptr, m->cfg.arch, al) && kv->key.ptr[al] == '.')
+                return model_fail(err, n, -ENOTSUP, "model: metadata key '%.100s...' is not implemented",
+                                  kv->key.ptr);
+            continue;
+        }
         memcpy(key, kv->key.ptr, kv->key.len);
         key[kv->key.len] = 0;
         if (!strcmp(key, "split.count")) {
