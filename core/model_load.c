@@ -231,7 +231,7 @@ static int read_shape(model_config *c, const gguf_file *f, char *err, size_t n) 
     if ((r = meta_u32(f, c->arch, "rope.dimension_count", &u, 0, err, n)) < 0) return r;
     if (r == 0) c->rope_dim = (int)u;
     if ((r = read_experts(c, f, err, n)) < 0) return r;
-    if (c->head_dim < 2 || c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 ||
+    if (c->head_dim < 2 || c->head_dim > ATTN_MAX_DIM || c->head_dim % 2 || c->rope_dim < 2 ||
         c->rope_dim > c->head_dim || c->rope_dim % 2 || c->n_heads / c->n_kv_heads > ATTN_MAX_GROUP)
         return model_fail(err, n, -EINVAL, "model: head_dim %d / rope_dim %d / %d heads per KV head "
                     "not supported", c->head_dim, c->rope_dim, c->n_heads / c->n_kv_heads);
@@ -393,6 +393,15 @@ static int read_config(model *m, char *err, size_t n) {
     c->rms_eps = 1e-5f;
     if ((r = meta_f32(f, c->arch, "attention.layer_norm_rms_epsilon", &c->rms_eps, err, n)) < 0)
         return r;
+    if (!(c->rms_eps > 0.0f && c->rms_eps < 1.0f))
+        return model_fail(err, n, -EINVAL, "model: %s.attention.layer_norm_rms_epsilon %g is not in (0, 1)",
+                          c->arch, c->rms_eps);
+    /* general.file_type only labels the file, but a value llama.cpp's enum does not hold
+     * (0..41, or 1024 for "guessed") says the header is not what a converter wrote */
+    uint32_t ft;
+    int fr = gguf_get_u32(f, "general.file_type", &ft);
+    if (fr == 0 ? ft > 41 && ft != 1024 : fr != -ENOENT)
+        return model_fail(err, n, -EINVAL, "model: general.file_type is not a known file type");
     return 0;
 }
 
@@ -586,6 +595,12 @@ int model_load(model *m, const char *path, char *err, size_t en) {
         goto bad;
     }
     c->n_vocab = (int)emb->ne[1];
+    uint32_t vs;
+    if (meta_u32(&m->gguf, c->arch, "vocab_size", &vs, 0, err, en) == 0 && vs != (uint32_t)c->n_vocab) {
+        r = model_fail(err, en, -EINVAL, "model: %s.vocab_size %u differs from token_embd.weight's %d rows",
+                       c->arch, vs, c->n_vocab);
+        goto bad;
+    }
     /* Worst case every vector is widened: norms (post-norms too), biases and q/k norms
      * per layer, the final norm and the RoPE factors (three sets at most). */
     size_t spill_n = (size_t)c->n_layers * (4 * c->d_model + c->n_heads * c->head_dim +

@@ -369,7 +369,12 @@ static int build(tok_t *t, const struct vocab_in *in, char *err, size_t errlen) 
         sv m = in->merges[r];
         size_t sp = 1;
         while (sp < m.n && m.p[sp] != ' ') sp++;
-        if (m.n < 3 || sp >= m.n - 1) continue;
+        if (m.n < 3 || sp >= m.n - 1) { /* not "left right": a malformed vocabulary */
+            tok_free(t);
+            free(cat);
+            seterr(err, errlen, "a merge that is not two parts around a space", NULL);
+            return TOK_EINVAL;
+        }
         int32_t a = vmap_get(t, m.p, sp), b = vmap_get(t, m.p + sp + 1, m.n - sp - 1);
         if (a < 0 || b < 0) continue;
         if (m.n > catcap) {
@@ -530,8 +535,9 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
         vt[i].p = gt[i].ptr, vt[i].n = (size_t)gt[i].len;
         types[i] = TOK_NORMAL;
         scores[i] = 0.0f;
-        if (ktype && ktype->arr_n == (uint64_t)nv && gguf_arr_i32(ktype, (uint64_t)i, &types[i]) != 0) {
-            seterr(err, errlen, "bad tokenizer.ggml.token_type", NULL);
+        if (ktype && ktype->arr_n == (uint64_t)nv &&
+            (gguf_arr_i32(ktype, (uint64_t)i, &types[i]) != 0 || types[i] < TOK_NORMAL || types[i] > TOK_BYTE)) {
+            seterr(err, errlen, "bad tokenizer.ggml.token_type (a type outside 1..6)", NULL);
             goto out;
         }
         if (kscore && kscore->arr_n == (uint64_t)nv && gguf_arr_f32(kscore, (uint64_t)i, &scores[i]) != 0) {
@@ -541,11 +547,21 @@ int tok_init_gguf(tok_t *t, const gguf_file *f, char *err, size_t errlen) {
     }
     for (int32_t i = 0; i < nm; i++) vm[i].p = gm[i].ptr, vm[i].n = (size_t)gm[i].len;
     in.n_vocab = nv, in.n_merges = nm, in.tokens = vt, in.merges = vm, in.types = types, in.scores = scores;
-    in.bos = gguf_id(f, "tokenizer.ggml.bos_token_id");
-    in.eos = gguf_id(f, "tokenizer.ggml.eos_token_id");
-    in.unk = gguf_id(f, "tokenizer.ggml.unknown_token_id");
-    in.eot = gguf_id(f, "tokenizer.ggml.eot_token_id");
-    in.eom = gguf_id(f, "tokenizer.ggml.eom_token_id");
+    static const char *const ids[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                      "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id",
+                                      "tokenizer.ggml.eom_token_id"};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) { /* present: a token of this vocabulary */
+        uint32_t v;
+        if (gguf_find(f, ids[k]) && (gguf_get_u32(f, ids[k], &v) != 0 || v >= (uint32_t)nv)) {
+            seterr(err, errlen, "a special token id outside the vocabulary", ids[k]);
+            goto out;
+        }
+    }
+    in.bos = gguf_id(f, ids[0]);
+    in.eos = gguf_id(f, ids[1]);
+    in.unk = gguf_id(f, ids[2]);
+    in.eot = gguf_id(f, ids[3]);
+    in.eom = gguf_id(f, ids[4]);
     in.add_bos = in.model == TOK_SPM;
     in.add_space_prefix = in.model == TOK_SPM;
     gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &in.add_bos);

@@ -257,6 +257,13 @@ int kd_check_config(int argc, char **argv) {
         fprintf(stderr, "kilnd: %s\n", err);
         return 1;
     }
+    static tok_t tok; /* the tokenizer reads the file's own bytes too */
+    if (tok_init_gguf(&tok, &m.gguf, err, sizeof err) < 0) {
+        fprintf(stderr, "kilnd: %s\n", err);
+        model_free(&m);
+        return 1;
+    }
+    tok_free(&tok);
     kv_config kc = {0};
     model_kv_shape(&m, &kc);
     kc.block_size = c.engine.block_size;

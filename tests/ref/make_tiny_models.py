@@ -240,14 +240,14 @@ def make_vocab(n_vocab=N_VOCAB, n_control=2):
 
 
 # ---------------------------------------------------------------------------- models
-def _add_tokenizer(w, vocab, types, merges, pre="gpt2"):
+def _add_tokenizer(w, vocab, types, merges, pre="gpt2", bos=None):
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(vocab)
     w.add_token_types(types)
     w.add_token_merges(merges)
     eos = vocab.index("<|endoftext|>")
-    w.add_bos_token_id(eos)
+    w.add_bos_token_id(eos if bos is None else bos)
     w.add_eos_token_id(eos)
     w.add_add_bos_token(False)
 
@@ -309,12 +309,15 @@ def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_facto
 
 def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
           meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None,
-          experts=None, post_norms=False, fused=False, rope_long_short=None):
+          experts=None, post_norms=False, fused=False, rope_long_short=None, tok_edit=None,
+          bos=None, general=None):
     """experts: dict(n=, ffn=) for a mixture-of-experts FFN (an F32 router and 3-D
     gate/up/down tensors of types t["gate"], t["up"], t["down"]) instead of the dense
     one; the expert counts go in meta.  fused (Phi-3): q/k/v in one attn_qkv tensor of
     type t["q"], gate and up rows in one ffn_up of type t["up"].  rope_long_short:
-    (long, short) LongRoPE factor vectors."""
+    (long, short) LongRoPE factor vectors.  tok_edit(vocab, types, merges) -> the same
+    three, bos (an id) and general ({key: u32} under "general.") bend the header for the
+    loader's strictness tests."""
     d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
     vocab, ttypes, merges = make_vocab()
     w = gguf.GGUFWriter(path, arch)
@@ -332,7 +335,11 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
         w.add_key_length(hd)
         w.add_value_length(hd)
     _add_meta(w, arch, meta or {})
-    _add_tokenizer(w, vocab, ttypes, merges, pre)
+    for k, v in (general or {}).items():
+        w.add_uint32(f"general.{k}", v)
+    if tok_edit:
+        vocab, ttypes, merges = tok_edit(list(vocab), list(ttypes), list(merges))
+    _add_tokenizer(w, vocab, ttypes, merges, pre, bos)
 
     def norm(n):  # norm weights around 1
         return 1.0 + 0.2 * rng.standard_normal(n)

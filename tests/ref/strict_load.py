@@ -6,7 +6,8 @@ changes results is ignored").
 
 Each case writes a small random GGUF (make_tiny_models.build, F16 matrices) with one
 thing kiln does not implement, then runs `kilnd generate` and `kilnd check-config` on
-it: both must exit 1 and print the words given (the key or tensor by name).  A last
+it: both must exit 1 and print the words given (the key or tensor by name).  Absurd values
+of single header fields (issue 24's mutations) are refused the same way.  A last
 case checks that the same file without the addition loads, so a refusal is caused by
 the addition and not by the base file.  Prints one line per case and
 "strict load: N passed, M failed".
@@ -61,6 +62,15 @@ CASES = [
      "tensor 'blk.0.post_attention_norm.weight' is missing"),
     ("qwen3 without q/k norms", dict(arch="qwen3"), "tensor 'blk.0.attn_q_norm.weight' is missing"),
     ("non-positive RoPE factor", dict(rope_freqs=np.zeros(16)), "rope_freqs.weight[0] is 0"),
+    # absurd headers (issue 24's single-field mutations of a GGUF)
+    ("rms epsilon -1", dict(cfg=dict(CFG, eps=-1.0)), "layer_norm_rms_epsilon -1 is not in (0, 1)"),
+    ("rope dimension 0", dict(cfg=dict(CFG, rope_dim=0)), "rope_dim 0"),
+    ("vocab_size off", dict(meta={"vocab_size": 7}), "vocab_size 7 differs from token_embd.weight's 512 rows"),
+    ("file_type 999", dict(general={"file_type": 999}), "general.file_type is not a known file type"),
+    ("bos out of range", dict(bos=512), "a special token id outside the vocabulary: tokenizer.ggml.bos_token_id"),
+    ("token type 99", dict(tok_edit=lambda v, t, m: (v, [99] + t[1:], m)), "a type outside 1..6"),
+    ("a merge without a space", dict(tok_edit=lambda v, t, m: (v, t, m[:5] + ["ab"] + m[5:])),
+     "a merge that is not two parts around a space"),
     ("LongRoPE long factors only", dict(arch="phi3", fused=True, extra_tensors={"rope_factors_long.weight": np.ones(16)}),
      "rope_factors_long without rope_factors_short"),
 ]
