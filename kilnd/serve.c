@@ -193,7 +193,8 @@ int kd_serve(int argc, char **argv) {
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
     model_name(&m, c.model.path, name, sizeof name);
-    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot};
+    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot,
+                   KILN_VERSION};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
     sw.s = s, sw.l = l;

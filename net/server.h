@@ -46,6 +46,7 @@ typedef struct {
     int max_seq_len; /* in force: the config's, capped by the model's context */
     int faults;      /* allow the admin verb FAULT (tests: kilnd serve --faults) */
     const char *update_slot; /* "b:/dev/vda3": the slot UPDATE writes (kiln-init says); NULL none */
+    const char *version;     /* kilnd's, for kiln_build_info; NULL: "unknown" */
 } srv_env;
 
 /* Loads the TLS files and the tokens file, creates the engine, registers the

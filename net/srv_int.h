@@ -152,6 +152,7 @@ struct srv {
     int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
     int m_kv8, m_kv8_share, m_kv8_conv;
+    int m_proc_start, m_proc_cpu, m_proc_rss;
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
     /* the network update (UPDATE): one at a time */
     upd up;

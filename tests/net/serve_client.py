@@ -181,10 +181,12 @@ def http_get(path):
 
 
 def metric(text, name):
+    """NAME's value, summed over its label sets (every kiln series carries model_name)."""
+    total = None
     for l in text.splitlines():
-        if l.startswith(name + " "):
-            return float(l.split(" ")[1])
-    return None
+        if l.startswith(name + " ") or l.startswith(name + "{"):
+            total = (total or 0.0) + float(l.rsplit(" ", 1)[1])
+    return total
 
 
 def rss_kb():
