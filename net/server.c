@@ -213,6 +213,9 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
                 srv_log(s, CFG_LOG_INFO, "session %d: handshake timeout", ss->num);
                 sess_kill(ss, 1);
             }
+        } else if (ss->goaway && !ss->n_reqs && !ss->close_when_flushed &&
+                   now - ss->last_rx_ms >= SRV_GOAWAY_IDLE_MS) {
+            sess_close(ss); /* told to go elsewhere (draining), and now idle */
         } else if (!ss->n_reqs && !ss->close_when_flushed &&
                    now - ss->last_rx_ms >= s->cfg.net.idle_timeout_ms) {
             /* an idle HTTP keep-alive connection just closes (RFC 9112 9.5) */
@@ -470,6 +473,7 @@ void srv_set_draining(srv *s, int on) {
     if (on && !s->draining) s->drain_since_ms = loop_now_ms(), s->drain_expired = 0;
     s->draining = on != 0;
     srv_log(s, CFG_LOG_INFO, "drain %s", on ? "on" : "off");
+    if (on) srv_goaway_all(s);
 }
 
 int srv_is_ready(const srv *s) { return srv_ready(s); }
@@ -489,6 +493,7 @@ void srv_drain(srv *s, int restart) {
     s->restart |= restart;
     s->stopping = 1;
     srv_log(s, CFG_LOG_INFO, "draining%s", restart ? " for a restart" : "");
+    srv_goaway_all(s);
     srv_kick(s);
 }
 

@@ -176,6 +176,20 @@ void sess_close_idle(srv_sess *ss) {
     sess_mark_dirty(ss);
 }
 
+void sess_goaway(srv_sess *ss) {
+    if (ss->kind == SK_HTTP || ss->state != SS_READY || ss->role == ROLE_ADMIN || ss->goaway ||
+        ss->close_when_flushed)
+        return;
+    ss->goaway = 1;
+    sess_printf(ss, "GOAWAY reason=draining\n");
+    /* closed by the sweep once idle (SRV_GOAWAY_IDLE_MS), not now: a GEN already on its
+     * way gets a clean 503 draining, which clients retry elsewhere, not a bare close */
+}
+
+void srv_goaway_all(srv *s) {
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next) sess_goaway(ss); /* flushed before sleep */
+}
+
 static void sess_linger(srv_sess *ss) {
     int r = tls_close_notify(ss->tls);
     if (r == 0) return; /* again when writable */

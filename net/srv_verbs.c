@@ -19,6 +19,7 @@ static void verb_hello(srv_sess *ss, const proto_line *l) {
     sess_quote(ss, s->env.model_name, strlen(s->env.model_name));
     sess_printf(ss, " ctx=%d session=%d role=%s\n", s->env.max_seq_len, ss->num,
                 role == ROLE_ADMIN ? "admin" : "user");
+    if (s->draining) sess_goaway(ss); /* a box being drained sends newcomers on too */
 }
 
 static void verb_health(srv_sess *ss, const proto_line *l) {

@@ -280,6 +280,44 @@ def phase_survivor(model):
     check("survivor: /readyz of box1 (drained) is 503, box2's 200", readyz(1) == 503 and readyz(2) == 200)
 
 
+def phase_goaway():
+    """box1 is draining: a line-protocol client gets GOAWAY after its HELLO and the idle
+    connection closes; the Python and C SDKs given [box1, box2] move on to box2."""
+    ctx = ssl.create_default_context(cafile=A.ca)
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", A.base_port + 2), timeout=5),
+                        server_hostname="127.0.0.1")
+    s.sendall(("HELLO kiln/1 token=%s\n" % A.token).encode())
+    got = b""
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            got += d
+    except (ssl.SSLError, OSError) as e:
+        got += b"<%r>" % e
+    s.close()
+    lines = got.decode(errors="replace").splitlines()
+    check("draining box: HELLO, then GOAWAY reason=draining, then the idle connection closes",
+          len(lines) == 2 and lines[0].startswith("OK kiln/1") and lines[1] == "GOAWAY reason=draining", lines)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sdk", "python"))
+    import kiln  # noqa: E402  (the SDK from this tree)
+    b1, b2 = ("127.0.0.1", A.base_port + 2), ("127.0.0.1", A.base_port + 4)
+    try:
+        c = kiln.Client(None, None, A.token, A.ca, hosts=[b1, b2], backoff=0.05)
+        r = c.generate("Hello", max_tokens=4)
+        ok, detail = bool(r.text) and c.endpoint == b2, (r.text, c.endpoint)
+        c.close()
+    except Exception as e:  # noqa: BLE001
+        ok, detail = False, repr(e)
+    check("Python SDK, hosts [box1 draining, box2]: GOAWAY moves it to box2", ok, detail)
+    p = subprocess.run([A.kiln, "generate", "--host", "127.0.0.1:%d,127.0.0.1:%d" % (b1[1], b2[1]), "--ca", A.ca,
+                        "--token", A.token, "--max-tokens", "4", "-v", "Hello"],
+                       capture_output=True, text=True, timeout=30)
+    check("C SDK (kiln generate), hosts [box1 draining, box2]: an answer, from box2",
+          p.returncode == 0 and p.stdout.strip() != "", (p.returncode, p.stdout[-200:], p.stderr[-300:]))
+
+
 def readyz(i):
     try:
         return urllib.request.urlopen("http://127.0.0.1:%d/readyz" % (A.base_port + 2 * i + 1), timeout=5).status
@@ -301,6 +339,7 @@ def main():
     phase_balance(model)
     phase_failures(model)
     phase_survivor(model)
+    phase_goaway()
     print("%d failed (%.1f s)" % (len(FAILED), time.monotonic() - T0))
     return 1 if FAILED else 0
 
