@@ -92,19 +92,41 @@ static void model_name(const model *m, const char *path, char *out, size_t cap) 
     snprintf(out, cap, "%.200s", b ? b + 1 : path);
 }
 
-/* SIGTERM/SIGINT through a signalfd on the loop: the first drains, the second stops. */
+/* SIGTERM/SIGINT through a signalfd on the loop: the first drains, the second stops.
+ * SIGHUP reloads, as the admin verb RELOAD does, plus the log level. */
 typedef struct {
     srv *s;
     loop_t *l;
     int fd, count;
+    int argc;
+    char **argv; /* serve's own, parsed again on SIGHUP */
 } sig_watch;
+
+static int parse(int argc, char **argv, kiln_config *c, int *threads, const char **control);
+
+/* SIGHUP: the tokens file again, and [log] level from the command line and config file
+ * read afresh (parse reports what is wrong with them; the running settings then stay). */
+static void on_sighup(sig_watch *w) {
+    static kiln_config nc;
+    int threads;
+    const char *control;
+    char err[256], level[32];
+    fprintf(stderr, "kilnd: SIGHUP: reloading the tokens and the log level\n");
+    srv_reload(w->s, err, sizeof err);
+    if (parse(w->argc, w->argv, &nc, &threads, &control) < 0) return;
+    if (cfg_get(&nc, "log", "level", level, sizeof level) >= 0 &&
+        srv_config_set(w->s, "log.level", level, err, sizeof err) < 0)
+        fprintf(stderr, "kilnd: SIGHUP: log.level: %s\n", err);
+}
 
 static void on_signal(loop_t *l, int fd, void *ud, int mask) {
     (void)mask;
     sig_watch *w = ud;
     struct signalfd_siginfo si;
     while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (w->count++ == 0) {
+        if (si.ssi_signo == SIGHUP) {
+            on_sighup(w);
+        } else if (w->count++ == 0) {
             fprintf(stderr, "kilnd: signal %u: draining (again to stop now)\n", si.ssi_signo);
             srv_drain(w->s, 0);
         } else {
@@ -122,7 +144,7 @@ int kd_serve(int argc, char **argv) {
      * the signals reach only the signalfd. */
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT), sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     char err[512];
@@ -197,7 +219,7 @@ int kd_serve(int argc, char **argv) {
                    KILN_VERSION};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
-    sw.s = s, sw.l = l;
+    sw.s = s, sw.l = l, sw.argc = argc, sw.argv = argv;
     sw.fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sw.fd < 0 || loop_fd_add(l, sw.fd, LOOP_READ, on_signal, &sw) < 0) {
         fprintf(stderr, "kilnd: cannot watch signals: %s\n", strerror(errno));

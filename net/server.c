@@ -5,12 +5,21 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Each line starts with the UTC time to the millisecond (RFC 3339), so the log of a box
+ * can be read against a balancer's and a client's. */
 void srv_log(const srv *s, int level, const char *fmt, ...) {
     if (level > s->cfg.log.level) return;
     static const char *const names[] = {"error", "warn", "info", "debug"};
+    struct timespec ts;
+    struct tm tm;
+    char when[32] = "";
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (gmtime_r(&ts.tv_sec, &tm))
+        snprintf(when + strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm), 8, ".%03dZ ",
+                 (int)(ts.tv_nsec / 1000000));
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kilnd: %s: ", names[level]);
+    fprintf(stderr, "%skilnd: %s: ", when, names[level]);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -477,6 +486,13 @@ void srv_set_draining(srv *s, int on) {
 }
 
 int srv_is_ready(const srv *s) { return srv_ready(s); }
+
+int srv_reload(srv *s, char *err, size_t errlen) {
+    int n = srv_load_tokens(s, err, errlen);
+    if (n < 0) srv_log(s, CFG_LOG_WARN, "reload: %s", err);
+    else srv_log(s, CFG_LOG_INFO, "reload: %d tokens from %s", n, s->cfg.net.tokens_file);
+    return n;
+}
 
 /* GENs served: samples that ended by stop or length (kiln-init blesses a slot on it) */
 long long srv_served(const srv *s) {

@@ -75,6 +75,9 @@ int srv_config_get(const srv *s, const char *key, char *out, size_t cap);
  * values -EINVAL. */
 int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t errlen);
 void srv_set_draining(srv *s, int on);
+/* What RELOAD does: re-read [net] tokens_file. The number of tokens, or -1 with err (the
+ * tokens in force stay). */
+int srv_reload(srv *s, char *err, size_t errlen);
 int srv_is_ready(const srv *s);
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);

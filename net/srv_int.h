@@ -96,6 +96,7 @@ struct srv_sess {
     int http_chunked;      /* the answer's body is chunked (HTTP/1.1 streams) */
     int http_continued;    /* 100 Continue sent for the head at the front of `in` */
     int goaway;            /* GOAWAY sent (draining): closed once idle (the sweep) */
+    char peer[48];         /* "a.b.c.d:port", for the logs */
 };
 
 /* An HTTP connection on metrics_port: one request, one response, close. */

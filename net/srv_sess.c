@@ -407,11 +407,8 @@ int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
     s->sessions = ss;
     s->n_sessions++;
     *ops = &sess_ops, *ud = ss;
-    if (s->cfg.log.level >= CFG_LOG_DEBUG) {
-        char peer[64] = "?";
-        net_peer(c, peer, sizeof peer);
-        srv_log(s, CFG_LOG_DEBUG, "session %d: connection from %s", ss->num, peer);
-    }
+    if (net_peer(c, ss->peer, sizeof ss->peer) < 0) snprintf(ss->peer, sizeof ss->peer, "?");
+    srv_log(s, CFG_LOG_DEBUG, "session %d: connection from %s", ss->num, ss->peer);
     return 0;
 }
 

@@ -318,6 +318,59 @@ def phase_goaway():
           p.returncode == 0 and p.stdout.strip() != "", (p.returncode, p.stdout[-200:], p.stderr[-300:]))
 
 
+def hello(i, token):
+    ctx = ssl.create_default_context(cafile=A.ca)
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", A.base_port + 2 * i), timeout=5),
+                        server_hostname="127.0.0.1")
+    s.sendall(("HELLO kiln/1 token=%s\n" % token).encode())
+    got = b""
+    while b"\n" not in got:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    s.close()
+    return got.decode(errors="replace").strip()
+
+
+def phase_ops():
+    """Operating box2: its log lines carry UTC timestamps, one access line per request
+    (peer, id, tokens, reason, TTFT, e2e), a refused HELLO names the peer; SIGHUP reloads
+    the tokens file and [log] level (as RELOAD, without stopping kilnd)."""
+    err = os.path.join(A.dir, "box2", "kilnd.err")
+    log = open(err, encoding="utf-8", errors="replace").read()
+    ts = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z kilnd: "
+    acc = re.findall(ts + r"info: access: peer=127\.0\.0\.1:\d+ session=\d+ id=\S+ door=(http|line) n=1 "
+                     r"reason=(stop|length) prompt_tokens=\d+ completion_tokens=\d+ ttft_ms=[\d.]+ e2e_ms=[\d.]+\n", log)
+    doors = {d for d, _ in acc}
+    check("box2's log: timestamped access lines for both doors (%d)" % len(acc), doors == {"http", "line"}, doors)
+    check("a wrong token's HELLO is refused", hello(2, "wrong-token-0123456789").startswith("ERR - 401"))
+    time.sleep(0.2)
+    log = open(err, encoding="utf-8", errors="replace").read()
+    check("the refused HELLO is logged with its peer",
+          re.search(ts + r"info: session \d+: HELLO refused from 127\.0\.0\.1:\d+", log) is not None)
+    new_tok = "user-reloaded-%d" % os.getpid()
+    with open(os.path.join(A.dir, "box2", "tokens.txt"), "a") as f:
+        f.write("user %s\n" % new_tok)
+    with open(os.path.join(A.dir, "box2", "kiln.ini"), "a") as f:
+        f.write("[log]\nlevel = warn\n")
+    check("before SIGHUP the new token is refused", hello(2, new_tok).startswith("ERR - 401"))
+    os.kill(A.pids[2], signal.SIGHUP)
+    time.sleep(0.5)
+    alive = True
+    try:
+        os.kill(A.pids[2], 0)
+    except OSError:
+        alive = False
+    check("SIGHUP: kilnd goes on serving", alive and readyz(2) == 200)
+    check("SIGHUP: the new token is taken (tokens file reloaded)", hello(2, new_tok).startswith("OK kiln/1"))
+    n0 = len(re.findall("access: ", open(err, encoding="utf-8", errors="replace").read()))
+    r = one_request(client(30), client(10).models.list().data[0].id, 1, False, 30)
+    time.sleep(0.2)
+    n1 = len(re.findall("access: ", open(err, encoding="utf-8", errors="replace").read()))
+    check("SIGHUP: [log] level = warn taken (no access line for the next request)", r["ok"] and n1 == n0, (r, n0, n1))
+
+
 def readyz(i):
     try:
         return urllib.request.urlopen("http://127.0.0.1:%d/readyz" % (A.base_port + 2 * i + 1), timeout=5).status
@@ -340,6 +393,7 @@ def main():
     phase_failures(model)
     phase_survivor(model)
     phase_goaway()
+    phase_ops()
     print("%d failed (%.1f s)" % (len(FAILED), time.monotonic() - T0))
     return 1 if FAILED else 0
 
