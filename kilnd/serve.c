@@ -111,12 +111,12 @@ static void on_sighup(sig_watch *w) {
     int threads;
     const char *control;
     char err[256], level[32];
-    fprintf(stderr, "kilnd: SIGHUP: reloading the tokens and the log level\n");
+    srv_log(w->s, CFG_LOG_INFO, "SIGHUP: reloading the tokens and the log level");
     srv_reload(w->s, err, sizeof err);
     if (parse(w->argc, w->argv, &nc, &threads, &control) < 0) return;
     if (cfg_get(&nc, "log", "level", level, sizeof level) >= 0 &&
         srv_config_set(w->s, "log.level", level, err, sizeof err) < 0)
-        fprintf(stderr, "kilnd: SIGHUP: log.level: %s\n", err);
+        srv_log(w->s, CFG_LOG_WARN, "SIGHUP: log.level: %s", err);
 }
 
 static void on_signal(loop_t *l, int fd, void *ud, int mask) {
@@ -127,7 +127,7 @@ static void on_signal(loop_t *l, int fd, void *ud, int mask) {
         if (si.ssi_signo == SIGHUP) {
             on_sighup(w);
         } else if (w->count++ == 0) {
-            fprintf(stderr, "kilnd: signal %u: draining (again to stop now)\n", si.ssi_signo);
+            srv_log(w->s, CFG_LOG_INFO, "signal %u: draining (again to stop now)", si.ssi_signo);
             srv_drain(w->s, 0);
         } else {
             loop_stop(l);
@@ -249,7 +249,7 @@ int kd_serve(int argc, char **argv) {
         fflush(stdout), fflush(stderr);
         _exit(rc);
     }
-    fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
+    srv_log(s, CFG_LOG_INFO, "stopped%s", rc == 75 ? " for a restart" : "");
 out:
     ctl_free(ctl);
     srv_free(s);

@@ -55,6 +55,10 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen);
 /* Cancels what runs (waiting for a step in flight), closes every connection. */
 void srv_free(srv *s);
 
+/* One log line on stderr at level (CFG_LOG_*; dropped above [log] level), timestamped as
+ * every line of the server's is: for kilnd's own messages about the server it runs. */
+void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Stop taking requests; once none is left, stop the loop. restart: the exit asks the
  * supervisor for a restart (srv_exit_code 75) rather than a stop (0). */
 void srv_drain(srv *s, int restart);

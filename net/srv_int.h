@@ -170,7 +170,6 @@ struct srv {
 static inline double now_s(void) { return (double)loop_now_us() * 1e-6; }
 
 /* net/server.c */
-void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void srv_flush_dirty(srv *s);
 void srv_kick(srv *s);
 int srv_live(const srv *s);
