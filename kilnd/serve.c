@@ -92,20 +92,42 @@ static void model_name(const model *m, const char *path, char *out, size_t cap) 
     snprintf(out, cap, "%.200s", b ? b + 1 : path);
 }
 
-/* SIGTERM/SIGINT through a signalfd on the loop: the first drains, the second stops. */
+/* SIGTERM/SIGINT through a signalfd on the loop: the first drains, the second stops.
+ * SIGHUP reloads, as the admin verb RELOAD does, plus the log level. */
 typedef struct {
     srv *s;
     loop_t *l;
     int fd, count;
+    int argc;
+    char **argv; /* serve's own, parsed again on SIGHUP */
 } sig_watch;
+
+static int parse(int argc, char **argv, kiln_config *c, int *threads, const char **control);
+
+/* SIGHUP: the tokens file again, and [log] level from the command line and config file
+ * read afresh (parse reports what is wrong with them; the running settings then stay). */
+static void on_sighup(sig_watch *w) {
+    static kiln_config nc;
+    int threads;
+    const char *control;
+    char err[256], level[32];
+    srv_log(w->s, CFG_LOG_INFO, "SIGHUP: reloading the tokens and the log level");
+    srv_reload(w->s, err, sizeof err);
+    if (parse(w->argc, w->argv, &nc, &threads, &control) < 0) return;
+    if (cfg_get(&nc, "log", "level", level, sizeof level) >= 0 &&
+        srv_config_set(w->s, "log.level", level, err, sizeof err) < 0)
+        srv_log(w->s, CFG_LOG_WARN, "SIGHUP: log.level: %s", err);
+}
 
 static void on_signal(loop_t *l, int fd, void *ud, int mask) {
     (void)mask;
     sig_watch *w = ud;
     struct signalfd_siginfo si;
     while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (w->count++ == 0) {
-            fprintf(stderr, "kilnd: signal %u: draining (again to stop now)\n", si.ssi_signo);
+        if (si.ssi_signo == SIGHUP) {
+            on_sighup(w);
+        } else if (w->count++ == 0) {
+            srv_log(w->s, CFG_LOG_INFO, "signal %u: draining (again to stop now)", si.ssi_signo);
             srv_drain(w->s, 0);
         } else {
             loop_stop(l);
@@ -122,7 +144,7 @@ int kd_serve(int argc, char **argv) {
      * the signals reach only the signalfd. */
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT), sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     char err[512];
@@ -193,10 +215,11 @@ int kd_serve(int argc, char **argv) {
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
     model_name(&m, c.model.path, name, sizeof name);
-    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot};
+    srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot,
+                   KILN_VERSION};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
-    sw.s = s, sw.l = l;
+    sw.s = s, sw.l = l, sw.argc = argc, sw.argv = argv;
     sw.fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sw.fd < 0 || loop_fd_add(l, sw.fd, LOOP_READ, on_signal, &sw) < 0) {
         fprintf(stderr, "kilnd: cannot watch signals: %s\n", strerror(errno));
@@ -226,7 +249,7 @@ int kd_serve(int argc, char **argv) {
         fflush(stdout), fflush(stderr);
         _exit(rc);
     }
-    fprintf(stderr, "kilnd: stopped%s\n", rc == 75 ? " for a restart" : "");
+    srv_log(s, CFG_LOG_INFO, "stopped%s", rc == 75 ? " for a restart" : "");
 out:
     ctl_free(ctl);
     srv_free(s);

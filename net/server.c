@@ -2,13 +2,24 @@
  * loop's before-sleep flush, draining, the ladder's metrics), health, stats, /metrics
  * text, the timeout sweep and the config verbs' keys. */
 #include "net/srv_int.h"
+#include <time.h>
+#include <unistd.h>
 
+/* Each line starts with the UTC time to the millisecond (RFC 3339), so the log of a box
+ * can be read against a balancer's and a client's. */
 void srv_log(const srv *s, int level, const char *fmt, ...) {
     if (level > s->cfg.log.level) return;
     static const char *const names[] = {"error", "warn", "info", "debug"};
+    struct timespec ts;
+    struct tm tm;
+    char when[32] = "";
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (gmtime_r(&ts.tv_sec, &tm))
+        snprintf(when + strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm), 8, ".%03dZ ",
+                 (int)(ts.tv_nsec / 1000000));
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kilnd: %s: ", names[level]);
+    fprintf(stderr, "%skilnd: %s: ", when, names[level]);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -86,6 +97,22 @@ static void srv_set_kv8_metrics(srv *s) {
     s->kv8_conv_seen = kv->stats.q8_conversions;
 }
 
+/* CPU time by the clock (no file to read); RSS from /proc/self/statm, read at scrape
+ * time only, and left as it was when /proc is not there. */
+static void srv_set_process_metrics(srv *s) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) {
+        double cpu = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+        met_inc(s->met, s->m_proc_cpu, cpu - met_value(s->met, s->m_proc_cpu));
+    }
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return;
+    unsigned long size, resident;
+    if (fscanf(f, "%lu %lu", &size, &resident) == 2)
+        met_set(s->met, s->m_proc_rss, (double)resident * (double)sysconf(_SC_PAGESIZE));
+    fclose(f);
+}
+
 /* Gauges sampled now; engine counters advanced by what happened since the last render. */
 int srv_render_metrics(srv *s) {
     eng_stats st;
@@ -100,6 +127,7 @@ int srv_render_metrics(srv *s) {
     srv_set_kv8_metrics(s);
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, srv_live(s));
+    srv_set_process_metrics(s);
     met_inc(s->met, s->m_pq, (double)(st.prefix_queries - s->last.prefix_queries));
     met_inc(s->met, s->m_ph, (double)(st.prefix_hits - s->last.prefix_hits));
     met_inc(s->met, s->m_preempt, (double)(st.preemptions - s->last.preemptions));
@@ -194,6 +222,9 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
                 srv_log(s, CFG_LOG_INFO, "session %d: handshake timeout", ss->num);
                 sess_kill(ss, 1);
             }
+        } else if (ss->goaway && !ss->n_reqs && !ss->close_when_flushed &&
+                   now - ss->last_rx_ms >= SRV_GOAWAY_IDLE_MS) {
+            sess_close(ss); /* told to go elsewhere (draining), and now idle */
         } else if (!ss->n_reqs && !ss->close_when_flushed &&
                    now - ss->last_rx_ms >= s->cfg.net.idle_timeout_ms) {
             /* an idle HTTP keep-alive connection just closes (RFC 9112 9.5) */
@@ -210,6 +241,40 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     return SRV_SWEEP_MS;
 }
 
+/* labels with the model's name appended, as vLLM labels its series (`model_name`), so a
+ * dashboard written for a fleet of several models can tell them apart. The name is
+ * escaped for the exposition format and clipped to fit the registry's label field. */
+static const char *srv_mlabels(const srv *s, const char *labels, char *out, size_t cap) {
+    size_t n = 0;
+    if (labels && *labels) n = (size_t)snprintf(out, cap, "%s,", labels);
+    n += (size_t)snprintf(out + n, cap - n, "model_name=\"");
+    for (const char *p = s->env.model_name ? s->env.model_name : ""; *p && n + 4 < cap && n < 200; p++) {
+        if (*p == '\\' || *p == '"') out[n++] = '\\', out[n++] = *p;
+        else if (*p == '\n') out[n++] = '\\', out[n++] = 'n';
+        else out[n++] = *p;
+    }
+    snprintf(out + n, cap - n, "\"");
+    return out;
+}
+
+/* The process metrics every Prometheus client library exports (process_*, unprefixed and
+ * unlabelled, so generic dashboards find them), and kiln_build_info. */
+static int add_process_metrics(srv *s) {
+    metrics *m = s->met;
+    char lab[96];
+    snprintf(lab, sizeof lab, "version=\"%.32s\"", s->env.version ? s->env.version : "unknown");
+    int bi = met_add_gauge(m, "kiln_build_info", "1, labelled with kilnd's version", lab);
+    s->m_proc_start = met_add_gauge(m, "process_start_time_seconds", "Start time of the process since the Unix epoch", NULL);
+    s->m_proc_cpu = met_add_counter(m, "process_cpu_seconds_total", "User and system CPU time spent", NULL);
+    s->m_proc_rss = met_add_gauge(m, "process_resident_memory_bytes", "Resident memory size", NULL);
+    if (bi < 0 || s->m_proc_start < 0 || s->m_proc_cpu < 0 || s->m_proc_rss < 0) return -1;
+    met_set(m, bi, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    met_set(m, s->m_proc_start, (double)ts.tv_sec);
+    return 0;
+}
+
 static int add_metrics(srv *s) {
     metrics *m = s->met;
     static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -217,45 +282,60 @@ static int add_metrics(srv *s) {
     static const double itl[] = {0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                                  0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0};
     int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
-    s->m_up = met_add_gauge(m, "kiln_up", "1 while the event loop and the engine make progress", NULL);
-    s->m_running = met_add_gauge(m, "kiln_num_requests_running", "Sequences running (prefill or decode)", NULL);
-    s->m_waiting = met_add_gauge(m, "kiln_num_requests_waiting", "Sequences waiting to be scheduled", NULL);
-    s->m_kv = met_add_gauge(m, "kiln_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full)", NULL);
-    s->m_pq = met_add_counter(m, "kiln_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", NULL);
-    s->m_ph = met_add_counter(m, "kiln_prefix_cache_hits_total", "Prompt tokens found in the prefix cache", NULL);
-    s->m_preempt = met_add_counter(m, "kiln_num_preemptions_total", "Sequences preempted (blocks freed, recomputed later)", NULL);
-    s->m_ptok = met_add_counter(m, "kiln_prompt_tokens_total", "Prompt tokens accepted", NULL);
-    s->m_gtok = met_add_counter(m, "kiln_generation_tokens_total", "Tokens generated", NULL);
-    static const char *const reasons[] = {"reason=\"stop\"", "reason=\"length\"", "reason=\"cancelled\"", "reason=\"error\""};
-    for (int i = 0; i < 4; i++)
-        s->m_reason[i] = met_add_counter(m, "kiln_request_success_total", "Samples finished, by reason", reasons[i]);
-    s->m_rejected = met_add_counter(m, "kiln_requests_rejected_total", "Requests refused with 503 (queue full or shedding)", NULL);
-    s->m_ttft = met_add_histogram(m, "kiln_time_to_first_token_seconds", "Arrival to first token", NULL, lat, nl);
-    s->m_itl = met_add_histogram(m, "kiln_inter_token_latency_seconds", "Time between consecutive tokens of a sample", NULL, itl, ni);
-    s->m_e2e = met_add_histogram(m, "kiln_e2e_request_latency_seconds", "Arrival to finish, per sample", NULL, lat, nl);
-    s->m_level = met_add_gauge(m, "kiln_degrade_level", "Degrade ladder level (0 normal .. 4 restart)", NULL);
-    s->m_conns = met_add_gauge(m, "kiln_connections_open", "Protocol connections open", NULL);
-    s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", NULL);
-    s->m_pressure = met_add_gauge(m, "kiln_memory_pressure", "Pressure the degrade ladder acts on (KV pool use, 0..1)", NULL);
-    s->m_shed = met_add_counter(m, "kiln_requests_shed_total", "Requests refused by the ladder's shed rung (503 retry_after_ms)", NULL);
-    s->m_kv8 = met_add_gauge(m, "kiln_kv_cache_8bit_blocks", "KV blocks held in 8 bits (the ladder's compact rung)", NULL);
-    s->m_kv8_share = met_add_gauge(m, "kiln_kv_cache_8bit_share", "Share of the KV blocks held (in use or cached) that are 8-bit, 0..1", NULL);
-    s->m_kv8_conv = met_add_counter(m, "kiln_kv_cache_8bit_conversions_total", "KV blocks turned to 8 bits", NULL);
+    char ml[256], lab[256];
+    const char *mn = srv_mlabels(s, NULL, ml, sizeof ml); /* model_name="..." alone */
+    s->m_up = met_add_gauge(m, "kiln_up", "1 while the event loop and the engine make progress", mn);
+    s->m_running = met_add_gauge(m, "kiln_num_requests_running", "Sequences running (prefill or decode)", mn);
+    s->m_waiting = met_add_gauge(m, "kiln_num_requests_waiting", "Sequences waiting to be scheduled", mn);
+    s->m_kv = met_add_gauge(m, "kiln_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full)", mn);
+    /* vLLM's cache_config_info: what the Inference Extension reads the pool's shape from */
+    char cc[64];
+    snprintf(cc, sizeof cc, "block_size=\"%d\",num_gpu_blocks=\"%d\"", s->env.kv->cfg.block_size,
+             s->env.kv->cfg.n_blocks);
+    int cci = met_add_gauge(m, "kiln_cache_config_info", "1, labelled with the KV cache's shape (num_gpu_blocks: blocks in the pool, on the GPU or not)",
+                            srv_mlabels(s, cc, lab, sizeof lab));
+    met_set(m, cci, 1);
+    s->m_pq = met_add_counter(m, "kiln_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", mn);
+    s->m_ph = met_add_counter(m, "kiln_prefix_cache_hits_total", "Prompt tokens found in the prefix cache", mn);
+    s->m_preempt = met_add_counter(m, "kiln_num_preemptions_total", "Sequences preempted (blocks freed, recomputed later)", mn);
+    s->m_ptok = met_add_counter(m, "kiln_prompt_tokens_total", "Prompt tokens accepted", mn);
+    s->m_gtok = met_add_counter(m, "kiln_generation_tokens_total", "Tokens generated", mn);
+    /* successes by vLLM's finished_reason; cancelled and errored samples apart, so a
+     * success rate is success / (success + cancelled + errored) */
+    s->m_reason[EF_STOP] = met_add_counter(m, "kiln_request_success_total", "Samples finished with an answer, by reason",
+                                           srv_mlabels(s, "finished_reason=\"stop\"", lab, sizeof lab));
+    s->m_reason[EF_LENGTH] = met_add_counter(m, "kiln_request_success_total", "Samples finished with an answer, by reason",
+                                             srv_mlabels(s, "finished_reason=\"length\"", lab, sizeof lab));
+    s->m_reason[EF_CANCELLED] = met_add_counter(m, "kiln_request_cancelled_total", "Samples cancelled (CANCEL, a disconnect, drain_timeout_ms)", mn);
+    s->m_reason[EF_ERROR] = met_add_counter(m, "kiln_request_errored_total", "Samples ended by an engine error", mn);
+    s->m_rejected = met_add_counter(m, "kiln_requests_rejected_total", "Requests refused with 503 (queue full or shedding)", mn);
+    s->m_ttft = met_add_histogram(m, "kiln_time_to_first_token_seconds", "Arrival to first token", mn, lat, nl);
+    s->m_itl = met_add_histogram(m, "kiln_inter_token_latency_seconds", "Time between consecutive tokens of a sample", mn, itl, ni);
+    s->m_e2e = met_add_histogram(m, "kiln_e2e_request_latency_seconds", "Arrival to finish, per sample", mn, lat, nl);
+    s->m_level = met_add_gauge(m, "kiln_degrade_level", "Degrade ladder level (0 normal .. 4 restart)", mn);
+    s->m_conns = met_add_gauge(m, "kiln_connections_open", "Protocol connections open", mn);
+    s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", mn);
+    s->m_pressure = met_add_gauge(m, "kiln_memory_pressure", "Pressure the degrade ladder acts on (KV pool use, 0..1)", mn);
+    s->m_shed = met_add_counter(m, "kiln_requests_shed_total", "Requests refused by the ladder's shed rung (503 retry_after_ms)", mn);
+    s->m_kv8 = met_add_gauge(m, "kiln_kv_cache_8bit_blocks", "KV blocks held in 8 bits (the ladder's compact rung)", mn);
+    s->m_kv8_share = met_add_gauge(m, "kiln_kv_cache_8bit_share", "Share of the KV blocks held (in use or cached) that are 8-bit, 0..1", mn);
+    s->m_kv8_conv = met_add_counter(m, "kiln_kv_cache_8bit_conversions_total", "KV blocks turned to 8 bits", mn);
     for (int f = 0; f < LADDER_LEVELS; f++)
         for (int t = 0; t < LADDER_LEVELS; t++) {
-            char lab[48];
-            snprintf(lab, sizeof lab, "from=\"%d\",to=\"%d\"", f, t);
+            char ft[48];
+            snprintf(ft, sizeof ft, "from=\"%d\",to=\"%d\"", f, t);
             s->m_trans[f][t] = f == t ? 0 : met_add_counter(m, "kiln_degrade_transitions_total",
-                                                            "Degrade ladder transitions", lab);
+                                                            "Degrade ladder transitions",
+                                                            srv_mlabels(s, ft, lab, sizeof lab));
             if (s->m_trans[f][t] < 0) return -1;
         }
-    int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
+    int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
                 s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
-    return 0;
+    return add_process_metrics(s);
 }
 
 srv *srv_new(const srv_env *env, char *err, size_t errlen) {
@@ -280,7 +360,7 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     s->n_req_slots = c->engine.max_queued_requests;
     s->reqs = calloc((size_t)s->n_req_slots, sizeof *s->reqs);
     s->metrics_text = malloc(SRV_METRICS_CAP);
-    s->met = met_new(64);
+    s->met = met_new(96);
     int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
     /* a GEN's system + prompt come in at most two lines; an OpenAI body's messages render
      * to at most twice the body (a template's markup per turn is at most twice the JSON
@@ -402,9 +482,17 @@ void srv_set_draining(srv *s, int on) {
     if (on && !s->draining) s->drain_since_ms = loop_now_ms(), s->drain_expired = 0;
     s->draining = on != 0;
     srv_log(s, CFG_LOG_INFO, "drain %s", on ? "on" : "off");
+    if (on) srv_goaway_all(s);
 }
 
 int srv_is_ready(const srv *s) { return srv_ready(s); }
+
+int srv_reload(srv *s, char *err, size_t errlen) {
+    int n = srv_load_tokens(s, err, errlen);
+    if (n < 0) srv_log(s, CFG_LOG_WARN, "reload: %s", err);
+    else srv_log(s, CFG_LOG_INFO, "reload: %d tokens from %s", n, s->cfg.net.tokens_file);
+    return n;
+}
 
 /* GENs served: samples that ended by stop or length (kiln-init blesses a slot on it) */
 long long srv_served(const srv *s) {
@@ -421,6 +509,7 @@ void srv_drain(srv *s, int restart) {
     s->restart |= restart;
     s->stopping = 1;
     srv_log(s, CFG_LOG_INFO, "draining%s", restart ? " for a restart" : "");
+    srv_goaway_all(s);
     srv_kick(s);
 }
 

@@ -46,6 +46,7 @@ typedef struct {
     int max_seq_len; /* in force: the config's, capped by the model's context */
     int faults;      /* allow the admin verb FAULT (tests: kilnd serve --faults) */
     const char *update_slot; /* "b:/dev/vda3": the slot UPDATE writes (kiln-init says); NULL none */
+    const char *version;     /* kilnd's, for kiln_build_info; NULL: "unknown" */
 } srv_env;
 
 /* Loads the TLS files and the tokens file, creates the engine, registers the
@@ -53,6 +54,10 @@ typedef struct {
 srv *srv_new(const srv_env *env, char *err, size_t errlen);
 /* Cancels what runs (waiting for a step in flight), closes every connection. */
 void srv_free(srv *s);
+
+/* One log line on stderr at level (CFG_LOG_*; dropped above [log] level), timestamped as
+ * every line of the server's is: for kilnd's own messages about the server it runs. */
+void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Stop taking requests; once none is left, stop the loop. restart: the exit asks the
  * supervisor for a restart (srv_exit_code 75) rather than a stop (0). */
@@ -74,6 +79,9 @@ int srv_config_get(const srv *s, const char *key, char *out, size_t cap);
  * values -EINVAL. */
 int srv_config_set(srv *s, const char *key, const char *value, char *err, size_t errlen);
 void srv_set_draining(srv *s, int on);
+/* What RELOAD does: re-read [net] tokens_file. The number of tokens, or -1 with err (the
+ * tokens in force stay). */
+int srv_reload(srv *s, char *err, size_t errlen);
 int srv_is_ready(const srv *s);
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);

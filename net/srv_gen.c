@@ -58,6 +58,11 @@ void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage
         }
     }
     if (++r->n_done < r->n) return;
+    /* the access log: one line per request, at its last sample */
+    srv_log(s, CFG_LOG_INFO, "access: peer=%s session=%d id=%s door=%s n=%d reason=%s prompt_tokens=%d "
+            "completion_tokens=%d ttft_ms=%.1f e2e_ms=%.1f", ss ? ss->peer : "gone", ss ? ss->num : 0, r->id,
+            r->api ? "http" : "line", r->n, reasons[reason], u->prompt_tokens, u->completion_tokens,
+            u->ttft_s * 1e3, u->e2e_s * 1e3);
     drive_note_finished(&s->drv);
     if (ss) req_unlink(ss, r);
     if (r->api) api_req_free(r); /* after the unlink: the session may take its next request */

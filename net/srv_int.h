@@ -36,6 +36,7 @@ _Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN
 #define SRV_MAX_HTTP 16       /* scrapes and probes at once */
 #define SRV_HTTP_MS 10000     /* an HTTP request and its answer must fit in this */
 #define SRV_GOODBYE_MS 1500   /* after draining: time for the last lines to leave */
+#define SRV_GOAWAY_IDLE_MS 1000 /* after GOAWAY: a connection this long idle is closed */
 #define SRV_UPD_BEGIN_MS 10000     /* kiln-init removes the slot's boot entry within this */
 #define SRV_UPD_ACTIVATE_MS 180000 /* ... and verifies and activates the slot within this */
 #define SRV_UPD_PROGRESS (1u << 20) /* an UPDATE progress line every this many bytes */
@@ -94,6 +95,8 @@ struct srv_sess {
     int http_keep;         /* keep the connection after this answer */
     int http_chunked;      /* the answer's body is chunked (HTTP/1.1 streams) */
     int http_continued;    /* 100 Continue sent for the head at the front of `in` */
+    int goaway;            /* GOAWAY sent (draining): closed once idle (the sweep) */
+    char peer[48];         /* "a.b.c.d:port", for the logs */
 };
 
 /* An HTTP connection on metrics_port: one request, one response, close. */
@@ -152,6 +155,7 @@ struct srv {
     int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
     int m_kv8, m_kv8_share, m_kv8_conv;
+    int m_proc_start, m_proc_cpu, m_proc_rss;
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
     /* the network update (UPDATE): one at a time */
     upd up;
@@ -166,7 +170,6 @@ struct srv {
 static inline double now_s(void) { return (double)loop_now_us() * 1e-6; }
 
 /* net/server.c */
-void srv_log(const srv *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void srv_flush_dirty(srv *s);
 void srv_kick(srv *s);
 int srv_live(const srv *s);
@@ -184,6 +187,10 @@ void sess_write(srv_sess *ss, const char *p, size_t n); /* bytes as they are */
 /* sess_close for a session with no request in flight, safe inside the engine's callbacks
  * (it cancels nothing and kicks nothing) */
 void sess_close_idle(srv_sess *ss);
+/* Draining: tell a line-protocol client to go elsewhere (GOAWAY, docs/PROTOCOL.md) and
+ * close once its requests are done. Admin sessions stay (they may want DRAIN off). */
+void sess_goaway(srv_sess *ss);
+void srv_goaway_all(srv *s);
 void sess_kill(srv_sess *ss, int abort);
 void sess_close(srv_sess *ss);
 void sess_flush(srv_sess *ss);

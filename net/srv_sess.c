@@ -176,6 +176,20 @@ void sess_close_idle(srv_sess *ss) {
     sess_mark_dirty(ss);
 }
 
+void sess_goaway(srv_sess *ss) {
+    if (ss->kind == SK_HTTP || ss->state != SS_READY || ss->role == ROLE_ADMIN || ss->goaway ||
+        ss->close_when_flushed)
+        return;
+    ss->goaway = 1;
+    sess_printf(ss, "GOAWAY reason=draining\n");
+    /* closed by the sweep once idle (SRV_GOAWAY_IDLE_MS), not now: a GEN already on its
+     * way gets a clean 503 draining, which clients retry elsewhere, not a bare close */
+}
+
+void srv_goaway_all(srv *s) {
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next) sess_goaway(ss); /* flushed before sleep */
+}
+
 static void sess_linger(srv_sess *ss) {
     int r = tls_close_notify(ss->tls);
     if (r == 0) return; /* again when writable */
@@ -393,11 +407,8 @@ int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
     s->sessions = ss;
     s->n_sessions++;
     *ops = &sess_ops, *ud = ss;
-    if (s->cfg.log.level >= CFG_LOG_DEBUG) {
-        char peer[64] = "?";
-        net_peer(c, peer, sizeof peer);
-        srv_log(s, CFG_LOG_DEBUG, "session %d: connection from %s", ss->num, peer);
-    }
+    if (net_peer(c, ss->peer, sizeof ss->peer) < 0) snprintf(ss->peer, sizeof ss->peer, "?");
+    srv_log(s, CFG_LOG_DEBUG, "session %d: connection from %s", ss->num, ss->peer);
     return 0;
 }
 

@@ -9,7 +9,7 @@ static void verb_hello(srv_sess *ss, const proto_line *l) {
     int role = ROLE_NONE;
     if (proto_hello_parse(l, &h, err, sizeof err) == 0) role = srv_token_role(s, h.token);
     if (role == ROLE_NONE) {
-        srv_log(s, CFG_LOG_INFO, "session %d: HELLO refused", ss->num);
+        srv_log(s, CFG_LOG_INFO, "session %d: HELLO refused from %s", ss->num, ss->peer);
         sess_err(ss, "-", 401, "unauthorized", NULL);
         sess_close(ss);
         return;
@@ -19,6 +19,7 @@ static void verb_hello(srv_sess *ss, const proto_line *l) {
     sess_quote(ss, s->env.model_name, strlen(s->env.model_name));
     sess_printf(ss, " ctx=%d session=%d role=%s\n", s->env.max_seq_len, ss->num,
                 role == ROLE_ADMIN ? "admin" : "user");
+    if (s->draining) sess_goaway(ss); /* a box being drained sends newcomers on too */
 }
 
 static void verb_health(srv_sess *ss, const proto_line *l) {
@@ -88,7 +89,7 @@ static void verb_ladder(srv_sess *ss, const proto_line *l) {
 static void verb_reload(srv_sess *ss, const proto_line *l) {
     (void)l;
     char err[256];
-    int n = srv_load_tokens(ss->s, err, sizeof err);
+    int n = srv_reload(ss->s, err, sizeof err);
     if (n < 0) sess_err(ss, "-", 500, "internal", err);
     else sess_printf(ss, "OK tokens=%d\n", n);
 }

@@ -170,6 +170,11 @@ run "net/openai-host" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/serve
 run "net/openai-tap" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/serve.sh tap openai
 run "net/openai-asan" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" KILND="$BUILD/asan/kilnd" \
   tests/net/serve.sh host openai
+# A fleet: three kilnd boxes on loopback behind HAProxy (Debian's; installed when missing),
+# HTTP mode per request for the OpenAI API and TCP mode for the line protocol, checked on
+# /readyz; under the openai package's and kiln bench's load one box is killed, one drained
+# (docs/FLEET.md).
+run "net/fleet-haproxy" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/fleet_test.sh
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault

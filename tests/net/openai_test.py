@@ -301,7 +301,7 @@ def test_keepalive(model):
 
 def test_disconnect(model):
     """A client that goes away mid-stream: its request is cancelled and its KV blocks freed."""
-    cancelled = metric("kiln_request_success_total{reason=\"cancelled\"}")
+    cancelled = metric("kiln_request_cancelled_total")
     s = tls_conn()
     s.sendall(post("/v1/chat/completions", {"model": model, "max_tokens": 200, "stream": True,
                                             "messages": [{"role": "user", "content": "Count to one hundred."}]}))
@@ -311,7 +311,7 @@ def test_disconnect(model):
     s.close()
     ok = False
     for _ in range(100):
-        if metric("kiln_request_success_total{reason=\"cancelled\"}") > cancelled and \
+        if metric("kiln_request_cancelled_total") > cancelled and \
                 metric("kiln_num_requests_running") == 0 and metric("kiln_kv_cache_usage_perc") == 0:
             ok = True
             break
@@ -403,6 +403,39 @@ def test_shed(model):
         admin("LADDER level=auto")
 
 
+def test_fleet_metrics(model):
+    """What the Inference Extension's model-server protocol and vLLM dashboards read: queue,
+    running, KV utilisation 0..1, kiln_cache_config_info{block_size,num_gpu_blocks}, a
+    model_name label equal to /v1/models' id, successes by finished_reason with cancelled and
+    errored apart, build info and process metrics."""
+    body = urllib.request.urlopen("http://%s:%d/metrics" % (A.host, A.metrics_port), timeout=10).read().decode()
+    samples = [l for l in body.splitlines() if l and not l.startswith("#")]
+    esc = model.replace("\\", "\\\\").replace('"', '\\"')
+    unlabelled = [l for l in samples if l.startswith("kiln_") and not l.startswith("kiln_build_info")
+                  and 'model_name="%s"' % esc not in l]
+    check("/metrics: every kiln_ series carries model_name = the model's id", not unlabelled, unlabelled[:3])
+    cc = [l for l in samples if l.startswith("kiln_cache_config_info{")]
+    m = re.match(r'kiln_cache_config_info\{block_size="(\d+)",num_gpu_blocks="(\d+)",model_name="[^"]*"\} 1$',
+                 cc[0] if cc else "")
+    check("/metrics: kiln_cache_config_info{block_size,num_gpu_blocks} 1", m and int(m.group(1)) > 0
+          and int(m.group(2)) > 0, cc)
+    for name in ("kiln_num_requests_waiting", "kiln_num_requests_running", "kiln_kv_cache_usage_perc"):
+        v = [float(l.rsplit(" ", 1)[1]) for l in samples if l.startswith(name + "{")]
+        check("/metrics: %s, one series, in range" % name, len(v) == 1 and v[0] >= 0
+              and (name != "kiln_kv_cache_usage_perc" or v[0] <= 1), v)
+    reasons = set(re.findall(r'kiln_request_success_total\{finished_reason="(\w+)"', body))
+    check("/metrics: kiln_request_success_total by finished_reason (stop, length only)",
+          reasons == {"stop", "length"}, reasons)
+    check("/metrics: answers counted (stop+length > 0), cancelled apart (> 0 after the disconnect)",
+          metric("kiln_request_success_total") > 0 and metric("kiln_request_cancelled_total") > 0
+          and "kiln_request_errored_total{" in body,
+          (metric("kiln_request_success_total"), metric("kiln_request_cancelled_total")))
+    check("/metrics: kiln_build_info{version} 1 and process_* metrics",
+          re.search(r'^kiln_build_info\{version="[^"]+"\} 1$', body, re.M) is not None
+          and metric("process_resident_memory_bytes") > 1e6 and metric("process_start_time_seconds") > 1.6e9
+          and metric("process_cpu_seconds_total") > 0)
+
+
 def main():
     global A
     ap = argparse.ArgumentParser()
@@ -426,6 +459,7 @@ def main():
     test_curl(model)
     test_keepalive(model)
     test_disconnect(model)
+    test_fleet_metrics(model)
     test_limits_drain(model)
     if A.lwip:
         test_slow_reader(model)

@@ -127,8 +127,9 @@ def gen_line(rid, prompt, max_tokens, extra="", temperature="0"):
         rid, max_tokens, temperature, quote(prompt), (" " + extra) if extra else "")
 
 
-def collect(c, ids, samples=1):
-    """Read until every id ended; returns {id: (text bytes, end line or err line)}."""
+def collect(c, ids, samples=1, seen=None):
+    """Read until every id ended; returns {id: (text bytes, end line or err line)}. Other
+    lines (GOAWAY) go to seen when given."""
     text = {i: b"" for i in ids}
     done = {}
     ends = {i: 0 for i in ids}
@@ -145,6 +146,8 @@ def collect(c, ids, samples=1):
                 done[parts[1]] = l
         elif parts[0] == "ERR" and parts[1] in text:
             done[parts[1]] = l
+        elif seen is not None:
+            seen.append(l)
     return {i: (text[i], done[i]) for i in ids}
 
 
@@ -181,10 +184,12 @@ def http_get(path):
 
 
 def metric(text, name):
+    """NAME's value, summed over its label sets (every kiln series carries model_name)."""
+    total = None
     for l in text.splitlines():
-        if l.startswith(name + " "):
-            return float(l.split(" ")[1])
-    return None
+        if l.startswith(name + " ") or l.startswith(name + "{"):
+            total = (total or 0.0) + float(l.rsplit(" ", 1)[1])
+    return total
 
 
 def rss_kb():
@@ -770,13 +775,25 @@ def drain_timeout(exp):
     a.send("HEALTH")
     h = a.line()
     check("draining: not ready", "ready=0" in h and "draining=1" in h, h)
-    r = collect(u, ["d1", "d2"])
+    seen = []
+    r = collect(u, ["d1", "d2"], seen=seen)
     took = time.time() - t0
+    check("draining: the user's connection gets GOAWAY reason=draining (not the admin's)",
+          "GOAWAY reason=draining" in seen, seen[:3])
     check("draining: a new GEN gets 503 draining", r["d2"][1].startswith("ERR d2 503 draining"), r["d2"][1])
     check("drain_timeout: the running request ends with ERR 503 draining after ~1.5 s",
           r["d1"][1].startswith("ERR d1 503 draining") and 1.2 < took < 10, "%s after %.1f s" % (r["d1"][1], took))
+    try:
+        extra = u.line()
+        closed = False
+    except (EOFError, ssl.SSLError, OSError):
+        closed = True
+    check("draining: after GOAWAY the connection closes once its requests are done", closed,
+          "got %r" % (extra if not closed else ""))
     a.send("DRAIN off")
     l = a.line()
+    u.close()
+    u = Conn()
     u.send(gen_line("d3", exp["prompt"], 4))
     r = collect(u, ["d3"])
     check("DRAIN off: served again", l == "OK draining=0" and r["d3"][1].startswith("END d3"), "%s / %s" % (l, r["d3"][1]))

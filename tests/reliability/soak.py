@@ -630,6 +630,8 @@ class Monitor:
         for l in body.decode().splitlines():
             if l and not l.startswith("#"):
                 name, _, v = l.rpartition(" ")
+                # every kiln series carries model_name: keyed without it
+                name = re.sub(r',?model_name="(?:[^"\\]|\\.)*"', "", name).replace("{}", "").replace("{,", "{")
                 out[name] = float(v)
         return out
 
@@ -714,8 +716,14 @@ async def stuck_reader(mon):
 
 
 def success(m, reason=None):
-    return sum(v for k, v in m.items() if k.startswith("kiln_request_success_total{")
-               and (reason is None or 'reason="%s"' % reason in k))
+    """Samples finished, all endings (reason None) or one: successes by finished_reason,
+    cancelled and errored samples under their own names."""
+    apart = {"cancelled": "kiln_request_cancelled_total", "error": "kiln_request_errored_total"}
+    if reason in apart:
+        return m.get(apart[reason], 0)
+    ok = sum(v for k, v in m.items() if k.startswith("kiln_request_success_total{")
+             and (reason is None or 'finished_reason="%s"' % reason in k))
+    return ok if reason else ok + sum(m.get(n, 0) for n in apart.values())
 
 
 def make_requests(n, rng):

@@ -263,6 +263,10 @@ static int transient(int code) {
 int kl_ensure(kiln_client *c, kiln_error *err) {
     if (c->up && c->broken)
         kl_drop(c, c->broke.code, c->broke.message);
+    /* a draining box said GOAWAY: leave it once no answer is owed (requests waiting to
+     * be retried stay, and go to the next box) */
+    if (c->up && c->going_away && !kl_in_flight(c, 1))
+        kl_drop(c, KILN_ECLOSED, "the box is draining");
     if (c->up)
         return 0;
     kiln_error e = {KILN_ECONNECT, "no box"};
@@ -274,10 +278,13 @@ int kl_ensure(kiln_client *c, kiln_error *err) {
                 c->o.on_retry(c->o.retry_ud, e.code, round, d, e.message);
             kl_sleep_ms(d);
         }
-        for (int i = 0; i < c->n_boxes; i++) {
+        for (int k = 0; k < c->n_boxes; k++) {
+            int i = (c->first_box + k) % c->n_boxes;
             int r = open_box(c, &c->boxes[i], &e);
-            if (!r)
+            if (!r) {
+                c->box_i = i;
                 return 0;
+            }
             if (!transient(r)) {
                 if (err)
                     *err = e;
@@ -304,6 +311,7 @@ void kl_drop(kiln_client *c, int code, const char *msg) {
     c->up = 0;
     c->broken = 0;
     c->conn_err = 0;
+    c->going_away = 0;
     kl_buf_reset(c);
     kl_fail_all(c, code, m, 0);
 }

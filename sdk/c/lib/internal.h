@@ -85,6 +85,12 @@ struct kiln_client {
     int conn_err;
     char conn_msg[KILN_MSG_MAX];
 
+    /* "GOAWAY" (the box is draining): once nothing sent waits for an answer, the
+     * connection is closed and the next one starts at the box after it */
+    int box_i;         /* the box connected to */
+    int first_box;     /* where the next connect starts in the list */
+    int going_away;
+
     kl_req *reqs;
     uint64_t next_h, next_wire;
 };

@@ -374,6 +374,11 @@ static void on_session_err(kiln_client *c, char *line, size_t len) {
 }
 
 int kl_dispatch(kiln_client *c, char *line, size_t len) {
+    if (starts(line, len, "GOAWAY")) { /* never a verb's reply: taken here for everyone */
+        c->going_away = 1;
+        c->first_box = c->n_boxes > 0 ? (c->box_i + 1) % c->n_boxes : 0;
+        return 1;
+    }
     int tok = starts(line, len, "TOK"), end = starts(line, len, "END");
     int err = starts(line, len, "ERR");
     if (!tok && !end && !err)

@@ -145,6 +145,8 @@ class Demux:
         self.requests: Dict[str, RequestState] = {}
         self.commands: Deque[CommandState] = deque()
         self.conn_error: Optional[KilnError] = None  # an ERR - that concerned the connection
+        # GOAWAY: the box is draining; the client leaves it once nothing waits on it
+        self.going_away = False
         self.closed = False
         self._body: Optional[List[str]] = None
 
@@ -176,6 +178,9 @@ class Demux:
         if not raw.strip(b" "):
             return  # empty lines are allowed
         verb, second = _first_two_words(raw)
+        if verb == b"GOAWAY":  # never a command's reply (docs/PROTOCOL.md)
+            self.going_away = True
+            return
         if verb in (b"TOK", b"END") or (verb == b"ERR" and second != b"-"):
             self._request_line(split_line(raw, strict=False))
             return
@@ -460,3 +465,12 @@ class ConnectFailures:
             if e.msg not in seen:
                 seen.append(e.msg)
         return KilnConnectionError("could not connect: " + "; ".join(seen[-4:]))
+
+
+def rotated(endpoints: Sequence[Endpoint], after: Optional[Endpoint]) -> List[Endpoint]:
+    """The host list starting just past ``after`` (a box that said GOAWAY), or as given."""
+    eps = list(endpoints)
+    if after in eps:
+        k = eps.index(after) + 1
+        eps = eps[k:] + eps[:k]
+    return eps

@@ -39,6 +39,7 @@ from ._core import (
     gen_params,
     make_options,
     retry_delay,
+    rotated,
 )
 from .errors import (
     KilnAuthError,
@@ -299,6 +300,7 @@ class AsyncClient:
         )  # fmt: skip
         self._conn: Optional[_AConn] = None
         self._ids = itertools.count(1)
+        self._gone_from: Optional[Endpoint] = None  # the last box that said GOAWAY
         self._closed = False
         self._connect_lock: Optional[asyncio.Lock] = None
         self.model: Optional[str] = None
@@ -326,6 +328,11 @@ class AsyncClient:
         if self._closed:
             raise KilnError("the client is closed")
         conn = self._conn
+        if conn is not None and conn.demux.going_away and not conn.demux.busy():
+            self._gone_from = conn.endpoint  # draining: the next box in the list
+            if not conn.dead:
+                self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint), abort=False)
+        conn = self._conn
         if conn is not None and not conn.dead:
             return conn
         if self._connect_lock is None:
@@ -350,7 +357,7 @@ class AsyncClient:
         delay = opts.backoff
         for rnd in range(opts.retries + 1):
             start = len(fails.errors)
-            for ep in opts.endpoints:
+            for ep in rotated(opts.endpoints, self._gone_from):
                 try:
                     return await self._dial_one(ep)
                 except KilnAuthError:

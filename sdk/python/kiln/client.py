@@ -40,6 +40,7 @@ from ._core import (
     gen_params,
     make_options,
     retry_delay,
+    rotated,
 )
 from .errors import (
     KilnAuthError,
@@ -339,6 +340,7 @@ class Client:
         )  # fmt: skip
         self._conn: Optional[_Conn] = None
         self._ids = itertools.count(1)
+        self._gone_from: Optional[Endpoint] = None  # the last box that said GOAWAY
         self._busy = False
         self._closed = False
         self._deferred: List[Tuple[_Conn, RequestState]] = []
@@ -369,6 +371,11 @@ class Client:
         if self._closed:
             raise KilnError("the client is closed")
         conn = self._conn
+        if conn is not None and conn.demux.going_away and not conn.demux.busy():
+            self._gone_from = conn.endpoint  # draining: the next box in the list
+            if not conn.dead:
+                self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint))
+            conn = None
         if conn is None or conn.dead:
             self._conn = None
             self._deferred.clear()
@@ -390,7 +397,7 @@ class Client:
         delay = opts.backoff
         for rnd in range(opts.retries + 1):
             start = len(fails.errors)
-            for ep in opts.endpoints:
+            for ep in rotated(opts.endpoints, self._gone_from):
                 try:
                     return self._dial_one(ep)
                 except KilnAuthError:

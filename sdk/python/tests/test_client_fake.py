@@ -19,6 +19,7 @@ from kiln_test_support import (
     FakeConn,
     FakeKiln,
     default_gen,
+    end_line,
     free_port,
     make_certs,
 )
@@ -172,6 +173,27 @@ class SyncClientTest(FakeServerCase):
         self.assertEqual(c.endpoint, ("127.0.0.1", self.server.port))
         self.assertEqual(c.generate("f").text, "Hello, f")
 
+    def goaway_pair(self) -> FakeKiln:
+        """self.server answers one GEN, saying GOAWAY (draining) before its END; the
+        second box (returned) serves normally."""
+        def gen(conn: FakeConn, line: Line) -> None:
+            rid = line.get("id") or "-"
+            conn.send("TOK %s %s" % (rid, quote("A")), "GOAWAY reason=draining", end_line(rid))
+        self.server.on_gen = gen
+        other = FakeKiln(self.certs)
+        self.addCleanup(other.close)
+        return other
+
+    def test_goaway_moves_to_next_host(self) -> None:
+        other = self.goaway_pair()
+        a, b = ("127.0.0.1", self.server.port), ("127.0.0.1", other.port)
+        c = Client(None, None, USER_TOKEN, self.certs.ca, hosts=[a, b])
+        self.addCleanup(c.close)
+        self.assertEqual(c.generate("x").text, "A")  # GOAWAY is no request's line
+        self.assertEqual(c.generate("y").text, "Hello, y")  # idle: left for the next box
+        self.assertEqual(c.endpoint, b)
+        self.assertEqual(self.server.gen_count, 1)
+
     def test_lazy_and_hosts_only(self) -> None:
         c = Client(None, None, USER_TOKEN, self.certs.ca, hosts=[("127.0.0.1", self.server.port)], connect=False)
         self.addCleanup(c.close)
@@ -316,6 +338,20 @@ class AsyncClientTest(FakeServerCase):
                             hosts=[("127.0.0.1", self.server.port)])  # fmt: skip
             self.assertEqual((await c.generate("f")).text, "Hello, f")
             self.assertEqual(c.endpoint, ("127.0.0.1", self.server.port))
+            await c.close()
+
+        self.run_async(go())
+
+    def test_goaway_moves_to_next_host(self) -> None:
+        other = SyncClientTest.goaway_pair(self)  # type: ignore[arg-type]
+
+        async def go() -> None:
+            a, b = ("127.0.0.1", self.server.port), ("127.0.0.1", other.port)
+            c = AsyncClient(None, None, USER_TOKEN, self.certs.ca, hosts=[a, b])
+            self.assertEqual((await c.generate("x")).text, "A")
+            self.assertEqual((await c.generate("y")).text, "Hello, y")
+            self.assertEqual(c.endpoint, b)
+            self.assertEqual(self.server.gen_count, 1)
             await c.close()
 
         self.run_async(go())
