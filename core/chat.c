@@ -105,9 +105,13 @@ const char *chat_name(int kind) {
 
 /* ------------------------------------------------------------------ rendering */
 
+/* The output, and the byte ranges the caller's texts (contents, roles) landed in:
+ * spans[2i], spans[2i + 1] (chat_format_spans). */
 typedef struct {
     char *out;
     size_t cap, n;
+    size_t *spans;
+    int n_spans, max_spans, spans_over;
 } sbuf;
 
 static void put(sbuf *b, const char *s, size_t k) {
@@ -115,6 +119,28 @@ static void put(sbuf *b, const char *s, size_t k) {
     b->n += k;
 }
 static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
+
+/* Caller text: its bytes are a span, so that a special-token text inside it stays text
+ * when the prompt is tokenized (only the template's own markup names special tokens). */
+static void span_close(sbuf *b, size_t from) {
+    if (!b->spans || b->n == from) return;
+    if (b->n_spans && b->spans[2 * b->n_spans - 1] == from) { /* adjoining: one span */
+        b->spans[2 * b->n_spans - 1] = b->n;
+        return;
+    }
+    if (b->n_spans == b->max_spans) {
+        b->spans_over = 1;
+        return;
+    }
+    b->spans[2 * b->n_spans] = from, b->spans[2 * b->n_spans + 1] = b->n;
+    b->n_spans++;
+}
+static void uput(sbuf *b, const char *s, size_t k) {
+    size_t from = b->n;
+    put(b, s, k);
+    span_close(b, from);
+}
+static void uputs(sbuf *b, const char *s) { uput(b, s, strlen(s)); }
 
 /* Jinja's trim is Python's str.strip(): the characters str.isspace() accepts */
 static size_t space_at(const unsigned char *s, size_t n, int end) {
@@ -134,12 +160,12 @@ static size_t space_at(const unsigned char *s, size_t n, int end) {
     return 0;
 }
 
-static void put_trimmed(sbuf *b, const char *s) {
+static void put_trimmed(sbuf *b, const char *s) { /* caller text */
     const unsigned char *p = (const unsigned char *)s;
     size_t n = strlen(s), k;
     while ((k = space_at(p, n, 0)) > 0) p += k, n -= k;
     while ((k = space_at(p, n, 1)) > 0) n -= k;
-    put(b, (const char *)p, n);
+    uput(b, (const char *)p, n);
 }
 
 static int is(const char *a, const char *b) { return strcmp(a, b) == 0; }
@@ -176,7 +202,7 @@ static int ends(const char *s, const char *p) {
 static void qwen_tool(sbuf *b, const chat_msg *m, int n, int i) {
     if (i == 0 || !is(m[i - 1].role, "tool")) puts_(b, "<|im_start|>user");
     puts_(b, "\n<tool_response>\n");
-    puts_(b, m[i].content);
+    uputs(b, m[i].content);
     puts_(b, "\n</tool_response>");
     if (i == n - 1 || !is(m[i + 1].role, "tool")) puts_(b, "<|im_end|>\n");
 }
@@ -197,9 +223,9 @@ static void render_chatml(sbuf *b, int kind, const chat_msg *m, int n, int agp) 
                 }
         }
         puts_(b, "<|im_start|>");
-        puts_(b, m[i].role);
+        uputs(b, m[i].role);
         puts_(b, "\n");
-        puts_(b, m[i].content);
+        uputs(b, m[i].content);
         puts_(b, "<|im_end|>\n");
     }
     if (agp) puts_(b, "<|im_start|>assistant\n");
@@ -209,7 +235,7 @@ static void render_llama3(sbuf *b, const chat_msg *m, int n, int agp) {
     for (int i = 0; i < n; i++) {
         if (i == 0) puts_(b, "<|begin_of_text|>");
         puts_(b, "<|start_header_id|>");
-        puts_(b, m[i].role);
+        uputs(b, m[i].role);
         puts_(b, "<|end_header_id|>\n\n");
         put_trimmed(b, m[i].content);
         puts_(b, "<|eot_id|>");
@@ -218,7 +244,8 @@ static void render_llama3(sbuf *b, const chat_msg *m, int n, int agp) {
 }
 
 /* a JSON string literal (Jinja's tojson on a string, as json.dumps: non-ASCII kept) */
-static void put_json_str(sbuf *b, const char *s) {
+static void put_json_str(sbuf *b, const char *s) { /* caller text */
+    size_t from = b->n;
     puts_(b, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
@@ -230,6 +257,7 @@ static void put_json_str(sbuf *b, const char *s) {
         else put(b, s, 1);
     }
     puts_(b, "\"");
+    span_close(b, from);
 }
 
 /* Llama 3.1-3.3: a system turn always, opening with the knowledge cutoff and a date;
@@ -248,7 +276,7 @@ static void render_llama31(sbuf *b, const chat_msg *m, int n, int agp, const cha
             put_json_str(b, m[i].content);
         } else {
             puts_(b, "<|start_header_id|>");
-            puts_(b, m[i].role);
+            uputs(b, m[i].role);
             puts_(b, "<|end_header_id|>\n\n");
             put_trimmed(b, m[i].content);
         }
@@ -281,24 +309,24 @@ static void qwen3_assistant(sbuf *b, const chat_msg *m, int after_query, int las
         why = lstrip_nl(why, &wn);
     }
     puts_(b, "<|im_start|>");
-    puts_(b, m->role);
+    uputs(b, m->role);
     if (after_query && (last || wn > 0)) {
         puts_(b, "\n<think>\n");
         why = lstrip_nl(why, &wn);
-        put(b, why, rstrip_nl(why, wn));
+        uput(b, why, rstrip_nl(why, wn));
         puts_(b, "\n</think>\n\n");
         ans = lstrip_nl(ans, &an);
     } else {
         puts_(b, "\n");
     }
-    put(b, ans, an);
+    uput(b, ans, an);
     puts_(b, "<|im_end|>\n");
 }
 
 static void render_qwen3(sbuf *b, const chat_msg *m, int n, int agp, int think) {
     if (n > 0 && is(m[0].role, "system")) {
         puts_(b, "<|im_start|>system\n");
-        puts_(b, m[0].content);
+        uputs(b, m[0].content);
         puts_(b, "<|im_end|>\n");
     }
     int last_query = n - 1;
@@ -310,9 +338,9 @@ static void render_qwen3(sbuf *b, const chat_msg *m, int n, int agp, int think) 
     for (int i = 0; i < n; i++) {
         if (is(m[i].role, "user") || (is(m[i].role, "system") && i > 0)) {
             puts_(b, "<|im_start|>");
-            puts_(b, m[i].role);
+            uputs(b, m[i].role);
             puts_(b, "\n");
-            puts_(b, m[i].content);
+            uputs(b, m[i].content);
             puts_(b, "<|im_end|>\n");
         } else if (is(m[i].role, "assistant")) {
             qwen3_assistant(b, &m[i], i > last_query, i == n - 1);
@@ -335,10 +363,10 @@ static int render_gemma(sbuf *b, const chat_msg *m, int n, int agp) {
     puts_(b, "<bos>");
     for (int k = 0; k < ln; k++) {
         puts_(b, "<start_of_turn>");
-        puts_(b, is(loop[k].role, "assistant") ? "model" : loop[k].role);
+        uputs(b, is(loop[k].role, "assistant") ? "model" : loop[k].role);
         puts_(b, "\n");
         if (k == 0 && sys) {
-            puts_(b, sys);
+            uputs(b, sys);
             puts_(b, "\n\n");
         }
         put_trimmed(b, loop[k].content);
@@ -356,7 +384,7 @@ static void render_phi3(sbuf *b, const chat_msg *m, int n, int agp) {
                                                                      : NULL;
         if (!tag) continue;
         puts_(b, tag);
-        puts_(b, m[i].content);
+        uputs(b, m[i].content);
         puts_(b, "<|end|>\n");
     }
     puts_(b, agp ? "<|assistant|>\n" : "<|endoftext|>");
@@ -366,12 +394,12 @@ static void render_phi4(sbuf *b, const chat_msg *m, int n) {
     for (int i = 0; i < n; i++) {
         if (is(m[i].role, "system") || is(m[i].role, "user")) {
             puts_(b, "<|im_start|>");
-            puts_(b, m[i].role);
+            uputs(b, m[i].role);
             puts_(b, "<|im_sep|>");
-            puts_(b, m[i].content);
+            uputs(b, m[i].content);
             puts_(b, is(m[i].role, "user") ? "<|im_end|><|im_start|>assistant<|im_sep|>" : "<|im_end|>");
         } else if (is(m[i].role, "assistant")) {
-            puts_(b, m[i].content);
+            uputs(b, m[i].content);
             puts_(b, "<|im_end|>");
         }
     }
@@ -382,10 +410,10 @@ static void render_phi3_legacy(sbuf *b, const chat_msg *m, int n) {
     for (int i = 0; i < n; i++) {
         if (is(m[i].role, "user")) {
             puts_(b, "<|user|>\n");
-            puts_(b, m[i].content);
+            uputs(b, m[i].content);
             puts_(b, "<|end|>\n<|assistant|>\n");
         } else if (is(m[i].role, "assistant")) {
-            puts_(b, m[i].content);
+            uputs(b, m[i].content);
             puts_(b, "<|end|>\n");
         }
     }
@@ -405,13 +433,13 @@ static int render_mistral_tekken(sbuf *b, const chat_msg *m, int n) {
         if (is(loop[k].role, "user")) {
             puts_(b, "[INST]");
             if (k == ln - 1 && sys) {
-                puts_(b, sys);
+                uputs(b, sys);
                 puts_(b, "\n\n");
             }
-            puts_(b, loop[k].content);
+            uputs(b, loop[k].content);
             puts_(b, "[/INST]");
         } else {
-            puts_(b, loop[k].content);
+            uputs(b, loop[k].content);
             puts_(b, "</s>");
         }
     }
@@ -423,7 +451,7 @@ static void render_granite3(sbuf *b, const chat_msg *m, int n, int agp, int64_t 
     const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : NULL;
     puts_(b, "<|start_of_role|>system<|end_of_role|>");
     if (sys) {
-        puts_(b, sys);
+        uputs(b, sys);
     } else {
         char date[64];
         date_of(now, "%B %d, %Y", date, sizeof date);
@@ -436,20 +464,21 @@ static void render_granite3(sbuf *b, const chat_msg *m, int n, int agp, int64_t 
     int ln = sys ? n - 1 : n;
     for (int k = 0; k < ln; k++) {
         puts_(b, "<|start_of_role|>");
-        puts_(b, loop[k].role);
+        uputs(b, loop[k].role);
         puts_(b, "<|end_of_role|>");
-        puts_(b, loop[k].content);
+        uputs(b, loop[k].content);
         puts_(b, "<|end_of_text|>\n");
         if (k == ln - 1 && agp) puts_(b, "<|start_of_role|>assistant<|end_of_role|>");
     }
 }
 
-int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now, char *out,
-                   size_t cap) {
-    if (n < 0 || (n > 0 && !msgs) || (!out && cap > 0)) return CHAT_EINVAL;
+int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,
+                      char *out, size_t cap, size_t *spans, int max_spans, int *n_spans) {
+    if (n < 0 || (n > 0 && !msgs) || (!out && cap > 0) || (spans && (!n_spans || max_spans < 0)))
+        return CHAT_EINVAL;
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content) return CHAT_EINVAL;
-    sbuf b = {out, cap, 0};
+    sbuf b = {out, cap, 0, spans, 0, spans ? max_spans : 0, 0};
     int agp = add_generation_prompt, rc = 0;
     switch (kind) {
     case CHAT_CHATML:
@@ -475,9 +504,15 @@ int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_pro
     default: return CHAT_EINVAL;
     }
     if (rc < 0) return rc;
-    if (b.n >= cap || b.n > 0x7FFFFFFF) return CHAT_ESPACE;
+    if (b.n >= cap || b.n > 0x7FFFFFFF || b.spans_over) return CHAT_ESPACE;
     out[b.n] = 0;
+    if (n_spans) *n_spans = b.n_spans;
     return (int)b.n;
+}
+
+int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now, char *out,
+                   size_t cap) {
+    return chat_format_spans(kind, msgs, n, add_generation_prompt, now, out, cap, NULL, 0, NULL);
 }
 
 int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt, char *out, size_t cap) {

@@ -57,6 +57,12 @@ const char *chat_name(int kind); /* "unknown" for CHAT_UNKNOWN and out-of-range 
  * template refuses. */
 int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt, char *out,
                 size_t cap);
+/* chat_format_at, and the byte ranges of the output that hold the caller's texts (the
+ * messages' contents and roles) as [spans[2i], spans[2i + 1]) pairs, at most max_spans of
+ * them (more: CHAT_ESPACE), their count in *n_spans: a prompt is tokenized with special
+ * tokens parsed outside them only, so user text cannot write the template's markup. */
+int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,
+                      char *out, size_t cap, size_t *spans, int max_spans, int *n_spans);
 /* The same with the time templates print as today's date (Granite, Llama 3.2): Unix seconds, shown
  * in local time as strftime_now does. chat_format uses the clock. */
 int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,

@@ -4,8 +4,10 @@
  *
  * With chat on, the system message (if any) and the user text are rendered through the
  * model's chat template (core/chat.h) and the result is tokenized with special-token
- * texts parsed, since the template's markup is made of them. Plain text parses them
- * only when the caller asks (kilnd tokenize --special, generate --special). A prompt
+ * texts parsed where the template wrote them and nowhere in the messages' own texts, so
+ * "<|im_end|>" typed by a user stays text and cannot open a turn of another role. Plain
+ * text parses them only when the caller asks (kilnd tokenize --special, generate
+ * --special). A prompt
  * builder owns its scratch: nothing is allocated per request. */
 #ifndef KILN_PROMPT_H
 #define KILN_PROMPT_H
@@ -28,6 +30,8 @@ typedef struct {
     size_t text_cap;
     int32_t *ids;    /* [ids_cap] the last prompt_build's ids */
     int ids_cap;
+    size_t *spans;   /* [2 * max_spans] the caller texts' byte ranges in text */
+    int max_spans;
 } prompt_builder;
 
 typedef struct {

@@ -957,21 +957,30 @@ static void fragment(enc *E, const uint8_t *s, size_t n, int prev_special) {
     }
 }
 
-int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special, int32_t *out, int max_out) {
-    if (!t || !t->mem || (!text && len) || (!out && max_out > 0) || max_out < 0) return TOK_EINVAL;
+static int encode(const tok_t *t, const char *text, size_t len, int parse_special, const size_t *plain,
+                  int n_plain, int32_t *out, int max_out) {
+    if (!t || !t->mem || (!text && len) || (!out && max_out > 0) || max_out < 0 || n_plain < 0 ||
+        (n_plain && !plain))
+        return TOK_EINVAL;
     unsigned char stk[STK];
     enc E = {t, out, 0, max_out, 0, stk};
     const uint8_t *s = (const uint8_t *)text;
     size_t start = 0;
-    int prev_special = 1;
+    int prev_special = 1, sp = 0; /* plain[2 * sp] is the next plain range not wholly behind p */
     if (parse_special && t->n_special > 0) {
         for (size_t p = 0; p < len && !E.err;) {
+            while (sp < n_plain && plain[2 * sp + 1] <= p) sp++;
+            if (sp < n_plain && plain[2 * sp] <= p) { /* inside caller text: no special here */
+                p = plain[2 * sp + 1];
+                continue;
+            }
+            size_t room = (sp < n_plain ? plain[2 * sp] : len) - p; /* up to the next plain range */
             int32_t hit = -1;
             if (t->special_first[s[p]]) {
                 for (int32_t k = 0; k < t->n_special; k++) {
                     int32_t id = t->special[k];
                     uint32_t sl = t->text_len[id];
-                    if (sl <= len - p && memcmp(s + p, t->text + t->text_off[id], sl) == 0) {
+                    if (sl <= room && sl <= len - p && memcmp(s + p, t->text + t->text_off[id], sl) == 0) {
                         hit = id;
                         break;
                     }
@@ -990,6 +999,15 @@ int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special, 
     }
     if (!E.err) fragment(&E, s + start, len - start, prev_special);
     return E.err ? E.err : E.n;
+}
+
+int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special, int32_t *out, int max_out) {
+    return encode(t, text, len, parse_special, NULL, 0, out, max_out);
+}
+
+int tok_encode_plain(const tok_t *t, const char *text, size_t len, const size_t *plain, int n_plain,
+                     int32_t *out, int max_out) {
+    return encode(t, text, len, 1, plain, n_plain, out, max_out);
 }
 
 /* ------------------------------------------------------------------ decode */

@@ -64,6 +64,11 @@ void tok_free(tok_t *t);
  * TOK_ESPACE when max_out is too small (len + 2 always suffices). Never adds BOS. */
 int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special,
                int32_t *out, int max_out);
+/* tok_encode with special tokens parsed except inside the n_plain byte ranges
+ * [plain[2i], plain[2i + 1]) (ascending, disjoint): a special token's text must lie wholly
+ * outside them (a chat prompt's contents: core/chat's spans). */
+int tok_encode_plain(const tok_t *t, const char *text, size_t len, const size_t *plain, int n_plain,
+                     int32_t *out, int max_out);
 /* The bytes of one token (may be a partial UTF-8 sequence). Control, unknown and unused
  * tokens give 0 bytes unless render_special. Returns length, TOK_EINVAL or TOK_ESPACE. */
 int tok_decode(const tok_t *t, int32_t id, int render_special, char *buf, int cap);

@@ -104,9 +104,10 @@ static size_t chomp(char *line, size_t n) {
     return n;
 }
 
-/* encode text and print the ids on one line; returns 0 or -1 */
+/* encode text and print the ids on one line; returns 0 or -1. plain (n_plain ranges, a
+ * chat prompt's caller texts): special tokens are parsed outside them only */
 static int print_ids(const char *cmd, const tok_t *t, const char *text, size_t len, int special,
-                     int32_t **ids, size_t *cap) {
+                     const size_t *plain, int n_plain, int32_t **ids, size_t *cap) {
     if (*cap < len + 2) {
         int32_t *p = realloc(*ids, (len + 2) * sizeof *p);
         if (!p) {
@@ -115,7 +116,8 @@ static int print_ids(const char *cmd, const tok_t *t, const char *text, size_t l
         }
         *ids = p, *cap = len + 2;
     }
-    int n = tok_encode(t, text, len, special, *ids, (int)*cap);
+    int n = plain ? tok_encode_plain(t, text, len, plain, n_plain, *ids, (int)*cap)
+                  : tok_encode(t, text, len, special, *ids, (int)*cap);
     if (n < 0) {
         fprintf(stderr, "%s: encoding failed (%d)\n", cmd, n);
         return -1;
@@ -174,7 +176,9 @@ static int parse_conv(char *line, chat_msg *msgs, int max) {
 }
 
 static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int kind) {
-    enum { MAX_MSGS = 64 };
+    enum { MAX_MSGS = 64, MAX_SPANS = 4 * MAX_MSGS + 16 };
+    size_t spans[2 * MAX_SPANS];
+    int n_spans = 0;
     size_t cap = 0;
     char *out = NULL, *line = NULL;
     int32_t *ids = NULL;
@@ -201,7 +205,8 @@ static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int ki
                 }
                 out = p, cap = want;
             }
-            k = chat_format_at(kind, msgs, n, !o->no_gen, o->now ? o->now : (long long)time(NULL), out, cap);
+            k = chat_format_spans(kind, msgs, n, !o->no_gen, o->now ? o->now : (long long)time(NULL), out, cap,
+                                  spans, MAX_SPANS, &n_spans);
         }
         if (rc) break;
         if (k < 0) {
@@ -209,7 +214,7 @@ static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int ki
         } else if (o->render) {
             for (int i = 0; i < k; i++) printf("%02x", (unsigned char)out[i]);
             putchar('\n');
-        } else if (print_ids(cmd, t, out, (size_t)k, 1, &ids, &idcap) < 0) {
+        } else if (print_ids(cmd, t, out, (size_t)k, 1, spans, n_spans, &ids, &idcap) < 0) {
             rc = 1;
         }
     }
@@ -251,7 +256,7 @@ int kd_tokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t idcap = 0;
     if (!o.hex) {
-        rc = print_ids(cmd, &t, o.text, strlen(o.text), o.special, &ids, &idcap) < 0;
+        rc = print_ids(cmd, &t, o.text, strlen(o.text), o.special, NULL, 0, &ids, &idcap) < 0;
     } else {
         char *line = NULL;
         size_t lcap = 0;
@@ -272,7 +277,7 @@ int kd_tokenize(int argc, char **argv) {
                 }
                 line[i] = (char)(hi << 4 | lo); /* decode in place */
             }
-            if (rc == 0 && print_ids(cmd, &t, line, n / 2, o.special, &ids, &idcap) < 0) rc = 1;
+            if (rc == 0 && print_ids(cmd, &t, line, n / 2, o.special, NULL, 0, &ids, &idcap) < 0) rc = 1;
         }
         free(line);
     }

@@ -107,6 +107,15 @@ run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "
 # generation prompt; and every other template there kiln claims (--tree).
 run "parity/chat-templates" env BUILD="$BUILD" "$PY" tests/ref/chat_parity.py --kilnd "$BUILD/gnu/kilnd" \
   --fetch tests/ref/vocabs.sh --tree
+# User and system text cannot write the template's markup: every special token text of
+# the vocabulary inside a message stays text (the default model under each template kind,
+# Llama 3's and Qwen2's vocabularies under their own).
+run "parity/chat-injection" "$PY" tests/ref/chat_injection.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
+for vt in llama-bpe:llama3.1,llama3.2 qwen2:qwen2.5,qwen3 phi-3:phi3,phi3-legacy; do
+  run "parity/chat-injection-${vt%%:*}" sh -c 'd=$(BUILD="$1" tests/ref/vocabs.sh "$3") &&
+    "$2" tests/ref/chat_injection.py --kilnd "$1/gnu/kilnd" --model "$d/ggml-vocab-$3.gguf" \
+      --templates "$4"' _ "$BUILD" "$PY" "${vt%%:*}" "${vt#*:}"
+done
 # --exact: f32 activations, held to the f32 reference tightly (all 32 ids equal);
 # default: the production 8-bit-activation path, within its stated tolerance.
 run "parity/model-exact" "$PY" tests/ref/parity.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --exact
