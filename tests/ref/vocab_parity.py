@@ -24,6 +24,10 @@ import os
 import subprocess
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tok_parity import first_diff  # noqa: E402  (one copy)
+
 # The vocabularies of the model families kiln serves (tokenizer.ggml.model / .pre):
 VOCABS = [
     "llama-bpe",   # gpt2 / llama-bpe: Llama 3.x
@@ -75,13 +79,6 @@ def kiln_ids(kilnd, model, texts):
 def kiln_texts(kilnd, model, idss):
     got, err = kilnd_lines(kilnd, "detokenize", model, [" ".join(map(str, w)) + "\n" for w in idss])
     return ([bytes.fromhex(g) if g is not None else None for g in got] if got else None), err
-
-
-def first_diff(a, b):
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def main():
