@@ -73,6 +73,12 @@ static void on_line(void *arg, const char *line) {
             double k = strtod(sv + 8, &end);
             if (end != sv + 8 && k >= 0 && k < 1e18) c->on_event(c->ev_arg, INITCTL_EV_SERVED, k);
         }
+        const char *lm = strstr(line, " loop_max_ms=");
+        if (lm) {
+            char *end;
+            double ms = strtod(lm + 13, &end);
+            if (end != lm + 13 && ms >= 0 && ms < 1e9) c->on_event(c->ev_arg, INITCTL_EV_LOOP, ms);
+        }
         return;
     }
     if (util_starts(line, "READY")) {

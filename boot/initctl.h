@@ -15,7 +15,7 @@
 
 #include "boot/logring.h"
 
-enum { INITCTL_EV_HB, INITCTL_EV_SERVED, INITCTL_EV_READY, INITCTL_EV_UP, INITCTL_EV_DOWN };
+enum { INITCTL_EV_HB, INITCTL_EV_SERVED, INITCTL_EV_READY, INITCTL_EV_UP, INITCTL_EV_DOWN, INITCTL_EV_LOOP };
 
 /* HB: n; SERVED (right after its HB, when the HB line has served=): k; READY: seconds */
 typedef void (*initctl_event_fn)(void *arg, int ev, double value);

@@ -338,6 +338,9 @@ void sup_on_ctl(sup *s, int ev, double value, double now) {
     case INITCTL_EV_SERVED:
         if (s->pid > 0) s->served = (long long)value;
         break;
+    case INITCTL_EV_LOOP:
+        s->loop_max_ms = value;
+        break;
     case INITCTL_EV_READY:
         s->hb_at = now;
         s->hb_seen = 1;
@@ -521,7 +524,9 @@ void sup_describe(const sup *s, double now, char *buf, size_t cap) {
     buf[0] = 0;
     add(buf, cap, &u, "kilnd: %s", sup_state_name(s->state));
     if (s->pid > 0) add(buf, cap, &u, ", pid %d, up %.0f s", (int)s->pid, now - s->spawned_at);
-    if (s->pid > 0 && s->hb_seen) add(buf, cap, &u, ", heartbeat %.1f s ago (#%ld)", now - s->hb_at, s->hb_n);
+    if (s->pid > 0 && s->hb_seen)
+        add(buf, cap, &u, ", heartbeat %.1f s ago (#%ld, longest loop pass %.1f ms)", now - s->hb_at, s->hb_n,
+            s->loop_max_ms);
     if (s->pid > 0 && s->served >= 0) add(buf, cap, &u, ", %lld GENs served", s->served);
     if (s->pid > 0 && !s->hb_seen) add(buf, cap, &u, ", no heartbeat yet");
     if (s->state == SUP_STARTING) add(buf, cap, &u, ", waiting for READY");

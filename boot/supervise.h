@@ -62,6 +62,7 @@ typedef struct {
     double spawned_at, ready_at, hb_at, check_at, retry_at, stop_at, kill_at, next_connect, exit_at;
     int hb_seen, ready, killed, then, restart_refused;
     long hb_n;                   /* the last heartbeat's counter */
+    double loop_max_ms;          /* ... and kilnd's longest loop pass it reported */
     long long served;            /* GENs this kilnd finished (its HB's served=), -1 unknown */
     char kill_why[160];          /* why we SIGKILLed it */
     double backoff;              /* the next crash's delay */

@@ -91,6 +91,10 @@ static const cfg_key keys[] = {
     INT("net", "max_connections", net.max_connections, 1, 65536, 0, 1),
     INT("net", "idle_timeout_ms", net.idle_timeout_ms, 1000, 86400000, 0, 1),
     INT("net", "handshake_timeout_ms", net.handshake_timeout_ms, 100, 300000, 0, 1),
+    INT("net", "max_pending_connections", net.max_pending_connections, 1, 65536, 0, 1),
+    INT("net", "max_pending_per_address", net.max_pending_per_address, 1, 65536, 0, 1),
+    INT("net", "max_connections_per_token", net.max_connections_per_token, 0, 65536, 0, 1),
+    INT("net", "max_requests_per_token", net.max_requests_per_token, 0, 1048576, 0, 1),
     INT("net", "max_line_bytes", net.max_line_bytes, 4096, 67108864, F_SIZE, 1),
     INT("net", "max_requests_per_conn", net.max_requests_per_conn, 1, 4096, 0, 1),
     INT("net", "max_output_bytes", net.max_output_bytes, 16384, 1073741824, F_SIZE, 1),
@@ -145,7 +149,9 @@ void cfg_defaults(kiln_config *c) {
     strcpy(c->net.tokens_file, "tokens.txt");
     c->net.max_connections = 256;
     c->net.idle_timeout_ms = 300000;
-    c->net.handshake_timeout_ms = 10000;
+    c->net.handshake_timeout_ms = 5000;
+    c->net.max_pending_connections = 64;
+    c->net.max_pending_per_address = 32;
     c->net.max_line_bytes = 1048576;
     c->net.max_requests_per_conn = 64;
     c->net.max_output_bytes = 1048576;

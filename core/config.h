@@ -66,6 +66,10 @@ typedef struct kiln_config {
         char client_ca[CFG_STR_MAX + 1]; /* "": no client certificates */
         char tokens_file[CFG_STR_MAX + 1];
         int max_connections, idle_timeout_ms, handshake_timeout_ms;
+        int max_pending_connections; /* not yet through TLS + HELLO: the oldest goes first */
+        int max_pending_per_address; /* ... the same, from one client address */
+        int max_connections_per_token; /* greeted connections per token; 0: no cap */
+        int max_requests_per_token;  /* requests in flight per token; 0: no cap */
         int max_line_bytes;          /* longest protocol line */
         int max_requests_per_conn;   /* requests in flight per connection */
         int max_output_bytes;        /* unsent output per connection before its

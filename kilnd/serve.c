@@ -203,7 +203,9 @@ int kd_serve(int argc, char **argv) {
         fprintf(stderr, "kilnd: CUDA backend: %s\n", desc);
     }
 
-    if (!(l = loop_new(c.net.max_connections * 2 + 256, 64))) { fprintf(stderr, "kilnd: cannot create the event loop\n"); goto out; }
+    /* timers: the server's and the transport's few, and one per session (a read resumed
+     * on the next pass, net/srv_sess.c) */
+    if (!(l = loop_new(c.net.max_connections * 2 + 256, c.net.max_connections + 64))) { fprintf(stderr, "kilnd: cannot create the event loop\n"); goto out; }
     char host[64];
     if (c.net.hostname[0]) snprintf(host, sizeof host, "%.63s", c.net.hostname);
     else if (gethostname(host, sizeof host) < 0) strcpy(host, "kiln");

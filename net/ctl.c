@@ -191,7 +191,8 @@ static int64_t on_heartbeat(loop_t *l, int64_t id, void *ud) {
     for (int i = 0; i < CTL_MAX_CLIENTS; i++) {
         ctl_client *k = &c->clients[i];
         if (k->fd < 0) continue;
-        client_printf(c, k, "HB %lld served=%lld\n", c->hb, srv_served(c->s));
+        client_printf(c, k, "HB %lld served=%lld loop_max_ms=%.1f\n", c->hb, srv_served(c->s),
+                      srv_loop_max_ms(c->s));
         client_flush(c, k);
     }
     return CTL_HB_MS;

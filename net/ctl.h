@@ -1,9 +1,10 @@
 /* ctl: kilnd's control socket, for kiln-init (PID 1) on the same box.
  *
  * A unix stream socket (`kilnd serve --control PATH`). Unsolicited, to every client:
- * `HB <n> served=<GENs>` every CTL_HB_MS from a loop timer (so heartbeats stop when the
- * loop hangs, which is what the supervisor watches; served: samples finished by stop or
- * length, srv_served) and `READY <seconds since start>` once the server takes requests.
+ * `HB <n> served=<GENs> loop_max_ms=<ms>` every CTL_HB_MS from a loop timer (so heartbeats
+ * stop when the loop hangs, which is what the supervisor watches; served: samples finished
+ * by stop or length, srv_served; loop_max_ms: the longest loop pass lately, a loop that
+ * is slowing down before it stops) and `READY <seconds since start>` once the server takes requests.
  * Commands, one per line; every reply ends with a line ".":
  *   status                  key=value lines: model, uptime_s, ready, draining, level,
  *                           running, waiting, address, driver, connections, served

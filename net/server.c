@@ -42,6 +42,26 @@ static void before_sleep(loop_t *l, void *ud) {
     srv_flush_dirty(ud);
 }
 
+/* The loop's pass hook: every pass into the histogram, and the longest of this window
+ * and the one before (so the gauge and the heartbeat show a recent stall, not the worst
+ * since start). */
+static void on_loop_pass(void *ud, int64_t busy_us) {
+    srv *s = ud;
+    met_observe(s->met, s->m_loop_pass, (double)busy_us * 1e-6);
+    int64_t now = loop_now_ms();
+    if (now - s->lag_window_ms >= SRV_LAG_WINDOW_MS) {
+        s->lag_max_us[1] = s->lag_max_us[0];
+        s->lag_max_us[0] = 0;
+        s->lag_window_ms = now;
+    }
+    if (busy_us > s->lag_max_us[0]) s->lag_max_us[0] = busy_us;
+}
+
+double srv_loop_max_ms(const srv *s) {
+    int64_t m = s->lag_max_us[0] > s->lag_max_us[1] ? s->lag_max_us[0] : s->lag_max_us[1];
+    return (double)m / 1e3;
+}
+
 void srv_kick(srv *s) {
     if (s->drv.eng) drive_kick(&s->drv);
 }
@@ -127,6 +147,7 @@ int srv_render_metrics(srv *s) {
     srv_set_kv8_metrics(s);
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, srv_live(s));
+    met_set(s->met, s->m_loop_max, srv_loop_max_ms(s) / 1e3);
     srv_set_process_metrics(s);
     met_inc(s->met, s->m_pq, (double)(st.prefix_queries - s->last.prefix_queries));
     met_inc(s->met, s->m_ph, (double)(st.prefix_hits - s->last.prefix_hits));
@@ -215,8 +236,8 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     update_sweep(s);
     for (srv_sess *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
-        if (ss->state == SS_CLOSING) {
-            if (now >= ss->deadline_ms) sess_kill(ss, 0);
+        if (ss->state == SS_CLOSING || ss->broken == 2) {
+            if (now >= ss->deadline_ms) sess_kill(ss, ss->state != SS_CLOSING);
         } else if (ss->state != SS_READY) {
             if (now >= ss->deadline_ms) {
                 srv_log(s, CFG_LOG_INFO, "session %d: handshake timeout", ss->num);
@@ -234,7 +255,7 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
     }
     for (struct srv_http *h = s->https, *next; h; h = next) {
         next = h->next;
-        if (now >= h->deadline_ms) srvh_done(h, 1);
+        if (now >= h->deadline_ms || (!h->resp_buf && now >= h->head_deadline_ms)) srvh_done(h, 1);
     }
     srv_flush_dirty(s);
     if (s->goodbye_ms && (s->n_sessions == 0 || now >= s->goodbye_ms)) loop_stop(s->env.loop);
@@ -281,7 +302,11 @@ static int add_metrics(srv *s) {
                                  0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0};
     static const double itl[] = {0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                                  0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0};
+    /* a pass is normally tens of µs; the bound for an abused loop is 100 ms */
+    static const double pass[] = {0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                  0.25, 0.5, 1.0, 2.5};
     int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
+    int np = (int)(sizeof pass / sizeof pass[0]);
     char ml[256], lab[256];
     const char *mn = srv_mlabels(s, NULL, ml, sizeof ml); /* model_name="..." alone */
     s->m_up = met_add_gauge(m, "kiln_up", "1 while the event loop and the engine make progress", mn);
@@ -320,6 +345,11 @@ static int add_metrics(srv *s) {
     s->m_kv8 = met_add_gauge(m, "kiln_kv_cache_8bit_blocks", "KV blocks held in 8 bits (the ladder's compact rung)", mn);
     s->m_kv8_share = met_add_gauge(m, "kiln_kv_cache_8bit_share", "Share of the KV blocks held (in use or cached) that are 8-bit, 0..1", mn);
     s->m_kv8_conv = met_add_counter(m, "kiln_kv_cache_8bit_conversions_total", "KV blocks turned to 8 bits", mn);
+    s->m_loop_pass = met_add_histogram(m, "kiln_event_loop_pass_seconds",
+                                       "Work of one event-loop pass (callbacks, timers; the wait excluded): "
+                                       "every connection waits while it runs", mn, pass, np);
+    s->m_loop_max = met_add_gauge(m, "kiln_event_loop_pass_max_seconds",
+                                  "Longest event-loop pass in the last 10 to 20 seconds", mn);
     for (int f = 0; f < LADDER_LEVELS; f++)
         for (int t = 0; t < LADDER_LEVELS; t++) {
             char ft[48];
@@ -332,7 +362,7 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     return add_process_metrics(s);
@@ -388,6 +418,8 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
         goto fail;
     }
     loop_set_before_sleep(env->loop, before_sleep, s);
+    s->lag_window_ms = loop_now_ms();
+    loop_set_pass_hook(env->loop, on_loop_pass, s);
     if (net_listen(env->net, c->net.listen_host, c->net.listen_port, sess_accept, s, e2, sizeof e2) < 0) {
         snprintf(err, errlen, "listen %s:%d: %s", c->net.listen_host, c->net.listen_port, e2);
         goto fail;
@@ -422,6 +454,7 @@ void srv_free(srv *s) {
     while (s->https) srvh_done(s->https, 1);
     if (s->sweep_timer > 0) loop_timer_del(s->env.loop, s->sweep_timer);
     if (s->drv.loop) loop_set_before_sleep(s->env.loop, NULL, NULL);
+    if (s->drv.loop) loop_set_pass_hook(s->env.loop, NULL, NULL);
     drive_free(&s->drv);
     eng_free(s->eng);
     tls_server_free(s->tls);

@@ -83,6 +83,7 @@ void srv_set_draining(srv *s, int on);
  * tokens in force stay). */
 int srv_reload(srv *s, char *err, size_t errlen);
 int srv_is_ready(const srv *s);
+double srv_loop_max_ms(const srv *s); /* the longest event-loop pass of the last 10-20 s */
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);

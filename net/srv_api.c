@@ -497,13 +497,14 @@ static void api_generate(srv_sess *ss, int kind, const char *body, size_t len, i
 /* ---------------------------------------------------------------- routing */
 
 /* "Bearer <token>" against the tokens file: the role, or ROLE_NONE. */
-static int api_auth(srv *s, const http_msg *m) {
+static int api_auth(srv *s, const http_msg *m, int *tok) {
+    *tok = -1;
     if (!m->auth_set || m->auth_too_long) return ROLE_NONE;
     const char *v = m->auth;
     if (strncasecmp(v, "bearer", 6) || (v[6] != ' ' && v[6] != '\t')) return ROLE_NONE;
     v += 6;
     while (*v == ' ' || *v == '\t') v++;
-    return srv_token_role(s, v);
+    return srv_token_role(s, v, tok);
 }
 
 static void api_models(srv_sess *ss) {
@@ -551,11 +552,16 @@ static void api_route(srv_sess *ss, const http_msg *m, const char *body, size_t 
             return;
         }
         if (api_routes[i].auth) {
-            int role = api_auth(s, m);
+            int tok, role = api_auth(s, m, &tok);
             if (role == ROLE_NONE) {
                 srv_log(s, CFG_LOG_INFO, "session %d: HTTP %s %s: no valid token", ss->num, m->method, m->path);
                 api_error(ss, 401, "Incorrect API key provided (Authorization: Bearer <a token of the tokens file>)",
                           NULL, "invalid_api_key", 0);
+                return;
+            }
+            if (sess_token_admit(ss, tok) < 0) {
+                api_error(ss, 429, "This API key holds [net] max_connections_per_token connections, all busy",
+                          NULL, "too_many_connections", 0);
                 return;
             }
             ss->role = role;

@@ -118,6 +118,9 @@ int gen_submit(srv_sess *ss, const proto_gen *g, const chat_msg *msgs, int n_msg
     }
     if (ss->n_reqs >= s->cfg.net.max_requests_per_conn)
         return gen_refuse(e, 429, "too_many", 0, "too many requests in flight on this connection");
+    if (s->cfg.net.max_requests_per_token > 0 && ss->tok >= 0 &&
+        srv_token_requests(s, ss->tok) >= s->cfg.net.max_requests_per_token)
+        return gen_refuse(e, 429, "too_many", 0, "too many requests in flight for this token");
     if (g->n > SRV_MAX_N) return gen_refuse(e, 400, "bad_request", 0, "n is too large");
     prompt_req pr = {.system = g->system, .user = g->prompt, .user_len = g->prompt_len,
                      .chat = g->chat, .msgs = msgs, .n_msgs = n_msgs};

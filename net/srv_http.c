@@ -85,12 +85,27 @@ static void http_closed(void *ud, int err) {
 
 static const net_conn_ops http_ops = {http_readable, http_writable, http_closed};
 
+/* The oldest connection that has not sent its request yet: when every slot is taken,
+ * it goes for the newcomer, so slow or silent clients cannot keep an orchestrator's
+ * /healthz probe out (a probe's request comes at once and is answered at once). */
+static srv_http *http_victim(srv *s) {
+    srv_http *v = NULL;
+    for (srv_http *h = s->https; h; h = h->next) /* newest first */
+        if (!h->resp_buf) v = h;
+    return v;
+}
+
 int srvh_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
     srv *s = lud;
-    if (s->n_http >= SRV_MAX_HTTP) return -EMFILE;
+    if (s->n_http >= SRV_MAX_HTTP) {
+        srv_http *v = http_victim(s);
+        if (!v) return -EMFILE;
+        srvh_done(v, 1);
+    }
     srv_http *h = calloc(1, sizeof *h);
     if (!h) return -ENOMEM;
     h->s = s, h->c = c;
+    h->head_deadline_ms = loop_now_ms() + SRV_HTTP_HEAD_MS;
     h->deadline_ms = loop_now_ms() + SRV_HTTP_MS;
     h->next = s->https;
     if (s->https) s->https->prev = h;

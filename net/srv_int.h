@@ -28,12 +28,14 @@
 #define SRV_TOKEN_MAX 128     /* bytes per token */
 #define SRV_LINGER_MS 2000    /* reading (and dropping) input after our close */
 #define SRV_SWEEP_MS 250      /* timeouts are checked this often */
+#define SRV_LAG_WINDOW_MS 10000 /* the longest loop pass shown is of the last 10-20 s */
 #define SRV_METRICS_CAP (256 * 1024)
 #define SRV_RETRY_MS DRIVE_SHED_MIN_MS /* retry_after_ms when the engine is full */
 _Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN == (int)CFG_LOG_WARN,
                "the driver logs at the config's levels");
 #define SRV_EXIT_RESTART 75   /* EX_TEMPFAIL: the supervisor restarts kilnd */
-#define SRV_MAX_HTTP 16       /* scrapes and probes at once */
+#define SRV_MAX_HTTP 64       /* scrapes and probes at once */
+#define SRV_HTTP_HEAD_MS 2000 /* a probe's request must have come within this */
 #define SRV_HTTP_MS 10000     /* an HTTP request and its answer must fit in this */
 #define SRV_GOODBYE_MS 1500   /* after draining: time for the last lines to leave */
 #define SRV_GOAWAY_IDLE_MS 1000 /* after GOAWAY: a connection this long idle is closed */
@@ -41,6 +43,11 @@ _Static_assert((int)DRIVE_LOG_ERROR == (int)CFG_LOG_ERROR && (int)DRIVE_LOG_WARN
 #define SRV_UPD_ACTIVATE_MS 180000 /* ... and verifies and activates the slot within this */
 #define SRV_UPD_PROGRESS (1u << 20) /* an UPDATE progress line every this many bytes */
 #define SRV_UPD_SLICE (4u << 20)   /* update bytes taken per wakeup before the loop goes on */
+/* A connection's input per loop pass: then the others' turn (a client sending without
+ * pause must not hold the loop, its timers included). */
+#define SRV_READ_SLICE (64u << 10) /* bytes */
+#define SRV_READ_LINES 256         /* protocol lines, empty ones included */
+#define SRV_PENDING_QUIET_MS 1000  /* a connection before HELLO this long silent may be dropped */
 
 enum { ROLE_NONE, ROLE_USER, ROLE_ADMIN };
 enum { SS_TLS, SS_HELLO, SS_READY, SS_CLOSING };
@@ -76,7 +83,8 @@ struct srv_sess {
     char *out;             /* unsent output: out[out_head, out_len) */
     size_t out_head, out_len, out_cap;
     int close_when_flushed;
-    int broken;            /* output could not be buffered: reset at the next flush */
+    int broken;            /* output could not be buffered: 1 closed with an ERR at the next
+                            * flush, 2 done (deadline_ms: reset then if still unflushed) */
     int paused;            /* its requests are paused for output room */
     srv_req *reqs;
     int n_reqs;
@@ -88,6 +96,11 @@ struct srv_sess {
     uint64_t raw_left;     /* bytes of an UPDATE still to come: data, not lines */
     int64_t resume_timer;  /* reading resumes here after an update slice */
     int kind;              /* SK_* */
+    char *held;            /* input read but not yet handled (the pass's budget ran out, or
+                            * the output is over max_output_bytes): held[held_off, held_len) */
+    size_t held_off, held_len;
+    int read_blocked;      /* input stopped until the output drains below half the limit */
+    int pass_lines;        /* lines handled in this pass */
     char sniff[SRV_SNIFF_MAX]; /* SK_UNKNOWN: the first bytes, until they tell */
     size_t sniff_len;
     /* SK_HTTP (net/srv_api.c): one request at a time; the next waits in `in` */
@@ -96,6 +109,7 @@ struct srv_sess {
     int http_chunked;      /* the answer's body is chunked (HTTP/1.1 streams) */
     int http_continued;    /* 100 Continue sent for the head at the front of `in` */
     int goaway;            /* GOAWAY sent (draining): closed once idle (the sweep) */
+    int tok;               /* greeted: its token's entry in tokens[], else -1 */
     char peer[48];         /* "a.b.c.d:port", for the logs */
 };
 
@@ -109,7 +123,7 @@ typedef struct srv_http {
     const char *resp;      /* what is left to send */
     size_t resp_len;
     char *resp_buf;
-    int64_t deadline_ms;
+    int64_t head_deadline_ms, deadline_ms;
 } srv_http;
 
 typedef struct {
@@ -156,6 +170,9 @@ struct srv {
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
     int m_kv8, m_kv8_share, m_kv8_conv;
     int m_proc_start, m_proc_cpu, m_proc_rss;
+    int m_loop_pass, m_loop_max;
+    int64_t lag_max_us[2];  /* the longest loop pass: this window, the one before */
+    int64_t lag_window_ms;  /* when this window began */
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
     /* the network update (UPDATE): one at a time */
     upd up;
@@ -178,7 +195,13 @@ int srv_render_metrics(srv *s);
 
 /* net/srv_sess.c */
 int srv_load_tokens(srv *s, char *err, size_t errlen);
-int srv_token_role(const srv *s, const char *tok);
+/* The role of a token (ROLE_NONE when unknown) and, when idx is not NULL, its entry. */
+int srv_token_role(const srv *s, const char *tok, int *idx);
+/* A greeted session's token, within [net] max_connections_per_token: 0, or -1 (refused:
+ * the caller answers 429 and closes). It may close the token's oldest idle session. */
+int sess_token_admit(srv_sess *ss, int tok);
+/* Requests in flight under token tok, over all its connections. */
+int srv_token_requests(const srv *s, int tok);
 void sess_printf(srv_sess *ss, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sess_quote(srv_sess *ss, const char *text, size_t len);
 void sess_err(srv_sess *ss, const char *id, int code, const char *slug, const char *msg);

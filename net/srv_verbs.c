@@ -6,11 +6,17 @@ static void verb_hello(srv_sess *ss, const proto_line *l) {
     proto_hello h;
     char err[256];
     srv *s = ss->s;
-    int role = ROLE_NONE;
-    if (proto_hello_parse(l, &h, err, sizeof err) == 0) role = srv_token_role(s, h.token);
+    int role = ROLE_NONE, tok = -1;
+    if (proto_hello_parse(l, &h, err, sizeof err) == 0) role = srv_token_role(s, h.token, &tok);
     if (role == ROLE_NONE) {
         srv_log(s, CFG_LOG_INFO, "session %d: HELLO refused from %s", ss->num, ss->peer);
         sess_err(ss, "-", 401, "unauthorized", NULL);
+        sess_close(ss);
+        return;
+    }
+    if (sess_token_admit(ss, tok) < 0) {
+        srv_log(s, CFG_LOG_INFO, "session %d: HELLO from %s: its token is at max_connections_per_token", ss->num, ss->peer);
+        sess_err(ss, "-", 429, "too_many_connections", "this token holds max_connections_per_token connections, all busy");
         sess_close(ss);
         return;
     }

@@ -61,6 +61,8 @@ struct loop {
     int task_cap, task_head, task_len;
     loop_task_fn before_sleep;
     void *before_sleep_ud;
+    loop_pass_fn pass_fn;
+    void *pass_ud;
     int in_iter;               /* inside loop_run_once: re-entry is refused */
     atomic_int stop;
 };
@@ -433,11 +435,14 @@ static void wake_drain(loop_t *l) {
 int loop_run_once(loop_t *l, int64_t max_wait_ms) {
     if (l->in_iter) return -EBUSY;
     l->in_iter = 1;
+    int64_t t0 = l->pass_fn ? loop_now_us() : 0;
     int n = tasks_run(l);
     if (l->before_sleep) l->before_sleep(l, l->before_sleep_ud);
     timers_sweep(l); /* a deleted timer must not set the timeout */
 
+    int64_t t1 = l->pass_fn ? loop_now_us() : 0;
     int nev = epoll_wait(l->epfd, l->fired, l->max_fds + 1, wait_ms(l, max_wait_ms));
+    int64_t t2 = l->pass_fn ? loop_now_us() : 0;
     if (nev < 0) {
         if (errno != EINTR) {
             int rc = -errno;
@@ -454,7 +459,13 @@ int loop_run_once(loop_t *l, int64_t max_wait_ms) {
     }
     n += timers_run(l);
     l->in_iter = 0;
+    if (l->pass_fn) l->pass_fn(l->pass_ud, (t1 - t0) + (loop_now_us() - t2));
     return n;
+}
+
+void loop_set_pass_hook(loop_t *l, loop_pass_fn fn, void *ud) {
+    l->pass_fn = fn;
+    l->pass_ud = ud;
 }
 
 int loop_run(loop_t *l) {

@@ -45,6 +45,11 @@ int loop_timer_del(loop_t *l, int64_t id); /* 0, or -ENOENT */
  * -ENOSPC when the ring is full. */
 int loop_task_post(loop_t *l, loop_task_fn fn, void *ud);
 void loop_set_before_sleep(loop_t *l, loop_task_fn fn, void *ud);
+/* Called at the end of each iteration with how long it worked (tasks, before-sleep, fd
+ * callbacks and timers; the wait excluded), in µs: a pass that runs long delays every
+ * other connection, so the server shows the longest (its loop-lag gauge). */
+typedef void (*loop_pass_fn)(void *ud, int64_t busy_us);
+void loop_set_pass_hook(loop_t *l, loop_pass_fn fn, void *ud);
 
 /* One iteration: queued tasks, before-sleep, wait (at most max_wait_ms, < 0: until
  * something happens), fd callbacks, due timers. Returns the callbacks run (a wake alone

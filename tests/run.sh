@@ -184,6 +184,13 @@ run "net/openai-asan" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" KILND="$BUILD/a
 # /readyz; under the openai package's and kiln bench's load one box is killed, one drained
 # (docs/FLEET.md).
 run "net/fleet-haproxy" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/fleet_test.sh
+# One client trying to take the box from the others (issue 24): an empty-line flood before and
+# after HELLO, 300 silent TCP connections, 256 idle greeted sessions, 80 half-sent requests on
+# the metrics port, 100,000 pipelined HEALTHs; meanwhile a client's connect + HELLO + 8 tokens
+# stays within 2x its unloaded time + 100 ms, /healthz answers every probe, and the loop's
+# longest pass stays under 100 ms. Also under ASan+UBSan.
+run "net/abuse" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host abuse
+run "net/abuse-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" tests/net/serve.sh host abuse
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault

@@ -6,7 +6,8 @@
 #   connections at most; sdk: the client SDKs' acceptance tests, tests/sdk/, instead of
 #   serve_client.py; openai: the OpenAI API through the official `openai` package
 #   (tests/net/openai_test.py, the venv's python), curl and raw sockets;
-#   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75)
+#   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75;
+#   abuse: tests/net/abuse_test.py, one client trying to take the box from the others)
 #
 # host:   kernel sockets on 127.0.0.1.
 # tap:    lwIP on a TAP device in a network namespace this script creates; the client
@@ -17,7 +18,7 @@
 # The namespaces and kilnd are removed on exit whatever happens. Needs root for tap and
 # packet. Everything is bounded in time.
 set -euo pipefail
-MODE=${1:?usage: serve.sh host|tap|packet [all|basic]}
+MODE=${1:?usage: serve.sh host|tap|packet [all|basic|...]}
 CHECKS=${2:-all}
 BUILD=${BUILD:-build}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -122,6 +123,10 @@ if [ "$CHECKS" = sdk ]; then
   timeout 300 "${RUN_C[@]}" python3 "$SDKD/py_test.py" --host "$HOST" --port "$PORT" \
     --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" --expect-file "$W/expect.txt" \
     --prompt "$PROMPT" --max-tokens $MAXT --wrong-ca "$W/tls-other/ca.crt" || rc=1
+elif [ "$CHECKS" = abuse ]; then
+  timeout 600 "${RUN_C[@]}" python3 "$HERE/abuse_test.py" --host "$HOST" --port "$PORT" \
+    --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
+    --expect "$W/expect.json" || rc=1
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \

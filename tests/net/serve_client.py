@@ -533,13 +533,33 @@ def limits():
           "%r after %.2f s" % (l, took))
     c.close()
     held = [Conn() for _ in range(4)]
+    for i, h in enumerate(held):  # held[0] quiet longest
+        time.sleep(0.05)
+        h.send("HEALTH")
+        h.line()
+    extra = Conn(timeout=5)
+    check("max_connections full of idle sessions: a new one gets in", extra.hello.startswith("OK kiln/1"), extra.hello)
     try:
-        extra = Conn(timeout=5)
-        refused = not extra.hello.startswith("OK")
+        l = held[0].line()
+    except (EOFError, OSError, ssl.SSLError) as e:
+        l = repr(e)
+    check("... in the place of the one idle longest, told ERR 408", l.startswith("ERR - 408 idle_timeout"), l)
+    held[1].send("HEALTH")
+    l = held[1].line()
+    check("... the others stay", l.startswith("HEALTH live=1"), l)
+    # every session busy: a request in flight on each, so nobody can be evicted
+    busy = held[1:] + [extra]
+    for i, h in enumerate(busy):
+        h.send(gen_line("b%d" % i, "Count to one hundred:", 200))
+    for h in busy:
+        h.line()  # the first TOK: running
+    try:
+        more = Conn(timeout=5)
+        refused = not more.hello.startswith("OK")
     except (EOFError, OSError, ssl.SSLError):
         refused = True
-    check("max_connections: one more is refused", refused)
-    for h in held:
+    check("max_connections, every session busy: one more is refused", refused)
+    for h in held + [extra]:
         h.close()
     time.sleep(0.5)
     c = Conn()

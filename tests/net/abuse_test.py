@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""abuse_test.py: one client must not be able to take a running `kilnd serve` from the others
+(issue 24's attacks, bounded in count and time, over loopback).
+
+Run by tests/net/serve.sh host abuse (host sockets; kilnd's own or its ASan build). For each
+attack a well-behaved client, meanwhile, connects, says HELLO and generates 8 tokens (the
+probe), and /healthz on the metrics port is asked every 100 ms. Each attack passes when:
+  - the probe's time stays within 2x its unloaded time + 100 ms (the median of 3 unloaded
+    probes first; the attack's worst of its probes),
+  - every /healthz probe is answered 200,
+  - the loop's longest pass (kiln_event_loop_pass_max_seconds) stays under 100 ms.
+The attacks: a TLS connection sending empty lines without pause (before and after HELLO),
+300 TCP connections that never start TLS, 256 greeted sessions left idle, 80 half-sent
+HTTP requests on the metrics port, and 100,000 pipelined HEALTHs (every one answered; the
+server stops reading while its answers wait, instead of resetting the connection).
+
+  abuse_test.py --host H --port P --metrics-port M --ca ca.crt --user-token T
+      --admin-token A --expect expect.json
+"""
+import argparse
+import socket
+import statistics
+import sys
+import threading
+import time
+
+import serve_client as sc
+from serve_client import Conn, check, collect, gen_line, http_get, metric
+
+PROBE_PROMPT = "Say hello."
+ATTACK_S = 3.0
+
+
+def probe_once(tag):
+    t0 = time.time()
+    c = Conn(timeout=30)
+    if not c.hello.startswith("OK kiln/1"):
+        raise RuntimeError("HELLO: " + c.hello)
+    c.send(gen_line(tag, PROBE_PROMPT, 8, "ignore_eos=1"))
+    r = collect(c, [tag])[tag]
+    c.close()
+    if not r[1].startswith("END " + tag):
+        raise RuntimeError(r[1])
+    return time.time() - t0
+
+
+class Watch:
+    """/healthz every 100 ms and probes one after another, on threads, while an attack runs."""
+
+    def __init__(self, name):
+        self.name, self.stop = name, threading.Event()
+        self.health = []   # (status or exception text)
+        self.probes = []   # seconds, or exception text
+        self.t = [threading.Thread(target=self.healthz, daemon=True),
+                  threading.Thread(target=self.probe, daemon=True)]
+
+    def healthz(self):
+        while not self.stop.is_set():
+            try:
+                st, _ = http_get("/healthz")
+                self.health.append(st)
+            except Exception as e:  # noqa: BLE001 (reported as a failed probe)
+                self.health.append(repr(e))
+            time.sleep(0.1)
+
+    def probe(self):
+        k = 0
+        while not self.stop.is_set():
+            k += 1
+            try:
+                self.probes.append(probe_once("p%d" % k))
+            except Exception as e:  # noqa: BLE001
+                self.probes.append(repr(e))
+
+    def __enter__(self):
+        for t in self.t:
+            t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop.set()
+        for t in self.t:
+            t.join(timeout=60)
+
+
+def loop_max_s():
+    _, body = http_get("/metrics")
+    return metric(body, "kiln_event_loop_pass_max_seconds")
+
+
+def judge(w, base):
+    bound = 2 * base + 0.1
+    times = [p for p in w.probes if isinstance(p, float)]
+    bad = [p for p in w.probes if not isinstance(p, float)]
+    worst = max(times) if times else None
+    check("%s: the probe connects, greets and gets 8 tokens within 2x + 100 ms (%.2f s)" % (w.name, bound),
+          times and not bad and worst <= bound,
+          "%d probes, worst %s s, errors %s" % (len(w.probes), "%.2f" % worst if worst else "-", bad[:2]))
+    unanswered = [h for h in w.health if h != 200]
+    check("%s: /healthz answers every probe" % w.name, w.health and not unanswered,
+          "%d asked, not 200: %s" % (len(w.health), unanswered[:3]))
+    lm = loop_max_s()
+    check("%s: the loop's longest pass is under 100 ms" % w.name, lm is not None and lm < 0.1, "%r s" % lm)
+    print("     %s: %d probes, worst %.3f s (unloaded %.3f s); %d /healthz; longest loop pass %.1f ms" % (
+        w.name, len(times), worst or 0, base, len(w.health), (lm or 0) * 1e3), flush=True)
+
+
+def tls_raw():
+    """A TLS connection with no HELLO sent."""
+    return Conn(timeout=30, hello=False)
+
+
+def flood(greet):
+    """Empty lines, as fast as the server takes them."""
+    c = Conn(timeout=30) if greet else tls_raw()
+    blob = b"\n" * (1 << 20)
+    stop = threading.Event()
+    sent = [0]
+
+    def push():
+        try:
+            while not stop.is_set():
+                c.s.sendall(blob)
+                sent[0] += len(blob)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=push, daemon=True)
+    t.start()
+    return c, stop, t, sent
+
+
+def attack_flood(base, greet):
+    name = "empty-line flood " + ("after HELLO" if greet else "before HELLO")
+    c, stop, t, sent = flood(greet)
+    time.sleep(0.3)
+    with Watch(name) as w:
+        time.sleep(ATTACK_S)
+    stop.set()
+    c.close()
+    t.join(timeout=10)
+    print("     (%s: %.0f MB sent)" % (name, sent[0] / 1e6))
+    judge(w, base)
+
+
+def attack_bare_sockets(base):
+    """300 TCP connections from 127.0.0.2 that never start TLS."""
+    socks = []
+    for _ in range(300):
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.bind(("127.0.0.2", 0))
+            s.connect((sc.A.host, sc.A.port))
+        except OSError:
+            s.close()
+            continue
+        socks.append(s)
+    time.sleep(1.5)  # silent for longer than the server waits before dropping them
+    with Watch("300 idle TCP connections") as w:
+        time.sleep(ATTACK_S)
+    dropped = 0
+    for s in socks:
+        s.settimeout(0.01)
+        try:
+            dropped += s.recv(1) == b""
+        except ConnectionResetError:
+            dropped += 1
+        except (socket.timeout, OSError):
+            pass
+        s.close()
+    judge(w, base)
+    check("300 idle TCP connections: the server dropped the silent ones (it holds at most 32 pending from one address)",
+          dropped >= len(socks) - 64, "%d of %d dropped" % (dropped, len(socks)))
+
+
+def attack_idle_sessions(base):
+    """256 greeted sessions (max_connections), left idle."""
+    held = []
+    for _ in range(256):
+        try:
+            held.append(Conn(timeout=10))
+        except (OSError, EOFError) as e:
+            print("     (a held session failed: %r)" % e)
+            break
+    with Watch("256 idle greeted sessions") as w:
+        time.sleep(ATTACK_S)
+    judge(w, base)
+    evicted = 0
+    for c in held:
+        c.s.settimeout(0.01)
+        try:
+            evicted += c.line().startswith("ERR - 408 idle_timeout")
+        except (OSError, EOFError):
+            pass
+        c.close()
+    check("256 idle greeted sessions: the ones idle longest made room, told ERR 408", evicted >= 1,
+          "%d evicted" % evicted)
+
+
+def attack_slow_http(base):
+    """80 half-sent requests on the metrics port."""
+    socks = []
+    for _ in range(80):
+        s = socket.create_connection((sc.A.host, sc.A.metrics_port), timeout=5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: kiln\r\n")
+        socks.append(s)
+    with Watch("80 slow HTTP requests") as w:
+        time.sleep(ATTACK_S)
+    for s in socks:
+        s.close()
+    judge(w, base)
+
+
+def pipelined_health():
+    """100,000 HEALTH lines at once (6 MB of answers, over the connection's 4 MB hard limit),
+    not read for 2 s (a small receive buffer, so the kernel cannot hold the answers): the
+    server stops reading at max_output_bytes, and once the client reads, every one is
+    answered (before, the answers overflowed and the connection was reset)."""
+    n = 100000
+    c = Conn(timeout=60, rcvbuf=65536)
+    err = []
+
+    def push():
+        try:
+            c.s.sendall(b"HEALTH\n" * n)
+        except OSError as e:
+            err.append(e)
+
+    t = threading.Thread(target=push, daemon=True)
+    t0 = time.time()
+    t.start()
+    time.sleep(2)
+    got, last = 0, ""
+    try:
+        while got < n:
+            last = c.line()
+            if not last.startswith("HEALTH "):
+                break
+            got += 1
+    except (OSError, EOFError) as e:
+        last = repr(e)
+    t.join(timeout=30)
+    c.close()
+    check("100,000 pipelined HEALTHs: every one answered, no reset", got == n and not err,
+          "%d answered, then %r; send error %r" % (got, last, err[:1]))
+    print("     (%d answers in %.1f s)" % (got, time.time() - t0))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ("--host", "--ca", "--user-token", "--admin-token", "--expect"):
+        ap.add_argument(k, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--metrics-port", type=int, required=True)
+    sc.A = ap.parse_args()
+    sc.A.kilnd_pid = 0
+    probe_once("warm")
+    base = statistics.median(probe_once("b%d" % i) for i in range(3))
+    print("     unloaded probe: %.3f s" % base)
+    steps = [lambda: attack_flood(base, False), lambda: attack_flood(base, True),
+             lambda: attack_bare_sockets(base), lambda: attack_idle_sessions(base),
+             lambda: attack_slow_http(base), pipelined_health]
+    for fn in steps:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (a check that crashed is a failed check)
+            check("attack", False, "exception %r" % e)
+        time.sleep(0.5)
+    print("%d failed" % len(sc.FAILED))
+    return 1 if sc.FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
