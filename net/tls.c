@@ -42,6 +42,10 @@
     !defined(MBEDTLS_SSL_PROTO_TLS1_3) || !defined(MBEDTLS_SSL_KEEP_PEER_CERTIFICATE)
 #error "mbedTLS must be built with the TLS server, TLS 1.2 + 1.3 and KEEP_PEER_CERTIFICATE"
 #endif
+#if !defined(MBEDTLS_ECP_HAVE_CURVE25519) || !defined(MBEDTLS_ECP_HAVE_SECP256R1) ||      \
+    !defined(MBEDTLS_ECP_HAVE_SECP384R1)
+#error "mbedTLS must be built with X25519, P-256 and P-384 (tls_groups)"
+#endif
 
 /* Our own codes for the BIO callbacks, in mbedTLS's NET range so mbedtls_strerror
  * still names them; net_sockets.c itself is not used. */
@@ -256,7 +260,9 @@ static int load_crt(mbedtls_x509_crt *crt, const char *what, const char *path, c
     return 0;
 }
 
-/* The AEAD suites of our policy, in preference order, less those this build lacks. */
+/* The AEAD suites of our policy, in preference order, less those this build lacks.
+ * ECDHE only for TLS 1.2: no DHE-RSA suite, since a finite-field exchange costs the
+ * loop far more CPU than an elliptic-curve one (see tls_groups). */
 static void pick_suites(int *out) {
     static const int want[] = {
         MBEDTLS_TLS1_3_AES_128_GCM_SHA256,
@@ -275,6 +281,18 @@ static void pick_suites(int *out) {
             out[n++] = want[i];
     out[n] = 0;
 }
+
+/* The key-exchange groups, in preference order, for TLS 1.3 and TLS 1.2's ECDHE alike.
+ * mbedTLS's default list also has X448, P-521, the brainpool curves and FFDHE 2048 to
+ * 8192: a handshake over ffdhe8192 takes about 0.75 s of CPU, all of it on the one
+ * loop every session shares, so any client could stall the others at will. These
+ * three cost a few milliseconds at most, and every TLS 1.3 client offers one of them. */
+static const uint16_t tls_groups[] = {
+    MBEDTLS_SSL_IANA_TLS_GROUP_X25519,
+    MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+    MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1,
+    MBEDTLS_SSL_IANA_TLS_GROUP_NONE,
+};
 
 tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen) {
     char m[120];
@@ -349,6 +367,7 @@ tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen) {
     mbedtls_ssl_conf_max_tls_version(&s->conf, MBEDTLS_SSL_VERSION_TLS1_3);
     pick_suites(s->suites);
     mbedtls_ssl_conf_ciphersuites(&s->conf, s->suites);
+    mbedtls_ssl_conf_groups(&s->conf, tls_groups); /* static: conf keeps the pointer */
     /* Full handshakes only: no PSK, no tickets (no ticket callbacks are set, and TLS
      * 1.3 is told to send none), no renegotiation (mbedTLS's default). */
     mbedtls_ssl_conf_tls13_key_exchange_modes(&s->conf,

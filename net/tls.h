@@ -1,6 +1,7 @@
 /* tls: the server side of TLS 1.3 and 1.2 (mbedTLS 3.6) over any byte stream.
  *
- * AEAD suites only (AES-GCM, ChaCha20-Poly1305; TLS 1.2 with ECDHE), certificate and
+ * AEAD suites only (AES-GCM, ChaCha20-Poly1305; TLS 1.2 with ECDHE), key exchange over
+ * X25519, P-256 or P-384 only (no finite-field DH: too slow for one loop), certificate and
  * key from PEM files, optional client certificates (mTLS) checked against a CA file.
  * A session does no I/O of its own: it reads and writes through the caller's BIO
  * (tls_bio), which returns -EAGAIN when the stream has nothing to give or no room, so

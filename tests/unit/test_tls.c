@@ -7,7 +7,8 @@
  * refused), EC and RSA server keys, 1 MiB each way through 7-byte and 4 KiB pipes,
  * close_notify and EOF, plaintext garbage, mTLS (required, optional, wrong CA), the
  * SANs from `hosts`, bad server configurations, and tls_certs_create's keep / force /
- * fill-in rules and file modes. */
+ * fill-in rules and file modes; the key-exchange groups (X25519, P-256, P-384 only) and
+ * no DHE suite. */
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -165,6 +166,7 @@ typedef struct {
     const char *host;      /* default "localhost" */
     int tls12;             /* force TLS 1.2 */
     int suite;             /* offer only this suite */
+    const uint16_t *groups; /* offer only these key-exchange groups (0-terminated) */
     size_t cap;            /* pipe capacity */
 } copts;
 
@@ -192,6 +194,8 @@ static int pair_open(pair *p, tls_server *s, const copts *o) {
         p->suites[0] = o->suite;
         mbedtls_ssl_conf_ciphersuites(&p->conf, p->suites);
     }
+    if (o->groups)
+        mbedtls_ssl_conf_groups(&p->conf, o->groups);
     if (o->crt) {
         if ((r = mbedtls_x509_crt_parse_file(&p->crt, o->crt)) ||
             (r = mbedtls_pk_parse_keyfile(&p->key, o->key, NULL, mbedtls_ctr_drbg_random,
@@ -497,6 +501,61 @@ static void test_tls12(tls_server *s) {
     }
 }
 
+/* The key-exchange groups: X25519, P-256 and P-384 work, each alone; finite-field
+ * groups (a stall of the whole loop per handshake) and the other curves are refused.
+ * On TLS 1.2 the client's groups also bound the curve of an ECDSA certificate, so
+ * there the test runs on the RSA server (test_rsa); and mbedTLS's client offers
+ * neither finite-field groups with ECDHE suites on 1.2 nor brainpool on 1.3, so those
+ * pairs are left out. On TLS 1.3 mbedTLS's server refuses without an alert
+ * (ssl_tls13_write_hrr_key_share_ext): the client just waits, until kilnd closes. */
+static void test_groups(tls_server *s, const char *ca, int v12) {
+    static const uint16_t good[] = {MBEDTLS_SSL_IANA_TLS_GROUP_X25519,
+                                    MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+                                    MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1};
+    static const uint16_t bad13[] = {MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE2048,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE3072,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_SECP521R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_X448, 0};
+    static const uint16_t bad12[] = {MBEDTLS_SSL_IANA_TLS_GROUP_SECP521R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_BP256R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_BP384R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_X448, 0};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        uint16_t one[2] = {good[i], 0};
+        pair p;
+        copts o = {.ca = ca, .tls12 = v12, .groups = one};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "group 0x%04x alone (1.%d): srv %d cli %d '%s'",
+              good[i], 3 - v12, h.srv, h.cli, tls_error(p.sv));
+        pair_close(&p);
+    }
+    for (const uint16_t *g = v12 ? bad12 : bad13; *g; g++) {
+        uint16_t one[2] = {*g, 0};
+        pair p;
+        copts o = {.ca = ca, .tls12 = v12, .groups = one};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv < 0 && h.cli != 0 && strstr(tls_error(p.sv), "handshake: "),
+              "group 0x%04x alone (1.%d) refused: srv %d cli %d '%s'", *g, 3 - v12, h.srv,
+              h.cli, tls_error(p.sv));
+        pair_close(&p);
+    }
+    if (v12)
+        return;
+    /* A first key share for a refused group: a HelloRetryRequest for one we take. */
+    static const uint16_t retry[] = {MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE2048,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1, 0};
+    pair p;
+    copts o = {.ca = ca, .groups = retry};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+          "ffdhe2048 share, P-384 after a retry: srv %d cli %d '%s'", h.srv, h.cli,
+          tls_error(p.sv));
+    pair_close(&p);
+}
+
 /* A TLS 1.2 client asks to renegotiate while the server has a record half-sent. The
  * server refuses by alert, and mbedTLS flushes the queued record first, inside
  * tls_read: the retried tls_write must then report the bytes as taken without sending
@@ -743,6 +802,22 @@ static void test_rsa(void) {
         CHECK(transfer(&p, 30000, 4096) == 0, "RSA data");
         pair_close(&p);
     }
+    test_groups(s, c, 1);
+    test_groups(s, c, 0);
+    /* An RSA key is what DHE-RSA needs: the suite is refused only because the server
+     * does not list it (finite-field DH, as test_groups). */
+    static const int dhe[] = {MBEDTLS_TLS_DHE_RSA_WITH_AES_128_GCM_SHA256,
+                              MBEDTLS_TLS_DHE_RSA_WITH_AES_256_GCM_SHA384,
+                              MBEDTLS_TLS_DHE_RSA_WITH_CHACHA20_POLY1305_SHA256};
+    for (size_t i = 0; i < sizeof dhe / sizeof dhe[0]; i++) {
+        pair p;
+        copts o = {.ca = c, .tls12 = 1, .suite = dhe[i]};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv < 0 && h.cli < 0, "%s alone refused: srv %d cli %d",
+              mbedtls_ssl_get_ciphersuite_name(dhe[i]), h.srv, h.cli);
+        pair_close(&p);
+    }
     tls_server_free(s);
 }
 
@@ -927,6 +1002,7 @@ int main(void) {
         test_tls12(s);
         test_reneg(s);
         test_garbage(s);
+        test_groups(s, NULL, 0);
         tls_server_free(s);
     }
     test_mtls();
