@@ -17,7 +17,11 @@
  * context's out_left (private in mbedTLS 3.6, read in one helper) to tell whether a
  * queued record is ours, someone else's (an alert), or already gone (an alert send
  * flushes a queued record first). Without that look a refused renegotiation on TLS 1.2
- * could duplicate or drop application data. */
+ * could duplicate or drop application data.
+ *
+ * The read path has a gap mbedTLS 3.6 leaves: it cannot process a TLS 1.3 KeyUpdate.
+ * tls_read names it (one more private field, in_msg, read in got_key_update), answers
+ * with an alert, and fails the session; see refuse_unexpected. */
 #include "net/tls.h"
 
 #include <errno.h>
@@ -52,6 +56,10 @@
 #define TLS_ERR_RECV (-0x004C) /* MBEDTLS_ERR_NET_RECV_FAILED */
 #define TLS_ERR_SEND (-0x004E) /* MBEDTLS_ERR_NET_SEND_FAILED */
 
+/* The TLS 1.3 handshake message type KeyUpdate (RFC 8446 §4.6.3); mbedTLS 3.6 has no
+ * name for it, since it has no code for it either (see refuse_unexpected). */
+#define TLS_HS_KEY_UPDATE 24
+
 #define TLS_MAX_SUITES 12
 #define TLS_CN_MAX 64 /* ub-common-name in RFC 5280 */
 
@@ -73,6 +81,7 @@ struct tls_conn {
     int eof;          /* the peer closed: reads return 0 from now on */
     int io_errno;     /* the BIO's last errno other than EAGAIN, for the message */
     int not_tls;      /* the first byte was no TLS handshake record */
+    int alerted;      /* the failure was told to the peer by a fatal alert we sent */
     size_t nread;     /* bytes read from the stream so far */
     size_t wpending;  /* length given to the mbedtls_ssl_write that said WANT_WRITE */
     int cn_len;       /* verified client certificate's CN, -ENOENT without one */
@@ -232,6 +241,39 @@ static int bio_recv(void *ctx, unsigned char *buf, size_t len) {
 /* Whether mbedTLS holds output not yet on the stream (see the top of the file). */
 static int out_pending(const tls_conn *t) {
     return t->ssl.MBEDTLS_PRIVATE(out_left) != 0;
+}
+
+/* Whether the message mbedTLS just refused is a TLS 1.3 KeyUpdate. It is still in
+ * in_msg then (private in mbedTLS 3.6, read only here and in out_pending). */
+static int got_key_update(const tls_conn *t) {
+    const mbedtls_ssl_context *ssl = &t->ssl;
+    return mbedtls_ssl_get_version_number(ssl) == MBEDTLS_SSL_VERSION_TLS1_3 &&
+           ssl->MBEDTLS_PRIVATE(in_msgtype) == MBEDTLS_SSL_MSG_HANDSHAKE &&
+           ssl->MBEDTLS_PRIVATE(in_msg) && ssl->MBEDTLS_PRIVATE(in_msglen) >= 1 &&
+           ssl->MBEDTLS_PRIVATE(in_msg)[0] == TLS_HS_KEY_UPDATE;
+}
+
+/* A message after the handshake that mbedTLS cannot take. mbedTLS 3.6 processes no
+ * TLS 1.3 KeyUpdate: ssl_msg.c's ssl_tls13_handle_hs_message_post_handshake accepts
+ * only a NewSessionTicket (and only as a client), and mbedtls_ssl_read returns
+ * UNEXPECTED_MESSAGE for anything else without telling the peer. A client that sends
+ * KeyUpdate (RFC 8446 §4.6.3 lets any peer, at any time) would then see its
+ * connection vanish. We cannot go on either, since the client now encrypts under keys
+ * mbedTLS never derives; so say so in the log and to the client (a fatal
+ * unexpected_message alert), and let the caller close gracefully (tls_alerted). */
+static int refuse_unexpected(tls_conn *t, int ret) {
+    int key_update = got_key_update(t);
+    int r = mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+                                           MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE);
+    /* 0 with nothing left queued: the whole alert is on the stream. A record of ours
+     * still half-sent makes mbedTLS flush it instead; then the peer learns nothing. */
+    t->alerted = r == 0 && !out_pending(t);
+    int code = fail(t, "read", ret);
+    if (key_update)
+        fmt_err(t->err, sizeof t->err,
+                "read: client sent TLS 1.3 KeyUpdate, which this TLS library does not "
+                "support (mbedTLS 3.6); closed with an unexpected_message alert");
+    return code;
 }
 
 /* ---------------------------------------------------------------- server */
@@ -547,6 +589,8 @@ ssize_t tls_read(tls_conn *t, void *buf, size_t cap) {
         if (r == MBEDTLS_ERR_SSL_RECEIVED_NEW_SESSION_TICKET ||
             r == MBEDTLS_ERR_SSL_RECEIVED_EARLY_DATA)
             continue;
+        if (r == MBEDTLS_ERR_SSL_UNEXPECTED_MESSAGE)
+            return refuse_unexpected(t, r);
         return fail(t, "read", r);
     }
     return -EAGAIN;
@@ -649,6 +693,10 @@ int tls_close_notify(tls_conn *t) {
 
 const char *tls_error(const tls_conn *t) {
     return t->err;
+}
+
+int tls_alerted(const tls_conn *t) {
+    return t->state < 0 && t->alerted;
 }
 
 const char *tls_version(const tls_conn *t) {

@@ -8,7 +8,8 @@
  * close_notify and EOF, plaintext garbage, mTLS (required, optional, wrong CA), the
  * SANs from `hosts`, bad server configurations, and tls_certs_create's keep / force /
  * fill-in rules and file modes; the key-exchange groups (X25519, P-256, P-384 only) and
- * no DHE suite. */
+ * no DHE suite; a TLS 1.3 KeyUpdate from the client, which mbedTLS 3.6 cannot process,
+ * ending the session with an alert. */
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -556,6 +557,63 @@ static void test_groups(tls_server *s, const char *ca, int v12) {
     pair_close(&p);
 }
 
+/* mbedTLS's record writer (library/ssl_misc.h, not installed). The client below uses it
+ * to send handshake messages after the handshake, which no public call can do. */
+int mbedtls_ssl_write_record(mbedtls_ssl_context *ssl, int force_flush);
+
+/* The client sends one handshake message under its current keys. */
+static int cli_send_hs(pair *p, unsigned char type, const unsigned char *body, size_t len) {
+    mbedtls_ssl_context *c = &p->ssl;
+    unsigned char *m = c->MBEDTLS_PRIVATE(out_msg);
+    m[0] = type;
+    m[1] = 0;
+    m[2] = (unsigned char)(len >> 8);
+    m[3] = (unsigned char)len;
+    memcpy(m + 4, body, len);
+    c->MBEDTLS_PRIVATE(out_msgtype) = MBEDTLS_SSL_MSG_HANDSHAKE;
+    c->MBEDTLS_PRIVATE(out_msglen) = 4 + len;
+    return mbedtls_ssl_write_record(c, 1);
+}
+
+/* After a TLS 1.3 handshake and some data the client sends handshake message `type`:
+ * mbedTLS 3.6 processes none from a client, so the session fails, the client gets a
+ * fatal unexpected_message alert, and the error says `why`. */
+static void post_handshake_msg(tls_server *s, unsigned char type, const unsigned char *body,
+                               size_t len, const char *why) {
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+          "handshake srv %d cli %d", h.srv, h.cli);
+    CHECK(transfer(&p, 5000, 4096) == 0, "data before message %u", type);
+    CHECK(tls_alerted(p.sv) == 0, "no alert while the session is up");
+    CHECK(cli_send_hs(&p, type, body, len) == 0, "client sends message %u", type);
+    char b[64];
+    ssize_t n = tls_read(p.sv, b, sizeof b);
+    CHECK(n == -EPROTO && strstr(tls_error(p.sv), why), "message %u: %zd '%s'", type, n,
+          tls_error(p.sv));
+    CHECK(tls_alerted(p.sv) == 1, "message %u: the alert went out", type);
+    CHECK(tls_read(p.sv, b, sizeof b) == n, "failure sticks");
+    unsigned char cb[64];
+    int r = mbedtls_ssl_read(&p.ssl, cb, sizeof cb);
+    CHECK(r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE &&
+              p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE,
+          "message %u: the client reads %d (alert %u)", type, r,
+          p.ssl.MBEDTLS_PRIVATE(in_msg)[1]);
+    pair_close(&p);
+}
+
+static void test_post_handshake(tls_server *s) {
+    static const unsigned char update_requested = 1, update_not_requested = 0;
+    post_handshake_msg(s, 24, &update_requested, 1,
+                       "client sent TLS 1.3 KeyUpdate, which this TLS library does not support");
+    post_handshake_msg(s, 24, &update_not_requested, 1, "KeyUpdate");
+    /* Another message is refused the same way, under mbedTLS's own words. */
+    static const unsigned char nst[] = {0, 0, 0, 0};
+    post_handshake_msg(s, MBEDTLS_SSL_HS_NEW_SESSION_TICKET, nst, sizeof nst, "unexpected");
+}
+
 /* A TLS 1.2 client asks to renegotiate while the server has a record half-sent. The
  * server refuses by alert, and mbedTLS flushes the queued record first, inside
  * tls_read: the retried tls_write must then report the bytes as taken without sending
@@ -1003,6 +1061,7 @@ int main(void) {
         test_reneg(s);
         test_garbage(s);
         test_groups(s, NULL, 0);
+        test_post_handshake(s);
         tls_server_free(s);
     }
     test_mtls();
