@@ -83,6 +83,7 @@ struct tls_conn {
     int not_tls;      /* the first byte was no TLS handshake record */
     int alerted;      /* the failure was told to the peer by a fatal alert we sent */
     size_t nread;     /* bytes read from the stream so far */
+    size_t nwritten;  /* bytes written to the stream so far */
     size_t wpending;  /* length given to the mbedtls_ssl_write that said WANT_WRITE */
     int cn_len;       /* verified client certificate's CN, -ENOENT without one */
     char cn[TLS_CN_MAX + 1];
@@ -203,6 +204,7 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len) {
         t->io_errno = n < 0 ? (int)-n : EIO;
         return TLS_ERR_SEND;
     }
+    t->nwritten += (size_t)n;
     return (int)n;
 }
 
@@ -520,6 +522,20 @@ static void keep_peer_cn(tls_conn *t, const mbedtls_x509_crt *crt) {
     }
 }
 
+/* A handshake failed before we wrote a byte, so mbedTLS sent no alert: it sends none
+ * when a TLS 1.3 client offers no group we take (ssl_tls13_server.c,
+ * ssl_tls13_write_hrr_key_share_ext), where RFC 8446 §4.1.1 wants handshake_failure.
+ * Without it the client reads only EOF ("unexpected eof"), which looks like a network
+ * fault rather than a policy. Not for a stream that is not TLS or is gone. */
+static void tell_refusal(tls_conn *t, int ret) {
+    if (t->nwritten || out_pending(t) || t->not_tls || ret == MBEDTLS_ERR_SSL_CONN_EOF ||
+        ret == TLS_ERR_RECV || ret == TLS_ERR_SEND)
+        return;
+    /* Best effort: the session is over either way. */
+    (void)mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+                                         MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE);
+}
+
 int tls_handshake(tls_conn *t) {
     if (t->state)
         return t->state;
@@ -527,8 +543,10 @@ int tls_handshake(tls_conn *t) {
     if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE ||
         r == MBEDTLS_ERR_SSL_ASYNC_IN_PROGRESS || r == MBEDTLS_ERR_SSL_CRYPTO_IN_PROGRESS)
         return 0;
-    if (r)
+    if (r) {
+        tell_refusal(t, r);
         return fail(t, "handshake", r);
+    }
     const mbedtls_x509_crt *peer = mbedtls_ssl_get_peer_cert(&t->ssl);
     if (peer) {
         /* With VERIFY_OPTIONAL mbedTLS finishes the handshake over a certificate that
