@@ -246,7 +246,7 @@ static int out_pending(const tls_conn *t) {
 }
 
 /* Whether the message mbedTLS just refused is a TLS 1.3 KeyUpdate. It is still in
- * in_msg then (private in mbedTLS 3.6, read only here and in out_pending). */
+ * in_msg then (private in mbedTLS 3.6, like out_left: read here only). */
 static int got_key_update(const tls_conn *t) {
     const mbedtls_ssl_context *ssl = &t->ssl;
     return mbedtls_ssl_get_version_number(ssl) == MBEDTLS_SSL_VERSION_TLS1_3 &&
@@ -330,7 +330,8 @@ static void pick_suites(int *out) {
  * mbedTLS's default list also has X448, P-521, the brainpool curves and FFDHE 2048 to
  * 8192: a handshake over ffdhe8192 takes about 0.75 s of CPU, all of it on the one
  * loop every session shares, so any client could stall the others at will. These
- * three cost a few milliseconds at most, and every TLS 1.3 client offers one of them. */
+ * three cost a few milliseconds at most, and every TLS 1.3 client offers one of them
+ * (RFC 8446 §9.1 makes P-256 mandatory, X25519 recommended). */
 static const uint16_t tls_groups[] = {
     MBEDTLS_SSL_IANA_TLS_GROUP_X25519,
     MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
