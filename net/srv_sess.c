@@ -513,7 +513,8 @@ static void sess_read(srv_sess *ss) {
         if (n == -EAGAIN) return;
         if (n <= 0) {
             if (n < 0) srv_log(ss->s, CFG_LOG_INFO, "session %d: %s", ss->num, tls_error(ss->tls));
-            sess_kill(ss, n < 0);
+            /* a failure told to the peer by alert ends with FIN: a reset could drop the alert */
+            sess_kill(ss, n < 0 && !tls_alerted(ss->tls));
             return;
         }
         ss->last_rx_ms = loop_now_ms();

@@ -17,7 +17,11 @@
  * context's out_left (private in mbedTLS 3.6, read in one helper) to tell whether a
  * queued record is ours, someone else's (an alert), or already gone (an alert send
  * flushes a queued record first). Without that look a refused renegotiation on TLS 1.2
- * could duplicate or drop application data. */
+ * could duplicate or drop application data.
+ *
+ * The read path has a gap mbedTLS 3.6 leaves: it cannot process a TLS 1.3 KeyUpdate.
+ * tls_read names it (one more private field, in_msg, read in got_key_update), answers
+ * with an alert, and fails the session; see refuse_unexpected. */
 #include "net/tls.h"
 
 #include <errno.h>
@@ -42,11 +46,19 @@
     !defined(MBEDTLS_SSL_PROTO_TLS1_3) || !defined(MBEDTLS_SSL_KEEP_PEER_CERTIFICATE)
 #error "mbedTLS must be built with the TLS server, TLS 1.2 + 1.3 and KEEP_PEER_CERTIFICATE"
 #endif
+#if !defined(MBEDTLS_ECP_HAVE_CURVE25519) || !defined(MBEDTLS_ECP_HAVE_SECP256R1) ||      \
+    !defined(MBEDTLS_ECP_HAVE_SECP384R1)
+#error "mbedTLS must be built with X25519, P-256 and P-384 (tls_groups)"
+#endif
 
 /* Our own codes for the BIO callbacks, in mbedTLS's NET range so mbedtls_strerror
  * still names them; net_sockets.c itself is not used. */
 #define TLS_ERR_RECV (-0x004C) /* MBEDTLS_ERR_NET_RECV_FAILED */
 #define TLS_ERR_SEND (-0x004E) /* MBEDTLS_ERR_NET_SEND_FAILED */
+
+/* The TLS 1.3 handshake message type KeyUpdate (RFC 8446 §4.6.3); mbedTLS 3.6 has no
+ * name for it, since it has no code for it either (see refuse_unexpected). */
+#define TLS_HS_KEY_UPDATE 24
 
 #define TLS_MAX_SUITES 12
 #define TLS_CN_MAX 64 /* ub-common-name in RFC 5280 */
@@ -69,7 +81,9 @@ struct tls_conn {
     int eof;          /* the peer closed: reads return 0 from now on */
     int io_errno;     /* the BIO's last errno other than EAGAIN, for the message */
     int not_tls;      /* the first byte was no TLS handshake record */
+    int alerted;      /* the failure was told to the peer by a fatal alert we sent */
     size_t nread;     /* bytes read from the stream so far */
+    size_t nwritten;  /* bytes written to the stream so far */
     size_t wpending;  /* length given to the mbedtls_ssl_write that said WANT_WRITE */
     int cn_len;       /* verified client certificate's CN, -ENOENT without one */
     char cn[TLS_CN_MAX + 1];
@@ -190,6 +204,7 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len) {
         t->io_errno = n < 0 ? (int)-n : EIO;
         return TLS_ERR_SEND;
     }
+    t->nwritten += (size_t)n;
     return (int)n;
 }
 
@@ -230,6 +245,39 @@ static int out_pending(const tls_conn *t) {
     return t->ssl.MBEDTLS_PRIVATE(out_left) != 0;
 }
 
+/* Whether the message mbedTLS just refused is a TLS 1.3 KeyUpdate. It is still in
+ * in_msg then (private in mbedTLS 3.6, like out_left: read here only). */
+static int got_key_update(const tls_conn *t) {
+    const mbedtls_ssl_context *ssl = &t->ssl;
+    return mbedtls_ssl_get_version_number(ssl) == MBEDTLS_SSL_VERSION_TLS1_3 &&
+           ssl->MBEDTLS_PRIVATE(in_msgtype) == MBEDTLS_SSL_MSG_HANDSHAKE &&
+           ssl->MBEDTLS_PRIVATE(in_msg) && ssl->MBEDTLS_PRIVATE(in_msglen) >= 1 &&
+           ssl->MBEDTLS_PRIVATE(in_msg)[0] == TLS_HS_KEY_UPDATE;
+}
+
+/* A message after the handshake that mbedTLS cannot take. mbedTLS 3.6 processes no
+ * TLS 1.3 KeyUpdate: ssl_msg.c's ssl_tls13_handle_hs_message_post_handshake accepts
+ * only a NewSessionTicket (and only as a client), and mbedtls_ssl_read returns
+ * UNEXPECTED_MESSAGE for anything else without telling the peer. A client that sends
+ * KeyUpdate (RFC 8446 §4.6.3 lets any peer, at any time) would then see its
+ * connection vanish. We cannot go on either, since the client now encrypts under keys
+ * mbedTLS never derives; so say so in the log and to the client (a fatal
+ * unexpected_message alert), and let the caller close gracefully (tls_alerted). */
+static int refuse_unexpected(tls_conn *t, int ret) {
+    int key_update = got_key_update(t);
+    int r = mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+                                           MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE);
+    /* 0 with nothing left queued: the whole alert is on the stream. A record of ours
+     * still half-sent makes mbedTLS flush it instead; then the peer learns nothing. */
+    t->alerted = r == 0 && !out_pending(t);
+    int code = fail(t, "read", ret);
+    if (key_update)
+        fmt_err(t->err, sizeof t->err,
+                "read: client sent TLS 1.3 KeyUpdate, which this TLS library does not "
+                "support (mbedTLS 3.6); closed with an unexpected_message alert");
+    return code;
+}
+
 /* ---------------------------------------------------------------- server */
 
 static int file_readable(const char *what, const char *path, char *err, size_t errlen) {
@@ -256,7 +304,9 @@ static int load_crt(mbedtls_x509_crt *crt, const char *what, const char *path, c
     return 0;
 }
 
-/* The AEAD suites of our policy, in preference order, less those this build lacks. */
+/* The AEAD suites of our policy, in preference order, less those this build lacks.
+ * ECDHE only for TLS 1.2: no DHE-RSA suite, since a finite-field exchange costs the
+ * loop far more CPU than an elliptic-curve one (see tls_groups). */
 static void pick_suites(int *out) {
     static const int want[] = {
         MBEDTLS_TLS1_3_AES_128_GCM_SHA256,
@@ -275,6 +325,19 @@ static void pick_suites(int *out) {
             out[n++] = want[i];
     out[n] = 0;
 }
+
+/* The key-exchange groups, in preference order, for TLS 1.3 and TLS 1.2's ECDHE alike.
+ * mbedTLS's default list also has X448, P-521, the brainpool curves and FFDHE 2048 to
+ * 8192: a handshake over ffdhe8192 takes about 0.75 s of CPU, all of it on the one
+ * loop every session shares, so any client could stall the others at will. These
+ * three cost a few milliseconds at most, and every TLS 1.3 client offers one of them
+ * (RFC 8446 §9.1 makes P-256 mandatory, X25519 recommended). */
+static const uint16_t tls_groups[] = {
+    MBEDTLS_SSL_IANA_TLS_GROUP_X25519,
+    MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+    MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1,
+    MBEDTLS_SSL_IANA_TLS_GROUP_NONE,
+};
 
 tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen) {
     char m[120];
@@ -349,6 +412,7 @@ tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen) {
     mbedtls_ssl_conf_max_tls_version(&s->conf, MBEDTLS_SSL_VERSION_TLS1_3);
     pick_suites(s->suites);
     mbedtls_ssl_conf_ciphersuites(&s->conf, s->suites);
+    mbedtls_ssl_conf_groups(&s->conf, tls_groups); /* static: conf keeps the pointer */
     /* Full handshakes only: no PSK, no tickets (no ticket callbacks are set, and TLS
      * 1.3 is told to send none), no renegotiation (mbedTLS's default). */
     mbedtls_ssl_conf_tls13_key_exchange_modes(&s->conf,
@@ -459,6 +523,20 @@ static void keep_peer_cn(tls_conn *t, const mbedtls_x509_crt *crt) {
     }
 }
 
+/* A handshake failed before we wrote a byte, so mbedTLS sent no alert: it sends none
+ * when a TLS 1.3 client offers no group we take (ssl_tls13_server.c,
+ * ssl_tls13_write_hrr_key_share_ext), where RFC 8446 §4.1.1 wants handshake_failure.
+ * Without it the client reads only EOF ("unexpected eof"), which looks like a network
+ * fault rather than a policy. Not for a stream that is not TLS or is gone. */
+static void tell_refusal(tls_conn *t, int ret) {
+    if (t->nwritten || out_pending(t) || t->not_tls || ret == MBEDTLS_ERR_SSL_CONN_EOF ||
+        ret == TLS_ERR_RECV || ret == TLS_ERR_SEND)
+        return;
+    /* Best effort: the session is over either way. */
+    (void)mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+                                         MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE);
+}
+
 int tls_handshake(tls_conn *t) {
     if (t->state)
         return t->state;
@@ -466,8 +544,10 @@ int tls_handshake(tls_conn *t) {
     if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE ||
         r == MBEDTLS_ERR_SSL_ASYNC_IN_PROGRESS || r == MBEDTLS_ERR_SSL_CRYPTO_IN_PROGRESS)
         return 0;
-    if (r)
+    if (r) {
+        tell_refusal(t, r);
         return fail(t, "handshake", r);
+    }
     const mbedtls_x509_crt *peer = mbedtls_ssl_get_peer_cert(&t->ssl);
     if (peer) {
         /* With VERIFY_OPTIONAL mbedTLS finishes the handshake over a certificate that
@@ -528,6 +608,8 @@ ssize_t tls_read(tls_conn *t, void *buf, size_t cap) {
         if (r == MBEDTLS_ERR_SSL_RECEIVED_NEW_SESSION_TICKET ||
             r == MBEDTLS_ERR_SSL_RECEIVED_EARLY_DATA)
             continue;
+        if (r == MBEDTLS_ERR_SSL_UNEXPECTED_MESSAGE)
+            return refuse_unexpected(t, r);
         return fail(t, "read", r);
     }
     return -EAGAIN;
@@ -630,6 +712,10 @@ int tls_close_notify(tls_conn *t) {
 
 const char *tls_error(const tls_conn *t) {
     return t->err;
+}
+
+int tls_alerted(const tls_conn *t) {
+    return t->state < 0 && t->alerted;
 }
 
 const char *tls_version(const tls_conn *t) {

@@ -1,6 +1,7 @@
 /* tls: the server side of TLS 1.3 and 1.2 (mbedTLS 3.6) over any byte stream.
  *
- * AEAD suites only (AES-GCM, ChaCha20-Poly1305; TLS 1.2 with ECDHE), certificate and
+ * AEAD suites only (AES-GCM, ChaCha20-Poly1305; TLS 1.2 with ECDHE), key exchange over
+ * X25519, P-256 or P-384 only (no finite-field DH: too slow for one loop), certificate and
  * key from PEM files, optional client certificates (mTLS) checked against a CA file.
  * A session does no I/O of its own: it reads and writes through the caller's BIO
  * (tls_bio), which returns -EAGAIN when the stream has nothing to give or no room, so
@@ -60,6 +61,10 @@ ssize_t tls_write(tls_conn *t, const void *buf, size_t len);
 int tls_close_notify(tls_conn *t);
 
 const char *tls_error(const tls_conn *t);      /* the last failure, one line */
+/* 1 when the session failed and told the peer why by a fatal alert now on the stream
+ * (e.g. a TLS 1.3 KeyUpdate, which mbedTLS 3.6 cannot process): close gracefully
+ * rather than reset, or the peer may never read the alert. */
+int tls_alerted(const tls_conn *t);
 const char *tls_version(const tls_conn *t);    /* "TLSv1.3", after the handshake */
 const char *tls_suite(const tls_conn *t);      /* the ciphersuite name */
 /* The application protocol ALPN agreed on ("http/1.1" or "kiln/1", the server's two),

@@ -193,6 +193,9 @@ run "net/abuse" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host abuse
 run "net/abuse-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" tests/net/serve.sh host abuse
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
+# TLS policy through openssl s_client: X25519, P-256, P-384 only (no FFDHE, no DHE suite),
+# and a TLS 1.3 KeyUpdate ending the session with an alert and a log line (mbedTLS 3.6).
+run "net/serve-tls-policy" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host tls
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault
 # The degrade ladder: a small KV pool under 32 streams climbs 0 -> 1 -> 2 -> 3 (shed with
 # retry_after_ms), every request ends, it walks back to 0; LADDER pinning; drain_timeout_ms.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # serve.sh: `kilnd serve` end to end over one transport, with tests/net/serve_client.py.
 #
-#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|sdk|openai|fault|ladder]   (BUILD,
-#   MODEL, KILND, PY from the environment; limits: short handshake and idle timeouts, 4
-#   connections at most; sdk: the client SDKs' acceptance tests, tests/sdk/, instead of
+#   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|tls|sdk|openai|fault|ladder]
+#   (BUILD, MODEL, KILND, PY from the environment; limits: short handshake and idle timeouts, 4
+#   connections at most; tls: the key-exchange groups and suites offered, and a TLS 1.3
+#   KeyUpdate, through openssl s_client; sdk: the client SDKs' acceptance tests, tests/sdk/, instead of
 #   serve_client.py; openai: the OpenAI API through the official `openai` package
 #   (tests/net/openai_test.py, the venv's python), curl and raw sockets;
 #   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75;
@@ -134,7 +135,7 @@ elif [ "$CHECKS" = openai ]; then
 else
   timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
-    --expect "$W/expect.json" --checks "$CHECKS" --kilnd-pid "$PID" \
+    --expect "$W/expect.json" --checks "$CHECKS" --kilnd-pid "$PID" --kilnd-log "$W/kilnd.err" \
     $([ "$MODE" != host ] && echo --lwip) || rc=1
 fi
 

@@ -5,7 +5,8 @@ Run by tests/net/serve.sh, possibly inside a network namespace. Each check print
 line; the exit status is 0 only when all passed.
 
   serve_client.py --host H --port P --metrics-port M --ca ca.crt --user-token T
-      --admin-token A --expect expect.json --checks all|basic [--kilnd-pid PID]
+      --admin-token A --expect expect.json --checks all|basic|tls|... [--kilnd-pid PID]
+      [--kilnd-log kilnd.err]
 
 expect.json: {"prompt": "...", "max_tokens": N, "text": "<kilnd generate's output>"}
 """
@@ -567,6 +568,125 @@ def limits():
     c.close()
 
 
+def s_client(args, stdin=b"", timeout=20):
+    """openssl s_client against the server with `args`; stdin then EOF. (rc, output)."""
+    cmd = ["openssl", "s_client", "-CAfile", A.ca, "-verify_return_error", "-servername", "localhost",
+           "-connect", "%s:%d" % (A.host, A.port)] + args
+    try:
+        p = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return -1, (e.output or b"").decode("utf-8", "replace")
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def temp_key(out):
+    """The key-exchange group s_client reports ("X25519", "prime256v1", ...), or None."""
+    m = re.search(r"^(?:Server|Peer) Temp Key: (?:ECDH, )?([A-Za-z0-9-]+)", out, re.M)
+    return m.group(1) if m else None
+
+
+def tls_groups():
+    """Key exchange over X25519, P-256, P-384 only, preferred in that order; no FFDHE
+    groups nor DHE suites (a finite-field handshake costs the one loop ~0.1..0.75 s)."""
+    for group, name in (("X25519", "X25519"), ("P-256", "prime256v1"), ("P-384", "secp384r1")):
+        rc, out = s_client(["-tls1_3", "-groups", group])
+        check("TLS 1.3 with %s alone: handshake, %s" % (group, name), rc == 0 and temp_key(out) == name,
+              "rc %d temp key %r: %s" % (rc, temp_key(out), out[-300:]))
+    for group in ("ffdhe2048", "ffdhe3072", "ffdhe8192", "P-521"):
+        rc, out = s_client(["-tls1_3", "-groups", group])
+        check("TLS 1.3 with %s alone: refused by a handshake_failure alert" % group,
+              rc != 0 and temp_key(out) is None and "alert number 40" in out,
+              "rc %d temp key %r: %s" % (rc, temp_key(out), out[-300:]))
+    # TLS 1.2: the client's curves also bound the server's ECDSA P-256 certificate, so a
+    # single-curve refusal proves little; the server's choice among what a client offers does.
+    for groups, want in (("P-384:P-256:X25519", "X25519"), ("P-384:P-256", "prime256v1"),
+                         ("P-521:brainpoolP256r1:brainpoolP384r1:P-256", "prime256v1")):
+        rc, out = s_client(["-tls1_2", "-groups", groups])
+        check("TLS 1.2 offering %s: the server picks %s" % (groups, want), rc == 0 and temp_key(out) == want,
+              "rc %d temp key %r: %s" % (rc, temp_key(out), out[-300:]))
+    for groups in ("P-521", "brainpoolP256r1"):
+        rc, out = s_client(["-tls1_2", "-groups", groups])
+        check("TLS 1.2 with %s alone: refused" % groups, rc != 0 and temp_key(out) is None, "rc %d" % rc)
+    rc, out = s_client(["-tls1_2", "-cipher", "kDHE", "-groups", "ffdhe2048:ffdhe8192"])
+    check("TLS 1.2 offering DHE suites only: refused", rc != 0 and temp_key(out) is None,
+          "rc %d: %s" % (rc, out[-300:]))
+    c = Conn(timeout=10)
+    c.send("HEALTH")
+    l = c.line()
+    check("after the refused handshakes the server serves", l.startswith("HEALTH live=1"), l)
+    c.close()
+
+
+def tls_key_update():
+    """A TLS 1.3 KeyUpdate from the client (openssl s_client's "K" command: key update,
+    update requested). mbedTLS 3.6 cannot process one (library/ssl_msg.c,
+    ssl_tls13_handle_hs_message_post_handshake), so kilnd ends the session: a fatal
+    unexpected_message alert, a clean close, and a log line naming the cause. The
+    HEALTH sent after it gets no answer; other sessions are not affected."""
+    cmd = ["openssl", "s_client", "-tls1_3", "-no_ign_eof", "-CAfile", A.ca, "-verify_return_error",
+           "-servername", "localhost", "-connect", "%s:%d" % (A.host, A.port)]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines, done = [], threading.Event()
+
+    def reader():
+        for l in p.stdout:
+            lines.append(l.decode("utf-8", "replace").rstrip("\n"))
+        done.set()
+    threading.Thread(target=reader, daemon=True).start()
+
+    def wait_for(pred, seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline and not done.is_set():
+            if any(pred(l) for l in lines):
+                return True
+            time.sleep(0.05)
+        return any(pred(l) for l in lines)
+    try:
+        p.stdin.write(("HELLO kiln/1 token=%s\n" % A.user_token).encode())
+        p.stdin.flush()
+        hello = wait_for(lambda l: l.startswith("OK kiln/1 "), 20)
+        check("KeyUpdate: HELLO answered before it", hello, repr(lines[-5:]))
+        # separate writes: s_client takes a line that starts with K as its command and
+        # drops the rest of what that read() returned
+        p.stdin.write(b"K\n")
+        p.stdin.flush()
+        time.sleep(0.5)
+        p.stdin.write(b"HEALTH\n")
+        p.stdin.flush()
+        done.wait(20)
+    except OSError:
+        pass  # s_client already gone: the lines say why
+    try:
+        p.stdin.close()
+    except OSError:
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    out = "\n".join(lines)
+    check("KeyUpdate: s_client sent it", "KEYUPDATE" in out, out[-500:])
+    check("KeyUpdate: the HEALTH after it is not answered", not any(l.startswith("HEALTH live=") for l in lines),
+          out[-500:])
+    check("KeyUpdate: the client gets a fatal unexpected_message alert",
+          "alert unexpected message" in out and "alert number 10" in out, out[-500:])
+    check("KeyUpdate: a clean close, no reset", "errno=104" not in out and "Connection reset" not in out, out[-500:])
+    want = "client sent TLS 1.3 KeyUpdate, which this TLS library does not support"
+    logged = False
+    deadline = time.time() + 5
+    while A.kilnd_log and time.time() < deadline and not logged:
+        with open(A.kilnd_log, encoding="utf-8", errors="replace") as f:
+            logged = any(want in l and "info" in l for l in f)
+        time.sleep(0.1)
+    check("KeyUpdate: kilnd logs the cause", logged, "no line with %r in %s" % (want, A.kilnd_log))
+    c = Conn(timeout=10)
+    c.send("HEALTH")
+    l = c.line()
+    check("KeyUpdate: other sessions go on", l.startswith("HEALTH live=1"), l)
+    c.close()
+
+
 def fault(exp):
     """Run with --faults and step_timeout_ms=1000: a step that never completes."""
     a = Conn(token=A.admin_token)
@@ -888,6 +1008,7 @@ def main():
     ap.add_argument("--expect", required=True)
     ap.add_argument("--checks", default="all")
     ap.add_argument("--kilnd-pid", type=int, default=0)
+    ap.add_argument("--kilnd-log", default="", help="kilnd's stderr, for checks of its log lines")
     ap.add_argument("--lwip", action="store_true",
                     help="the server runs on lwIP: its send buffer is small enough for a stalled "
                          "reader to reach the server's output budget (kernel TCP buffers can absorb "
@@ -902,6 +1023,8 @@ def main():
         steps = [restart]
     if A.checks == "limits":
         steps = [limits]
+    if A.checks == "tls":
+        steps = [tls_groups, tls_key_update]
     if A.checks == "fault":
         steps = [fault_slow_kv_write, fault]
     if A.checks == "ladder":

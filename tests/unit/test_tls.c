@@ -7,7 +7,9 @@
  * refused), EC and RSA server keys, 1 MiB each way through 7-byte and 4 KiB pipes,
  * close_notify and EOF, plaintext garbage, mTLS (required, optional, wrong CA), the
  * SANs from `hosts`, bad server configurations, and tls_certs_create's keep / force /
- * fill-in rules and file modes. */
+ * fill-in rules and file modes; the key-exchange groups (X25519, P-256, P-384 only) and
+ * no DHE suite; a TLS 1.3 KeyUpdate from the client, which mbedTLS 3.6 cannot process,
+ * ending the session with an alert. */
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -165,6 +167,7 @@ typedef struct {
     const char *host;      /* default "localhost" */
     int tls12;             /* force TLS 1.2 */
     int suite;             /* offer only this suite */
+    const uint16_t *groups; /* offer only these key-exchange groups (0-terminated) */
     size_t cap;            /* pipe capacity */
 } copts;
 
@@ -192,6 +195,8 @@ static int pair_open(pair *p, tls_server *s, const copts *o) {
         p->suites[0] = o->suite;
         mbedtls_ssl_conf_ciphersuites(&p->conf, p->suites);
     }
+    if (o->groups)
+        mbedtls_ssl_conf_groups(&p->conf, o->groups);
     if (o->crt) {
         if ((r = mbedtls_x509_crt_parse_file(&p->crt, o->crt)) ||
             (r = mbedtls_pk_parse_keyfile(&p->key, o->key, NULL, mbedtls_ctr_drbg_random,
@@ -497,6 +502,123 @@ static void test_tls12(tls_server *s) {
     }
 }
 
+/* The key-exchange groups: X25519, P-256 and P-384 work, each alone; finite-field
+ * groups (a stall of the whole loop per handshake) and the other curves are refused.
+ * On TLS 1.2 the client's groups also bound the curve of an ECDSA certificate, so
+ * there the test runs on the RSA server (test_rsa); and mbedTLS's client offers
+ * neither finite-field groups with ECDHE suites on 1.2 nor brainpool on 1.3, so those
+ * pairs are left out. On TLS 1.3 a refusal reaches the client as a handshake_failure
+ * alert, which tls_handshake sends since mbedTLS leaves it out (tell_refusal). */
+static void test_groups(tls_server *s, const char *ca, int v12) {
+    static const uint16_t good[] = {MBEDTLS_SSL_IANA_TLS_GROUP_X25519,
+                                    MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+                                    MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1};
+    static const uint16_t bad13[] = {MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE2048,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE3072,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_SECP521R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_X448, 0};
+    static const uint16_t bad12[] = {MBEDTLS_SSL_IANA_TLS_GROUP_SECP521R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_BP256R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_BP384R1,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_X448, 0};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        uint16_t one[2] = {good[i], 0};
+        pair p;
+        copts o = {.ca = ca, .tls12 = v12, .groups = one};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv == 1 && h.cli == 0, "group 0x%04x alone (1.%d): srv %d cli %d '%s'",
+              good[i], 3 - v12, h.srv, h.cli, tls_error(p.sv));
+        pair_close(&p);
+    }
+    for (const uint16_t *g = v12 ? bad12 : bad13; *g; g++) {
+        uint16_t one[2] = {*g, 0};
+        pair p;
+        copts o = {.ca = ca, .tls12 = v12, .groups = one};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv < 0 && h.cli != 0 && strstr(tls_error(p.sv), "handshake: "),
+              "group 0x%04x alone (1.%d) refused: srv %d cli %d '%s'", *g, 3 - v12, h.srv,
+              h.cli, tls_error(p.sv));
+        if (!v12) /* (on 1.2 mbedTLS's server sends the alert, its client never reports it) */
+            CHECK(h.cli == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE &&
+                      p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE,
+                  "group 0x%04x (1.3): the client reads %d, alert %u", *g, h.cli,
+                  p.ssl.MBEDTLS_PRIVATE(in_msg)[1]);
+        pair_close(&p);
+    }
+    if (v12)
+        return;
+    /* A first key share for a refused group: a HelloRetryRequest for one we take. */
+    static const uint16_t retry[] = {MBEDTLS_SSL_IANA_TLS_GROUP_FFDHE2048,
+                                     MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1, 0};
+    pair p;
+    copts o = {.ca = ca, .groups = retry};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+          "ffdhe2048 share, P-384 after a retry: srv %d cli %d '%s'", h.srv, h.cli,
+          tls_error(p.sv));
+    pair_close(&p);
+}
+
+/* mbedTLS's record writer (library/ssl_misc.h, not installed). The client below uses it
+ * to send handshake messages after the handshake, which no public call can do. */
+int mbedtls_ssl_write_record(mbedtls_ssl_context *ssl, int force_flush);
+
+/* The client sends one handshake message under its current keys. */
+static int cli_send_hs(pair *p, unsigned char type, const unsigned char *body, size_t len) {
+    mbedtls_ssl_context *c = &p->ssl;
+    unsigned char *m = c->MBEDTLS_PRIVATE(out_msg);
+    m[0] = type;
+    m[1] = 0;
+    m[2] = (unsigned char)(len >> 8);
+    m[3] = (unsigned char)len;
+    memcpy(m + 4, body, len);
+    c->MBEDTLS_PRIVATE(out_msgtype) = MBEDTLS_SSL_MSG_HANDSHAKE;
+    c->MBEDTLS_PRIVATE(out_msglen) = 4 + len;
+    return mbedtls_ssl_write_record(c, 1);
+}
+
+/* After a TLS 1.3 handshake and some data the client sends handshake message `type`:
+ * mbedTLS 3.6 processes none from a client, so the session fails, the client gets a
+ * fatal unexpected_message alert, and the error says `why`. */
+static void post_handshake_msg(tls_server *s, unsigned char type, const unsigned char *body,
+                               size_t len, const char *why) {
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+          "handshake srv %d cli %d", h.srv, h.cli);
+    CHECK(transfer(&p, 5000, 4096) == 0, "data before message %u", type);
+    CHECK(tls_alerted(p.sv) == 0, "no alert while the session is up");
+    CHECK(cli_send_hs(&p, type, body, len) == 0, "client sends message %u", type);
+    char b[64];
+    ssize_t n = tls_read(p.sv, b, sizeof b);
+    CHECK(n == -EPROTO && strstr(tls_error(p.sv), why), "message %u: %zd '%s'", type, n,
+          tls_error(p.sv));
+    CHECK(tls_alerted(p.sv) == 1, "message %u: the alert went out", type);
+    CHECK(tls_read(p.sv, b, sizeof b) == n, "failure sticks");
+    unsigned char cb[64];
+    int r = mbedtls_ssl_read(&p.ssl, cb, sizeof cb);
+    CHECK(r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE &&
+              p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE,
+          "message %u: the client reads %d (alert %u)", type, r,
+          p.ssl.MBEDTLS_PRIVATE(in_msg)[1]);
+    pair_close(&p);
+}
+
+static void test_post_handshake(tls_server *s) {
+    static const unsigned char update_requested = 1, update_not_requested = 0;
+    post_handshake_msg(s, 24, &update_requested, 1,
+                       "client sent TLS 1.3 KeyUpdate, which this TLS library does not support");
+    post_handshake_msg(s, 24, &update_not_requested, 1, "KeyUpdate");
+    /* Another message is refused the same way, under mbedTLS's own words. */
+    static const unsigned char nst[] = {0, 0, 0, 0};
+    post_handshake_msg(s, MBEDTLS_SSL_HS_NEW_SESSION_TICKET, nst, sizeof nst, "unexpected");
+}
+
 /* A TLS 1.2 client asks to renegotiate while the server has a record half-sent. The
  * server refuses by alert, and mbedTLS flushes the queued record first, inside
  * tls_read: the retried tls_write must then report the bytes as taken without sending
@@ -743,6 +865,22 @@ static void test_rsa(void) {
         CHECK(transfer(&p, 30000, 4096) == 0, "RSA data");
         pair_close(&p);
     }
+    test_groups(s, c, 1);
+    test_groups(s, c, 0);
+    /* An RSA key is what DHE-RSA needs: the suite is refused only because the server
+     * does not list it (finite-field DH, as test_groups). */
+    static const int dhe[] = {MBEDTLS_TLS_DHE_RSA_WITH_AES_128_GCM_SHA256,
+                              MBEDTLS_TLS_DHE_RSA_WITH_AES_256_GCM_SHA384,
+                              MBEDTLS_TLS_DHE_RSA_WITH_CHACHA20_POLY1305_SHA256};
+    for (size_t i = 0; i < sizeof dhe / sizeof dhe[0]; i++) {
+        pair p;
+        copts o = {.ca = c, .tls12 = 1, .suite = dhe[i]};
+        CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+        hs_result h = handshake(&p);
+        CHECK(h.srv < 0 && h.cli < 0, "%s alone refused: srv %d cli %d",
+              mbedtls_ssl_get_ciphersuite_name(dhe[i]), h.srv, h.cli);
+        pair_close(&p);
+    }
     tls_server_free(s);
 }
 
@@ -927,6 +1065,8 @@ int main(void) {
         test_tls12(s);
         test_reneg(s);
         test_garbage(s);
+        test_groups(s, NULL, 0);
+        test_post_handshake(s);
         tls_server_free(s);
     }
     test_mtls();
