@@ -148,6 +148,10 @@ int srv_render_metrics(srv *s) {
     met_set(s->met, s->m_conns, s->n_sessions);
     met_set(s->met, s->m_up, srv_live(s));
     met_set(s->met, s->m_loop_max, srv_loop_max_ms(s) / 1e3);
+    int paused = 0;
+    for (srv_sess *ss = s->sessions; ss; ss = ss->next)
+        for (srv_req *r = ss->reqs; r; r = r->next) paused += r->paused;
+    met_set(s->met, s->m_paused, paused);
     srv_set_process_metrics(s);
     met_inc(s->met, s->m_pq, (double)(st.prefix_queries - s->last.prefix_queries));
     met_inc(s->met, s->m_ph, (double)(st.prefix_hits - s->last.prefix_hits));
@@ -348,6 +352,9 @@ static int add_metrics(srv *s) {
     s->m_loop_pass = met_add_histogram(m, "kiln_event_loop_pass_seconds",
                                        "Work of one event-loop pass (callbacks, timers; the wait excluded): "
                                        "every connection waits while it runs", mn, pass, np);
+    s->m_paused = met_add_gauge(m, "kiln_num_requests_paused",
+                                "Requests paused until their client reads (its output over max_output_bytes); "
+                                "also counted as running or waiting", mn);
     s->m_loop_max = met_add_gauge(m, "kiln_event_loop_pass_max_seconds",
                                   "Longest event-loop pass in the last 10 to 20 seconds", mn);
     for (int f = 0; f < LADDER_LEVELS; f++)
@@ -362,7 +369,7 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     return add_process_metrics(s);

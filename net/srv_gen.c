@@ -13,9 +13,12 @@ void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *tex
     if (tok >= 0) r->t_last[sample] = t;
     srv_sess *ss = r->sess;
     if (ss && r->api) { api_on_token(r, sample, tok, text, len, lp); return; }
-    if (!ss || len <= 0) return; /* nothing to show yet (held back), or nobody to show it to */
+    if (!ss) return; /* nobody to show it to */
+    /* held-back text (len 0) sends nothing, except that with logprobs every sampled token
+     * has its own line: its logprob must not be lost with the text it waits for */
+    if (len <= 0 && !(r->logprobs && tok >= 0)) return;
     sess_printf(ss, "TOK %s ", r->id);
-    sess_quote(ss, text, (size_t)len);
+    sess_quote(ss, text, len > 0 ? (size_t)len : 0);
     if (r->n > 1) sess_printf(ss, " sample=%d", sample);
     if (r->logprobs && tok >= 0) sess_printf(ss, " token=%d logprob=%.6g", tok, lp);
     sess_printf(ss, "\n");

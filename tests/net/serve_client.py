@@ -348,6 +348,33 @@ def disconnect_frees(exp):
     s0.close()
 
 
+def logprobs_every_token(exp):
+    """With logprobs=1 every sampled token has its TOK line with its logprob, text held
+    back behind a possible stop string included; the text is the same as without."""
+    c = Conn()
+    stop = 'ignore_eos=1 stop=" Paris, the city"'  # " Paris" waits for the next token
+    c.send(gen_line("l0", exp["prompt"], 24, stop))
+    plain = collect(c, ["l0"])["l0"]
+    c.send(gen_line("l1", exp["prompt"], 24, stop + " logprobs=1"))
+    n_lp, n_held, text, end = 0, 0, b"", ""
+    while True:
+        l = c.line()
+        m = TOK_RE.match(l)
+        if m and m.group(1) == "l1":
+            text += unquote(m.group(2))
+            n_lp += " logprob=" in m.group(3)
+            n_held += m.group(2) == '""'
+        elif l.startswith("END l1") or l.startswith("ERR l1"):
+            end = l
+            break
+    c.close()
+    ct = re.search(r"completion_tokens=(\d+)", end)
+    check("logprobs=1: one TOK with logprob= per completion token, held-back ones included",
+          ct and n_lp == int(ct.group(1)) and n_held > 0,
+          "%d lines with logprob, %d of them held back; %s" % (n_lp, n_held, end))
+    check("logprobs=1: the same text as without", text == plain[0], "%r vs %r" % (text, plain[0]))
+
+
 def cancel_and_errors(exp):
     c = Conn()
     c.send(gen_line("c1", exp["prompt"], 300, "ignore_eos=1"))
@@ -395,6 +422,9 @@ def slow_reader(exp):
     c.close()
     st = stats(obs)
     check("the paused request is still there", int(st["running"]) >= 1, str(st))
+    _, body = http_get("/metrics")
+    check("/metrics: kiln_num_requests_paused counts it", (metric(body, "kiln_num_requests_paused") or 0) >= 1,
+          "%r" % metric(body, "kiln_num_requests_paused"))
     slow.s.settimeout(120)
     r = collect(slow, ["s1"], samples=8)["s1"]
     check("the paused request resumes and finishes once read", r[1].startswith("END s1"), r[1])
@@ -1030,7 +1060,8 @@ def main():
     if A.checks == "ladder":
         steps = [ladder_pin, ladder_climb, drain_timeout]
     if A.checks == "all":
-        steps += [auth_and_roles, plaintext_on_tls_port, cancel_and_errors, disconnect_frees, long_line,
+        steps += [auth_and_roles, plaintext_on_tls_port, logprobs_every_token, cancel_and_errors,
+                  disconnect_frees, long_line,
                   many_connections] + ([slow_reader] if A.lwip else [])
     for fn in steps:
         try:

@@ -51,7 +51,7 @@ static void test_defaults(void) {
     CHECK(c.net.listen_port == 8443 && c.net.metrics_port == 9100, "ports");
     CHECK(c.net.client_ca[0] == '\0' && c.net.cert[0] && c.net.key[0] && c.net.tokens_file[0], "tls");
     CHECK(c.net.max_connections == 256 && c.net.idle_timeout_ms == 300000, "conns");
-    CHECK(c.net.handshake_timeout_ms == 10000 && c.net.max_line_bytes == 1048576, "net limits");
+    CHECK(c.net.handshake_timeout_ms == 5000 && c.net.max_line_bytes == 1048576, "net limits");
     CHECK(c.log.level == CFG_LOG_INFO, "log");
     /* An empty file, comments only, and empty sections leave the defaults. */
     CHECK(load(&A, "") == 0 && cfg_equal(&A, &c), "empty: %s", err);
@@ -95,7 +95,7 @@ static const char *full =
     "tokens_file = /data/tokens\n"
     "max_connections = 1024\n"
     "idle_timeout_ms = 60000\n"
-    "handshake_timeout_ms = 5000\n"
+    "handshake_timeout_ms = 7000\n"
     "max_line_bytes = 64K\n"
     "[log]\n"
     "level = debug\n";
@@ -121,7 +121,7 @@ static void test_every_key(void) {
     CHECK(!strcmp(c->net.cert, "/data/tls/c.pem") && !strcmp(c->net.key, "/data/tls/k.pem"), "tls");
     CHECK(!strcmp(c->net.client_ca, "/data/tls/ca.pem") && !strcmp(c->net.tokens_file, "/data/tokens"), "ca");
     CHECK(c->net.max_connections == 1024 && c->net.idle_timeout_ms == 60000, "conn");
-    CHECK(c->net.handshake_timeout_ms == 5000 && c->net.max_line_bytes == 65536, "line");
+    CHECK(c->net.handshake_timeout_ms == 7000 && c->net.max_line_bytes == 65536, "line");
     CHECK(c->log.level == CFG_LOG_DEBUG, "level");
     /* Whitespace around '=', inline comments, "name: value", CRLF, a BOM. */
     r = load(c, "\xEF\xBB\xBF[engine]\r\nthreads=3 ; three\r\nblock_size :  64\r\n[log]\nlevel = WARN");
