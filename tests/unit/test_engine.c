@@ -511,6 +511,64 @@ static void fairness(const model *m, const tok_t *tok) {
     rig_close(&g);
 }
 
+static int64_t submit_as(rig *g, const prompt *p, int max_tokens, int client, req_result *res) {
+    char err[256];
+    eng_params ep = {0};
+    ep.prompt = p->toks, ep.n_prompt = p->n, ep.n = 1, ep.ud = res, ep.client = client;
+    ep.ignore_eog = 1; /* run to max_tokens: the long ones stay long */
+    sampler_params_default(&ep.sp);
+    ep.sp.temperature = 0, ep.sp.max_tokens = max_tokens;
+    int64_t id = eng_submit(g->eng, &ep, err, sizeof err);
+    if (id < 0) fprintf(stderr, "submit: %s\n", err);
+    return id;
+}
+
+static int64_t steps_done(const rig *g) {
+    eng_stats st;
+    eng_get_stats(g->eng, &st);
+    return st.steps;
+}
+
+/* Issue 24 (a): a prompt of 8 steps' budget is prefilling when a 4-token one arrives;
+ * the short one shares the budget and has its first token within 2 steps instead of
+ * after the long prefill, the long one still takes the rest of every step, and both
+ * produce the tokens they produce alone (chunks of other sizes change nothing). */
+static void prefill_share(const model *m, const tok_t *tok, int fake) {
+    enum { T = 64, OUT = 8 };
+    static prompt pl, ps;
+    static req_result rl, rs, alone_l, alone_s;
+    const char *kind = fake ? "fake" : "model";
+    make_prompt(&pl, 8 * T, 601), make_prompt(&ps, 4, 602);
+    rig g;
+    if (rig_open(&g, m, tok, 64, 8, 640, 8, T, 0, fake) < 0) { CHECK(0, "rig"); return; }
+    memset(&rl, 0, sizeof rl), memset(&rs, 0, sizeof rs);
+    memset(&alone_l, 0, sizeof alone_l), memset(&alone_s, 0, sizeof alone_s);
+    submit_as(&g, &pl, OUT, 0, &alone_l);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: long alone", kind);
+    submit_as(&g, &ps, OUT, 0, &alone_s);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: short alone", kind);
+    int64_t t0 = steps_done(&g);
+    submit_as(&g, &pl, OUT, 0, &rl);
+    if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng); /* the long one is prefilling */
+    int64_t t1 = steps_done(&g);
+    submit_as(&g, &ps, OUT, 0, &rs);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: run", kind);
+    int64_t wait = rs.usage[0].first_step - t1, long_first = rl.usage[0].first_step - t0;
+    CHECK(rs.usage[0].first_step >= 0 && wait <= 2,
+          "%s prefill share: the short prompt's first token came %lld steps after it", kind,
+          (long long)wait);
+    /* every step full: the long prefill plus the short one's tokens, at T a step */
+    CHECK(long_first <= (pl.n + ps.n + OUT) / T + 2,
+          "%s prefill share: the long prompt's first token at step %lld (budget unused?)", kind,
+          (long long)long_first);
+    CHECK(rl.finished[0] == 1 && rs.finished[0] == 1 && same_outputs(&rl, &alone_l, 1) &&
+          same_outputs(&rs, &alone_s, 1), "%s prefill share: output differs from the solo runs", kind);
+    printf("%s prefill share: %d-token prompt, then a 4-token one: its first token %lld step(s) later, "
+           "the long one's at step %lld\n", kind, pl.n, (long long)wait, (long long)long_first);
+    pool_ok(&g, "prefill share");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -576,7 +634,9 @@ int main(void) {
     pausing(&m, &tok);
     shrinking(&m, &tok);
     fairness(&m, &tok);
+    prefill_share(&m, &tok, 1);
     forks(&m, &tok, 0);
+    prefill_share(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
     invariance(&m, &tok, 0, SLOW ? 8 : 32, SLOW ? 3 : 8, SLOW ? 48 : 96, SLOW ? 6 : 12,
