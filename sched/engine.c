@@ -76,6 +76,8 @@ struct engine {
     int *cand_load;            /* [max_seqs] scratch: each candidate's client load */
     eng_seq **plan;            /* [max_batch_size] scratch: this step's prefill candidates */
     int *plan_need, *plan_share; /* [max_batch_size] their tokens left / granted */
+    int fair_kv;               /* the last admission stopped, for want of KV blocks, at a
+                                * client with nothing running (fair_preempt's cue) */
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
@@ -636,10 +638,12 @@ static int blocks_to_finish(const engine *e, const eng_seq *s) {
     return more > 0 ? more : 0;
 }
 
-/* A waiting sequence admitted for this step is not after all: back to waiting. */
+/* A waiting sequence admitted for this step is not after all: back to waiting. If its
+ * client has nothing running, fair_preempt hears of it at the next step. */
 static void unadmit(engine *e, eng_seq *s) {
     kv_seq_release(e->kv, s->kv);
     s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT, s->in_step = 0;
+    e->fair_kv |= s->req->client && client_load(e, s) == 0;
 }
 
 /* Blocks a new prefill may count on: the free ones, and those paused sequences hold
@@ -705,6 +709,73 @@ static void add_prefills(engine *e, int slots, int tokens) {
     }
 }
 
+/* Distinct clients (not 0) with running or waiting sequences. */
+static int active_clients(const engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if ((s->state != SQ_RUN && s->state != SQ_WAIT) || !s->req->client) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) {
+            const eng_seq *t = &e->seqs[j];
+            seen = (t->state == SQ_RUN || t->state == SQ_WAIT) && t->req->client == s->req->client;
+        }
+        n += !seen;
+    }
+    return n;
+}
+
+/* The running sequence the client holding the most running sequences gives up, or NULL
+ * when no client (0 excepted) holds more than `share`: its youngest unpaused one, as
+ * that frees a batch slot (a paused one holds none, and admission has already taken
+ * the blocks of any paused one in its way: make_room). */
+static eng_seq *fair_victim(engine *e, int share) {
+    eng_seq *heavy = NULL, *v = NULL;
+    int most = share;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        int load = s->state == SQ_RUN ? client_load(e, s) : 0;
+        if (load > most) most = load, heavy = s;
+    }
+    for (int i = 0; heavy && i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->state != SQ_RUN || s->req->client != heavy->req->client) continue;
+        if (v && v->req->paused != s->req->paused) {
+            if (!s->req->paused) v = s;
+            continue;
+        }
+        if (!v || s->order > v->order || (s->order == v->order && s->sample > v->sample)) v = s;
+    }
+    return v;
+}
+
+/* One client's many requests must not keep another's first one waiting until one of
+ * them ends: when an unpaused waiting sequence whose client has nothing running finds
+ * the batch full (or the last admission found the KV pool full for such a one), the
+ * client holding the most running sequences gives up its youngest, if it holds more
+ * than its fair share (the batch over the active clients, at least 1). At most one per
+ * step, and the victim's client still has sequences running, so its own wait triggers
+ * nothing: no thrash. The victim recomputes later, like any preempted sequence. */
+static void fair_preempt(engine *e) {
+    int kv_full = e->fair_kv, running = 0, unpaused = 0, starved = 0;
+    e->fair_kv = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        running += s->state == SQ_RUN;
+        unpaused += s->state == SQ_RUN && !s->req->paused;
+    }
+    if (unpaused < e->max_batch && !kv_full) return;
+    for (int i = 0; i < e->cfg.max_seqs && !starved; i++) {
+        const eng_seq *s = &e->seqs[i];
+        starved = s->state == SQ_WAIT && !s->req->paused && s->req->client && client_load(e, s) == 0;
+    }
+    if (!starved) return;
+    int cap = running < e->max_batch ? running : e->max_batch; /* what the pool or batch holds */
+    int share = cap / active_clients(e);
+    eng_seq *v = fair_victim(e, share > 1 ? share : 1);
+    if (v) preempt(e, v);
+}
+
 int eng_step_begin(engine *e) {
     if (e->busy) return -EBUSY;
     e->b_n_tok = e->b_n_seq = e->b_n_logit = 0;
@@ -712,6 +783,7 @@ int eng_step_begin(engine *e) {
     eng_seq **c = e->cand;
     if (e->kv8) kv8_pass(e);
     if (e->max_batch < e->cfg.max_batch_size) shrink_running(e);
+    fair_preempt(e);
 
     /* 1. running decodes (one token left to compute), oldest first */
     int n = collect(e, SQ_RUN, c);
