@@ -74,6 +74,10 @@ struct engine {
     eng_seq **b_members;       /* [max_batch_size] sequences in the step */
     eng_seq **cand;            /* [max_seqs] scratch for ordering */
     int *cand_load;            /* [max_seqs] scratch: each candidate's client load */
+    eng_seq **plan;            /* [max_batch_size] scratch: this step's prefill candidates */
+    int *plan_need, *plan_share; /* [max_batch_size] their tokens left / granted */
+    int fair_kv;               /* the last admission stopped, for want of KV blocks, at a
+                                * client with nothing running (fair_preempt's cue) */
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
@@ -116,11 +120,15 @@ engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool
     e->b_members = malloc((size_t)cfg->max_batch_size * sizeof(eng_seq *));
     e->cand = malloc(ms * sizeof(eng_seq *));
     e->cand_load = malloc(ms * sizeof(int));
+    e->plan = malloc((size_t)cfg->max_batch_size * sizeof(eng_seq *));
+    e->plan_need = malloc((size_t)cfg->max_batch_size * sizeof(int));
+    e->plan_share = malloc((size_t)cfg->max_batch_size * sizeof(int));
     e->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     e->text = malloc((size_t)ENG_TEXT_CAP(tok));
     e->smp_hist = calloc(ms, sizeof *e->smp_hist);
     if (!e->seqs || !e->tok_slab || !e->reqs || !e->b_tokens || !e->b_pos || !e->b_seq ||
-        !e->b_rows || !e->b_members || !e->cand || !e->cand_load || !e->scratch || !e->text ||
+        !e->b_rows || !e->b_members || !e->cand || !e->cand_load || !e->plan || !e->plan_need ||
+        !e->plan_share || !e->scratch || !e->text ||
         !e->smp_hist || sampler_scratch_init(&e->smp_scratch, m->cfg.n_vocab) < 0)
         goto oom;
     /* Samplers allocate nothing per request: each slot has its history for a whole
@@ -149,6 +157,7 @@ void eng_free(engine *e) {
     free(e->smp_hist);
     free(e->seqs), free(e->tok_slab), free(e->reqs), free(e->b_tokens), free(e->b_pos);
     free(e->b_seq), free(e->b_rows), free(e->b_members), free(e->cand), free(e->cand_load), free(e->scratch), free(e->text);
+    free(e->plan), free(e->plan_need), free(e->plan_share);
     free(e);
 }
 
@@ -537,6 +546,236 @@ static void add_load(eng_seq **c, int *load, int n, int client) {
         if (c[i] && c[i]->req->client == client) load[i]++;
 }
 
+/* Tokens granted if every candidate gets at most `level`. */
+static long long filled(const int *need, int n, int level) {
+    long long t = 0;
+    for (int i = 0; i < n; i++) t += need[i] < level ? need[i] : level;
+    return t;
+}
+
+/* Water-filling: each candidate gets min(its need, L) for the largest level L whose total
+ * fits the budget, so a short prompt is served whole while the long ones split the rest
+ * evenly; the tokens integer division leaves go one each to the first candidates that
+ * want more (oldest first). A lone candidate gets min(need, budget). */
+static void water_fill(const int *need, int *share, int n, int budget) {
+    int lo = 0, hi = 0;
+    for (int i = 0; i < n; i++) hi = need[i] > hi ? need[i] : hi;
+    while (lo < hi) { /* the level is found by bisection: n is tens, needs ≤ max_seq_len */
+        int mid = lo + (hi - lo + 1) / 2;
+        if (filled(need, n, mid) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    long long left = budget - filled(need, n, lo);
+    for (int i = 0; i < n; i++) {
+        share[i] = need[i] < lo ? need[i] : lo;
+        if (left > 0 && need[i] > lo) share[i]++, left--;
+    }
+}
+
+/* This step's prefill candidates into e->plan (tokens left in e->plan_need): the running
+ * prefills, oldest first, then the waiting sequences in admission order (fewest-running
+ * client, then oldest), at most `slots` and no more than `tokens` (one token each at
+ * least). Returns the count; *n_run of them are running. */
+static int prefill_candidates(engine *e, int slots, int tokens, int *n_run) {
+    eng_seq **c = e->cand;
+    int np = 0, n = collect(e, SQ_RUN, c);
+    if (slots > tokens) slots = tokens;
+    for (int i = 0; i < n && np < slots; i++) {
+        eng_seq *s = c[i];
+        int left = s->n_toks - s->n_computed;
+        if (s->req->paused || s->in_step || left <= 1) continue;
+        e->plan[np] = s, e->plan_need[np++] = left;
+    }
+    *n_run = np;
+    n = collect(e, SQ_WAIT, c);
+    int *load = e->cand_load;
+    for (int i = 0; i < n; i++) load[i] = client_load(e, c[i]);
+    for (int i; np < slots && (i = pick_fair(c, load, n)) >= 0;) {
+        eng_seq *s = c[i];
+        c[i] = NULL;
+        /* before admission: a prefix-cache hit may make it less (see top_up) */
+        e->plan[np] = s, e->plan_need[np++] = s->n_toks - s->n_computed;
+        add_load(c, load, n, s->req->client);
+    }
+    return np;
+}
+
+/* Reserve s's granted chunk (capped by fit_chunk); it is marked in_step so no
+ * later make_room of this step takes it as victim. 0, or -1 when it got no room. */
+static int reserve_chunk(engine *e, eng_seq *s, int share, int may_preempt) {
+    int left = s->n_toks - s->n_computed;
+    int chunk = fit_chunk(e, s, share < left ? share : left);
+    if (make_room(e, s, s->n_computed + chunk, may_preempt) < 0) return -1;
+    s->in_step = chunk;
+    return 0;
+}
+
+/* Tokens the plan leaves unused (a candidate without room, a waiting one that was not
+ * admitted, a prefix-cache hit) go to the planned sequences that want more, water-filled
+ * again, where the pool has room without preempting: one candidate's misfortune does
+ * not shrink the step. */
+static void top_up(engine *e, int n, int tokens) {
+    int used = 0;
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = e->plan[i];
+        used += s->in_step;
+        e->plan_need[i] = s->in_step ? s->n_toks - s->n_computed - s->in_step : 0;
+    }
+    if (used >= tokens) return;
+    water_fill(e->plan_need, e->plan_share, n, tokens - used);
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = e->plan[i];
+        if (e->plan_share[i] <= 0) continue;
+        int chunk = fit_chunk(e, s, s->in_step + e->plan_share[i]);
+        if (chunk > s->in_step && make_room(e, s, s->n_computed + chunk, ROOM_NO_PREEMPT) == 0)
+            s->in_step = chunk;
+    }
+}
+
+/* Blocks s still needs for the rest of its tokens beyond those it holds. */
+static int blocks_to_finish(const engine *e, const eng_seq *s) {
+    int bs = e->kv->cfg.block_size, more = (s->n_toks + bs - 1) / bs - s->kv->n_blocks;
+    return more > 0 ? more : 0;
+}
+
+/* A waiting sequence admitted for this step is not after all: back to waiting. If its
+ * client has nothing running, fair_preempt hears of it at the next step. */
+static void unadmit(engine *e, eng_seq *s) {
+    kv_seq_release(e->kv, s->kv);
+    s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT, s->in_step = 0;
+    e->fair_kv |= s->req->client && client_load(e, s) == 0;
+}
+
+/* Blocks a new prefill may count on: the free ones, and those paused sequences hold
+ * (admission preempts them: make_room). *others: whether anything else is running. */
+static int blocks_available(const engine *e, const eng_seq *self, int *others) {
+    int n = kv_free_blocks(e->kv);
+    *others = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if (s->state != SQ_RUN || s == self) continue;
+        *others = 1;
+        if (s->req->paused) n += s->kv->n_blocks;
+    }
+    return n;
+}
+
+/* Steps 2 and 3: the tokens the decodes left are water-filled over the running prefills
+ * and the waiting sequences that have a slot, so a short prompt is not starved behind a
+ * long one that would take the whole budget. Running prefills reserve first, oldest
+ * first, and may preempt younger ones (make_room); waiting ones are admitted in fairness
+ * order, preempt only paused sequences, and admission stops at one that does not fit.
+ * A waiting one whose prefill spans steps (its share is less than its prompt) fits only
+ * if the pool holds the rest of its prompt besides what the other spanning prefills
+ * still need: a small first chunk always fits, and without this many long prefills
+ * would start in a full pool, the youngest preempted and recomputed step after step.
+ * Past the first spanning prefill one that does not fit is skipped, not stopped at, so
+ * short ones behind it still come in; with nothing else running it is admitted anyway
+ * (a prompt larger than the free pool, kv8) so it cannot wait forever. */
+static void add_prefills(engine *e, int slots, int tokens) {
+    int n_run, n = prefill_candidates(e, slots, tokens, &n_run);
+    int committed = 0, spanning = 0; /* blocks the prefills spanning steps still need */
+    water_fill(e->plan_need, e->plan_share, n, tokens);
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = e->plan[i];
+        if (i >= n_run && admit(e, s) < 0) {
+            n = i;
+            break;
+        }
+        if (i < n_run) { /* a younger prefill may have been preempted by an older one's */
+            if (s->state != SQ_RUN || reserve_chunk(e, s, e->plan_share[i], ROOM_PREEMPT) < 0)
+                continue;
+        } else if (reserve_chunk(e, s, e->plan_share[i], ROOM_PREEMPT_PAUSED) < 0) {
+            unadmit(e, s);
+            n = i;
+            break;
+        }
+        if (s->in_step == s->n_toks - s->n_computed) continue; /* done this step */
+        int more = blocks_to_finish(e, s), others;
+        if (i >= n_run && committed + more > blocks_available(e, s, &others) &&
+            (spanning || others)) {
+            unadmit(e, s);
+            if (spanning) continue; /* a long one is under way: shorter ones may pass */
+            n = i;
+            break;
+        }
+        committed += more, spanning = 1;
+    }
+    top_up(e, n, tokens);
+    for (int i = 0; i < n; i++) {
+        eng_seq *s = e->plan[i];
+        int chunk = s->in_step;
+        if (chunk > 0) add_to_step(e, s, chunk, chunk == s->n_toks - s->n_computed);
+    }
+}
+
+/* Distinct clients (not 0) with running or waiting sequences. */
+static int active_clients(const engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if ((s->state != SQ_RUN && s->state != SQ_WAIT) || !s->req->client) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) {
+            const eng_seq *t = &e->seqs[j];
+            seen = (t->state == SQ_RUN || t->state == SQ_WAIT) && t->req->client == s->req->client;
+        }
+        n += !seen;
+    }
+    return n;
+}
+
+/* The running sequence the client holding the most running sequences gives up, or NULL
+ * when no client (0 excepted) holds more than `share`: its youngest unpaused one, as
+ * that frees a batch slot (a paused one holds none, and admission has already taken
+ * the blocks of any paused one in its way: make_room). */
+static eng_seq *fair_victim(engine *e, int share) {
+    eng_seq *heavy = NULL, *v = NULL;
+    int most = share;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        int load = s->state == SQ_RUN ? client_load(e, s) : 0;
+        if (load > most) most = load, heavy = s;
+    }
+    for (int i = 0; heavy && i < e->cfg.max_seqs; i++) {
+        eng_seq *s = &e->seqs[i];
+        if (s->state != SQ_RUN || s->req->client != heavy->req->client) continue;
+        if (v && v->req->paused != s->req->paused) {
+            if (!s->req->paused) v = s;
+            continue;
+        }
+        if (!v || s->order > v->order || (s->order == v->order && s->sample > v->sample)) v = s;
+    }
+    return v;
+}
+
+/* One client's many requests must not keep another's first one waiting until one of
+ * them ends: when an unpaused waiting sequence whose client has nothing running finds
+ * the batch full (or the last admission found the KV pool full for such a one), the
+ * client holding the most running sequences gives up its youngest, if it holds more
+ * than its fair share (the batch over the active clients, at least 1). At most one per
+ * step, and the victim's client still has sequences running, so its own wait triggers
+ * nothing: no thrash. The victim recomputes later, like any preempted sequence. */
+static void fair_preempt(engine *e) {
+    int kv_full = e->fair_kv, running = 0, unpaused = 0, starved = 0;
+    e->fair_kv = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        running += s->state == SQ_RUN;
+        unpaused += s->state == SQ_RUN && !s->req->paused;
+    }
+    if (unpaused < e->max_batch && !kv_full) return;
+    for (int i = 0; i < e->cfg.max_seqs && !starved; i++) {
+        const eng_seq *s = &e->seqs[i];
+        starved = s->state == SQ_WAIT && !s->req->paused && s->req->client && client_load(e, s) == 0;
+    }
+    if (!starved) return;
+    int cap = running < e->max_batch ? running : e->max_batch; /* what the pool or batch holds */
+    int share = cap / active_clients(e);
+    eng_seq *v = fair_victim(e, share > 1 ? share : 1);
+    if (v) preempt(e, v);
+}
+
 int eng_step_begin(engine *e) {
     if (e->busy) return -EBUSY;
     e->b_n_tok = e->b_n_seq = e->b_n_logit = 0;
@@ -544,6 +783,7 @@ int eng_step_begin(engine *e) {
     eng_seq **c = e->cand;
     if (e->kv8) kv8_pass(e);
     if (e->max_batch < e->cfg.max_batch_size) shrink_running(e);
+    fair_preempt(e);
 
     /* 1. running decodes (one token left to compute), oldest first */
     int n = collect(e, SQ_RUN, c);
@@ -553,34 +793,9 @@ int eng_step_begin(engine *e) {
         if (make_room(e, s, s->n_computed + 1, ROOM_PREEMPT) < 0) continue;
         add_to_step(e, s, 1, 1);
     }
-    /* 2. running prefills (admitted, several tokens left): the next chunk each */
-    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
-        eng_seq *s = c[i];
-        int left = s->n_toks - s->n_computed;
-        if (s->state != SQ_RUN || s->req->paused || s->in_step || left <= 1) continue;
-        int chunk = fit_chunk(e, s, left < budget - e->b_n_tok ? left : budget - e->b_n_tok);
-        if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT) < 0) continue;
-        add_to_step(e, s, chunk, chunk == left);
-    }
-    /* 3. waiting sequences, fewest-running client first, then oldest; they preempt only
-     * paused running ones, and a sequence that does not fit stops admission */
-    n = collect(e, SQ_WAIT, c);
-    int *load = e->cand_load;
-    for (int i = 0; i < n; i++) load[i] = client_load(e, c[i]);
-    for (int i; e->b_n_seq < max_seq && e->b_n_tok < budget && (i = pick_fair(c, load, n)) >= 0;) {
-        eng_seq *s = c[i];
-        c[i] = NULL;
-        if (admit(e, s) < 0) break;
-        int left = s->n_toks - s->n_computed;
-        int chunk = fit_chunk(e, s, left < budget - e->b_n_tok ? left : budget - e->b_n_tok);
-        if (make_room(e, s, s->n_computed + chunk, ROOM_PREEMPT_PAUSED) < 0) {
-            kv_seq_release(e->kv, s->kv);
-            s->kv = NULL, s->n_computed = 0, s->state = SQ_WAIT;
-            break;
-        }
-        add_to_step(e, s, chunk, chunk == left);
-        add_load(c, load, n, s->req->client);
-    }
+    /* 2. running prefills' next chunks and 3. waiting sequences, sharing what is left */
+    if (e->b_n_seq < max_seq && e->b_n_tok < budget)
+        add_prefills(e, max_seq - e->b_n_seq, budget - e->b_n_tok);
     if (e->b_n_tok == 0) return 0;
     e->batch = (model_batch){e->b_n_tok, e->b_tokens, e->b_pos, (kv_seq *const *)e->b_seq,
                              e->b_n_logit, e->b_rows};

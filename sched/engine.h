@@ -1,14 +1,25 @@
 /* engine: the request lifecycle and iteration-level (continuous) batching.
  *
  * Every step takes the running decodes first, then prefill chunks of waiting or
- * partially computed sequences, within max_batch_size sequences and
- * max_batched_tokens tokens, so a long prompt never stalls running streams for more
- * than one chunk. Each sequence is a token list plus how much of it has KV computed;
- * decode is the case of one token left. When the KV pool runs out, the youngest
- * sequence is preempted (its blocks freed, recomputed later), never dropped. n > 1
- * samples fork the prompt's page table (copy-on-write). Kernels give each token the
- * same arithmetic whatever its batch, so greedy output does not depend on what else
- * runs (batch invariance), on prefix-cache hits or on preemption.
+ * partially computed sequences, within max_batch_size sequences and max_batched_tokens
+ * tokens, so a long prompt never stalls running streams for more than one chunk. The
+ * tokens the decodes leave are water-filled over the sequences that want prefill
+ * (running prefills, then waiting ones in admission order): each gets min(what it
+ * needs, an even share), what a short one leaves goes to the others, so a short prompt
+ * is prefilled in the step it is admitted however long the prompt beside it, and a lone
+ * prefill still gets the whole rest. A waiting one whose prefill would span steps is
+ * admitted only if the pool holds the rest of its prompt besides what the other
+ * spanning prefills still need, so a shared budget does not start more long prefills
+ * than the pool can finish. Each sequence is a token list plus how much of it has KV
+ * computed; decode is the case of one token left. When the KV pool runs out, the
+ * youngest sequence is preempted (its blocks freed, recomputed later), never dropped.
+ * Clients (eng_params.client) share the batch: when a client with nothing running waits
+ * because the batch (or the pool) is full, the client holding the most running
+ * sequences, if more than its fair share (the batch over the active clients), gives up
+ * its youngest, at most one per step. n > 1 samples fork the prompt's page table
+ * (copy-on-write). Kernels give each token the same arithmetic whatever its batch, so greedy
+ * output does not depend on what else runs (batch invariance), on prefix-cache hits or
+ * on preemption.
  *
  * The engine is driven by eng_step_begin (build and submit a step; returns at once)
  * and eng_step_end (after the backend finished: sample, stream, retire). It is used
@@ -71,8 +82,12 @@ typedef struct {
     int logprobs;          /* report each token's logprob (a log-softmax over the
                             * vocabulary per token: skipped, and reported as 0, when off) */
     int client;            /* who asked (the server's connection): waiting requests are
-                            * admitted fewest-running-client first, so one client with
-                            * many requests cannot starve the others; 0 for all = FIFO */
+                            * admitted fewest-running-client first, and a client with
+                            * nothing running that finds the batch or the pool full makes
+                            * one holding more than its share (the batch over the clients
+                            * with work) give up its youngest sequence (one per step), so
+                            * one client with many requests cannot starve the others;
+                            * 0 = anyone: FIFO, never preempted for fairness */
     float *first_logits;   /* NULL, or n_vocab floats that get the logits the first token
                             * is sampled from (the prompt's last position: kilnd generate
                             * --dump-logits, compared with a reference) */

@@ -511,6 +511,154 @@ static void fairness(const model *m, const tok_t *tok) {
     rig_close(&g);
 }
 
+static int64_t submit_as(rig *g, const prompt *p, int max_tokens, int client, req_result *res) {
+    char err[256];
+    eng_params ep = {0};
+    ep.prompt = p->toks, ep.n_prompt = p->n, ep.n = 1, ep.ud = res, ep.client = client;
+    ep.ignore_eog = 1; /* run to max_tokens: the long ones stay long */
+    sampler_params_default(&ep.sp);
+    ep.sp.temperature = 0, ep.sp.max_tokens = max_tokens;
+    int64_t id = eng_submit(g->eng, &ep, err, sizeof err);
+    if (id < 0) fprintf(stderr, "submit: %s\n", err);
+    return id;
+}
+
+static int64_t steps_done(const rig *g) {
+    eng_stats st;
+    eng_get_stats(g->eng, &st);
+    return st.steps;
+}
+
+/* Issue 24 (a): a prompt of 8 steps' budget is prefilling when a 4-token one arrives;
+ * the short one shares the budget and has its first token within 2 steps instead of
+ * after the long prefill, the long one still takes the rest of every step, and both
+ * produce the tokens they produce alone (chunks of other sizes change nothing). */
+static void prefill_share(const model *m, const tok_t *tok, int fake) {
+    enum { T = 64, OUT = 8 };
+    static prompt pl, ps;
+    static req_result rl, rs, alone_l, alone_s;
+    const char *kind = fake ? "fake" : "model";
+    make_prompt(&pl, 8 * T, 601), make_prompt(&ps, 4, 602);
+    rig g;
+    if (rig_open(&g, m, tok, 64, 8, 640, 8, T, 0, fake) < 0) { CHECK(0, "rig"); return; }
+    memset(&rl, 0, sizeof rl), memset(&rs, 0, sizeof rs);
+    memset(&alone_l, 0, sizeof alone_l), memset(&alone_s, 0, sizeof alone_s);
+    submit_as(&g, &pl, OUT, 0, &alone_l);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: long alone", kind);
+    submit_as(&g, &ps, OUT, 0, &alone_s);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: short alone", kind);
+    int64_t t0 = steps_done(&g);
+    submit_as(&g, &pl, OUT, 0, &rl);
+    if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng); /* the long one is prefilling */
+    int64_t t1 = steps_done(&g);
+    submit_as(&g, &ps, OUT, 0, &rs);
+    CHECK(eng_run_sync(g.eng) == 0, "%s prefill share: run", kind);
+    int64_t wait = rs.usage[0].first_step - t1, long_first = rl.usage[0].first_step - t0;
+    CHECK(rs.usage[0].first_step >= 0 && wait <= 2,
+          "%s prefill share: the short prompt's first token came %lld steps after it", kind,
+          (long long)wait);
+    /* every step full: the long prefill plus the short one's tokens, at T a step */
+    CHECK(long_first <= (pl.n + ps.n + OUT) / T + 2,
+          "%s prefill share: the long prompt's first token at step %lld (budget unused?)", kind,
+          (long long)long_first);
+    CHECK(rl.finished[0] == 1 && rs.finished[0] == 1 && same_outputs(&rl, &alone_l, 1) &&
+          same_outputs(&rs, &alone_s, 1), "%s prefill share: output differs from the solo runs", kind);
+    printf("%s prefill share: %d-token prompt, then a 4-token one: its first token %lld step(s) later, "
+           "the long one's at step %lld\n", kind, pl.n, (long long)wait, (long long)long_first);
+    pool_ok(&g, "prefill share");
+    rig_close(&g);
+}
+
+/* Issue 24 (b): client 1 fills the batch with long requests; client 2's one short
+ * request gets its first token within 3 steps: client 1's youngest gives way once (and
+ * only once: no thrash), recomputes, and every request produces its solo tokens. With
+ * everyone client 0 ("anyone"), nothing is preempted and the newcomer waits (FIFO). */
+static void batch_share(const model *m, const tok_t *tok, int fake) {
+    enum { B = 4, OUT = 40 };
+    static prompt p[B + 1];
+    static req_result r[B + 1], alone[B + 1];
+    const char *kind = fake ? "fake" : "model";
+    rig g;
+    if (rig_open(&g, m, tok, 128, 16, 256, B, 64, 0, fake) < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i <= B; i++) {
+        make_prompt(&p[i], i < B ? 10 + i : 6, 700u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]);
+        submit_as(&g, &p[i], i < B ? OUT : 4, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s batch share: alone %d", kind, i);
+    }
+    for (int anyone = 0; anyone < (fake ? 2 : 1); anyone++) {
+        memset(r, 0, sizeof r);
+        for (int i = 0; i < B; i++) submit_as(&g, &p[i], OUT, anyone ? 0 : 1, &r[i]);
+        for (int s = 0; s < 3; s++) /* all B prefilled and decoding */
+            if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+        int64_t t1 = steps_done(&g);
+        submit_as(&g, &p[B], 4, anyone ? 0 : 2, &r[B]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s batch share: run", kind);
+        int same = 0, fin = 0, pre = 0;
+        for (int i = 0; i <= B; i++) {
+            same += same_outputs(&r[i], &alone[i], 1);
+            fin += r[i].finished[0] == 1;
+            pre += r[i].usage[0].preemptions;
+        }
+        int64_t wait = r[B].usage[0].first_step - t1;
+        CHECK(same == B + 1 && fin == B + 1, "%s batch share%s: %d identical to alone, %d finished",
+              kind, anyone ? " (client 0)" : "", same, fin);
+        if (anyone) {
+            CHECK(pre == 0 && wait > OUT - 3, "client 0: %d preemptions, first token after %lld steps",
+                  pre, (long long)wait);
+        } else {
+            CHECK(wait <= 3, "%s batch share: client 2's first token came %lld steps after it", kind,
+                  (long long)wait);
+            CHECK(pre == 1 && r[B].usage[0].preemptions == 0,
+                  "%s batch share: %d preemptions, not the one fairness preemption", kind, pre);
+        }
+        printf("%s batch share%s: %d long requests fill the batch, the next one's first token "
+               "%lld step(s) later, %d preemption(s), all identical to alone\n", kind,
+               anyone ? " (client 0)" : "", B, (long long)wait, pre);
+    }
+    pool_ok(&g, "batch share");
+    rig_close(&g);
+}
+
+/* The same when the KV pool, not the batch, is what client 1 fills: 4 requests hold
+ * all 20 blocks (5 each) of a batch of 8; client 2's arrival does not fit, so at the
+ * next step client 1's youngest gives way, once, and client 2's first token comes
+ * within 3 steps rather than when one of client 1's ends (11 steps later). */
+static void kv_share(const model *m, const tok_t *tok) {
+    enum { N = 4, OUT = 60 };
+    static prompt p[N + 1];
+    static req_result r[N + 1], alone[N + 1];
+    rig g;
+    if (rig_open(&g, m, tok, 20, 16, 256, 8, 64, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i <= N; i++) {
+        make_prompt(&p[i], i < N ? 16 : 20, 800u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
+        submit_as(&g, &p[i], i < N ? OUT : 4, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "kv share: alone %d", i);
+    }
+    for (int i = 0; i < N; i++) submit_as(&g, &p[i], OUT, 1, &r[i]);
+    for (int s = 0; s < 50; s++) /* 66 tokens each: 5 blocks, the whole pool */
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    CHECK(kv_free_blocks(&g.kv) == 0, "kv share: %d blocks free, not a full pool", kv_free_blocks(&g.kv));
+    int64_t t1 = steps_done(&g);
+    submit_as(&g, &p[N], 4, 2, &r[N]);
+    CHECK(eng_run_sync(g.eng) == 0, "kv share: run");
+    int same = 0, fin = 0, pre = 0;
+    for (int i = 0; i <= N; i++) {
+        same += same_outputs(&r[i], &alone[i], 1);
+        fin += r[i].finished[0] == 1;
+        pre += r[i].usage[0].preemptions;
+    }
+    int64_t wait = r[N].usage[0].first_step - t1;
+    CHECK(same == N + 1 && fin == N + 1, "kv share: %d identical to alone, %d finished", same, fin);
+    CHECK(wait <= 3 && pre == 1, "kv share: client 2's first token %lld steps later, %d preemptions",
+          (long long)wait, pre);
+    printf("kv share: %d requests fill the pool, the next one's first token %lld step(s) later, "
+           "%d preemption(s), all identical to alone\n", N, (long long)wait, pre);
+    pool_ok(&g, "kv share");
+    rig_close(&g);
+}
+
 /* A 512-token prefix computed once is reused by the next request. */
 static void prefix_reuse(const model *m, const tok_t *tok) {
     static prompt a, b;
@@ -576,7 +724,12 @@ int main(void) {
     pausing(&m, &tok);
     shrinking(&m, &tok);
     fairness(&m, &tok);
+    prefill_share(&m, &tok, 1);
+    batch_share(&m, &tok, 1);
+    kv_share(&m, &tok);
     forks(&m, &tok, 0);
+    prefill_share(&m, &tok, 0);
+    if (!SLOW) batch_share(&m, &tok, 0);
     /* real model: 32 requests together, 8 of them also alone (the sanitizer build runs
      * a smaller set); pools of 40 / 12 blocks cannot hold them all at once */
     invariance(&m, &tok, 0, SLOW ? 8 : 32, SLOW ? 3 : 8, SLOW ? 48 : 96, SLOW ? 6 : 12,
