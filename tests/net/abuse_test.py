@@ -6,13 +6,17 @@ Run by tests/net/serve.sh host abuse (host sockets; kilnd's own or its ASan buil
 attack a well-behaved client, meanwhile, connects, says HELLO and generates 8 tokens (the
 probe), and /healthz on the metrics port is asked every 100 ms. Each attack passes when:
   - the probe's time stays within 2x its unloaded time + 100 ms (the median of 3 unloaded
-    probes first; the attack's worst of its probes),
+    probes first; the attack's worst of its probes); for the attacks that share the
+    engine's steps with the probe (a full batch, long prefills) its time to the first
+    token, as each of its 8 steps then costs more however fair the scheduling (the whole
+    probe's time is printed),
   - every /healthz probe is answered 200,
   - the loop's longest pass (kiln_event_loop_pass_max_seconds) stays under 100 ms.
 The attacks: a TLS connection sending empty lines without pause (before and after HELLO),
 300 TCP connections that never start TLS, 256 greeted sessions left idle, 80 half-sent
-HTTP requests on the metrics port, and 100,000 pipelined HEALTHs (every one answered; the
-server stops reading while its answers wait, instead of resetting the connection).
+HTTP requests on the metrics port, 64 long GENs on one connection, 900-token prompts back
+to back, and 100,000 pipelined HEALTHs (every one answered; the server stops reading
+while its answers wait, instead of resetting the connection).
 
   abuse_test.py --host H --port P --metrics-port M --ca ca.crt --user-token T
       --admin-token A --expect expect.json
@@ -31,12 +35,19 @@ PROBE_PROMPT = "Say hello."
 ATTACK_S = 3.0
 
 
-def probe_once(tag):
+def probe_once(tag, first=None):
+    """Connect, HELLO, 8 tokens: the seconds it took (first: a list that gets the seconds
+    to the first token)."""
     t0 = time.time()
     c = Conn(timeout=30)
     if not c.hello.startswith("OK kiln/1"):
         raise RuntimeError("HELLO: " + c.hello)
     c.send(gen_line(tag, PROBE_PROMPT, 8, "ignore_eos=1"))
+    l = c.line()
+    if first is not None:
+        first.append(time.time() - t0)
+    if not l.startswith("TOK " + tag):
+        raise RuntimeError(l)
     r = collect(c, [tag])[tag]
     c.close()
     if not r[1].startswith("END " + tag):
@@ -51,6 +62,7 @@ class Watch:
         self.name, self.stop = name, threading.Event()
         self.health = []   # (status or exception text)
         self.probes = []   # seconds, or exception text
+        self.first = []    # seconds to the first token
         self.t = [threading.Thread(target=self.healthz, daemon=True),
                   threading.Thread(target=self.probe, daemon=True)]
 
@@ -68,7 +80,7 @@ class Watch:
         while not self.stop.is_set():
             k += 1
             try:
-                self.probes.append(probe_once("p%d" % k))
+                self.probes.append(probe_once("p%d" % k, self.first))
             except Exception as e:  # noqa: BLE001
                 self.probes.append(repr(e))
 
@@ -88,12 +100,16 @@ def loop_max_s():
     return metric(body, "kiln_event_loop_pass_max_seconds")
 
 
-def judge(w, base):
-    bound = 2 * base + 0.1
-    times = [p for p in w.probes if isinstance(p, float)]
+def judge(w, base, engine=False):
+    """engine: the attack shares the engine's steps with the probe (a full batch, long
+    prefills), so each of its 8 steps costs more whatever the scheduling: what fairness
+    owes it is its turn, so the bound is on the time to its first token (base[1])."""
+    bound = 2 * base[engine] + 0.1
+    times = [p for p in (w.first if engine else w.probes) if isinstance(p, float)]
     bad = [p for p in w.probes if not isinstance(p, float)]
     worst = max(times) if times else None
-    check("%s: the probe connects, greets and gets 8 tokens within 2x + 100 ms (%.2f s)" % (w.name, bound),
+    what = "its first token" if engine else "8 tokens"
+    check("%s: the probe connects, greets and gets %s within 2x + 100 ms (%.2f s)" % (w.name, what, bound),
           times and not bad and worst <= bound,
           "%d probes, worst %s s, errors %s" % (len(w.probes), "%.2f" % worst if worst else "-", bad[:2]))
     unanswered = [h for h in w.health if h != 200]
@@ -101,8 +117,11 @@ def judge(w, base):
           "%d asked, not 200: %s" % (len(w.health), unanswered[:3]))
     lm = loop_max_s()
     check("%s: the loop's longest pass is under 100 ms" % w.name, lm is not None and lm < 0.1, "%r s" % lm)
-    print("     %s: %d probes, worst %.3f s (unloaded %.3f s); %d /healthz; longest loop pass %.1f ms" % (
-        w.name, len(times), worst or 0, base, len(w.health), (lm or 0) * 1e3), flush=True)
+    full = [p for p in w.probes if isinstance(p, float)]
+    print("     %s: %d probes, 8 tokens within %.3f s (unloaded %.3f s), the first within %.3f s (unloaded "
+          "%.3f s); %d /healthz; longest loop pass %.1f ms" % (
+              w.name, len(full), max(full or [0]), base[0], max(w.first or [0]), base[1], len(w.health),
+              (lm or 0) * 1e3), flush=True)
 
 
 def tls_raw():
@@ -212,6 +231,43 @@ def attack_slow_http(base):
     judge(w, base)
 
 
+def attack_many_gens(base):
+    """One connection with 64 GENs of 900 tokens each: the batch (32) full, 32 more waiting."""
+    c = Conn(timeout=120)
+    for i in range(64):
+        c.send(gen_line("g%d" % i, "Write a long story about the sea.", 900, "ignore_eos=1"))
+    c.line()  # running
+    time.sleep(0.5)
+    with Watch("64 long GENs on one connection") as w:
+        time.sleep(ATTACK_S)
+    c.close()  # its requests are cancelled
+    judge(w, base, engine=True)
+
+
+def attack_long_prompt(base):
+    """Prompts of ~900 tokens, one after another: a short request must not wait behind
+    their prefill."""
+    stop = threading.Event()
+
+    def push():
+        c = Conn(timeout=120)
+        k = 0
+        while not stop.is_set():
+            k += 1
+            c.send(gen_line("L%d" % k, "sea " * 880 + str(k), 4))
+            collect(c, ["L%d" % k])
+        c.close()
+
+    t = threading.Thread(target=push, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    with Watch("900-token prompts back to back") as w:
+        time.sleep(ATTACK_S)
+    stop.set()
+    t.join(timeout=60)
+    judge(w, base, engine=True)
+
+
 def pipelined_health():
     """100,000 HEALTH lines at once (6 MB of answers, over the connection's 4 MB hard limit),
     not read for 2 s (a small receive buffer, so the kernel cannot hold the answers): the
@@ -253,14 +309,19 @@ def main():
         ap.add_argument(k, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--metrics-port", type=int, required=True)
+    ap.add_argument("--only", default="", help="attacks by index, e.g. 5,6 (development)")
     sc.A = ap.parse_args()
     sc.A.kilnd_pid = 0
     probe_once("warm")
-    base = statistics.median(probe_once("b%d" % i) for i in range(3))
-    print("     unloaded probe: %.3f s" % base)
+    first = []
+    base = (statistics.median(probe_once("b%d" % i, first) for i in range(3)), statistics.median(first))
+    print("     unloaded probe: %.3f s, first token %.3f s" % base)
     steps = [lambda: attack_flood(base, False), lambda: attack_flood(base, True),
              lambda: attack_bare_sockets(base), lambda: attack_idle_sessions(base),
-             lambda: attack_slow_http(base), pipelined_health]
+             lambda: attack_slow_http(base), lambda: attack_many_gens(base),
+             lambda: attack_long_prompt(base), pipelined_health]
+    if sc.A.only:
+        steps = [steps[int(i)] for i in sc.A.only.split(",")]
     for fn in steps:
         try:
             fn()

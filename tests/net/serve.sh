@@ -127,7 +127,7 @@ if [ "$CHECKS" = sdk ]; then
 elif [ "$CHECKS" = abuse ]; then
   timeout 600 "${RUN_C[@]}" python3 "$HERE/abuse_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
-    --expect "$W/expect.json" || rc=1
+    --expect "$W/expect.json" ${ABUSE_ONLY:+--only "$ABUSE_ONLY"} || rc=1
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \
