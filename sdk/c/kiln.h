@@ -101,6 +101,22 @@ typedef struct kiln_client kiln_client;
  * o and its strings are copied. */
 KILN_API kiln_client *kiln_connect(const kiln_options *o, kiln_error *err);
 
+/* A raw byte stream instead of a session: the same connect (failover, retries, TLS
+ * verified against o->ca_file, mTLS) but no HELLO, for speaking another protocol, such
+ * as HTTP/1.1 to kilnd's OpenAI API or to another server. plain: TCP without TLS (an
+ * http:// server; ca_file is then not needed); o->token is not used. Free with
+ * kiln_close (which sends nothing). The kiln_gen/verb calls must not be used on it. */
+KILN_API kiln_client *kiln_raw_open(const kiln_options *o, int plain, kiln_error *err);
+/* Writes all of buf, reconnecting first when the connection is down (after a hangup or
+ * an error). Bounded by io_timeout_ms. 0, or a code (the connection is then dropped). */
+KILN_API int kiln_raw_write(kiln_client *c, const void *buf, size_t len, kiln_error *err);
+/* Up to cap bytes that arrived, waiting at most timeout_ms: > 0 bytes, 0 nothing in
+ * time, < 0 a code (KILN_ECLOSED when the server closed; the connection is dropped). */
+KILN_API long kiln_raw_read(kiln_client *c, void *buf, size_t cap, int timeout_ms,
+                            kiln_error *err);
+/* Closes the connection (the server said Connection: close); c stays usable. */
+KILN_API void kiln_raw_hangup(kiln_client *c);
+
 /* Sends QUIT (best effort, waiting at most 200 ms to write it), closes the connection
  * and frees c. Requests still in flight (or waiting for a retry) get on_end with
  * KILN_ECLOSED ("client closed") from inside this call. c may be NULL. */

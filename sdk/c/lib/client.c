@@ -230,7 +230,7 @@ static int open_box(kiln_client *c, const kl_box *b, kiln_error *err) {
     int r = kl_tls_open(c, b, deadline, err);
     if (r)
         return r;
-    r = hello(c, deadline, err);
+    r = c->raw ? 0 : hello(c, deadline, err);
     if (r) {
         char m[KILN_MSG_MAX];
         snprintf(m, sizeof m, "%s", err ? err->message : "");
@@ -327,16 +327,17 @@ static char *dup_opt(const char *s, int *fail) {
     return d;
 }
 
-static int check_options(const kiln_options *o, kiln_error *err) {
+/* raw: no HELLO, so no token needed; plain: no TLS, so no CA either. */
+static int check_options(const kiln_options *o, int raw, int plain, kiln_error *err) {
     if (!o || !o->hosts || !o->hosts[0]) {
         kl_err(err, KILN_EINVAL, "no hosts given");
         return KILN_EINVAL;
     }
-    if (!o->token || !o->token[0]) {
+    if (!raw && (!o->token || !o->token[0])) {
         kl_err(err, KILN_EINVAL, "no token given");
         return KILN_EINVAL;
     }
-    if (!o->ca_file || !o->ca_file[0]) {
+    if (!plain && (!o->ca_file || !o->ca_file[0])) {
         kl_err(err, KILN_EINVAL, "no CA file given (the server must be verified)");
         return KILN_EINVAL;
     }
@@ -390,10 +391,10 @@ static void free_client(kiln_client *c) {
     free(c);
 }
 
-kiln_client *kiln_connect(const kiln_options *o, kiln_error *err) {
+kiln_client *kl_client_new(const kiln_options *o, int raw, int plain, kiln_error *err) {
     if (err)
         *err = (kiln_error){0, ""};
-    if (check_options(o, err))
+    if (check_options(o, raw, plain, err))
         return NULL;
     kiln_client *c = calloc(1, sizeof *c);
     if (!c) {
@@ -403,16 +404,15 @@ kiln_client *kiln_connect(const kiln_options *o, kiln_error *err) {
     c->fd = -1;
     c->next_h = 1;
     c->next_wire = 1;
+    c->raw = raw, c->plain = plain;
     /* kl_tls_init before any failure path: free_client frees its contexts. */
     int r = kl_tls_init(c, err);
     if (!r)
         r = copy_options(c, o, err);
     if (!r)
         r = parse_hosts(c, err);
-    if (!r)
+    if (!r && !plain)
         r = kl_tls_init_files(c, err);
-    if (!r)
-        r = kl_ensure(c, err);
     if (r) {
         free_client(c);
         return NULL;
@@ -420,10 +420,27 @@ kiln_client *kiln_connect(const kiln_options *o, kiln_error *err) {
     return c;
 }
 
+/* Also kiln_raw_open's second half: the options' checks differ, connecting does not. */
+static kiln_client *connect_new(kiln_client *c, kiln_error *err) {
+    if (c && kl_ensure(c, err)) {
+        free_client(c);
+        return NULL;
+    }
+    return c;
+}
+
+kiln_client *kiln_connect(const kiln_options *o, kiln_error *err) {
+    return connect_new(kl_client_new(o, 0, 0, err), err);
+}
+
+kiln_client *kiln_raw_open(const kiln_options *o, int plain, kiln_error *err) {
+    return connect_new(kl_client_new(o, 1, plain, err), err);
+}
+
 void kiln_close(kiln_client *c) {
     if (!c)
         return;
-    if (c->up && !c->broken) {
+    if (c->up && !c->broken && !c->raw) {
         /* Best effort and brief: QUIT lets the server log a clean end. */
         static const char quit[] = "QUIT\n";
         kiln_error e;

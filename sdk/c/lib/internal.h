@@ -93,6 +93,10 @@ struct kiln_client {
 
     kl_req *reqs;
     uint64_t next_h, next_wire;
+
+    /* kiln_raw_open: a byte stream for another protocol (HTTP): no HELLO, and with
+     * plain no TLS either (fd alone) */
+    int raw, plain;
 };
 
 /* lines.c */
@@ -121,6 +125,8 @@ int kl_tls_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_m
                  kiln_error *err);
 
 /* client.c */
+/* A client with its options, boxes and TLS material, not yet connected. NULL + err. */
+kiln_client *kl_client_new(const kiln_options *o, int raw, int plain, kiln_error *err);
 /* Connect (failover over the boxes, rounds with backoff) when not up. 0 or a code. */
 int kl_ensure(kiln_client *c, kiln_error *err);
 /* "ERR <id> <code> <slug> [msg=...]" into err: the code, or KILN_EPROTO. */

@@ -2,7 +2,8 @@
  * the mbedTLS client (TLS 1.3 and 1.2 with AEAD suites only, the server verified
  * against the caller's CA and name, optional client certificate), and record I/O on
  * a non-blocking socket where every wait is a poll bounded by a deadline. Our own BIO
- * callbacks use send(MSG_NOSIGNAL) so a closed peer never raises SIGPIPE. */
+ * callbacks use send(MSG_NOSIGNAL) so a closed peer never raises SIGPIPE. A plain client
+ * (kiln_raw_open's, for an http:// server) uses the same socket calls without TLS. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -287,6 +288,11 @@ int kl_tls_open(kiln_client *c, const kl_box *b, int64_t deadline_ms, kiln_error
     if (fd < 0)
         return fd;
     c->fd = fd;
+    if (c->plain) {
+        kl_buf_reset(c);
+        c->last_rx_ms = kl_now_ms();
+        return 0;
+    }
     mbedtls_ssl_init(&c->ssl);
     c->ssl_live = 1;
     const char *name = c->o.server_name ? c->o.server_name : b->host;
@@ -362,14 +368,38 @@ static int read_error(kiln_client *c, int r, kiln_error *err) {
     return KILN_ETLS;
 }
 
-int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
-    if (!c->ssl_live) {
-        kl_err(err, KILN_ECLOSED, "not connected");
-        return KILN_ECLOSED;
+/* The plain twin of the TLS read loop below. */
+static int plain_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
+    for (;;) {
+        ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+        if (r > 0) {
+            c->rlen += (size_t)r;
+            c->last_rx_ms = kl_now_ms();
+            return (int)r;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return read_error(c, r == 0 || errno == ECONNRESET ? 0 : MBEDTLS_ERR_NET_RECV_FAILED,
+                              err);
+        if (!wait_fd(c->fd, POLLIN, deadline_ms))
+            return 0;
     }
+}
+
+static int live(const kiln_client *c, kiln_error *err) {
+    if (c->ssl_live || (c->plain && c->fd >= 0))
+        return 1;
+    kl_err(err, KILN_ECLOSED, "not connected");
+    return 0;
+}
+
+int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
+    if (!live(c, err))
+        return KILN_ECLOSED;
     int br = buf_room(c, 16384, err);
     if (br)
         return br;
+    if (c->plain)
+        return plain_read(c, deadline_ms, err);
     for (;;) {
         int r = mbedtls_ssl_read(&c->ssl, (unsigned char *)c->rbuf + c->rlen,
                                  c->rcap - c->rlen);
@@ -392,13 +422,35 @@ int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
     }
 }
 
+/* The plain twin of the TLS write loop below. */
+static int plain_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
+                       kiln_error *err) {
+    size_t off = 0;
+    while (off < len) {
+        ssize_t r = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
+        if (r > 0) {
+            off += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            kl_err(err, KILN_ECLOSED, "%s: connection lost while sending", c->server);
+            return KILN_ECLOSED;
+        }
+        if (!wait_fd(c->fd, POLLOUT, deadline_ms)) {
+            kl_err(err, KILN_ETIMEOUT, "%s: send timed out", c->server);
+            return KILN_ETIMEOUT;
+        }
+    }
+    return 0;
+}
+
 int kl_tls_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
                  kiln_error *err) {
     char m[128];
-    if (!c->ssl_live) {
-        kl_err(err, KILN_ECLOSED, "not connected");
+    if (!live(c, err))
         return KILN_ECLOSED;
-    }
+    if (c->plain)
+        return plain_write(c, buf, len, deadline_ms, err);
     size_t off = 0;
     while (off < len) {
         /* After WANT_*, mbedTLS expects the same call again: off only moves on
