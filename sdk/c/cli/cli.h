@@ -206,6 +206,10 @@ void cli_kiln_err(const kiln_error *e);
 /* Resolves the settings (file < env < flags) and connects. NULL with *rc set to the
  * exit status (1 failure, 2 bad settings) after printing why. */
 kiln_client *cli_connect(const cli_global *g, int *rc);
+/* A raw byte stream to hostport (TLS, or TCP when plain) with the resolved CA, client
+ * certificate, timeouts and retries; for bench --openai. NULL with *rc as above. */
+kiln_client *cli_connect_raw(const cli_global *g, const char *hostport, int plain, int *rc);
+const char *cli_token(void); /* the resolved token ("" when none), after cli_connect_raw */
 /* --retries in force (after cli_connect), for the CLI's own resends. */
 int cli_retries(void);
 

@@ -133,6 +133,48 @@ kiln_client *cli_connect(const cli_global *g, int *rc) {
     return c;
 }
 
+/* A raw stream to one host:port (bench --openai's HTTP): the resolved settings' CA,
+ * client certificate, server name, timeout and retries, but not their hosts. plain: an
+ * http:// server, no TLS. The token is the caller's (an Authorization header). */
+kiln_client *cli_connect_raw(const cli_global *g, const char *hostport, int plain, int *rc) {
+    *rc = EXIT_USAGE;
+    if (conf_resolve(g, &cf) < 0) return NULL;
+    if (!plain && !cf.ca[0]) {
+        cli_err("no CA to check the server certificate against: give --ca FILE, KILN_CA "
+                "or `ca =` in the config file (or use an http:// URL)");
+        return NULL;
+    }
+    const char *files[] = {cf.ca, cf.cert, cf.key}, *what[] = {"CA", "certificate", "key"};
+    for (int i = plain ? 3 : 0; i < 3; i++)
+        if (files[i][0] && access(files[i], R_OK) < 0) {
+            cli_err("%s file %s: %s", what[i], files[i], strerror(errno));
+            return NULL;
+        }
+    kiln_options o;
+    kiln_options_init(&o);
+    o.hosts = hostport;
+    o.ca_file = cf.ca;
+    o.server_name = cf.server_name[0] ? cf.server_name : NULL;
+    o.cert_file = cf.cert[0] ? cf.cert : NULL;
+    o.key_file = cf.key[0] ? cf.key : NULL;
+    if (cf.set & CS_TIMEOUT) o.connect_timeout_ms = o.io_timeout_ms = cf.timeout_ms;
+    if (cf.set & CS_RETRIES) o.retries = cf.retries;
+    if (g->verbose) o.on_retry = on_retry;
+    retries_in_force = o.retries;
+    kiln_error err = {0};
+    kiln_client *c = kiln_raw_open(&o, plain, &err);
+    *rc = EXIT_FAIL;
+    if (!c) {
+        cli_kiln_err(&err);
+        return NULL;
+    }
+    *rc = EXIT_OK;
+    return c;
+}
+
+/* The token in force (flags > env > file), "" when none; after cli_connect_raw. */
+const char *cli_token(void) { return cf.token; }
+
 /* ------------------------------------------------------------------ streaming */
 
 /* Appends text to a malloc'd buffer of at most max bytes (NUL-terminated). -1 when it

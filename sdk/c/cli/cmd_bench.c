@@ -1,7 +1,8 @@
 /* cmd_bench.c: `kiln bench` - keep C requests in flight over K connections and measure
  * what the client sees: request throughput, output tokens/s, time to first token,
  * inter-token latency, errors by code, and lost requests (submitted but never ended,
- * which must be 0).
+ * which must be 0). With --openai URL the same load goes to any OpenAI-compatible server
+ * as streaming chat over HTTP (bench_oai.c), measured and reported the same way.
  *
  * One thread per connection: a kiln_client belongs to one thread at a time, and a
  * thread blocked in kiln_pump (poll) costs no CPU, where one thread round-robining K
@@ -16,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "bench.h"
 
 #define MAX_CONCURRENCY 4096
 #define MAX_CONNECTIONS 256
@@ -35,26 +36,6 @@ typedef struct {
     int got_first;
 } slot;
 
-typedef struct {
-    /* settings */
-    int concurrency, connections, json, csv, progress, verbose;
-    long requests;   /* 0: time-bound */
-    double duration; /* 0: count-bound */
-    int prompt_tokens;
-    gen_opts gen;
-    char **prompts;  /* --prompt-file lines (NULL: synthetic) */
-    long n_prompts;
-    char *file_buf;
-    char *synth;     /* the synthetic body, ~prompt_tokens words */
-    unsigned nonce;  /* per run, in front of each synthetic prompt (see make_synthetic) */
-    /* shared, under mu */
-    pthread_mutex_t mu;
-    long next;       /* requests claimed */
-    int stop;        /* Ctrl-C: submit nothing more, cancel what is in flight */
-    int workers_done;
-    double t_start, t_last_end;
-    bench_report rep;
-} bench;
 
 struct worker {
     bench *b;
@@ -64,8 +45,6 @@ struct worker {
     slot *slots;
     char *prompt_buf; /* the synthetic prompt being sent (libkiln copies it) */
     size_t prompt_cap;
-    pthread_t th;
-    int started;      /* th was created */
 };
 
 static void bench_help(void) {
@@ -91,6 +70,18 @@ static void bench_help(void) {
            "  --csv               a CSV header and one row on stdout\n"
            "  --no-progress       no progress bar (drawn on stderr only when a terminal)\n"
            "  -v, --verbose       connection details and retries on stderr\n"
+           "  --openai URL        drive an OpenAI-compatible server instead (kilnd's\n"
+           "                      https://host:8443, llama-server's http://host:8080; a\n"
+           "                      path such as /v1 is the API base): C connections, each\n"
+           "                      one streaming POST .../chat/completions at a time\n"
+           "                      (keep-alive), the prompt as one user message, stream_options\n"
+           "                      include_usage, temperature 0 unless --temperature; tokens\n"
+           "                      from the usage chunk, TTFT to the first content delta.\n"
+           "                      --token is sent as a Bearer token, --ca checks https\n"
+           "  --openai-extra J    body fields added to each request, as JSON members\n"
+           "                      (default '\"ignore_eos\":true'; '' for none)\n"
+           "  --openai-model M    the request's model (default: the first of GET /v1/models)\n"
+           "                      (other sampling flags are not sent: use --openai-extra)\n"
            "Sampling flags as for generate (--temperature, --top-k, ...); chat mode is off\n"
            "unless --chat. Ctrl-C stops sending, cancels what is in flight and reports.\n"
            "Exit status 1 when requests were lost or none completed.\n\n",
@@ -122,6 +113,9 @@ static int bench_args(int argc, char **argv, cli_global *g, bench *b, const char
         else if (argp_is(&p, "--json")) k = argp_no_value(&p), b->json = 1;
         else if (argp_is(&p, "--csv")) k = argp_no_value(&p), b->csv = 1;
         else if (argp_is(&p, "--no-progress")) k = argp_no_value(&p), b->progress = 0;
+        else if (argp_is(&p, "--openai")) k = argp_str(&p, &b->openai);
+        else if (argp_is(&p, "--openai-extra")) k = argp_str(&p, &b->oai_extra);
+        else if (argp_is(&p, "--openai-model")) k = argp_str(&p, &b->oai_model);
         else if ((k = gen_flag(&p, &b->gen)) != 0 || (k = conf_flag(&p, g)) != 0) k = k < 0 ? -1 : 0;
         else return argp_unknown(&p);
         if (k < 0) return EXIT_USAGE;
@@ -138,6 +132,15 @@ static int bench_args(int argc, char **argv, cli_global *g, bench *b, const char
         cli_err("bench: --prompt-tokens and --prompt-file exclude each other");
         return EXIT_USAGE;
     }
+    if (!b->openai && (b->oai_extra || b->oai_model)) {
+        cli_err("bench: --openai-extra and --openai-model need --openai URL");
+        return EXIT_USAGE;
+    }
+    if (b->openai && b->connections) {
+        cli_err("bench: --openai opens one connection per client (--concurrency), not --connections");
+        return EXIT_USAGE;
+    }
+    if (!b->oai_extra) b->oai_extra = BENCH_OAI_EXTRA_DEFAULT;
     if (!b->requests && !(b->duration > 0)) b->requests = 100;
     if (!*file && !b->prompt_tokens) b->prompt_tokens = 128;
     return gen_check(&b->gen, "bench") < 0 ? EXIT_USAGE : EXIT_OK;
@@ -262,8 +265,7 @@ static void on_end(void *ud, int sample, int status, const kiln_usage *u, const 
 
 /* ------------------------------------------------------------------ workers */
 
-/* The next request's index, or -1 when there are no more to send. */
-static long claim(bench *b) {
+long bench_claim(bench *b) {
     long idx = -1;
     pthread_mutex_lock(&b->mu);
     int more = !b->stop && (b->requests ? b->next < b->requests
@@ -281,12 +283,7 @@ static int submit_one(worker *w, long idx) {
         if (!w->slots[i].busy) s = &w->slots[i];
     if (!s) return -1; /* cannot happen: callers keep inflight < n_slots */
     kiln_gen p = b->gen.p;
-    if (b->prompts) {
-        p.prompt = b->prompts[idx % b->n_prompts];
-    } else {
-        snprintf(w->prompt_buf, w->prompt_cap, "%u-%ld: %s", b->nonce, idx, b->synth);
-        p.prompt = w->prompt_buf;
-    }
+    p.prompt = bench_prompt(b, idx, w->prompt_buf, w->prompt_cap);
     static const kiln_callbacks cb = {on_token, on_end};
     memset(s, 0, sizeof *s);
     s->w = w, s->busy = 1, s->t_submit = cli_now();
@@ -304,7 +301,15 @@ static int submit_one(worker *w, long idx) {
     return -1;
 }
 
-static int stopping(bench *b) {
+const char *bench_prompt(const bench *b, long idx, char *buf, size_t cap) {
+    if (b->prompts) return b->prompts[idx % b->n_prompts];
+    snprintf(buf, cap, "%u-%ld: %s", b->nonce, idx, b->synth);
+    return buf;
+}
+
+size_t bench_prompt_cap(const bench *b) { return (b->synth ? strlen(b->synth) : 0) + 32; }
+
+int bench_stopping(bench *b) {
     pthread_mutex_lock(&b->mu);
     int st = b->stop;
     pthread_mutex_unlock(&b->mu);
@@ -328,7 +333,7 @@ static void *worker_main(void *arg) {
     int exhausted = 0;
     for (;;) {
         while (!exhausted && w->inflight < w->n_slots) {
-            long idx = claim(b);
+            long idx = bench_claim(b);
             if (idx < 0) {
                 exhausted = 1;
                 break;
@@ -341,23 +346,27 @@ static void *worker_main(void *arg) {
                 break;
             }
         }
-        if (stopping(b)) exhausted = 1, cancel_all(w);
+        if (bench_stopping(b)) exhausted = 1, cancel_all(w);
         if (w->inflight == 0) {
             if (exhausted) break;
             continue;
         }
         kiln_pump(w->c, 50, NULL); /* a broken connection ends its requests via on_end */
     }
+    bench_worker_done(b);
+    return NULL;
+}
+
+void bench_worker_done(bench *b) {
     pthread_mutex_lock(&b->mu);
     b->workers_done++;
     pthread_mutex_unlock(&b->mu);
-    return NULL;
 }
 
 /* ------------------------------------------------------------------ the run */
 
 static int workers_setup(bench *b, worker *ws, cli_global *g) {
-    size_t pcap = (b->synth ? strlen(b->synth) : 0) + 32;
+    size_t pcap = bench_prompt_cap(b);
     for (int k = 0; k < b->connections; k++) {
         worker *w = &ws[k];
         int rc;
@@ -397,8 +406,16 @@ static int check_ctx(bench *b, kiln_client *c) {
     return 0;
 }
 
-/* Starts the workers, draws progress, handles Ctrl-C, waits for all to finish. */
-static void run(bench *b, worker *ws) {
+/* Starts n threads fn(args + k * stride), draws progress, handles Ctrl-C, waits for all
+ * to finish. */
+void bench_run(bench *b, int n, bench_thread_fn fn, void *args, size_t stride) {
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    char *ok = calloc((size_t)n, 1);
+    if (!th || !ok) {
+        cli_err("out of memory");
+        free(th), free(ok);
+        return;
+    }
     progress pg;
     progress_init(&pg, b->progress && isatty(2), b->requests, b->duration);
     /* workers must not take the SIGINT: the main thread turns it into b->stop */
@@ -408,8 +425,8 @@ static void run(bench *b, worker *ws) {
     pthread_sigmask(SIG_BLOCK, &block, &old);
     b->t_start = b->t_last_end = cli_now();
     int started = 0;
-    for (int k = 0; k < b->connections; k++)
-        if (pthread_create(&ws[k].th, NULL, worker_main, &ws[k]) == 0) ws[k].started = 1, started++;
+    for (int k = 0; k < n; k++)
+        if (pthread_create(&th[k], NULL, fn, (char *)args + (size_t)k * stride) == 0) ok[k] = 1, started++;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     for (;;) {
         pthread_mutex_lock(&b->mu);
@@ -424,10 +441,11 @@ static void run(bench *b, worker *ws) {
         nanosleep(&ts, NULL);
     }
     progress_done(&pg);
-    for (int k = 0; k < b->connections; k++)
-        if (ws[k].started) pthread_join(ws[k].th, NULL);
-    if (started < b->connections) cli_err("bench: could only start %d of %d threads", started, b->connections);
+    for (int k = 0; k < n; k++)
+        if (ok[k]) pthread_join(th[k], NULL);
+    if (started < n) cli_err("bench: could only start %d of %d threads", started, n);
     b->rep.elapsed_s = b->t_last_end - b->t_start;
+    free(th), free(ok);
 }
 
 static int report_init(bench *b) {
@@ -449,17 +467,25 @@ int cmd_bench(int argc, char **argv, cli_global *g) {
     int rc = bench_args(argc, argv, g, &b, &file);
     if (rc != EXIT_OK) return rc < 0 ? EXIT_OK : rc;
     b.verbose = g->verbose;
-    pick_connections(&b);
+    if (b.openai) b.connections = b.concurrency;
+    else pick_connections(&b);
     if (file ? load_prompt_file(&b, file) < 0 : make_synthetic(&b) < 0) return EXIT_FAIL;
     if (report_init(&b) < 0) return EXIT_FAIL;
     pthread_mutex_init(&b.mu, NULL);
-    worker *ws = calloc((size_t)b.connections, sizeof *ws);
-    rc = ws ? workers_setup(&b, ws, g) : EXIT_FAIL;
-    if (rc == EXIT_OK && check_ctx(&b, ws[0].c) < 0) rc = EXIT_USAGE;
+    worker *ws = NULL;
+    if (b.openai) {
+        rc = oai_bench(&b, g);
+    } else {
+        ws = calloc((size_t)b.connections, sizeof *ws);
+        rc = ws ? workers_setup(&b, ws, g) : EXIT_FAIL;
+        if (rc == EXIT_OK && check_ctx(&b, ws[0].c) < 0) rc = EXIT_USAGE;
+        if (rc == EXIT_OK) {
+            cli_sigint_arm();
+            bench_run(&b, b.connections, worker_main, ws, sizeof *ws);
+            cli_sigint_disarm();
+        }
+    }
     if (rc == EXIT_OK) {
-        cli_sigint_arm();
-        run(&b, ws);
-        cli_sigint_disarm();
         if (b.json) report_json(&b.rep, stdout);
         else if (b.csv) report_csv(&b.rep, stdout);
         else report_text(&b.rep, stdout);
