@@ -79,6 +79,25 @@ else
   else ok bench; fi
 fi
 
+# ---- 4b. bench --openai: the same load over the server's OpenAI HTTP path (SSE)
+timeout 30 "$kiln" bench --openai "https://$host" --ca "$ca" --token "$utok" --concurrency 4 \
+  --requests 8 --max-tokens 8 --prompt-tokens 16 --json >"$tmp/bench.json" 2>"$tmp/err"
+rc=$?
+out=$(json output_tokens) errs=$(json errors) done_=$(json completed) lost=$(json lost)
+if [ $rc -ne 0 ]; then fail bench_openai "exit $rc: $(head -c 300 "$tmp/err")"
+elif [ "$done_" != 8 ] || [ "$errs" != 0 ] || [ "$lost" != 0 ] || [ "$out" != 64 ]; then
+  fail bench_openai "completed=$done_ errors=$errs lost=$lost output_tokens=$out (want 8 0 0 64)"
+else ok bench_openai; fi
+# a port nobody listens on, and a URL that is not one: exit 1 / 2 with one clear line
+timeout 10 "$kiln" bench --openai "https://127.0.0.1:1" --ca "$ca" --token "$utok" --retries 0 \
+  --requests 2 >"$tmp/out" 2>"$tmp/err"
+rc1=$? e1=$(head -c 300 "$tmp/err")
+timeout 10 "$kiln" bench --openai "ftp://$host" --requests 2 >"$tmp/out" 2>"$tmp/err"
+rc2=$? e2=$(head -c 300 "$tmp/err")
+if [ $rc1 -ne 1 ] || ! grep -qi 'refused' <<<"$e1" || [ $rc2 -ne 2 ] || ! grep -q 'https://' <<<"$e2"; then
+  fail bench_openai_errors "wrong port: exit $rc1 '$e1'; bad URL: exit $rc2 '$e2'"
+else ok bench_openai_errors; fi
+
 # ---- 5. Ctrl-C cancels on the server and exits 130; nothing stays allocated
 timeout 60 "$kiln" generate "${conn[@]}" --max-tokens 400 --ignore-eos "$prompt" \
   >"$tmp/out" 2>"$tmp/err" &
