@@ -303,9 +303,10 @@ run: tools model $(KILND)
 # MOE_SHAPES in Q4_K_M (Qwen3-30B-A3B's shape with 32 of its 128 experts: the same active
 # parameters per token in a 5 GB file; its F16 intermediate needs 17 GB of disk once).
 MOE_SHAPES ?= qwen3-30b-a3b-e32
-bench: tools model venv $(KILND)
+bench: tools model venv $(KILND) $(BUILD)/gnu/kiln
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
+	BUILD=$(BUILD) MODEL=$(MODEL) tests/bench/bench_openai.sh
 	BUILD=$(BUILD) PY=$(PY) tests/bench/bench_shapes.sh
 	BUILD=$(BUILD) PY=$(PY) SHAPES="$(MOE_SHAPES)" FORMATS=Q4_K_M tests/bench/bench_shapes.sh
 	BUILD=$(BUILD) PY=$(PY) tests/bench/quality.sh $$(BUILD=$(BUILD) PY=$(PY) tests/shapes/shapes.sh)
