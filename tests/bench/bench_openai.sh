@@ -38,15 +38,23 @@ trap stop EXIT
 # requests per level: enough for a steady state, bounded in time
 nreq() { [ "$1" -le 1 ] && echo 4 || echo $(($1 * 2)); }
 
-# measure NAME CONC ARGS...: one `kiln bench` run, its JSON in $W/NAME-CONC.json
+# measure NAME CONC ARGS...: one `kiln bench` run, its JSON in $W/NAME-CONC.json. Not
+# lib.sh's _run_logged: the server is not the shell's waited-for child, so its CPU would
+# count as other work; the load average before each run is logged instead.
 measure() {
-  local name=$1 c=$2; shift 2
+  local name=$1 c=$2 rc=0; shift 2
   wait_quiet
-  _run_logged "$W/$name-$c.log" timeout 600 "$KILN" bench --concurrency "$c" --requests "$(nreq "$c")" \
-    --prompt-tokens $P --max-tokens "$G" --temperature 0 --no-progress --json "$@" >"$W/$name-$c.json"
+  echo "$name at $c: load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$W/load.txt"
+  timeout 600 "$KILN" bench --concurrency "$c" --requests "$(nreq "$c")" --prompt-tokens $P \
+    --max-tokens "$G" --temperature 0 --no-progress --json "$@" >"$W/$name-$c.json" 2>"$W/$name-$c.log" || rc=$?
+  [ $rc = 0 ] && return 0
+  echo "bench_openai: $name at $c clients failed ($rc):" >&2
+  tail -5 "$W/$name-$c.log" >&2
+  return $rc
 }
 
 machine_line
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (per run: $W/load.txt)"
 echo "model: $MODEL; threads $THREADS; streaming chat, prompt ~$P tokens + chat template, max_tokens $G, ignore_eos"
 
 # ---------------------------------------------------------------- kilnd (TLS)
@@ -57,7 +65,8 @@ kt_ini "$W" "$(realpath "$MODEL")" "driver = host" "$PORT" $((PORT + 1)) \
 kt_start bench_openai "$W" "$KILND" serve --config "$W/kiln.ini" >/dev/null
 K=(--ca "$W/tls/ca.crt" --token "$UTOK")
 for c in "${LEVELS[@]}"; do measure kiln-http "$c" "${K[@]}" --openai "https://127.0.0.1:$PORT"; done
-measure kiln-line "$MAXC" "${K[@]}" --host "127.0.0.1:$PORT" --chat
+# one connection per client as for HTTP, so only the protocol differs
+measure kiln-line "$MAXC" "${K[@]}" --host "127.0.0.1:$PORT" --chat --connections "$MAXC"
 stop
 
 # ---------------------------------------------------------------- llama-server (plain http)

@@ -75,13 +75,13 @@ static int oai_parse_url(const char *url, oai_url *u) {
 /* ------------------------------------------------------------------ JSON, a few fields */
 
 /* The end of the JSON string starting at s[i] == '"' (index after its closing quote),
- * or n when it does not close within s. */
+ * or 0 when it does not close within s. */
 static size_t json_str_end(const char *s, size_t n, size_t i) {
     for (i++; i < n; i++) {
         if (s[i] == '\\') i++;
         else if (s[i] == '"') return i + 1;
     }
-    return n;
+    return 0;
 }
 
 /* The value of the first member named key, at any depth: its offset in s, or -1. Strings
@@ -91,6 +91,7 @@ static long json_key(const char *s, size_t n, const char *key) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '"') continue;
         size_t e = json_str_end(s, n, i), j = e;
+        if (!e) return -1;
         while (j < n && isspace((unsigned char)s[j])) j++;
         if (j < n && s[j] == ':' && e - i - 2 == kl && !memcmp(s + i + 1, key, kl)) {
             for (j++; j < n && isspace((unsigned char)s[j]);) j++;
@@ -115,7 +116,7 @@ static long json_raw_str(const char *s, size_t n, const char *key, const char **
     long at = json_key(s, n, key);
     if (at < 0 || s[at] != '"') return -1;
     size_t e = json_str_end(s, n, (size_t)at);
-    if (e == n && (e == (size_t)at + 1 || s[e - 1] != '"')) return -1; /* unclosed */
+    if (!e) return -1; /* unclosed */
     *out = s + at + 1;
     return (long)(e - (size_t)at - 2);
 }
