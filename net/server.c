@@ -341,6 +341,11 @@ static int add_metrics(srv *s) {
     s->m_ttft = met_add_histogram(m, "kiln_time_to_first_token_seconds", "Arrival to first token", mn, lat, nl);
     s->m_itl = met_add_histogram(m, "kiln_inter_token_latency_seconds", "Time between consecutive tokens of a sample", mn, itl, ni);
     s->m_e2e = met_add_histogram(m, "kiln_e2e_request_latency_seconds", "Arrival to finish, per sample", mn, lat, nl);
+    /* vLLM's phases of a request: waiting, then prefill (to its first token), then decode */
+    s->m_queue = met_add_histogram(m, "kiln_request_queue_time_seconds", "Arrival to the first step it is in, per sample", mn, lat, nl);
+    s->m_prefill = met_add_histogram(m, "kiln_request_prefill_time_seconds", "First step to first token, per sample", mn, lat, nl);
+    s->m_decode = met_add_histogram(m, "kiln_request_decode_time_seconds", "First token to finish, per sample", mn, lat, nl);
+    s->m_infer = met_add_histogram(m, "kiln_request_inference_time_seconds", "First step to finish, per sample", mn, lat, nl);
     s->m_level = met_add_gauge(m, "kiln_degrade_level", "Degrade ladder level (0 normal .. 4 restart)", mn);
     s->m_conns = met_add_gauge(m, "kiln_connections_open", "Protocol connections open", mn);
     s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", mn);
@@ -369,7 +374,7 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused, s->m_queue, s->m_prefill, s->m_decode, s->m_infer};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     return add_process_metrics(s);

@@ -42,7 +42,13 @@ void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage
     static const char *const reasons[] = {"stop", "length", "cancelled", "error"};
     met_inc(s->met, s->m_reason[reason], 1);
     met_observe(s->met, s->m_e2e, u->e2e_s);
-    if (u->completion_tokens > 0) met_observe(s->met, s->m_ttft, u->ttft_s);
+    met_observe(s->met, s->m_queue, u->queue_s);
+    if (u->completion_tokens > 0) {
+        met_observe(s->met, s->m_ttft, u->ttft_s);
+        met_observe(s->met, s->m_prefill, u->ttft_s - u->queue_s);
+        met_observe(s->met, s->m_decode, u->e2e_s - u->ttft_s);
+        met_observe(s->met, s->m_infer, u->e2e_s - u->queue_s);
+    }
     if (ss && r->api) {
         if (reason == EF_ERROR) gen_fail(r, 500, "internal", msg);
         else if (!r->failed) api_on_finish(r, sample, reason, u, msg);

@@ -508,6 +508,14 @@ def metrics_http(exp):
     _, body2 = curl_metrics()
     g1 = metric(body2, "kiln_generation_tokens_total")
     check("/metrics changes as requests run", g0 is not None and g1 is not None and g1 > g0, "%s -> %s" % (g0, g1))
+    # vLLM's request phases: each sample in each, and queue + inference = e2e
+    ph = {n: (metric(body2, "kiln_request_%s_time_seconds_count" % n), metric(body2, "kiln_request_%s_time_seconds_sum" % n))
+          for n in ("queue", "prefill", "decode", "inference")}
+    e2e_n, e2e_sum = metric(body2, "kiln_e2e_request_latency_seconds_count"), metric(body2, "kiln_e2e_request_latency_seconds_sum")
+    check("/metrics: queue, prefill, decode and inference time histograms, queue + inference = e2e",
+          all(v[0] and v[0] >= 1 for v in ph.values()) and ph["queue"][0] == e2e_n and
+          abs(ph["queue"][1] + ph["inference"][1] - e2e_sum) < 1e-3 * max(1.0, e2e_sum),
+          "%r, e2e %r %r" % (ph, e2e_n, e2e_sum))
     code, _ = http_get("/healthz")
     check("/healthz is 200", code == 200, str(code))
     code, _ = http_get("/readyz")
