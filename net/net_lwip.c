@@ -36,6 +36,8 @@
 #include "lwip/ip_addr.h"
 #include "lwip/netif.h"
 #include "lwip/pbuf.h"
+#include "lwip/priv/tcp_priv.h"
+#include "lwip/stats.h"
 #include "lwip/tcp.h"
 #include "lwip/timeouts.h"
 #include "netif/ethernet.h"
@@ -86,6 +88,68 @@ uint32_t kiln_lwip_rand(void) {
         left = sizeof pool / sizeof pool[0];
     }
     return pool[--left];
+}
+
+/* ---------------------------------------------------------------- counters */
+
+/* What lwIP does not count (kiln_lwip_tcp_in, lw_accept); global like lwIP itself. */
+static struct {
+    uint64_t syns, syn_backlog, syn_no_pcb, syn_time_wait, syn_dup, accept_refused;
+} lw_count;
+
+/* lwIP's counters are 32 bits: each is widened to 64 by adding what it moved since the
+ * last look (the timer looks every LW_TIMER_MAX_MS, far less than a wrap). */
+enum { W_SEGS_OUT, W_SEGS_IN, W_RETRANS, W_RSTS_OUT, W_IN_ERRS, W_MEM_ERRS, W_N };
+static struct {
+    uint32_t last[W_N];
+    uint64_t total[W_N];
+} lw_wide;
+
+/* The heap and every pool (tcp.memerr is left out: it also counts a tcp_write refused
+ * for a full send queue, which is backpressure, not a shortage). */
+static uint32_t lw_mem_errs_now(void) {
+    uint32_t n = lwip_stats.mem.err;
+    for (int i = 0; i < MEMP_MAX; i++) n += lwip_stats.memp[i]->err;
+    return n;
+}
+
+static void lw_widen(void) {
+    const uint32_t now[W_N] = {
+        /* tcp.xmit: data segments and control ones (pure ACKs, RSTs) alike; MIB2's
+         * tcpoutsegs leaves the control segments out */
+        [W_SEGS_OUT] = lwip_stats.tcp.xmit,
+        [W_SEGS_IN] = lwip_stats.mib2.tcpinsegs,
+        [W_RETRANS] = lwip_stats.mib2.tcpretranssegs,
+        [W_RSTS_OUT] = lwip_stats.mib2.tcpoutrsts,
+        /* checksum and length errors never reach tcpinerrs (it counts refused data) */
+        [W_IN_ERRS] = lwip_stats.mib2.tcpinerrs + lwip_stats.tcp.chkerr + lwip_stats.tcp.lenerr,
+        [W_MEM_ERRS] = lw_mem_errs_now(),
+    };
+    for (int i = 0; i < W_N; i++) {
+        lw_wide.total[i] += (uint32_t)(now[i] - lw_wide.last[i]);
+        lw_wide.last[i] = now[i];
+    }
+}
+
+/* Every TCP segment that found a pcb, before lwIP acts on it (lwipopts.h). A SYN on a
+ * listener whose backlog (handshakes not yet accepted) is full is dropped by lwIP
+ * without a word; one on a TIME_WAIT pcb of the same addresses and ports (the peer
+ * reused its port within 2 MSL) gets an ACK or RST instead of a SYN-ACK. */
+int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr) {
+    u16_t fl = TCPH_FLAGS(hdr);
+    if ((fl & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN) return ERR_OK;
+    switch (pcb->state) {
+    case LISTEN: {
+        const struct tcp_pcb_listen *l = (const struct tcp_pcb_listen *)pcb;
+        lw_count.syns++;
+        if (l->accepts_pending >= l->backlog) lw_count.syn_backlog++;
+        break;
+    }
+    case TIME_WAIT: lw_count.syn_time_wait++; break;
+    case SYN_RCVD: lw_count.syn_dup++; break;
+    default: break;
+    }
+    return ERR_OK;
 }
 
 /* ---------------------------------------------------------------- state */
@@ -363,8 +427,15 @@ static err_t lw_accept(void *arg, struct tcp_pcb *pcb, err_t err) {
     lw_listener *lis = arg;
     lw_stack *s = lis->s;
     /* Any error return makes lwIP abort (RST) the new pcb. */
-    if (err != ERR_OK || !pcb || !s->active) return ERR_VAL;
-    if (s->nconns >= s->max_conns) return ERR_VAL;
+    if (!pcb) { /* a SYN lwIP had no pcb for (ERR_MEM): it goes unanswered */
+        lw_count.syn_no_pcb++;
+        return ERR_VAL;
+    }
+    if (err != ERR_OK || !s->active) return ERR_VAL;
+    if (s->nconns >= s->max_conns) {
+        lw_count.accept_refused++;
+        return ERR_VAL;
+    }
     lw_conn *c = calloc(1, sizeof *c);
     if (!c) return ERR_MEM;
     c->base.t = &lwip_transport;
@@ -480,6 +551,7 @@ int netif_input_frame(netif_dev *d, struct netif *nif, const void *frame, size_t
     struct pbuf *p = pbuf_alloc(PBUF_RAW, (u16_t)len, PBUF_POOL);
     if (!p) { /* pool empty: like a frame lost on the wire */
         d->rx_drops++;
+        d->rx_no_pbuf++;
         return -ENOMEM;
     }
     pbuf_take(p, frame, (u16_t)len);
@@ -507,6 +579,7 @@ static int64_t lw_timer(loop_t *l, int64_t id, void *ud) {
     lw_stack *s = ud;
     sys_check_timeouts();
     after_lwip(s);
+    lw_widen();
     u32_t t = sys_timeouts_sleeptime();
     return t > LW_TIMER_MAX_MS ? LW_TIMER_MAX_MS : (int64_t)t;
 }
@@ -728,6 +801,31 @@ static int lwip_address(const net_stack *bs, char *buf, size_t cap) {
 
 static int lwip_open_conns(const net_stack *bs) { return ((const lw_stack *)bs)->nconns; }
 
+static int lwip_counters(const net_stack *bs, net_counters *o) {
+    const lw_stack *s = (const lw_stack *)bs;
+    lw_widen();
+    *o = (net_counters){
+        .tcp_segs_out = lw_wide.total[W_SEGS_OUT],
+        .tcp_segs_in = lw_wide.total[W_SEGS_IN],
+        .tcp_retransmits = lw_wide.total[W_RETRANS],
+        .tcp_resets_out = lw_wide.total[W_RSTS_OUT],
+        .tcp_in_errors = lw_wide.total[W_IN_ERRS],
+        .tcp_syns = lw_count.syns,
+        .tcp_syn_backlog = lw_count.syn_backlog,
+        .tcp_syn_no_pcb = lw_count.syn_no_pcb,
+        .tcp_syn_time_wait = lw_count.syn_time_wait,
+        .tcp_syn_dup = lw_count.syn_dup,
+        .tcp_accept_refused = lw_count.accept_refused,
+        .link_rx_frames = s->dev.rx_frames,
+        .link_tx_frames = s->dev.tx_frames,
+        .link_rx_no_pbuf = s->dev.rx_no_pbuf,
+        .link_rx_bad = s->dev.rx_drops - s->dev.rx_no_pbuf,
+        .link_tx_drops = s->dev.tx_drops,
+        .mem_errors = lw_wide.total[W_MEM_ERRS],
+    };
+    return 0;
+}
+
 static const net_transport lwip_transport = {
     .name = "lwip",
     .free = lwip_free,
@@ -739,6 +837,7 @@ static const net_transport lwip_transport = {
     .peer = lwip_peer,
     .address = lwip_address,
     .open_conns = lwip_open_conns,
+    .stats = lwip_counters,
 };
 
 net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {
