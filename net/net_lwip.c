@@ -54,7 +54,7 @@
 #define LW_RXBUF TCP_WND
 
 #define LW_MAX_LISTEN MEMP_NUM_TCP_PCB_LISTEN
-#define LW_POLL_TICKS 2          /* lwIP poll callback every 2 x 500 ms */
+#define LW_POLL_TICKS 2          /* lwIP poll callback every 2 slow ticks (2 x 200 ms) */
 #define LW_TIMER_MAX_MS 100      /* longest sleep between sys_check_timeouts */
 #define LW_DISPATCH_BUDGET 4096  /* events per dispatch task before yielding */
 
@@ -131,10 +131,21 @@ static void lw_widen(void) {
     }
 }
 
+/* TIME_WAIT pcbs a new SYN met, to be freed once lwIP's input is done (the hook below
+ * may not change pcb lists). */
+#define LW_TW_KILL 16
+static const struct tcp_pcb *lw_tw_kill[LW_TW_KILL];
+static int lw_n_tw_kill;
+
 /* Every TCP segment that found a pcb, before lwIP acts on it (lwipopts.h). A SYN on a
  * listener whose backlog (handshakes not yet accepted) is full is dropped by lwIP
- * without a word; one on a TIME_WAIT pcb of the same addresses and ports (the peer
- * reused its port within 2 MSL) gets an ACK or RST instead of a SYN-ACK. */
+ * without a word. A SYN on a TIME_WAIT pcb of the same addresses and ports means the
+ * peer reused its port within lwIP's 2 MSL (2 minutes; the kernel picks a port again
+ * that soon, seen in the soak): lwIP answers with an ACK (or RST) and ignores the
+ * peer's RST (RFC 1337), so every retransmitted SYN meets the same pcb and the connect
+ * times out. Like Linux and BSD (RFC 1122 4.2.2.13) a new SYN ends the TIME_WAIT: it is
+ * dropped here, the pcb is freed after this input (lw_tw_reap), and the peer's SYN
+ * retransmission (1 s later) finds the listener. */
 int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr) {
     u16_t fl = TCPH_FLAGS(hdr);
     if ((fl & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN) return ERR_OK;
@@ -145,11 +156,29 @@ int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr) {
         if (l->accepts_pending >= l->backlog) lw_count.syn_backlog++;
         break;
     }
-    case TIME_WAIT: lw_count.syn_time_wait++; break;
+    case TIME_WAIT:
+        lw_count.syn_time_wait++;
+        for (int i = 0; i < lw_n_tw_kill; i++)
+            if (lw_tw_kill[i] == pcb) return ERR_ABRT;
+        if (lw_n_tw_kill == LW_TW_KILL) return ERR_OK; /* lwIP's old answer, for now */
+        lw_tw_kill[lw_n_tw_kill++] = pcb;
+        return ERR_ABRT; /* dropped: the retransmitted SYN gets the SYN-ACK */
     case SYN_RCVD: lw_count.syn_dup++; break;
     default: break;
     }
     return ERR_OK;
+}
+
+/* Frees the TIME_WAIT pcbs kiln_lwip_tcp_in marked, those still in TIME_WAIT (lwIP may
+ * have reused the memory for another pcb meanwhile: only a pcb on the list is freed). */
+static void lw_tw_reap(void) {
+    for (int i = 0; i < lw_n_tw_kill; i++)
+        for (struct tcp_pcb *p = tcp_tw_pcbs; p; p = p->next)
+            if (p == lw_tw_kill[i]) {
+                tcp_abort(p); /* a TIME_WAIT pcb is only unlinked and freed: no RST */
+                break;
+            }
+    lw_n_tw_kill = 0;
 }
 
 /* ---------------------------------------------------------------- state */
@@ -535,6 +564,7 @@ static void dispatch_task(loop_t *l, void *ud) {
 /* After lwIP ran (frames in, timers): lwIP's out-of-order queues give back pool pbufs
  * when asked, and a dispatch the full task ring refused is retried. */
 static void after_lwip(lw_stack *s) {
+    lw_tw_reap();
     PBUF_CHECK_FREE_OOSEQ();
     if (s->pend_head || s->mem_wake) schedule(s);
 }

@@ -73,6 +73,12 @@
 #define TCP_LISTEN_BACKLOG          1
 #define TCP_DEFAULT_LISTEN_BACKLOG  128    /* handshakes in progress per listener */
 #define LWIP_TCP_KEEPALIVE          1
+/* lwIP sends a delayed ACK on its next fast timer tick: with the default 250 ms that is
+ * up to 250 ms after the data, past Linux's minimum RTO of 200 ms, so a Linux peer
+ * resent ~3% of its segments on a loss-free link (the soak: TcpRetransSegs, all
+ * TcpExtTCPTimeouts). 100 ms keeps every delayed ACK under it; the slow timer (RTO,
+ * TIME_WAIT, keepalive: all given in ms) then ticks every 200 ms. */
+#define TCP_TMR_INTERVAL            100
 #define LWIP_WND_SCALE              0    /* net_lwip.c relies on it: queued input < 64 KiB */
 #define SO_REUSE                    1    /* a listener can be re-made over TIME_WAIT pcbs */
 /* lwIP's own ISN is a counter (predictable); use a random one per connection. */
