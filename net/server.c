@@ -133,6 +133,45 @@ static void srv_set_process_metrics(srv *s) {
     fclose(f);
 }
 
+/* The transport's counters (net_stats): lwIP's own statistics and what kiln counts
+ * around lwIP, as kiln_net_* counters; none on host sockets (the kernel has them). One
+ * series per net_counters field, in its order. */
+static const struct {
+    const char *name, *help, *labels;
+} net_series[] = {
+    {"kiln_net_tcp_segments_sent_total", "TCP segments sent by lwIP: data, pure ACKs, RSTs and retransmissions", NULL},
+    {"kiln_net_tcp_segments_received_total", "TCP segments received by lwIP", NULL},
+    {"kiln_net_tcp_retransmits_total", "TCP segments lwIP sent again (timeout or fast retransmit)", NULL},
+    {"kiln_net_tcp_resets_sent_total", "TCP RSTs sent by lwIP", NULL},
+    {"kiln_net_tcp_input_errors_total", "TCP segments lwIP dropped as bad (checksum, length) or refused", NULL},
+    {"kiln_net_tcp_syn_received_total", "SYNs that reached a listener", NULL},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"backlog\""},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"no_pcb\""},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"time_wait\""},
+    {"kiln_net_tcp_syn_retransmitted_total", "SYNs received again for a handshake in progress", NULL},
+    {"kiln_net_tcp_connections_refused_total", "Handshakes reset at accept: the connection limit", NULL},
+    {"kiln_net_link_frames_received_total", "Frames from the device handed to lwIP", NULL},
+    {"kiln_net_link_frames_sent_total", "Frames written to the device", NULL},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"rx\",reason=\"no_pbuf\""},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"rx\",reason=\"bad_frame\""},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"tx\",reason=\"device\""},
+    {"kiln_net_mem_errors_total", "lwIP heap and pool allocations that failed", NULL},
+};
+_Static_assert(sizeof net_series / sizeof net_series[0] == sizeof(net_counters) / sizeof(uint64_t),
+               "one series per net_counters field");
+_Static_assert(sizeof net_series / sizeof net_series[0] == sizeof ((srv *)0)->m_net / sizeof(int),
+               "one handle per series");
+
+/* At render: each counter advanced by what the transport counted since the last. */
+static void srv_set_net_metrics(srv *s) {
+    net_counters c;
+    if (!s->m_net_on || net_stats(s->env.net, &c) < 0) return;
+    const uint64_t *now = (const uint64_t *)&c, *seen = (const uint64_t *)&s->net_seen;
+    for (size_t i = 0; i < sizeof net_series / sizeof net_series[0]; i++)
+        if (now[i] > seen[i]) met_inc(s->met, s->m_net[i], (double)(now[i] - seen[i]));
+    s->net_seen = c;
+}
+
 /* Gauges sampled now; engine counters advanced by what happened since the last render. */
 int srv_render_metrics(srv *s) {
     eng_stats st;
@@ -159,6 +198,7 @@ int srv_render_metrics(srv *s) {
     met_inc(s->met, s->m_ptok, (double)(st.prompt_tokens - s->last.prompt_tokens));
     met_inc(s->met, s->m_gtok, (double)(st.generation_tokens - s->last.generation_tokens));
     s->last = st;
+    srv_set_net_metrics(s);
     return met_render(s->met, s->metrics_text, SRV_METRICS_CAP);
 }
 
@@ -300,6 +340,20 @@ static int add_process_metrics(srv *s) {
     return 0;
 }
 
+/* The kiln_net_* series (net_series, before srv_render_metrics), lwIP transports only. */
+static int add_net_metrics(srv *s) {
+    net_counters c;
+    char lab[320];
+    if (!s->env.net || net_stats(s->env.net, &c) < 0) return 0; /* host sockets: none */
+    for (size_t i = 0; i < sizeof net_series / sizeof net_series[0]; i++) {
+        s->m_net[i] = met_add_counter(s->met, net_series[i].name, net_series[i].help,
+                                      srv_mlabels(s, net_series[i].labels, lab, sizeof lab));
+        if (s->m_net[i] < 0) return -1;
+    }
+    s->m_net_on = 1;
+    return 0;
+}
+
 static int add_metrics(srv *s) {
     metrics *m = s->met;
     static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -377,7 +431,8 @@ static int add_metrics(srv *s) {
                 s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused, s->m_queue, s->m_prefill, s->m_decode, s->m_infer};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
-    return add_process_metrics(s);
+    if (add_process_metrics(s) < 0) return -1;
+    return add_net_metrics(s);
 }
 
 srv *srv_new(const srv_env *env, char *err, size_t errlen) {
