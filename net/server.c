@@ -459,10 +459,11 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     s->metrics_text = malloc(SRV_METRICS_CAP);
     s->met = met_new(96);
     int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
-    /* a GEN's system + prompt come in at most two lines; an OpenAI body's messages render
-     * to at most twice the body (a template's markup per turn is at most twice the JSON
-     * around it: PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
-    size_t max_in = 2 * (size_t)c->net.max_line_bytes;
+    /* a GEN's system + prompt come in at most two lines, its conversation in one line plus
+     * PROMPT_MSG_OVERHEAD per message; an OpenAI body's messages render to at most twice
+     * the body (a template's markup per turn is at most twice the JSON around it:
+     * PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
+    size_t max_in = 2 * (size_t)c->net.max_line_bytes + (size_t)PROTO_MAX_MSGS * PROMPT_MSG_OVERHEAD;
     if (max_in < 2 * (size_t)c->net.max_http_body_bytes) max_in = 2 * (size_t)c->net.max_http_body_bytes;
     if (prompt_init(&s->pb, env->tok, chat_kind, max_in) < 0 || !s->reqs ||
         !s->metrics_text || !s->met || add_metrics(s) < 0 || api_init(s) < 0) {

@@ -117,11 +117,19 @@ KILN_API const char *kiln_server(const kiln_client *c); /* the box used: "host:p
 KILN_API int kiln_connected(const kiln_client *c);
 
 /* ------------------------------------------------------------------ requests */
+/* One message of a conversation (kiln_gen.msgs). */
+#define KILN_MAX_MSGS 256
+typedef struct {
+    const char *role;    /* "system" (first only), "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} kiln_msg;
+
 /* The keys of GEN. Fill with kiln_gen_init, which marks every key "server default"
- * (not sent): ints -1, floats NAN, has_seed 0, system NULL, n_stops 0. */
+ * (not sent): ints -1, floats NAN, has_seed 0, system NULL, n_stops 0, msgs NULL. */
 #define KILN_MAX_STOPS 4
 typedef struct {
-    const char *prompt; /* required (UTF-8, NUL-terminated); "" only with chat and system */
+    const char *prompt; /* UTF-8, NUL-terminated; "" only with chat and system; NULL
+                         * with msgs */
     const char *system; /* system message (needs chat=1), or NULL */
     int chat;           /* 0/1, or -1 */
     int max_tokens;     /* 0..1000000, or -1 */
@@ -140,6 +148,11 @@ typedef struct {
     int n_stops;
     int logprobs;   /* 0/1, or -1 */
     int ignore_eos; /* 0/1, or -1 */
+    /* A conversation instead of prompt and system (both NULL then): msgs[0..n_msgs),
+     * 1..KILN_MAX_MSGS, rendered by the server through the model's chat template (chat
+     * is sent as 1; chat 0 is refused); a user message last. NULL: prompt. */
+    const kiln_msg *msgs;
+    int n_msgs;
 } kiln_gen;
 
 KILN_API void kiln_gen_init(kiln_gen *p);

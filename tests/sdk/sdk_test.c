@@ -147,6 +147,66 @@ static void t_greedy(void) {
     kiln_close(c);
 }
 
+/* ------------------------------------------------------------------ 1b. messages */
+
+static void t_conversation(void) {
+    const char *name = "msgs: one user message is the chat prompt";
+    kiln_error e;
+    const char *want = read_file(expect_file);
+    kiln_client *c = open_as(token, 2, &e);
+    if (!want || !c) {
+        fail(name, "%s", !want ? "cannot read the expected text" : e.message);
+        kiln_close(c);
+        return;
+    }
+    kiln_gen p;
+    greedy(&p);
+    kiln_msg one[1] = {{"user", prompt}};
+    p.prompt = NULL, p.chat = -1; /* msgs send chat=1 themselves */
+    p.msgs = one, p.n_msgs = 1;
+    textbuf t = {.len = 0};
+    kiln_usage u1, u3;
+    int r = kiln_generate(c, &p, collect, &t, &u1, &e);
+    if (r)
+        fail(name, "status %d: %s", r, e.message);
+    else if (strcmp(t.text, want))
+        fail(name, "got \"%s\", want \"%s\"", t.text, want);
+    else
+        ok(name);
+
+    const char *n2 = "msgs: the earlier turns reach the template";
+    kiln_msg three[3] = {{"user", "Remember the word otter."}, {"assistant", "Noted: otter."}, {"user", prompt}};
+    p.msgs = three, p.n_msgs = 3, p.max_tokens = 0;
+    r = kiln_generate(c, &p, NULL, NULL, &u3, &e);
+    if (r || u3.prompt_tokens <= u1.prompt_tokens)
+        fail(n2, "status %d (%s): prompt_tokens %ld vs %ld", r, e.message, u3.prompt_tokens, u1.prompt_tokens);
+    else
+        ok(n2);
+
+    const char *n3 = "msgs: a conversation ending with assistant is 400";
+    p.n_msgs = 2;
+    r = kiln_generate(c, &p, NULL, NULL, NULL, &e);
+    if (r != 400 || !strstr(e.message, "last message"))
+        fail(n3, "%d: %s", r, e.message);
+    else
+        ok(n3);
+
+    const char *n4 = "msgs: with prompt, a bad role or chat 0: KILN_EINVAL";
+    kiln_msg bad[1] = {{"tool", "x"}};
+    int bad_n = 0;
+    p.n_msgs = 1, p.prompt = prompt;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    p.prompt = NULL, p.msgs = bad;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    p.msgs = one, p.chat = 0;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    if (bad_n != 3)
+        fail(n4, "%d of 3 refused (%s)", bad_n, e.message);
+    else
+        ok(n4);
+    kiln_close(c);
+}
+
 /* ------------------------------------------------------------------ 2. failover */
 
 static void t_failover(void) {
@@ -463,6 +523,7 @@ int main(int argc, char **argv) {
     if (argc % 2 != 1 || !hosts || !ca || !token || !admin_token || !expect_file || !prompt)
         return usage();
     t_greedy();
+    t_conversation();
     t_failover();
     t_retry();
     t_cancel();

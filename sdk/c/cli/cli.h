@@ -165,9 +165,9 @@ void report_json(bench_report *r, FILE *f);
 void report_csv(bench_report *r, FILE *f);
 
 /* ------------------------------------------------------------------ history.c: chat
- * The protocol's GEN carries one user message (plus a system message), so `kiln chat`
- * sends earlier turns inside the user message as a transcript (see history_render).
- * Bounded: the oldest turns are dropped past HIST_MAX_TURNS or HIST_MAX_BYTES. */
+ * `kiln chat` sends the conversation so far as GEN's messages (kiln_gen.msgs), which the
+ * server renders through the model's chat template. Bounded: the oldest turns are
+ * dropped past HIST_MAX_TURNS or HIST_MAX_BYTES. */
 #define HIST_MAX_TURNS 64
 #define HIST_MAX_BYTES (48 * 1024)
 
@@ -185,14 +185,15 @@ void history_reset(history *h);
  * the bounds. 0 or -1 (out of memory: history unchanged). */
 int history_add(history *h, const char *user, size_t ulen, const char *answer, size_t alen);
 void history_drop_oldest(history *h); /* one exchange */
-/* The user message for a new line: the line alone with no history, else the transcript
- * followed by the line. Returns a malloc'd NUL-terminated string (or NULL). */
-char *history_render(const history *h, const char *line, size_t len, size_t *out_len);
-
 /* ------------------------------------------------------------------ client.c: libkiln glue */
 #include <signal.h>
 
 #include "kiln.h"
+
+/* (history.c) The conversation for a new line: the system message when given, the kept
+ * turns, then line as the last user message, into out[0..HIST_MAX_TURNS + 2); their
+ * count. The strings stay h's, system's and line's. */
+int history_msgs(const history *h, const char *system, const char *line, kiln_msg *out);
 
 /* Set by the SIGINT handler (cli_sigint_arm); the loops poll it between pumps. */
 extern volatile sig_atomic_t cli_interrupted;

@@ -79,8 +79,38 @@ static void put_float(kl_buf *b, const char *key, double v) {
     buf_put(b, t, (size_t)n);
 }
 
+static int is_role(const char *r) {
+    return r && (!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant"));
+}
+
+/* A conversation's shape (the server checks it too; a role becomes a key, so it must be
+ * one of the three). */
+static int check_msgs(const kiln_gen *p, kiln_error *err) {
+    if (p->prompt || p->system) {
+        kl_err(err, KILN_EINVAL, "msgs exclude prompt and system (give the system message as msgs[0])");
+        return KILN_EINVAL;
+    }
+    if (p->chat == 0) {
+        kl_err(err, KILN_EINVAL, "msgs need chat (the template renders them)");
+        return KILN_EINVAL;
+    }
+    if (p->n_msgs < 1 || p->n_msgs > KILN_MAX_MSGS) {
+        kl_err(err, KILN_EINVAL, "n_msgs must be 1..%d", KILN_MAX_MSGS);
+        return KILN_EINVAL;
+    }
+    for (int i = 0; i < p->n_msgs; i++)
+        if (!is_role(p->msgs[i].role) || !p->msgs[i].content) {
+            kl_err(err, KILN_EINVAL, "msgs[%d] needs a role (system, user, assistant) and content", i);
+            return KILN_EINVAL;
+        }
+    return 0;
+}
+
 static int check_gen(const kiln_gen *p, kiln_error *err) {
-    if (!p || !p->prompt) {
+    if (p && p->msgs) {
+        if (check_msgs(p, err))
+            return KILN_EINVAL;
+    } else if (!p || !p->prompt) {
         kl_err(err, KILN_EINVAL, "no prompt");
         return KILN_EINVAL;
     }
@@ -105,11 +135,17 @@ static int check_gen(const kiln_gen *p, kiln_error *err) {
 
 /* Everything of the GEN line after the id; unset keys are left out. */
 static int gen_args(const kiln_gen *p, kl_buf *b) {
-    put_str(b, "prompt", p->prompt);
-    if (p->system)
-        put_str(b, "system", p->system);
-    if (p->chat >= 0)
-        put_int(b, "chat", p->chat);
+    if (p->msgs) { /* the conversation form: each message a key of its role, in order */
+        for (int i = 0; i < p->n_msgs; i++)
+            put_str(b, p->msgs[i].role, p->msgs[i].content);
+        put_int(b, "chat", 1);
+    } else {
+        put_str(b, "prompt", p->prompt);
+        if (p->system)
+            put_str(b, "system", p->system);
+        if (p->chat >= 0)
+            put_int(b, "chat", p->chat);
+    }
     if (p->max_tokens >= 0)
         put_int(b, "max_tokens", p->max_tokens);
     if (!isnan(p->temperature))

@@ -14,7 +14,7 @@ import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import (
     KilnAuthError,
@@ -354,11 +354,15 @@ def gen_params(
     stop: Union[None, str, Sequence[str]],
     logprobs: bool,
     ignore_eos: bool,
+    messages: Optional[Sequence[Mapping[str, str]]] = None,
 ) -> Dict[str, object]:
     """The GEN keys to send: only those that differ from the protocol's defaults."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError("n must be an int >= 1")
+    if messages is not None and not chat:
+        raise ValueError("messages need chat=True (the model's template renders them)")
     return {
+        "messages": messages,
         "chat": True if chat else None,
         "system": system,
         "max_tokens": max_tokens,

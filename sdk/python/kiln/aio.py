@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
-from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
+from typing import AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ._core import (
     DEFAULT_MAX_LINE,
@@ -107,7 +107,7 @@ class AsyncStream(AsyncIterator[Token]):
     def __init__(
         self,
         client: "AsyncClient",
-        prompt: str,
+        prompt: Optional[str],
         params: Dict[str, object],
         n: int,
         restartable: bool = False,
@@ -525,8 +525,9 @@ class AsyncClient:
 
     def stream(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -545,19 +546,21 @@ class AsyncClient:
         ignore_eos: bool = False,
     ) -> AsyncStream:
         """An :class:`AsyncStream` of a GEN's tokens (sent when iteration starts).
-        Parameters as :meth:`kiln.Client.stream`; None ones are not sent."""
+        Parameters as :meth:`kiln.Client.stream` (``messages`` included); None ones are
+        not sent."""
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)  # type errors before anything is sent
         return AsyncStream(self, prompt, params, n)
 
     async def generate(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -580,7 +583,7 @@ class AsyncClient:
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)
         s = AsyncStream(self, prompt, params, n, restartable=True)

@@ -25,7 +25,7 @@ import itertools
 import socket
 import ssl
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._core import (
     DEFAULT_MAX_LINE,
@@ -142,7 +142,7 @@ class Stream(Iterator[Token]):
     def __init__(
         self,
         client: "Client",
-        prompt: str,
+        prompt: Optional[str],
         params: Dict[str, object],
         n: int,
         restartable: bool = False,
@@ -538,8 +538,9 @@ class Client:
 
     def stream(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -562,19 +563,26 @@ class Client:
         ``chat`` applies the model's chat template (the protocol's default is off;
         this client's is on). Parameters left None are not sent: the server's
         configured defaults apply. See docs/PROTOCOL.md for the ranges.
+
+        ``messages=[{"role": "system"|"user"|"assistant", "content": "..."}, ...]``
+        sends a whole conversation instead of ``prompt`` (give one or the other; the
+        system message then goes first in the list, not in ``system``): the server
+        renders it through the model's chat template, as the OpenAI API does, and the
+        last message must be the user's.
         """
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)  # type errors before anything is sent
         return Stream(self, prompt, params, n)
 
     def generate(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -603,7 +611,7 @@ class Client:
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)
         s = Stream(self, prompt, params, n, restartable=True)
