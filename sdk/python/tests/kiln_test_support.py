@@ -122,6 +122,7 @@ class FakeConn:
         self.sock = sock
         self.role = ""
         self.closed = False
+        self.gens = 0  # GENs received on this connection
         self.state: Dict[str, object] = {}
         self._wlock = threading.Lock()
 
@@ -184,14 +185,21 @@ def default_gen(conn: FakeConn, line: Line) -> None:
 class FakeKiln:
     """A fake kilnd on 127.0.0.1 (a random port) for the client tests.
 
-    ``on_gen(conn, line)`` answers GENs (default: :func:`default_gen`). Every line the
+    ``on_gen(conn, line)`` answers GENs (default: :func:`default_gen`); ``port`` 0
+    picks a free one. Every line the
     clients send is recorded in ``lines`` (strings) and ``parsed`` (split strictly with
     kiln.protocol, so a malformed client line fails the test with ``errors``).
     """
 
     METRICS = "# HELP kiln_up up\n# TYPE kiln_up gauge\nkiln_up 1\n.dotted line\n..two dots\n"
 
-    def __init__(self, certs: Certs, on_gen: Optional[GenHandler] = None, require_client_cert: bool = False) -> None:
+    def __init__(
+        self,
+        certs: Certs,
+        on_gen: Optional[GenHandler] = None,
+        require_client_cert: bool = False,
+        port: int = 0,
+    ) -> None:
         self.certs = certs
         self.on_gen: GenHandler = on_gen or default_gen
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -202,7 +210,7 @@ class FakeKiln:
         self.ctx = ctx
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
+        self.listener.bind(("127.0.0.1", port))
         self.listener.listen(16)
         self.port: int = self.listener.getsockname()[1]
         self.lines: List[str] = []
@@ -279,6 +287,7 @@ class FakeKiln:
         if v == "GEN":
             with self.lock:
                 self.gen_count += 1
+                conn.gens += 1
             if self.level >= 3:
                 conn.send("ERR %s 503 overloaded retry_after_ms=50" % line.get("id"))
                 return
