@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import select
 import socket
 import ssl
 import time
@@ -122,6 +123,25 @@ class _Conn:
             if not data:
                 raise EOFError("the server closed the connection")
             self._buf += data
+
+    def poll(self) -> bool:
+        """Reads what has already arrived, without waiting; True when a whole line is
+        buffered. Raises EOFError when the server closed, OSError/SSLError."""
+        while len(self._buf) <= self.max_line and (
+            self.sock.pending() or select.select([self.sock], [], [], 0)[0]
+        ):
+            self.sock.settimeout(0.0)
+            try:
+                data = self.sock.recv(_RECV)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                break
+            if not data:
+                raise EOFError("the server closed the connection")
+            self._buf += data
+        return self.has_line()
+
+    def has_line(self) -> bool:
+        return self._buf.find(b"\n") >= 0
 
     def close(self) -> None:
         self.dead = True
@@ -417,6 +437,9 @@ class Client:
         if self._closed:
             raise KilnError("the client is closed")
         pool = self._pool
+        if not self._busy:
+            for conn in pool.conns():
+                self._poll(conn)
         for conn in pool.idle_going_away():
             self._gone_from = conn.endpoint  # draining: the next box in the list
             self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint))
@@ -541,6 +564,18 @@ class Client:
             self._lost(conn, exc)
         finally:
             self._busy = False
+
+    def _poll(self, conn: _Conn) -> None:
+        """Routes the lines conn already has, without waiting: ENDs of other streams
+        lower its load, a GOAWAY is seen before a request is sent there."""
+        try:
+            if not conn.poll():
+                return
+        except (EOFError, OSError, ssl.SSLError) as exc:
+            self._lost(conn, exc)
+            return
+        while not conn.dead and conn.has_line():
+            self._pump(conn, None)
 
     def _wait(self, conn: _Conn, cond: Callable[[], bool]) -> None:
         """Reads lines until cond() holds or conn is gone; KilnTimeoutError when no

@@ -257,10 +257,11 @@ class TwoBoxes(unittest.TestCase):
         c = self.client()
         streams = [c.stream("p%d" % i) for i in range(8)]
         self.assertEqual(["".join(t.text for t in s) for s in streams], ["Hello, p%d" % i for i in range(8)])
-        self.assertEqual(self.a.gen_count, 4)
+        first = self.a.gen_count  # up to 4: the client sees the GOAWAY before sending more
+        self.assertTrue(1 <= first <= 4, first)
         for i in range(4):
             self.assertEqual(c.generate("q%d" % i).text, "Hello, q%d" % i)
-        self.assertEqual((self.a.gen_count, self.b.gen_count), (4, 12))
+        self.assertEqual((self.a.gen_count, self.b.gen_count), (first, 12))
         self.assertEqual(c.connections, [self.hosts[1]])
 
     def test_sync_connections_per_host(self) -> None:
