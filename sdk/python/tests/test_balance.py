@@ -227,10 +227,13 @@ class TwoBoxes(unittest.TestCase):
         c = self.client()
         streams = [c.stream("p%d" % i) for i in range(16)]  # all in flight at once
         self.assertEqual(["".join(t.text for t in s) for s in streams], ["Hello, p%d" % i for i in range(16)])
-        self.assertEqual((self.a.gen_count, self.b.gen_count), (8, 8))
+        # ENDs that have come are read before each pick, so a fast box may get one more
+        a0, b0 = self.a.gen_count, self.b.gen_count
+        self.assertEqual(a0 + b0, 16)
+        self.assertLessEqual(abs(a0 - b0), 2, (a0, b0))
         for i in range(4):  # one at a time: ties, in turn
             c.generate("s%d" % i)
-        self.assertEqual((self.a.gen_count, self.b.gen_count), (10, 10))
+        self.assertEqual((self.a.gen_count, self.b.gen_count), (a0 + 2, b0 + 2))
 
     def test_sync_slow_host_gets_fewer(self) -> None:
         self.a.on_gen = slow_gen(0.3)
