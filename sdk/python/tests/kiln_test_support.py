@@ -5,6 +5,7 @@ scriptable fake kilnd (TLS, threads) that speaks enough of kiln/1 to drive the c
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -115,7 +116,12 @@ def make_certs() -> Optional[Certs]:
 
 
 class FakeConn:
-    """One accepted connection of the fake server."""
+    """One accepted connection of the fake server.
+
+    Lines sent from another thread than the connection's own (a handler's timer) are
+    queued and written by the connection's thread: an SSL socket must not be read and
+    written by two threads at once.
+    """
 
     def __init__(self, server: "FakeKiln", sock: ssl.SSLSocket) -> None:
         self.server = server
@@ -125,22 +131,32 @@ class FakeConn:
         self.gens = 0  # GENs received on this connection
         self.state: Dict[str, object] = {}
         self._wlock = threading.Lock()
+        self._owner: Optional[int] = None  # the thread that reads the socket
+        self._outq: List[bytes] = []
 
     def send(self, *lines: str) -> None:
         """Sends lines (newlines added); ignores a closed peer."""
-        data = "".join(ln + "\n" for ln in lines).encode("utf-8")
+        self.send_raw("".join(ln + "\n" for ln in lines).encode("utf-8"))
+
+    def send_raw(self, data: bytes) -> None:
         with self._wlock:
+            if self._owner is not None and threading.get_ident() != self._owner:
+                self._outq.append(data)
+                return
             try:
                 self.sock.sendall(data)
             except OSError:
                 self.closed = True
 
-    def send_raw(self, data: bytes) -> None:
+    def flush(self) -> None:
+        """Writes what other threads queued (on the connection's own thread)."""
         with self._wlock:
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                self.closed = True
+            todo, self._outq = self._outq, []
+            for data in todo:
+                try:
+                    self.sock.sendall(data)
+                except OSError:
+                    self.closed = True
 
     def close(self) -> None:
         """Drops the connection at once (no TLS close_notify)."""
@@ -241,11 +257,15 @@ class FakeKiln:
             raw.close()
             return
         conn = FakeConn(self, sock)
+        conn._owner = threading.get_ident()
         with self.lock:
             self.conns.append(conn)
         buf = b""
         try:
             while not conn.closed:
+                conn.flush()
+                if not sock.pending() and not select.select([sock], [], [], 0.01)[0]:
+                    continue
                 try:
                     data = sock.recv(65536)
                 except socket.timeout:
