@@ -5,7 +5,7 @@ request, header X-Kiln-Box naming it) and TCP mode (the line protocol). Phases:
   1. balance: sequential OpenAI requests over one keep-alive client reach all three
      boxes, and each box's /metrics counts exactly the answers it gave; one Python
      AsyncClient with connections_per_host=4 through the TCP frontend reaches two boxes
-     or more;
+     or more, and so does one `kiln bench` client with --connections-per-host 4;
   2. failures under load: OpenAI threads (streaming and not) and `kiln bench` through
      the TCP frontend; box0 gets SIGKILL, box1 an admin DRAIN. HAProxy must mark each
      DOWN within its check interval (fall x inter, plus one interval of slack); every
@@ -138,10 +138,10 @@ def one_request(c, model, k, stream, timeout):
     return r
 
 
-def bench(n, conc, timeout):
+def bench(n, conc, timeout, extra=()):
     cmd = [A.kiln, "bench", "--host", "127.0.0.1:%d" % A.tcp_port, "--ca", A.ca, "--token", A.token,
            "--requests", str(n), "--concurrency", str(conc), "--max-tokens", "12", "--prompt-tokens", "16",
-           "--json", "--no-progress"]
+           "--json", "--no-progress"] + list(extra)
     t = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -205,6 +205,13 @@ def phase_sdk_spread():
           n_conns == 4 and n_ok == 16, (n_conns, n_ok))
     check("Python SDK: its 16 requests reached at least 2 boxes (kiln_request_success_total %s)" % gained,
           sum(1 for g in gained if g > 0) >= 2 and sum(gained) == 16, gained)
+    before = [successes(metrics(i)) for i in range(3)]
+    b = bench(16, 8, 60, ["--connections", "1", "--connections-per-host", "4"])
+    gained = [successes(metrics(i)) - before[i] for i in range(3)]
+    check("C SDK: kiln bench, one client with --connections-per-host 4 through HAProxy TCP: "
+          "16 of 16, on at least 2 boxes (%s)" % gained,
+          b.get("completed") == 16 and sum(1 for g in gained if g > 0) >= 2 and sum(gained) == 16,
+          (b, gained))
 
 
 def phase_failures(model):
