@@ -134,7 +134,7 @@ def main() -> int:
             r = await ac.generate(a.prompt, **greedy)
             if r.text != expect:
                 return "AsyncClient.generate got %r, want %r" % (r.text, expect)
-            conn = ac._conn
+            conns = ac._pool.conns()  # one host, connections_per_host=1: one
             rs = await asyncio.wait_for(
                 asyncio.gather(*(ac.generate(a.prompt, **greedy) for _ in range(4))),
                 120,
@@ -142,7 +142,7 @@ def main() -> int:
             bad = [x.text for x in rs if x.text != expect]
             if bad:
                 return "concurrent results differ: %r" % bad
-            if ac._conn is not conn:
+            if len(conns) != 1 or ac._pool.conns() != conns:
                 return "the concurrent requests did not share one connection"
             s = ac.stream(a.prompt, **greedy)
             text = "".join([t.text async for t in s])

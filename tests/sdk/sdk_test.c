@@ -423,6 +423,65 @@ static void t_many(void) {
     kiln_close(c);
 }
 
+/* ------------------------------------------------------------------ 5b. per host */
+
+/* connections_per_host=3 to one box: three sessions, and nine requests in flight
+ * spread three to each (the fewest in flight, ties in turn). */
+static void t_per_host(void) {
+    const char *name = "connections_per_host=3: 9 requests spread 3/3/3 over 3 connections";
+    kiln_error e;
+    kiln_options o;
+    opts(&o, hosts, token, 2);
+    o.connections_per_host = 3;
+    kiln_client *c = kiln_connect(&o, &e);
+    if (!c) {
+        fail(name, "connect: %s", e.message);
+        return;
+    }
+    track t[9];
+    memset(t, 0, sizeof t);
+    kiln_callbacks cb = {track_tok, track_end};
+    long sessions[9];
+    int submitted = 0;
+    for (int i = 0; i < 9; i++) {
+        kiln_gen p;
+        greedy(&p);
+        p.max_tokens = 4;
+        submitted += kiln_submit(c, &p, &cb, &t[i], &e) != 0;
+        sessions[i] = kiln_session(c); /* of the connection the request went to */
+    }
+    for (long long end = now_ms() + 60000; kiln_pending(c) > 0 && now_ms() < end;)
+        if (kiln_pump(c, 1000, &e) < 0)
+            break;
+    int good = 0, distinct = 0, most = 0;
+    for (int i = 0; i < 9; i++) {
+        good += t[i].ends == 1 && t[i].status == 0 && t[i].tokens > 0;
+        int same = 0, first = 1;
+        for (int j = 0; j < 9; j++) {
+            same += sessions[j] == sessions[i];
+            if (j < i && sessions[j] == sessions[i])
+                first = 0;
+        }
+        distinct += first;
+        most = same > most ? same : most;
+    }
+    if (submitted != 9 || good != 9 || distinct != 3 || most != 3)
+        fail(name, "submitted %d, ended well %d, sessions %d, most on one %d (%s)", submitted,
+             good, distinct, most, e.message);
+    else
+        ok(name);
+    kiln_close(c);
+
+    const char *lim = "connections_per_host over 64 connections is refused";
+    o.connections_per_host = 65;
+    c = kiln_connect(&o, &e);
+    if (c || e.code != KILN_EINVAL)
+        fail(lim, "got %p code %d", (void *)c, e.code);
+    else
+        ok(lim);
+    kiln_close(c);
+}
+
 /* ------------------------------------------------------------------ 6. bad inputs */
 
 static void t_bad(void) {
@@ -528,6 +587,7 @@ int main(int argc, char **argv) {
     t_retry();
     t_cancel();
     t_many();
+    t_per_host();
     t_bad();
     t_verbs();
     printf("%s\n", failures ? "sdk_test: FAILED" : "sdk_test: all passed");

@@ -68,7 +68,7 @@ int parse_double(const char *s, double *out);
 /* Which settings a layer gives: a later layer overrides only what it sets. */
 enum {
     CS_HOSTS = 1 << 0, CS_TOKEN = 1 << 1, CS_CA = 1 << 2, CS_CERT = 1 << 3, CS_KEY = 1 << 4,
-    CS_SERVER_NAME = 1 << 5, CS_TIMEOUT = 1 << 6, CS_RETRIES = 1 << 7,
+    CS_SERVER_NAME = 1 << 5, CS_TIMEOUT = 1 << 6, CS_RETRIES = 1 << 7, CS_PER_HOST = 1 << 8,
 };
 
 typedef struct {
@@ -79,6 +79,7 @@ typedef struct {
     char server_name[CONF_NAME_MAX];
     int timeout_ms; /* 0: the library's default */
     int retries;    /* -1: the library's default */
+    int per_host;   /* connections to each host; 0: the library's default (1) */
     unsigned set;   /* CS_* */
 } conf_conn;
 
