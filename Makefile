@@ -59,8 +59,9 @@ $(eval $(call variant,gnu,gcc,$(OPT),,gnu))
 $(eval $(call variant,asan,gcc,-O1 -g $(SAN),$(SAN),gnu))
 $(eval $(call variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static,musl))
 
-# The dependency libraries, built once per toolchain (scripts/deps.sh is cached).
-$(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh
+# The dependency libraries, built once per toolchain (scripts/deps.sh is cached; it
+# rebuilds lwIP when its configuration changes).
+$(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh scripts/deps/lwip/lwipopts.h scripts/deps/lwip/arch/cc.h
 	BUILD=$(BUILD) scripts/deps.sh
 	@touch $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok
 

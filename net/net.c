@@ -62,3 +62,8 @@ int net_address(const net_stack *s, char *buf, size_t cap) {
 int net_open_conns(const net_stack *s) { return s->t->open_conns(s); }
 
 const char *net_driver_name(const net_stack *s) { return s->driver_name; }
+
+int net_stats(const net_stack *s, net_counters *out) {
+    if (!s->t->stats) return -ENOTSUP;
+    return s->t->stats(s, out);
+}

@@ -85,4 +85,32 @@ int net_address(const net_stack *s, char *buf, size_t cap);
 int net_open_conns(const net_stack *s);
 const char *net_driver_name(const net_stack *s);
 
+/* What the transport counted since it started (monotonic, for /metrics). lwIP fills it
+ * from its own statistics plus what kiln counts around it; the host transport has none
+ * (the kernel's are in /proc/net/snmp). */
+typedef struct {
+    uint64_t tcp_segs_out;        /* segments sent: data, pure ACKs, RSTs, retransmits */
+    uint64_t tcp_segs_in;         /* segments received (before any check) */
+    uint64_t tcp_retransmits;     /* segments sent again: timeout or fast retransmit */
+    uint64_t tcp_resets_out;      /* RSTs sent */
+    uint64_t tcp_in_errors;       /* segments dropped: checksum, length, refused data */
+    uint64_t tcp_syns;            /* SYNs that reached a listener */
+    uint64_t tcp_syn_backlog;     /* ... left unanswered: the listen backlog was full */
+    uint64_t tcp_syn_no_pcb;      /* ... left unanswered: no pcb free */
+    uint64_t tcp_syn_time_wait;   /* SYNs that met a TIME_WAIT pcb of the same 4-tuple
+                                   * (answered by ACK or RST, not by SYN-ACK) */
+    uint64_t tcp_syn_dup;         /* SYNs again for a handshake in progress (the peer
+                                   * retransmitted: our SYN-ACK or its SYN was late) */
+    uint64_t tcp_accept_refused;  /* handshakes done but reset: the connection limit */
+    uint64_t link_rx_frames;      /* frames handed to lwIP */
+    uint64_t link_tx_frames;      /* frames written to the device */
+    uint64_t link_rx_no_pbuf;     /* frames dropped: lwIP's pbuf pool was empty */
+    uint64_t link_rx_bad;         /* frames dropped: too short or long, refused by lwIP */
+    uint64_t link_tx_drops;       /* frames the device would not take */
+    uint64_t mem_errors;          /* lwIP heap and pool allocations that failed */
+} net_counters;
+
+/* 0 with *out filled, or -ENOTSUP (the host transport). */
+int net_stats(const net_stack *s, net_counters *out);
+
 #endif

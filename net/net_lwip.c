@@ -36,6 +36,8 @@
 #include "lwip/ip_addr.h"
 #include "lwip/netif.h"
 #include "lwip/pbuf.h"
+#include "lwip/priv/tcp_priv.h"
+#include "lwip/stats.h"
 #include "lwip/tcp.h"
 #include "lwip/timeouts.h"
 #include "netif/ethernet.h"
@@ -52,7 +54,7 @@
 #define LW_RXBUF TCP_WND
 
 #define LW_MAX_LISTEN MEMP_NUM_TCP_PCB_LISTEN
-#define LW_POLL_TICKS 2          /* lwIP poll callback every 2 x 500 ms */
+#define LW_POLL_TICKS 2          /* lwIP poll callback every 2 slow ticks (2 x 200 ms) */
 #define LW_TIMER_MAX_MS 100      /* longest sleep between sys_check_timeouts */
 #define LW_DISPATCH_BUDGET 4096  /* events per dispatch task before yielding */
 
@@ -86,6 +88,97 @@ uint32_t kiln_lwip_rand(void) {
         left = sizeof pool / sizeof pool[0];
     }
     return pool[--left];
+}
+
+/* ---------------------------------------------------------------- counters */
+
+/* What lwIP does not count (kiln_lwip_tcp_in, lw_accept); global like lwIP itself. */
+static struct {
+    uint64_t syns, syn_backlog, syn_no_pcb, syn_time_wait, syn_dup, accept_refused;
+} lw_count;
+
+/* lwIP's counters are 32 bits: each is widened to 64 by adding what it moved since the
+ * last look (the timer looks every LW_TIMER_MAX_MS, far less than a wrap). */
+enum { W_SEGS_OUT, W_SEGS_IN, W_RETRANS, W_RSTS_OUT, W_IN_ERRS, W_MEM_ERRS, W_N };
+static struct {
+    uint32_t last[W_N];
+    uint64_t total[W_N];
+} lw_wide;
+
+/* The heap and every pool (tcp.memerr is left out: it also counts a tcp_write refused
+ * for a full send queue, which is backpressure, not a shortage). */
+static uint32_t lw_mem_errs_now(void) {
+    uint32_t n = lwip_stats.mem.err;
+    for (int i = 0; i < MEMP_MAX; i++) n += lwip_stats.memp[i]->err;
+    return n;
+}
+
+static void lw_widen(void) {
+    const uint32_t now[W_N] = {
+        /* tcp.xmit: data segments and control ones (pure ACKs, RSTs) alike; MIB2's
+         * tcpoutsegs leaves the control segments out */
+        [W_SEGS_OUT] = lwip_stats.tcp.xmit,
+        [W_SEGS_IN] = lwip_stats.mib2.tcpinsegs,
+        [W_RETRANS] = lwip_stats.mib2.tcpretranssegs,
+        [W_RSTS_OUT] = lwip_stats.mib2.tcpoutrsts,
+        /* checksum and length errors never reach tcpinerrs (it counts refused data) */
+        [W_IN_ERRS] = lwip_stats.mib2.tcpinerrs + lwip_stats.tcp.chkerr + lwip_stats.tcp.lenerr,
+        [W_MEM_ERRS] = lw_mem_errs_now(),
+    };
+    for (int i = 0; i < W_N; i++) {
+        lw_wide.total[i] += (uint32_t)(now[i] - lw_wide.last[i]);
+        lw_wide.last[i] = now[i];
+    }
+}
+
+/* TIME_WAIT pcbs a new SYN met, to be freed once lwIP's input is done (the hook below
+ * may not change pcb lists). */
+#define LW_TW_KILL 16
+static const struct tcp_pcb *lw_tw_kill[LW_TW_KILL];
+static int lw_n_tw_kill;
+
+/* Every TCP segment that found a pcb, before lwIP acts on it (lwipopts.h). A SYN on a
+ * listener whose backlog (handshakes not yet accepted) is full is dropped by lwIP
+ * without a word. A SYN on a TIME_WAIT pcb of the same addresses and ports means the
+ * peer reused its port within lwIP's 2 MSL (2 minutes; the kernel picks a port again
+ * that soon, seen in the soak): lwIP answers with an ACK (or RST) and ignores the
+ * peer's RST (RFC 1337), so every retransmitted SYN meets the same pcb and the connect
+ * times out. Like Linux and BSD (RFC 1122 4.2.2.13) a new SYN ends the TIME_WAIT: it is
+ * dropped here, the pcb is freed after this input (lw_tw_reap), and the peer's SYN
+ * retransmission (1 s later) finds the listener. */
+int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr) {
+    u16_t fl = TCPH_FLAGS(hdr);
+    if ((fl & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN) return ERR_OK;
+    switch (pcb->state) {
+    case LISTEN: {
+        const struct tcp_pcb_listen *l = (const struct tcp_pcb_listen *)pcb;
+        lw_count.syns++;
+        if (l->accepts_pending >= l->backlog) lw_count.syn_backlog++;
+        break;
+    }
+    case TIME_WAIT:
+        lw_count.syn_time_wait++;
+        for (int i = 0; i < lw_n_tw_kill; i++)
+            if (lw_tw_kill[i] == pcb) return ERR_ABRT;
+        if (lw_n_tw_kill == LW_TW_KILL) return ERR_OK; /* lwIP's old answer, for now */
+        lw_tw_kill[lw_n_tw_kill++] = pcb;
+        return ERR_ABRT; /* dropped: the retransmitted SYN gets the SYN-ACK */
+    case SYN_RCVD: lw_count.syn_dup++; break;
+    default: break;
+    }
+    return ERR_OK;
+}
+
+/* Frees the TIME_WAIT pcbs kiln_lwip_tcp_in marked, those still in TIME_WAIT (lwIP may
+ * have reused the memory for another pcb meanwhile: only a pcb on the list is freed). */
+static void lw_tw_reap(void) {
+    for (int i = 0; i < lw_n_tw_kill; i++)
+        for (struct tcp_pcb *p = tcp_tw_pcbs; p; p = p->next)
+            if (p == lw_tw_kill[i]) {
+                tcp_abort(p); /* a TIME_WAIT pcb is only unlinked and freed: no RST */
+                break;
+            }
+    lw_n_tw_kill = 0;
 }
 
 /* ---------------------------------------------------------------- state */
@@ -363,8 +456,15 @@ static err_t lw_accept(void *arg, struct tcp_pcb *pcb, err_t err) {
     lw_listener *lis = arg;
     lw_stack *s = lis->s;
     /* Any error return makes lwIP abort (RST) the new pcb. */
-    if (err != ERR_OK || !pcb || !s->active) return ERR_VAL;
-    if (s->nconns >= s->max_conns) return ERR_VAL;
+    if (!pcb) { /* a SYN lwIP had no pcb for (ERR_MEM): it goes unanswered */
+        lw_count.syn_no_pcb++;
+        return ERR_VAL;
+    }
+    if (err != ERR_OK || !s->active) return ERR_VAL;
+    if (s->nconns >= s->max_conns) {
+        lw_count.accept_refused++;
+        return ERR_VAL;
+    }
     lw_conn *c = calloc(1, sizeof *c);
     if (!c) return ERR_MEM;
     c->base.t = &lwip_transport;
@@ -464,6 +564,7 @@ static void dispatch_task(loop_t *l, void *ud) {
 /* After lwIP ran (frames in, timers): lwIP's out-of-order queues give back pool pbufs
  * when asked, and a dispatch the full task ring refused is retried. */
 static void after_lwip(lw_stack *s) {
+    lw_tw_reap();
     PBUF_CHECK_FREE_OOSEQ();
     if (s->pend_head || s->mem_wake) schedule(s);
 }
@@ -480,6 +581,7 @@ int netif_input_frame(netif_dev *d, struct netif *nif, const void *frame, size_t
     struct pbuf *p = pbuf_alloc(PBUF_RAW, (u16_t)len, PBUF_POOL);
     if (!p) { /* pool empty: like a frame lost on the wire */
         d->rx_drops++;
+        d->rx_no_pbuf++;
         return -ENOMEM;
     }
     pbuf_take(p, frame, (u16_t)len);
@@ -507,6 +609,7 @@ static int64_t lw_timer(loop_t *l, int64_t id, void *ud) {
     lw_stack *s = ud;
     sys_check_timeouts();
     after_lwip(s);
+    lw_widen();
     u32_t t = sys_timeouts_sleeptime();
     return t > LW_TIMER_MAX_MS ? LW_TIMER_MAX_MS : (int64_t)t;
 }
@@ -728,6 +831,31 @@ static int lwip_address(const net_stack *bs, char *buf, size_t cap) {
 
 static int lwip_open_conns(const net_stack *bs) { return ((const lw_stack *)bs)->nconns; }
 
+static int lwip_counters(const net_stack *bs, net_counters *o) {
+    const lw_stack *s = (const lw_stack *)bs;
+    lw_widen();
+    *o = (net_counters){
+        .tcp_segs_out = lw_wide.total[W_SEGS_OUT],
+        .tcp_segs_in = lw_wide.total[W_SEGS_IN],
+        .tcp_retransmits = lw_wide.total[W_RETRANS],
+        .tcp_resets_out = lw_wide.total[W_RSTS_OUT],
+        .tcp_in_errors = lw_wide.total[W_IN_ERRS],
+        .tcp_syns = lw_count.syns,
+        .tcp_syn_backlog = lw_count.syn_backlog,
+        .tcp_syn_no_pcb = lw_count.syn_no_pcb,
+        .tcp_syn_time_wait = lw_count.syn_time_wait,
+        .tcp_syn_dup = lw_count.syn_dup,
+        .tcp_accept_refused = lw_count.accept_refused,
+        .link_rx_frames = s->dev.rx_frames,
+        .link_tx_frames = s->dev.tx_frames,
+        .link_rx_no_pbuf = s->dev.rx_no_pbuf,
+        .link_rx_bad = s->dev.rx_drops - s->dev.rx_no_pbuf,
+        .link_tx_drops = s->dev.tx_drops,
+        .mem_errors = lw_wide.total[W_MEM_ERRS],
+    };
+    return 0;
+}
+
 static const net_transport lwip_transport = {
     .name = "lwip",
     .free = lwip_free,
@@ -739,6 +867,7 @@ static const net_transport lwip_transport = {
     .peer = lwip_peer,
     .address = lwip_address,
     .open_conns = lwip_open_conns,
+    .stats = lwip_counters,
 };
 
 net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {

@@ -34,6 +34,7 @@ typedef struct net_transport {
     int (*peer)(const net_conn *c, char *buf, size_t cap);
     int (*address)(const net_stack *s, char *buf, size_t cap);
     int (*open_conns)(const net_stack *s);
+    int (*stats)(const net_stack *s, net_counters *out); /* NULL: none */
 } net_transport;
 
 /* The first member of every transport's stack and connection object. */
@@ -76,6 +77,7 @@ struct netif_dev {
     /* The MAC lwIP uses: frames to other unicast MACs are dropped (packet). */
     unsigned char lwip_mac[6];
     uint64_t rx_frames, rx_drops, tx_frames, tx_drops, rx_csum_fixed;
+    uint64_t rx_no_pbuf;   /* of rx_drops: lwIP's pbuf pool was empty */
 };
 
 /* Copies one received Ethernet frame into a pbuf chain from lwIP's pool and hands it to

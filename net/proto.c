@@ -386,7 +386,8 @@ int proto_hello_parse(const proto_line *l, proto_hello *h, char *err, size_t err
 
 /* ---------------------------------------------------------------- GEN */
 
-enum { PGK_ID, PGK_PROMPT, PGK_SYSTEM, PGK_STOP, PGK_BOOL, PGK_INT, PGK_FLOAT, PGK_U64 };
+/* PGK_MSG: a message of the conversation form (user=, assistant=; they may repeat). */
+enum { PGK_ID, PGK_PROMPT, PGK_SYSTEM, PGK_MSG, PGK_STOP, PGK_BOOL, PGK_INT, PGK_FLOAT, PGK_U64 };
 
 /* The keys of GEN. Numeric ranges are inclusive except that lo_open excludes lo. */
 typedef struct {
@@ -403,6 +404,8 @@ static const proto_gkey proto_gkeys[] = {
     {"id", PGK_ID, 0, 0, 0, 0, 0},
     {"prompt", PGK_PROMPT, 0, 0, 0, 0, 0},
     {"system", PGK_SYSTEM, 0, 0, 0, 0, 0},
+    {"user", PGK_MSG, 0, 0, 0, 0, 0},
+    {"assistant", PGK_MSG, 0, 0, 0, 0, 0},
     {"stop", PGK_STOP, 0, 0, 0, 0, 0},
     {"chat", PGK_BOOL, 0, 0, 0, 1, PGF(chat)},
     {"logprobs", PGK_BOOL, 0, 0, 0, 1, PGF(logprobs)},
@@ -481,7 +484,13 @@ static int proto_gen_value(const proto_gkey *k, const proto_str *v, proto_gen *g
         g->prompt = v->s, g->prompt_len = v->len;
         return 0;
     case PGK_SYSTEM:
-        g->system = v->s, g->system_len = v->len;
+    case PGK_MSG:
+        /* system goes to msgs too: whether it is the conversation's first message or the
+         * prompt form's system message is known once the whole line is read */
+        if (g->n_msgs == PROTO_MAX_MSGS)
+            return proto_fail(err, errlen, "too many messages (max %d)", PROTO_MAX_MSGS);
+        g->msgs[g->n_msgs++] = (proto_msg){k->name, v->s, v->len};
+        if (k->kind == PGK_SYSTEM) g->system = v->s, g->system_len = v->len;
         return 0;
     case PGK_STOP:
         if (g->n_stops == PROTO_MAX_STOPS)
@@ -542,11 +551,26 @@ void proto_gen_init(proto_gen *g) { proto_gen_defaults(g); }
 
 int proto_gen_set(proto_gen *g, const char *key, const proto_str *val, char *err, size_t errlen) {
     const proto_gkey *k = proto_gkey_find(key);
-    if (!k || k->kind == PGK_ID || k->kind == PGK_PROMPT || k->kind == PGK_SYSTEM)
+    if (!k || k->kind == PGK_ID || k->kind == PGK_PROMPT || k->kind == PGK_SYSTEM || k->kind == PGK_MSG)
         return proto_fail(err, errlen, "unknown key %s", key);
     int rc = proto_gen_value(k, val, g, err, errlen);
     if (rc == 0) g->set |= k->bit;
     return rc;
+}
+
+/* The conversation form's rules, once user= or assistant= came: no prompt, chat=1,
+ * system first, a user message last. */
+static int proto_gen_conversation(proto_gen *g, char *err, size_t errlen) {
+    if (g->prompt)
+        return proto_fail(err, errlen, "prompt and user=/assistant= messages exclude each other");
+    if (!g->chat) return proto_fail(err, errlen, "user= and assistant= messages need chat=1");
+    for (int i = 1; i < g->n_msgs; i++)
+        if (!strcmp(g->msgs[i].role, "system"))
+            return proto_fail(err, errlen, "system must be the first message");
+    if (strcmp(g->msgs[g->n_msgs - 1].role, "user"))
+        return proto_fail(err, errlen, "the last message must be a user message");
+    g->system = NULL, g->system_len = 0; /* it is msgs[0] */
+    return 0;
 }
 
 int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen) {
@@ -565,7 +589,7 @@ int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen)
         const proto_gkey *k = proto_gkey_find(kv->key.s);
         if (!k) return proto_fail(err, errlen, "unknown key %s", kv->key.s);
         unsigned bit = 1u << (k - proto_gkeys);
-        if ((seen & bit) && k->kind != PGK_STOP)
+        if ((seen & bit) && k->kind != PGK_STOP && k->kind != PGK_MSG)
             return proto_fail(err, errlen, "duplicate key %s", k->name);
         seen |= bit;
         if (k->kind == PGK_ID) continue; /* taken above */
@@ -573,7 +597,9 @@ int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen)
         if (rc < 0) return rc;
         g->set |= k->bit;
     }
-    if (!g->prompt) return proto_fail(err, errlen, "missing prompt");
+    if (g->n_msgs > (g->system ? 1 : 0)) return proto_gen_conversation(g, err, errlen);
+    g->n_msgs = 0; /* the prompt form: system (if any) is g->system alone */
+    if (!g->prompt) return proto_fail(err, errlen, "missing prompt (or user= messages with chat=1)");
     if (g->system && !g->chat) return proto_fail(err, errlen, "system needs chat=1");
     if (!g->prompt_len && !(g->chat && g->system_len))
         return proto_fail(err, errlen, "empty prompt (allowed only with chat=1 and a system message)");

@@ -19,7 +19,8 @@
 #define PROTO_KEY_MAX 32   /* longest key */
 #define PROTO_ID_MAX 64    /* longest request id */
 #define PROTO_MAX_POS 4    /* positional words after the verb */
-#define PROTO_MAX_KV 32    /* key=value pairs */
+#define PROTO_MAX_MSGS 256 /* messages of a GEN conversation (system= user= assistant=) */
+#define PROTO_MAX_KV (32 + PROTO_MAX_MSGS) /* key=value pairs: 32, and room for the messages */
 #define PROTO_MAX_STOPS 4  /* stop strings per GEN */
 
 typedef struct {
@@ -66,6 +67,13 @@ enum {
     PG_PRESENCE = 1 << 7, PG_FREQUENCY = 1 << 8, PG_SEED = 1 << 9,
 };
 
+/* One message of a GEN conversation. */
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant": the key it came as */
+    const char *content; /* NUL-terminated UTF-8, inside the line */
+    size_t len;
+} proto_msg;
+
 /* GEN id=ID prompt="..." [chat=0|1] [system="..."] [max_tokens=N] [temperature=F]
  *     [top_p=F] [top_k=N] [min_p=F] [repeat_penalty=F] [repeat_last_n=N]
  *     [presence_penalty=F] [frequency_penalty=F] [seed=N] [n=N] [stop="..."]...
@@ -75,13 +83,19 @@ enum {
  * repeat_last_n 0..1000000; presence/frequency -2..2; seed 0..2^64-1; n 1..8; stop up
  * to PROTO_MAX_STOPS times, each 1..64 bytes; prompt required (may be empty only with
  * chat=1 and a system message). Unknown keys and duplicates (other than stop) are
- * errors. Strings point into the line. */
+ * errors. Strings point into the line.
+ * The conversation form: instead of prompt, chat=1 with the messages as repeatable
+ * user="..." and assistant="..." keys in wire order, system="..." (once) before them;
+ * the last one a user message; at most PROTO_MAX_MSGS in all. They land in msgs (system
+ * as msgs[0], g->system NULL); prompt with user= or assistant= is an error. */
 typedef struct {
     const char *id;
     const char *prompt;
     size_t prompt_len;
-    const char *system; /* NULL when absent */
+    const char *system; /* NULL when absent (and in the conversation form) */
     size_t system_len;
+    proto_msg msgs[PROTO_MAX_MSGS]; /* the conversation form's messages, in wire order */
+    int n_msgs;                     /* 0: the prompt form */
     int chat, n, logprobs, ignore_eos;
     int max_tokens, top_k, repeat_last_n;
     float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
@@ -93,7 +107,7 @@ typedef struct {
 int proto_gen_parse(const proto_line *l, proto_gen *g, char *err, size_t errlen);
 /* The same request from another framing (the OpenAI API's JSON, net/api.h), so both
  * share GEN's keys, ranges and messages: proto_gen_init gives GEN's defaults (nothing
- * set, no id, no prompt); proto_gen_set applies one GEN key (not id, prompt or system)
+ * set, no id, no prompt); proto_gen_set applies one GEN key (not id, prompt or a message)
  * as if it came in a line, val as its bare text (quoted for stop). 0 or -EINVAL (an
  * unknown key, or a value GEN would refuse) with err. */
 void proto_gen_init(proto_gen *g);

@@ -133,6 +133,45 @@ static void srv_set_process_metrics(srv *s) {
     fclose(f);
 }
 
+/* The transport's counters (net_stats): lwIP's own statistics and what kiln counts
+ * around lwIP, as kiln_net_* counters; none on host sockets (the kernel has them). One
+ * series per net_counters field, in its order. */
+static const struct {
+    const char *name, *help, *labels;
+} net_series[] = {
+    {"kiln_net_tcp_segments_sent_total", "TCP segments sent by lwIP: data, pure ACKs, RSTs and retransmissions", NULL},
+    {"kiln_net_tcp_segments_received_total", "TCP segments received by lwIP", NULL},
+    {"kiln_net_tcp_retransmits_total", "TCP segments lwIP sent again (timeout or fast retransmit)", NULL},
+    {"kiln_net_tcp_resets_sent_total", "TCP RSTs sent by lwIP", NULL},
+    {"kiln_net_tcp_input_errors_total", "TCP segments lwIP dropped as bad (checksum, length) or refused", NULL},
+    {"kiln_net_tcp_syn_received_total", "SYNs that reached a listener", NULL},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"backlog\""},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"no_pcb\""},
+    {"kiln_net_tcp_syn_dropped_total", "SYNs not answered with a SYN-ACK, by reason", "reason=\"time_wait\""},
+    {"kiln_net_tcp_syn_retransmitted_total", "SYNs received again for a handshake in progress", NULL},
+    {"kiln_net_tcp_connections_refused_total", "Handshakes reset at accept: the connection limit", NULL},
+    {"kiln_net_link_frames_received_total", "Frames from the device handed to lwIP", NULL},
+    {"kiln_net_link_frames_sent_total", "Frames written to the device", NULL},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"rx\",reason=\"no_pbuf\""},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"rx\",reason=\"bad_frame\""},
+    {"kiln_net_link_drops_total", "Frames dropped at the device, by direction and reason", "direction=\"tx\",reason=\"device\""},
+    {"kiln_net_mem_errors_total", "lwIP heap and pool allocations that failed", NULL},
+};
+_Static_assert(sizeof net_series / sizeof net_series[0] == sizeof(net_counters) / sizeof(uint64_t),
+               "one series per net_counters field");
+_Static_assert(sizeof net_series / sizeof net_series[0] == sizeof ((srv *)0)->m_net / sizeof(int),
+               "one handle per series");
+
+/* At render: each counter advanced by what the transport counted since the last. */
+static void srv_set_net_metrics(srv *s) {
+    net_counters c;
+    if (!s->m_net_on || net_stats(s->env.net, &c) < 0) return;
+    const uint64_t *now = (const uint64_t *)&c, *seen = (const uint64_t *)&s->net_seen;
+    for (size_t i = 0; i < sizeof net_series / sizeof net_series[0]; i++)
+        if (now[i] > seen[i]) met_inc(s->met, s->m_net[i], (double)(now[i] - seen[i]));
+    s->net_seen = c;
+}
+
 /* Gauges sampled now; engine counters advanced by what happened since the last render. */
 int srv_render_metrics(srv *s) {
     eng_stats st;
@@ -159,6 +198,7 @@ int srv_render_metrics(srv *s) {
     met_inc(s->met, s->m_ptok, (double)(st.prompt_tokens - s->last.prompt_tokens));
     met_inc(s->met, s->m_gtok, (double)(st.generation_tokens - s->last.generation_tokens));
     s->last = st;
+    srv_set_net_metrics(s);
     return met_render(s->met, s->metrics_text, SRV_METRICS_CAP);
 }
 
@@ -300,6 +340,20 @@ static int add_process_metrics(srv *s) {
     return 0;
 }
 
+/* The kiln_net_* series (net_series, before srv_render_metrics), lwIP transports only. */
+static int add_net_metrics(srv *s) {
+    net_counters c;
+    char lab[320];
+    if (!s->env.net || net_stats(s->env.net, &c) < 0) return 0; /* host sockets: none */
+    for (size_t i = 0; i < sizeof net_series / sizeof net_series[0]; i++) {
+        s->m_net[i] = met_add_counter(s->met, net_series[i].name, net_series[i].help,
+                                      srv_mlabels(s, net_series[i].labels, lab, sizeof lab));
+        if (s->m_net[i] < 0) return -1;
+    }
+    s->m_net_on = 1;
+    return 0;
+}
+
 static int add_metrics(srv *s) {
     metrics *m = s->met;
     static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -341,6 +395,11 @@ static int add_metrics(srv *s) {
     s->m_ttft = met_add_histogram(m, "kiln_time_to_first_token_seconds", "Arrival to first token", mn, lat, nl);
     s->m_itl = met_add_histogram(m, "kiln_inter_token_latency_seconds", "Time between consecutive tokens of a sample", mn, itl, ni);
     s->m_e2e = met_add_histogram(m, "kiln_e2e_request_latency_seconds", "Arrival to finish, per sample", mn, lat, nl);
+    /* vLLM's phases of a request: waiting, then prefill (to its first token), then decode */
+    s->m_queue = met_add_histogram(m, "kiln_request_queue_time_seconds", "Arrival to the first step it is in, per sample", mn, lat, nl);
+    s->m_prefill = met_add_histogram(m, "kiln_request_prefill_time_seconds", "First step to first token, per sample", mn, lat, nl);
+    s->m_decode = met_add_histogram(m, "kiln_request_decode_time_seconds", "First token to finish, per sample", mn, lat, nl);
+    s->m_infer = met_add_histogram(m, "kiln_request_inference_time_seconds", "First step to finish, per sample", mn, lat, nl);
     s->m_level = met_add_gauge(m, "kiln_degrade_level", "Degrade ladder level (0 normal .. 4 restart)", mn);
     s->m_conns = met_add_gauge(m, "kiln_connections_open", "Protocol connections open", mn);
     s->m_batch = met_add_gauge(m, "kiln_effective_batch_size", "Max sequences per step now (the ladder halves it under pressure)", mn);
@@ -369,10 +428,11 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused, s->m_queue, s->m_prefill, s->m_decode, s->m_infer};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
-    return add_process_metrics(s);
+    if (add_process_metrics(s) < 0) return -1;
+    return add_net_metrics(s);
 }
 
 srv *srv_new(const srv_env *env, char *err, size_t errlen) {
@@ -399,10 +459,11 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     s->metrics_text = malloc(SRV_METRICS_CAP);
     s->met = met_new(96);
     int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
-    /* a GEN's system + prompt come in at most two lines; an OpenAI body's messages render
-     * to at most twice the body (a template's markup per turn is at most twice the JSON
-     * around it: PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
-    size_t max_in = 2 * (size_t)c->net.max_line_bytes;
+    /* a GEN's system + prompt come in at most two lines, its conversation in one line plus
+     * PROMPT_MSG_OVERHEAD per message; an OpenAI body's messages render to at most twice
+     * the body (a template's markup per turn is at most twice the JSON around it:
+     * PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
+    size_t max_in = 2 * (size_t)c->net.max_line_bytes + (size_t)PROTO_MAX_MSGS * PROMPT_MSG_OVERHEAD;
     if (max_in < 2 * (size_t)c->net.max_http_body_bytes) max_in = 2 * (size_t)c->net.max_http_body_bytes;
     if (prompt_init(&s->pb, env->tok, chat_kind, max_in) < 0 || !s->reqs ||
         !s->metrics_text || !s->met || add_metrics(s) < 0 || api_init(s) < 0) {

@@ -42,7 +42,13 @@ void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage
     static const char *const reasons[] = {"stop", "length", "cancelled", "error"};
     met_inc(s->met, s->m_reason[reason], 1);
     met_observe(s->met, s->m_e2e, u->e2e_s);
-    if (u->completion_tokens > 0) met_observe(s->met, s->m_ttft, u->ttft_s);
+    met_observe(s->met, s->m_queue, u->queue_s);
+    if (u->completion_tokens > 0) {
+        met_observe(s->met, s->m_ttft, u->ttft_s);
+        met_observe(s->met, s->m_prefill, u->ttft_s - u->queue_s);
+        met_observe(s->met, s->m_decode, u->e2e_s - u->ttft_s);
+        met_observe(s->met, s->m_infer, u->e2e_s - u->queue_s);
+    }
     if (ss && r->api) {
         if (reason == EF_ERROR) gen_fail(r, 500, "internal", msg);
         else if (!r->failed) api_on_finish(r, sample, reason, u, msg);
@@ -188,10 +194,13 @@ void verb_gen(srv_sess *ss, const proto_line *l) {
         sess_err(ss, g.id, 409, "duplicate_id", "that id is in flight");
         return;
     }
+    /* the conversation form goes through the template as the OpenAI API's messages do */
+    chat_msg msgs[PROTO_MAX_MSGS];
+    for (int i = 0; i < g.n_msgs; i++) msgs[i] = (chat_msg){g.msgs[i].role, g.msgs[i].content};
     srv_req *r;
     int n_prompt = 0;
     gen_err e;
-    int rc = gen_submit(ss, &g, NULL, 0, &r, &n_prompt, &e);
+    int rc = gen_submit(ss, &g, g.n_msgs ? msgs : NULL, g.n_msgs, &r, &n_prompt, &e);
     if (rc == 0)
         sess_printf(ss, "END %s reason=length prompt_tokens=%d completion_tokens=0 cached_tokens=0 "
                     "ttft_ms=0 tpot_ms=0 e2e_ms=0\n", g.id, n_prompt);

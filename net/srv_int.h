@@ -171,6 +171,11 @@ struct srv {
     int m_kv8, m_kv8_share, m_kv8_conv;
     int m_proc_start, m_proc_cpu, m_proc_rss;
     int m_loop_pass, m_loop_max, m_paused;
+    int m_queue, m_prefill, m_decode, m_infer; /* vLLM's request phase histograms */
+    /* the transport's counters (lwIP only: m_net_on 0 for host sockets), net_counters
+     * order; net_seen: what is already added to them */
+    int m_net_on, m_net[17];
+    net_counters net_seen;
     int64_t lag_max_us[2];  /* the longest loop pass: this window, the one before */
     int64_t lag_window_ms;  /* when this window began */
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */

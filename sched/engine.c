@@ -249,6 +249,7 @@ static int init_seq(engine *e, eng_seq *s, eng_req *r, int sample, const eng_par
     s->logit_row = -1;
     s->usage.prompt_tokens = p->n_prompt;
     s->usage.first_step = -1;
+    s->usage.queue_s = -1;
     s->state = sample == 0 ? SQ_WAIT : SQ_PARKED; /* samples > 0 wait for the fork */
     return 0;
 }
@@ -330,6 +331,7 @@ static void finish_seq(engine *e, eng_seq *s, int reason, const char *msg) {
     if (s->kv && e->cfg.prefix_caching) kv_seq_commit(e->kv, s->kv, s->toks, s->n_computed);
     s->usage.completion_tokens = s->n_gen;
     s->usage.e2e_s = now_s() - r->t_arrival;
+    if (s->usage.queue_s < 0) s->usage.queue_s = s->usage.e2e_s;
     eng_usage u = s->usage;
     int sample = s->sample;
     release_seq(e, s);
@@ -456,6 +458,7 @@ static void add_to_step(engine *e, eng_seq *s, int n, int want_logits) {
     }
     s->in_step = n;
     s->logit_row = -1;
+    if (s->usage.queue_s < 0) s->usage.queue_s = now_s() - s->req->t_arrival;
     if (want_logits) {
         s->logit_row = e->b_n_logit;
         e->b_rows[e->b_n_logit++] = e->b_n_tok - 1;
@@ -820,6 +823,7 @@ static void fork_samples(engine *e, eng_seq *s) {
         memcpy(f->toks, s->toks, (size_t)s->n_toks * sizeof(int32_t));
         f->n_toks = s->n_toks;
         f->usage.cached_tokens = s->usage.cached_tokens;
+        f->usage.queue_s = s->usage.queue_s;
         f->seen_cache = 1;
         f->kv = kv_seq_fork(e->kv, s->kv);
         if (f->kv) {

@@ -53,6 +53,8 @@ typedef struct {
     int completion_tokens;
     int cached_tokens;     /* prompt tokens taken from the prefix cache */
     int preemptions;
+    double queue_s;        /* arrival to its first step (vLLM's queue time); never
+                            * scheduled: all of e2e_s */
     double ttft_s;         /* arrival to first token */
     double e2e_s;          /* arrival to finish */
     int64_t first_step;    /* engine step that produced the first token */

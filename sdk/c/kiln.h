@@ -1,9 +1,11 @@
 /* libkiln: the C client of the kiln line protocol (docs/PROTOCOL.md is the contract).
  *
- * One kiln_client is one TLS connection to one kilnd box, chosen from a list of boxes
- * (failover in order). Many generation requests can be in flight on it at once; their
+ * A kiln_client holds connections_per_host TLS connections to each kilnd box of its
+ * list (one, with one box and the default of 1). Each new request or verb goes to the
+ * connection with the fewest requests in flight (ties in turn); one whose box said
+ * GOAWAY gets none. Many generation requests can be in flight at once; their
  * TOK/END/ERR lines are dispatched to per-request callbacks while the caller "pumps"
- * the connection (kiln_pump, or inside any blocking call of this API).
+ * the connections (kiln_pump, or inside any blocking call of this API).
  *
  * Threads: the library starts none and holds no locks of its own. A kiln_client must be
  * used by one thread at a time; different clients may run on different threads, since
@@ -83,6 +85,9 @@ typedef struct {
      * status: why (503, KILN_ECLOSED, ...); attempt: 1-based; delay_ms: the wait. */
     void (*on_retry)(void *ud, int status, int attempt, int delay_ms, const char *message);
     void *retry_ud;
+    /* Connections to each box of hosts (1..64 in all): more let one balancer address
+     * (HAProxy in TCP mode balances connections) reach several boxes. 1 (0 reads 1). */
+    int connections_per_host;
 } kiln_options;
 
 /* Fills o with the defaults above (hosts, token, ca_file NULL). */
@@ -97,6 +102,10 @@ typedef struct kiln_client kiln_client;
  * is tried again after a backoff, up to o->retries more rounds. A 401 (wrong token) or
  * an untrusted certificate stops at once (KILN_ETLS message: "server certificate not
  * trusted: ..."). Blocks at most about rounds * boxes * connect_timeout_ms plus backoffs.
+ * Then the other connections (boxes x connections_per_host, the k-th at box k modulo
+ * the list) are opened, one try each; one that fails is tried again, at its box, after
+ * 1 s doubling to 30 s, when a request is routed. With nothing usable left, a request
+ * reconnects one connection with failover, as above.
  * Returns a client (free it with kiln_close), or NULL with *err set (err may be NULL).
  * o and its strings are copied. */
 KILN_API kiln_client *kiln_connect(const kiln_options *o, kiln_error *err);
@@ -104,8 +113,11 @@ KILN_API kiln_client *kiln_connect(const kiln_options *o, kiln_error *err);
 /* A raw byte stream instead of a session: the same connect (failover, retries, TLS
  * verified against o->ca_file, mTLS) but no HELLO, for speaking another protocol, such
  * as HTTP/1.1 to kilnd's OpenAI API or to another server. plain: TCP without TLS (an
- * http:// server; ca_file is then not needed); o->token is not used. Free with
- * kiln_close (which sends nothing). The kiln_gen/verb calls must not be used on it. */
+ * http:// server; ca_file is then not needed); o->token is not used. It is a kiln_client
+ * of exactly one connection (o->connections_per_host is not read; failover over hosts
+ * still applies when it reconnects). Free with kiln_close (which sends nothing). The
+ * kiln_gen/verb calls must not be used on it, and kiln_raw_* only on such a client
+ * (KILN_EINVAL on one from kiln_connect). */
 KILN_API kiln_client *kiln_raw_open(const kiln_options *o, int plain, kiln_error *err);
 /* Writes all of buf, reconnecting first when the connection is down (after a hangup or
  * an error). Bounded by io_timeout_ms. 0, or a code (the connection is then dropped). */
@@ -122,22 +134,30 @@ KILN_API void kiln_raw_hangup(kiln_client *c);
  * KILN_ECLOSED ("client closed") from inside this call. c may be NULL. */
 KILN_API void kiln_close(kiln_client *c);
 
-/* The HELLO reply of the current (or last) connection. Strings are owned by c and
- * valid until the next reconnect or kiln_close. */
+/* The HELLO reply of the connection the last request went to (the first one before
+ * any). Strings are owned by c and valid until the next reconnect or kiln_close. */
 KILN_API const char *kiln_model(const kiln_client *c);  /* model="..." */
 KILN_API long kiln_ctx(const kiln_client *c);           /* ctx=N: prompt + output limit */
 KILN_API long kiln_session(const kiln_client *c);       /* session=N */
 KILN_API const char *kiln_role(const kiln_client *c);   /* "user" or "admin" */
 KILN_API const char *kiln_server(const kiln_client *c); /* the box used: "host:port" */
-/* 1 while the connection is up; 0 after it broke (the next call reconnects). */
+/* 1 while a connection is up; 0 after all broke (the next call reconnects). */
 KILN_API int kiln_connected(const kiln_client *c);
 
 /* ------------------------------------------------------------------ requests */
+/* One message of a conversation (kiln_gen.msgs). */
+#define KILN_MAX_MSGS 256
+typedef struct {
+    const char *role;    /* "system" (first only), "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} kiln_msg;
+
 /* The keys of GEN. Fill with kiln_gen_init, which marks every key "server default"
- * (not sent): ints -1, floats NAN, has_seed 0, system NULL, n_stops 0. */
+ * (not sent): ints -1, floats NAN, has_seed 0, system NULL, n_stops 0, msgs NULL. */
 #define KILN_MAX_STOPS 4
 typedef struct {
-    const char *prompt; /* required (UTF-8, NUL-terminated); "" only with chat and system */
+    const char *prompt; /* UTF-8, NUL-terminated; "" only with chat and system; NULL
+                         * with msgs */
     const char *system; /* system message (needs chat=1), or NULL */
     int chat;           /* 0/1, or -1 */
     int max_tokens;     /* 0..1000000, or -1 */
@@ -156,6 +176,11 @@ typedef struct {
     int n_stops;
     int logprobs;   /* 0/1, or -1 */
     int ignore_eos; /* 0/1, or -1 */
+    /* A conversation instead of prompt and system (both NULL then): msgs[0..n_msgs),
+     * 1..KILN_MAX_MSGS, rendered by the server through the model's chat template (chat
+     * is sent as 1; chat 0 is refused); a user message last. NULL: prompt. */
+    const kiln_msg *msgs;
+    int n_msgs;
 } kiln_gen;
 
 KILN_API void kiln_gen_init(kiln_gen *p);
@@ -207,7 +232,7 @@ KILN_API kiln_req kiln_submit(kiln_client *c, const kiln_gen *p, const kiln_call
 /* Reads and dispatches server lines until nothing is in flight, or timeout_ms has
  * passed (timeout_ms < 0: no limit but the io timeout; 0: only what is already
  * readable). Also runs due 503 retries (reconnecting when needed). Returns the number
- * of requests still in flight (>= 0), or a negative code when the connection broke or
+ * of requests still in flight (>= 0), or a negative code when a connection broke or
  * timed out, or no box could be reached for a retry: the requests lost have got on_end
  * by then, *err holds the reason (err may be NULL); kiln_pending tells what is left
  * (requests waiting for a retry), and the next call reconnects. */
@@ -223,7 +248,8 @@ KILN_API int kiln_pending(const kiln_client *c);
 KILN_API int kiln_cancel(kiln_client *c, kiln_req h, kiln_error *err);
 
 /* Blocking: kiln_submit + kiln_pump until this request is over (other requests in
- * flight keep getting their callbacks meanwhile). Retries a 503 as kiln_submit does,
+ * flight on the same connection keep getting their callbacks meanwhile; those on the
+ * client's other connections, at the next pump). Retries a 503 as kiln_submit does,
  * and, when the connection breaks before any token of this request was delivered,
  * reconnects (failover) and resends, within options.retries. on_token may be NULL.
  * *usage (may be NULL) gets the END's usage; with n > 1, completion_tokens is the sum

@@ -46,6 +46,13 @@ uint32_t kiln_lwip_rand(void)
     return x;
 }
 
+int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr)
+{
+    (void)pcb;
+    (void)hdr;
+    return 0; /* ERR_OK: lwIP goes on with the segment */
+}
+
 /* ---------------------------------------------------------------- inih */
 struct smoke_ini {
     int port;  /* [server] port */

@@ -6,7 +6,8 @@
  *     NUL-terminated there and has no NUL before its length (len == strlen);
  *   - keys are [a-z][a-z0-9_]*, verbs are A-Z, counts are within the limits;
  *   - proto_hello_parse, proto_gen_parse and proto_update_parse either fail with a
- *     message or give values within the documented ranges;
+ *     message or give values within the documented ranges (a GEN conversation: no
+ *     prompt, chat=1, system only first, a user message last, at most PROTO_MAX_MSGS);
  *   - every string that is valid UTF-8 goes through proto_quote and splits back from
  *     `X <quoted>` to the same bytes. */
 #include <errno.h>
@@ -94,6 +95,19 @@ static void round_trip(const proto_str *s) {
 
 static void check_gen(const proto_gen *g) {
     if (!proto_id_ok(g->id, strlen(g->id))) fail("gen", "bad id accepted");
+    if (g->n_msgs < 0 || g->n_msgs > PROTO_MAX_MSGS) fail("gen", "n_msgs");
+    if (g->n_msgs) {
+        /* the conversation form: no prompt, chat=1, system only first, a user message last */
+        if (g->prompt || g->system || !g->chat) fail("gen", "conversation with prompt, system or chat=0");
+        for (int i = 0; i < g->n_msgs; i++) {
+            const proto_msg *m = &g->msgs[i];
+            if (!m->role || !m->content || strlen(m->content) != m->len) fail("gen", "message");
+            if (strcmp(m->role, "user") && strcmp(m->role, "assistant") && (i || strcmp(m->role, "system")))
+                fail("gen", "message role");
+        }
+        if (strcmp(g->msgs[g->n_msgs - 1].role, "user")) fail("gen", "last message not user");
+        return;
+    }
     if (!g->prompt || strlen(g->prompt) != g->prompt_len) fail("gen", "prompt");
     if (g->system && strlen(g->system) != g->system_len) fail("gen", "system");
     if ((unsigned)g->chat > 1 || (unsigned)g->logprobs > 1 || (unsigned)g->ignore_eos > 1) fail("gen", "bool");

@@ -103,8 +103,10 @@ def loop_max_s():
 def judge(w, base, engine=False):
     """engine: the attack shares the engine's steps with the probe (a full batch, long
     prefills), so each of its 8 steps costs more whatever the scheduling: what fairness
-    owes it is its turn, so the bound is on the time to its first token (base[1])."""
-    bound = 2 * base[engine] + 0.1
+    owes it is its turn, so the bound is on the time to its first token (base[1]). Under
+    a sanitizer (--sanitized) one such step alone is past any bound: those two are run
+    for their memory checks, and their times printed, not judged."""
+    bound = 2 * base[engine] + 0.1 if not (engine and sc.A.sanitized) else float("inf")
     times = [p for p in (w.first if engine else w.probes) if isinstance(p, float)]
     bad = [p for p in w.probes if not isinstance(p, float)]
     worst = max(times) if times else None
@@ -175,12 +177,15 @@ def attack_bare_sockets(base):
             s.close()
             continue
         socks.append(s)
+    t0 = time.time()
     time.sleep(1.5)  # silent for longer than the server waits before dropping them
     with Watch("300 idle TCP connections") as w:
         time.sleep(ATTACK_S)
+    judge(w, base)
+    time.sleep(max(0.0, t0 + 5.5 - time.time()))  # handshake_timeout_ms (5 s) and a sweep
     dropped = 0
     for s in socks:
-        s.settimeout(0.01)
+        s.settimeout(0.5)
         try:
             dropped += s.recv(1) == b""
         except ConnectionResetError:
@@ -188,9 +193,8 @@ def attack_bare_sockets(base):
         except (socket.timeout, OSError):
             pass
         s.close()
-    judge(w, base)
-    check("300 idle TCP connections: the server dropped the silent ones (it holds at most 32 pending from one address)",
-          dropped >= len(socks) - 64, "%d of %d dropped" % (dropped, len(socks)))
+    check("300 idle TCP connections: every one closed by handshake_timeout_ms", dropped == len(socks),
+          "%d of %d closed" % (dropped, len(socks)))
 
 
 def attack_idle_sessions(base):
@@ -310,6 +314,7 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--metrics-port", type=int, required=True)
     ap.add_argument("--only", default="", help="attacks by index, e.g. 5,6 (development)")
+    ap.add_argument("--sanitized", action="store_true", help="kilnd is an ASan build")
     sc.A = ap.parse_args()
     sc.A.kilnd_pid = 0
     probe_once("warm")

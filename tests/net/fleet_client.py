@@ -3,7 +3,9 @@
 Three kilnd boxes (box0..box2) behind HAProxy: HTTP mode (the OpenAI API, a server per
 request, header X-Kiln-Box naming it) and TCP mode (the line protocol). Phases:
   1. balance: sequential OpenAI requests over one keep-alive client reach all three
-     boxes, and each box's /metrics counts exactly the answers it gave;
+     boxes, and each box's /metrics counts exactly the answers it gave; one Python
+     AsyncClient with connections_per_host=4 through the TCP frontend reaches two boxes
+     or more, and so does one `kiln bench` client with --connections-per-host 4;
   2. failures under load: OpenAI threads (streaming and not) and `kiln bench` through
      the TCP frontend; box0 gets SIGKILL, box1 an admin DRAIN. HAProxy must mark each
      DOWN within its check interval (fall x inter, plus one interval of slack); every
@@ -136,10 +138,10 @@ def one_request(c, model, k, stream, timeout):
     return r
 
 
-def bench(n, conc, timeout):
+def bench(n, conc, timeout, extra=()):
     cmd = [A.kiln, "bench", "--host", "127.0.0.1:%d" % A.tcp_port, "--ca", A.ca, "--token", A.token,
            "--requests", str(n), "--concurrency", str(conc), "--max-tokens", "12", "--prompt-tokens", "16",
-           "--json", "--no-progress"]
+           "--json", "--no-progress"] + list(extra)
     t = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -175,6 +177,41 @@ def phase_balance(model):
     d = [successes(m1[i]) - successes(m0[i]) for i in range(3)]
     check("balance: each box's kiln_request_success_total counts exactly its answers",
           d == [per["box0"], per["box1"], per["box2"]], (d, per))
+
+
+def phase_sdk_spread():
+    """One AsyncClient given only HAProxy's TCP address, connections_per_host=4: its
+    connections land on several boxes (HAProxy balances connections) and its requests
+    follow them (the SDK balances requests over its connections)."""
+    import asyncio
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sdk", "python"))
+    from kiln.aio import AsyncClient  # noqa: E402  (the SDK from this tree)
+
+    before = [successes(metrics(i)) for i in range(3)]
+
+    async def go():
+        async with AsyncClient("127.0.0.1", A.tcp_port, A.token, A.ca, connections_per_host=4,
+                               backoff=0.05) as c:
+            n_conns = len(c.connections)
+            rs = await asyncio.gather(*(c.generate("Say %d" % k, max_tokens=4) for k in range(16)))
+            return n_conns, sum(1 for r in rs if r.usage.reason in ("stop", "length"))
+
+    try:
+        n_conns, n_ok = asyncio.run(asyncio.wait_for(go(), 60))
+    except Exception as e:  # noqa: BLE001
+        n_conns, n_ok = 0, repr(e)
+    gained = [successes(metrics(i)) - before[i] for i in range(3)]
+    check("Python SDK: one AsyncClient, connections_per_host=4 through HAProxy TCP: 4 connections, 16 answers",
+          n_conns == 4 and n_ok == 16, (n_conns, n_ok))
+    check("Python SDK: its 16 requests reached at least 2 boxes (kiln_request_success_total %s)" % gained,
+          sum(1 for g in gained if g > 0) >= 2 and sum(gained) == 16, gained)
+    before = [successes(metrics(i)) for i in range(3)]
+    b = bench(16, 8, 60, ["--connections", "1", "--connections-per-host", "4"])
+    gained = [successes(metrics(i)) - before[i] for i in range(3)]
+    check("C SDK: kiln bench, one client with --connections-per-host 4 through HAProxy TCP: "
+          "16 of 16, on at least 2 boxes (%s)" % gained,
+          b.get("completed") == 16 and sum(1 for g in gained if g > 0) >= 2 and sum(gained) == 16,
+          (b, gained))
 
 
 def phase_failures(model):
@@ -390,6 +427,7 @@ def main():
     check("HAProxy: all six servers UP", wait_all_up(20), haproxy_status())
     model = client(10).models.list().data[0].id
     phase_balance(model)
+    phase_sdk_spread()
     phase_failures(model)
     phase_survivor(model)
     phase_goaway()

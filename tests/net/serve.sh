@@ -97,6 +97,9 @@ kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" $'max_seq_len = 1024\nkv_pool_mb = 
 # fast enough to watch
 [ "$CHECKS" = ladder ] && sed -i 's/^kv_pool_mb = 256$/kv_pool_mb = 12/' "$W/kiln.ini" && \
   printf '[engine]\nladder_tick_ms = 50\nladder_hold_ms = 1000\ndrain_timeout_ms = 1500\n' >>"$W/kiln.ini"
+# abuse: a small prefill budget, so a prompt of the context's size spans 8 steps and a
+# short request behind it shows whether it waits for all of them
+[ "$CHECKS" = abuse ] && printf '[engine]\nmax_batched_tokens = 128\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
@@ -127,7 +130,8 @@ if [ "$CHECKS" = sdk ]; then
 elif [ "$CHECKS" = abuse ]; then
   timeout 600 "${RUN_C[@]}" python3 "$HERE/abuse_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
-    --expect "$W/expect.json" ${ABUSE_ONLY:+--only "$ABUSE_ONLY"} || rc=1
+    --expect "$W/expect.json" ${ABUSE_ONLY:+--only "$ABUSE_ONLY"} \
+    $(case $KILND in *asan*) echo --sanitized ;; esac) || rc=1
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \

@@ -94,8 +94,13 @@ timeout 10 "$kiln" bench --openai "https://127.0.0.1:1" --ca "$ca" --token "$uto
 rc1=$? e1=$(head -c 300 "$tmp/err")
 timeout 10 "$kiln" bench --openai "ftp://$host" --requests 2 >"$tmp/out" 2>"$tmp/err"
 rc2=$? e2=$(head -c 300 "$tmp/err")
-if [ $rc1 -ne 1 ] || ! grep -qi 'refused' <<<"$e1" || [ $rc2 -ne 2 ] || ! grep -q 'https://' <<<"$e2"; then
-  fail bench_openai_errors "wrong port: exit $rc1 '$e1'; bad URL: exit $rc2 '$e2'"
+# one raw connection per client: --connections-per-host is refused, not ignored
+timeout 10 "$kiln" bench --openai "https://$host" --connections-per-host 2 --requests 2 \
+  >"$tmp/out" 2>"$tmp/err"
+rc3=$? e3=$(head -c 300 "$tmp/err")
+if [ $rc1 -ne 1 ] || ! grep -qi 'refused' <<<"$e1" || [ $rc2 -ne 2 ] || ! grep -q 'https://' <<<"$e2" ||
+   [ $rc3 -ne 2 ] || ! grep -q -- '--connections-per-host' <<<"$e3"; then
+  fail bench_openai_errors "wrong port: exit $rc1 '$e1'; bad URL: exit $rc2 '$e2'; per host: exit $rc3 '$e3'"
 else ok bench_openai_errors; fi
 
 # ---- 5. Ctrl-C cancels on the server and exits 130; nothing stays allocated
@@ -153,7 +158,25 @@ if [ $rc1 -ne 0 ] || [ $rc2 -ne 1 ] || ! grep -q 401 "$tmp/err2"; then
 else ok config; fi
 rm -f "$tmp/xdg/kiln/client.ini"
 
-# ---- 9. usage errors exit 2 with one line, before any connection
+# ---- 9. chat: two turns, the history sent as messages; the first answer is the chat prompt's
+printf '%s\n%s\n' "$prompt" "Say that again." | timeout 120 "$kiln" chat "${conn[@]}" --temperature 0 \
+  --max-tokens "$maxtok" -v >"$tmp/out" 2>"$tmp/err"
+rc=$?
+p1=$(grep -o 'reason=[a-z]* prompt_tokens=[0-9]*' "$tmp/err" | sed -n 1p | cut -d= -f3)
+p2=$(grep -o 'reason=[a-z]* prompt_tokens=[0-9]*' "$tmp/err" | sed -n 2p | cut -d= -f3)
+if [ $rc -ne 0 ]; then fail chat "exit $rc: $(head -c 300 "$tmp/err")"
+elif ! head -c "$(wc -c <"$tmp/want")" "$tmp/out" | cmp -s - "$tmp/want"; then
+  fail chat "first answer '$(head -c 300 "$tmp/out")', want '$(cat "$tmp/want")'"
+elif [ -z "$p1" ] || [ -z "$p2" ] || [ "$p2" -le $((p1 + 4)) ]; then
+  fail chat "prompt_tokens $p1 then $p2: the second turn lacks the first: $(head -c 300 "$tmp/err")"
+else ok chat; fi
+timeout 5 "$kiln" chat "${conn[@]}" --no-chat </dev/null >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- '--no-chat' "$tmp/err"; then
+  fail chat_no_chat "exit $rc: $(head -c 300 "$tmp/err")"
+else ok chat_no_chat; fi
+
+# ---- 10. usage errors exit 2 with one line, before any connection
 timeout 5 "$kiln" generate "${conn[@]}" --temperature hot "$prompt" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ $rc -ne 2 ] || ! grep -q -- '--temperature' "$tmp/err"; then

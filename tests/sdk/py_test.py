@@ -89,6 +89,33 @@ def main() -> int:
 
     check("generate greedy matches kilnd generate", t_generate)
 
+    # 1b. messages=: a conversation instead of a prompt
+    def t_messages() -> str:
+        one = [{"role": "user", "content": a.prompt}]
+        r1 = c.generate(messages=one, **greedy)
+        if r1.text != expect:
+            return "one user message: got %r, want %r" % (r1.text, expect)
+        more = [{"role": "user", "content": "Remember the word otter."},
+                {"role": "assistant", "content": "Noted: otter."}] + one
+        s = c.stream(messages=more, **greedy)
+        text = "".join(t.text for t in s)
+        if not text or s.usage is None or s.usage.prompt_tokens <= r1.usage.prompt_tokens:
+            return "three messages: %r usage %r (one message: %r)" % (text, s.usage, r1.usage)
+        try:
+            c.generate(messages=more[:2], **greedy)
+            return "a conversation ending with assistant was accepted"
+        except KilnError as exc:
+            if exc.code != 400:
+                return "last message assistant: %r" % exc
+        try:
+            c.generate(a.prompt, messages=one)
+            return "prompt and messages together were accepted"
+        except ValueError:
+            pass
+        return ""
+
+    check("generate/stream with messages=", t_messages)
+
     # 2. stream(), AsyncClient, concurrency
     def t_stream() -> str:
         s = c.stream(a.prompt, **greedy)
@@ -107,7 +134,7 @@ def main() -> int:
             r = await ac.generate(a.prompt, **greedy)
             if r.text != expect:
                 return "AsyncClient.generate got %r, want %r" % (r.text, expect)
-            conn = ac._conn
+            conns = ac._pool.conns()  # one host, connections_per_host=1: one
             rs = await asyncio.wait_for(
                 asyncio.gather(*(ac.generate(a.prompt, **greedy) for _ in range(4))),
                 120,
@@ -115,7 +142,7 @@ def main() -> int:
             bad = [x.text for x in rs if x.text != expect]
             if bad:
                 return "concurrent results differ: %r" % bad
-            if ac._conn is not conn:
+            if len(conns) != 1 or ac._pool.conns() != conns:
                 return "the concurrent requests did not share one connection"
             s = ac.stream(a.prompt, **greedy)
             text = "".join([t.text async for t in s])

@@ -8,12 +8,17 @@
  * Checks: greedy generate matches F; failover past a box that is down; 503 retried then
  * reported, and retried until the server recovers; cancel frees the sequence and its KV
  * blocks; 8 requests in flight on one connection; n=2 samples; wrong CA and wrong token
- * fail fast and clearly; a user token gets 403 for an admin verb; HEALTH and METRICS. */
+ * fail fast and clearly; a user token gets 403 for an admin verb; HEALTH and METRICS;
+ * raw streams (kiln_raw_*): HTTP over TLS to kilnd, plain TCP to a local peer, and
+ * KILN_EINVAL on a line-protocol client. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -144,6 +149,66 @@ static void t_greedy(void) {
         fail(n2, "role '%s' ctx %ld model '%s'", kiln_role(c), kiln_ctx(c), kiln_model(c));
     else
         ok(n2);
+    kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 1b. messages */
+
+static void t_conversation(void) {
+    const char *name = "msgs: one user message is the chat prompt";
+    kiln_error e;
+    const char *want = read_file(expect_file);
+    kiln_client *c = open_as(token, 2, &e);
+    if (!want || !c) {
+        fail(name, "%s", !want ? "cannot read the expected text" : e.message);
+        kiln_close(c);
+        return;
+    }
+    kiln_gen p;
+    greedy(&p);
+    kiln_msg one[1] = {{"user", prompt}};
+    p.prompt = NULL, p.chat = -1; /* msgs send chat=1 themselves */
+    p.msgs = one, p.n_msgs = 1;
+    textbuf t = {.len = 0};
+    kiln_usage u1, u3;
+    int r = kiln_generate(c, &p, collect, &t, &u1, &e);
+    if (r)
+        fail(name, "status %d: %s", r, e.message);
+    else if (strcmp(t.text, want))
+        fail(name, "got \"%s\", want \"%s\"", t.text, want);
+    else
+        ok(name);
+
+    const char *n2 = "msgs: the earlier turns reach the template";
+    kiln_msg three[3] = {{"user", "Remember the word otter."}, {"assistant", "Noted: otter."}, {"user", prompt}};
+    p.msgs = three, p.n_msgs = 3, p.max_tokens = 0;
+    r = kiln_generate(c, &p, NULL, NULL, &u3, &e);
+    if (r || u3.prompt_tokens <= u1.prompt_tokens)
+        fail(n2, "status %d (%s): prompt_tokens %ld vs %ld", r, e.message, u3.prompt_tokens, u1.prompt_tokens);
+    else
+        ok(n2);
+
+    const char *n3 = "msgs: a conversation ending with assistant is 400";
+    p.n_msgs = 2;
+    r = kiln_generate(c, &p, NULL, NULL, NULL, &e);
+    if (r != 400 || !strstr(e.message, "last message"))
+        fail(n3, "%d: %s", r, e.message);
+    else
+        ok(n3);
+
+    const char *n4 = "msgs: with prompt, a bad role or chat 0: KILN_EINVAL";
+    kiln_msg bad[1] = {{"tool", "x"}};
+    int bad_n = 0;
+    p.n_msgs = 1, p.prompt = prompt;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    p.prompt = NULL, p.msgs = bad;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    p.msgs = one, p.chat = 0;
+    bad_n += kiln_submit(c, &p, NULL, NULL, &e) == 0 && e.code == KILN_EINVAL;
+    if (bad_n != 3)
+        fail(n4, "%d of 3 refused (%s)", bad_n, e.message);
+    else
+        ok(n4);
     kiln_close(c);
 }
 
@@ -363,6 +428,65 @@ static void t_many(void) {
     kiln_close(c);
 }
 
+/* ------------------------------------------------------------------ 5b. per host */
+
+/* connections_per_host=3 to one box: three sessions, and nine requests in flight
+ * spread three to each (the fewest in flight, ties in turn). */
+static void t_per_host(void) {
+    const char *name = "connections_per_host=3: 9 requests spread 3/3/3 over 3 connections";
+    kiln_error e;
+    kiln_options o;
+    opts(&o, hosts, token, 2);
+    o.connections_per_host = 3;
+    kiln_client *c = kiln_connect(&o, &e);
+    if (!c) {
+        fail(name, "connect: %s", e.message);
+        return;
+    }
+    track t[9];
+    memset(t, 0, sizeof t);
+    kiln_callbacks cb = {track_tok, track_end};
+    long sessions[9];
+    int submitted = 0;
+    for (int i = 0; i < 9; i++) {
+        kiln_gen p;
+        greedy(&p);
+        p.max_tokens = 4;
+        submitted += kiln_submit(c, &p, &cb, &t[i], &e) != 0;
+        sessions[i] = kiln_session(c); /* of the connection the request went to */
+    }
+    for (long long end = now_ms() + 60000; kiln_pending(c) > 0 && now_ms() < end;)
+        if (kiln_pump(c, 1000, &e) < 0)
+            break;
+    int good = 0, distinct = 0, most = 0;
+    for (int i = 0; i < 9; i++) {
+        good += t[i].ends == 1 && t[i].status == 0 && t[i].tokens > 0;
+        int same = 0, first = 1;
+        for (int j = 0; j < 9; j++) {
+            same += sessions[j] == sessions[i];
+            if (j < i && sessions[j] == sessions[i])
+                first = 0;
+        }
+        distinct += first;
+        most = same > most ? same : most;
+    }
+    if (submitted != 9 || good != 9 || distinct != 3 || most != 3)
+        fail(name, "submitted %d, ended well %d, sessions %d, most on one %d (%s)", submitted,
+             good, distinct, most, e.message);
+    else
+        ok(name);
+    kiln_close(c);
+
+    const char *lim = "connections_per_host over 64 connections is refused";
+    o.connections_per_host = 65;
+    c = kiln_connect(&o, &e);
+    if (c || e.code != KILN_EINVAL)
+        fail(lim, "got %p code %d", (void *)c, e.code);
+    else
+        ok(lim);
+    kiln_close(c);
+}
+
 /* ------------------------------------------------------------------ 6. bad inputs */
 
 static void t_bad(void) {
@@ -439,6 +563,121 @@ static void t_verbs(void) {
     kiln_close(c);
 }
 
+/* ------------------------------------------------------------------ 8. raw streams */
+
+/* Reads into buf until want appears, the peer closes, or 5 s pass. The last code. */
+static long raw_until(kiln_client *c, char *buf, size_t cap, const char *want,
+                      kiln_error *e) {
+    size_t len = 0;
+    long n = 0;
+    long long end = now_ms() + 5000;
+    buf[0] = '\0';
+    while (len + 1 < cap && !strstr(buf, want) && now_ms() < end) {
+        n = kiln_raw_read(c, buf + len, cap - 1 - len, 200, e);
+        if (n < 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    return n;
+}
+
+static void t_raw(void) {
+    kiln_error e;
+    kiln_options o;
+    char buf[4096] = "";
+    /* TLS: HTTP/1.1 to kilnd's OpenAI API on the same port, token in a header */
+    const char *n1 = "raw TLS: GET /v1/models answers HTTP/1.1 200";
+    opts(&o, hosts, NULL, 0);
+    o.connections_per_host = 4; /* not read: a raw client is one connection */
+    kiln_client *c = kiln_raw_open(&o, 0, &e);
+    if (!c) {
+        fail(n1, "open: %d %s", e.code, e.message);
+    } else {
+        char req[512];
+        int l = snprintf(req, sizeof req, "GET /v1/models HTTP/1.1\r\nHost: kiln\r\n"
+                         "Authorization: Bearer %s\r\n\r\n", token);
+        int r = kiln_raw_write(c, req, (size_t)l, &e);
+        if (!r)
+            raw_until(c, buf, sizeof buf, "\r\n\r\n", &e);
+        if (r || strncmp(buf, "HTTP/1.1 200", 12))
+            fail(n1, "%d %s: '%.80s'", r, e.message, r ? "" : buf);
+        else
+            ok(n1);
+        /* after a hangup the next write reconnects */
+        kiln_raw_hangup(c);
+        r = kiln_raw_write(c, req, (size_t)l, &e);
+        if (!r)
+            raw_until(c, buf, sizeof buf, "\r\n\r\n", &e);
+        if (r || strncmp(buf, "HTTP/1.1 200", 12) || !kiln_connected(c))
+            fail("raw TLS: a write after a hangup reconnects", "%d %s", r, e.message);
+        else
+            ok("raw TLS: a write after a hangup reconnects");
+        kiln_close(c);
+    }
+
+    /* plain TCP to a local peer that answers "pong" to "ping" and closes */
+    const char *n2 = "raw plain TCP: ping, pong, then KILN_ECLOSED";
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 1) ||
+        getsockname(ls, (struct sockaddr *)&a, &al)) {
+        fail(n2, "listen failed");
+        if (ls >= 0)
+            close(ls);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int s = accept(ls, NULL, NULL);
+        char in[8];
+        size_t got = 0;
+        while (s >= 0 && got < 4) {
+            ssize_t k = read(s, in + got, 4 - got);
+            if (k <= 0)
+                break;
+            got += (size_t)k;
+        }
+        if (got == 4 && !memcmp(in, "ping", 4) && write(s, "pong", 4) != 4)
+            _exit(1);
+        _exit(0); /* closes s */
+    }
+    close(ls);
+    char hp[64];
+    snprintf(hp, sizeof hp, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    kiln_options_init(&o);
+    o.hosts = hp; /* no token, no CA: plain */
+    o.retries = 0;
+    o.io_timeout_ms = 5000;
+    c = kiln_raw_open(&o, 1, &e);
+    int r = c ? kiln_raw_write(c, "ping", 4, &e) : e.code;
+    long last = r ? r : raw_until(c, buf, sizeof buf, "pong", &e);
+    if (!r && strstr(buf, "pong")) { /* then the peer's close */
+        long long end = now_ms() + 5000;
+        do
+            last = kiln_raw_read(c, buf, sizeof buf, 200, &e);
+        while (last == 0 && now_ms() < end);
+    }
+    if (r || strcmp(buf, "pong") || last != KILN_ECLOSED)
+        fail(n2, "%d, read '%.20s', then %ld: %s", r, buf, last, e.message);
+    else
+        ok(n2);
+    kiln_close(c);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+
+    /* the raw calls refuse a line-protocol client */
+    const char *n3 = "raw write on a kiln_connect client: KILN_EINVAL";
+    c = open_as(token, 0, &e);
+    r = c ? kiln_raw_write(c, "x", 1, &e) : e.code;
+    if (r != KILN_EINVAL)
+        fail(n3, "%d: %s", r, e.message);
+    else
+        ok(n3);
+    kiln_close(c);
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: sdk_test --hosts h:p[,h:p...] --ca ca.crt --token T "
                     "--admin-token A --expect-text-file F --prompt P --max-tokens N "
@@ -463,12 +702,15 @@ int main(int argc, char **argv) {
     if (argc % 2 != 1 || !hosts || !ca || !token || !admin_token || !expect_file || !prompt)
         return usage();
     t_greedy();
+    t_conversation();
     t_failover();
     t_retry();
     t_cancel();
     t_many();
+    t_per_host();
     t_bad();
     t_verbs();
+    t_raw();
     printf("%s\n", failures ? "sdk_test: FAILED" : "sdk_test: all passed");
     return failures ? 1 : 0;
 }

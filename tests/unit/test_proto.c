@@ -189,16 +189,17 @@ static void test_split_errors(void) {
     CHECK(L.n_pos == PROTO_MAX_POS, "4 positionals");
     SPLIT_FAILS("X a b c d e", "col 11:", "too many positional words (max 4)");
     SPLIT_FAILS("X a b c d \"e\"", "col 11:", "too many positional");
-    char line[1024];
+    char line[4096];
     int o = snprintf(line, sizeof line, "X");
     for (int i = 0; i < PROTO_MAX_KV; i++) o += snprintf(line + o, sizeof line - (size_t)o, " k%d=%d", i, i);
     SPLIT_OK(line);
-    CHECK(L.n_kv == PROTO_MAX_KV && streq(&L.kv[31].key, "k31") && streq(&L.kv[31].val, "31"), "32 pairs");
+    CHECK(PROTO_MAX_KV == 288 && L.n_kv == PROTO_MAX_KV && streq(&L.kv[287].key, "k287") &&
+          streq(&L.kv[287].val, "287"), "288 pairs");
     snprintf(line + o, sizeof line - (size_t)o, " extra=1");
-    SPLIT_FAILS(line, "too many key=value pairs (max 32)");
+    SPLIT_FAILS(line, "too many key=value pairs (max 288)");
     snprintf(line + o, sizeof line - (size_t)o, " pos");
     SPLIT_OK(line);
-    CHECK(L.n_kv == 32 && L.n_pos == 1 && streq(&L.pos[0], "pos"), "pairs and a word");
+    CHECK(L.n_kv == 288 && L.n_pos == 1 && streq(&L.pos[0], "pos"), "pairs and a word");
 
     /* No buffer for the message, or a tiny one: no crash, still an error. */
     char b[] = "gen";
@@ -612,6 +613,67 @@ static void test_gen_strings(void) {
     CHECK(!G.id, "no id when invalid");
 }
 
+/* The conversation form: system= user= assistant= in wire order instead of prompt. */
+static void test_gen_conversation(void) {
+    GEN_OK("GEN id=c chat=1 system=\"Be brief.\" user=\"Hi\" assistant=\"Hello!\" max_tokens=4 "
+           "user=\"And you?\"");
+    CHECK(G.n_msgs == 4 && !G.prompt && !G.system && G.system_len == 0 && G.chat == 1, "4 messages");
+    CHECK(!strcmp(G.msgs[0].role, "system") && !strcmp(G.msgs[0].content, "Be brief.") && G.msgs[0].len == 9 &&
+          !strcmp(G.msgs[1].role, "user") && !strcmp(G.msgs[1].content, "Hi") &&
+          !strcmp(G.msgs[2].role, "assistant") && !strcmp(G.msgs[2].content, "Hello!") &&
+          !strcmp(G.msgs[3].role, "user") && !strcmp(G.msgs[3].content, "And you?") && G.msgs[3].len == 8,
+          "roles and contents in wire order");
+    CHECK(G.max_tokens == 4 && (G.set & PG_MAX_TOKENS), "other keys between the messages");
+    GEN_OK("GEN id=c user=q chat=1");
+    CHECK(G.n_msgs == 1 && !strcmp(G.msgs[0].role, "user") && !strcmp(G.msgs[0].content, "q"), "one user message");
+    GEN_OK("GEN id=c chat=1 user=\"\"");
+    CHECK(G.n_msgs == 1 && G.msgs[0].len == 0, "an empty user message (the template still has its turn)");
+    GEN_OK("GEN id=c chat=1 user=a user=b");
+    CHECK(G.n_msgs == 2, "two user messages in a row (the template judges)");
+    /* The prompt form keeps system out of msgs. */
+    GEN_OK("GEN id=c chat=1 system=s prompt=p");
+    CHECK(G.n_msgs == 0 && G.system && !strcmp(G.system, "s") && !strcmp(G.prompt, "p"), "prompt form");
+    GEN_OK("GEN id=c chat=1 prompt=p system=s");
+    CHECK(G.n_msgs == 0 && G.system && !strcmp(G.system, "s"), "prompt form, system after prompt");
+
+    /* Refusals. */
+    GEN_FAILS("GEN id=c chat=1 prompt=p user=u", "prompt and user=/assistant= messages exclude each other");
+    GEN_FAILS("GEN id=c chat=1 user=u prompt=p", "exclude each other");
+    GEN_FAILS("GEN id=c chat=1 prompt=p assistant=a user=u", "exclude each other");
+    GEN_FAILS("GEN id=c user=u", "need chat=1");
+    GEN_FAILS("GEN id=c chat=0 system=s user=u", "need chat=1");
+    GEN_FAILS("GEN id=c chat=1 user=u assistant=a", "the last message must be a user message");
+    GEN_FAILS("GEN id=c chat=1 assistant=a", "the last message must be a user message");
+    GEN_FAILS("GEN id=c chat=1 user=u system=s", "system must be the first message");
+    GEN_FAILS("GEN id=c chat=1 user=u system=s user=v", "system must be the first message");
+    GEN_FAILS("GEN id=c chat=1 system=s system=t user=u", "duplicate key system");
+    GEN_FAILS("GEN id=c chat=1 system=s", "missing prompt");
+    SPLIT_FAILS("GEN id=c chat=1 user=u User=v", "col 24:"); /* keys are lower case */
+    GEN_FAILS("GEN id=c chat=1 usr=u", "unknown key usr");
+    CHECK(G.id && !strcmp(G.id, "c"), "id on error");
+    proto_str v = {"x", 1, 1};
+    proto_gen g0;
+    proto_gen_init(&g0);
+    CHECK(proto_gen_set(&g0, "user", &v, err, sizeof err) == -EINVAL && strstr(err, "unknown key user"),
+          "proto_gen_set takes no messages");
+    CHECK(proto_gen_set(&g0, "assistant", &v, err, sizeof err) == -EINVAL, "nor assistant");
+
+    /* PROTO_MAX_MSGS messages, and one more: system + 255 turns, then + 256. */
+    static char big[8192];
+    int o = snprintf(big, sizeof big, "GEN id=m chat=1 system=s");
+    for (int i = 1; i < PROTO_MAX_MSGS; i++)
+        o += snprintf(big + o, sizeof big - (size_t)o, i % 2 ? " user=u%d" : " assistant=a%d", i);
+    GEN_OK(big);
+    CHECK(PROTO_MAX_MSGS == 256 && G.n_msgs == 256 && !strcmp(G.msgs[255].content, "u255") &&
+          !strcmp(G.msgs[254].role, "assistant"), "256 messages");
+    snprintf(big + o, sizeof big - (size_t)o, " assistant=x user=y");
+    GEN_FAILS(big, "too many messages (max 256)");
+    o = snprintf(big, sizeof big, "GEN id=m chat=1 max_tokens=1 temperature=0 stop=a");
+    for (int i = 0; i < PROTO_MAX_MSGS; i++) o += snprintf(big + o, sizeof big - (size_t)o, " user=%d", i);
+    GEN_OK(big);
+    CHECK(G.n_msgs == 256 && G.n_stops == 1 && G.max_tokens == 1, "256 user messages and other keys");
+}
+
 static void test_id_ok(void) {
     CHECK(proto_id_ok("a", 1) && proto_id_ok("A-z_0.9:", 8), "ok");
     CHECK(!proto_id_ok("", 0) && !proto_id_ok(NULL, 0), "empty");
@@ -741,6 +803,7 @@ int main(void) {
     test_gen_all();
     test_gen_ranges();
     test_gen_strings();
+    test_gen_conversation();
     test_id_ok();
     test_quote();
     free(g_buf);

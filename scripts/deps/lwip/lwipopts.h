@@ -73,6 +73,12 @@
 #define TCP_LISTEN_BACKLOG          1
 #define TCP_DEFAULT_LISTEN_BACKLOG  128    /* handshakes in progress per listener */
 #define LWIP_TCP_KEEPALIVE          1
+/* lwIP sends a delayed ACK on its next fast timer tick: with the default 250 ms that is
+ * up to 250 ms after the data, past Linux's minimum RTO of 200 ms, so a Linux peer
+ * resent ~3% of its segments on a loss-free link (the soak: TcpRetransSegs, all
+ * TcpExtTCPTimeouts). 100 ms keeps every delayed ACK under it; the slow timer (RTO,
+ * TIME_WAIT, keepalive: all given in ms) then ticks every 200 ms. */
+#define TCP_TMR_INTERVAL            100
 #define LWIP_WND_SCALE              0    /* net_lwip.c relies on it: queued input < 64 KiB */
 #define SO_REUSE                    1    /* a listener can be re-made over TIME_WAIT pcbs */
 /* lwIP's own ISN is a counter (predictable); use a random one per connection. */
@@ -86,7 +92,30 @@
 #define CHECKSUM_CHECK_TCP          1
 #define CHECKSUM_CHECK_UDP          1
 
-/* ---- diagnostics: asserts stay on (they print and abort); no stats, no debug output */
-#define LWIP_STATS                  0
+/* ---- diagnostics: asserts stay on (they print and abort); no debug output. Counters on:
+ * net_stats() (net/net_lwip.c) reads them for /metrics (kiln_net_*). 32-bit counters (the
+ * default 16 wrap within seconds); net_lwip.c widens them to 64 bits. Nothing printed. */
+#define LWIP_STATS                  1
+#define LWIP_STATS_LARGE            1
+#define LWIP_STATS_DISPLAY          0
+#define LINK_STATS                  1
+#define ETHARP_STATS                0
+#define IP_STATS                    1
+#define ICMP_STATS                  0
+#define UDP_STATS                   0
+#define TCP_STATS                   1      /* tcp.drop, tcp.memerr, tcp.chkerr, ... */
+#define MEM_STATS                   1      /* mem.err: heap allocation failures */
+#define MEMP_STATS                  1      /* memp[i]->err: pool allocation failures */
+#define SYS_STATS                   0
+#define IP6_STATS                   0
+#define ICMP6_STATS                 0
+#define ND6_STATS                   0
+#define MLD6_STATS                  0
+#define MIB2_STATS                  1      /* tcpoutsegs, tcpinsegs, tcpretranssegs, ... */
+/* lwIP counts no SYN that it leaves unanswered because the listen backlog is full, nor
+ * SYNs that meet a TIME_WAIT pcb: kiln counts them itself, on every segment before lwIP
+ * acts on it (net_lwip.c; it only counts and never drops, so it always returns ERR_OK). */
+#define LWIP_HOOK_TCP_INPACKET_PCB(pcb, hdr, optlen, opt1len, opt2, p) \
+    ((err_t)kiln_lwip_tcp_in((pcb), (hdr)))
 
 #endif /* KILN_LWIPOPTS_H */

@@ -68,7 +68,7 @@ int parse_double(const char *s, double *out);
 /* Which settings a layer gives: a later layer overrides only what it sets. */
 enum {
     CS_HOSTS = 1 << 0, CS_TOKEN = 1 << 1, CS_CA = 1 << 2, CS_CERT = 1 << 3, CS_KEY = 1 << 4,
-    CS_SERVER_NAME = 1 << 5, CS_TIMEOUT = 1 << 6, CS_RETRIES = 1 << 7,
+    CS_SERVER_NAME = 1 << 5, CS_TIMEOUT = 1 << 6, CS_RETRIES = 1 << 7, CS_PER_HOST = 1 << 8,
 };
 
 typedef struct {
@@ -79,6 +79,7 @@ typedef struct {
     char server_name[CONF_NAME_MAX];
     int timeout_ms; /* 0: the library's default */
     int retries;    /* -1: the library's default */
+    int per_host;   /* connections to each host; 0: the library's default (1) */
     unsigned set;   /* CS_* */
 } conf_conn;
 
@@ -165,9 +166,9 @@ void report_json(bench_report *r, FILE *f);
 void report_csv(bench_report *r, FILE *f);
 
 /* ------------------------------------------------------------------ history.c: chat
- * The protocol's GEN carries one user message (plus a system message), so `kiln chat`
- * sends earlier turns inside the user message as a transcript (see history_render).
- * Bounded: the oldest turns are dropped past HIST_MAX_TURNS or HIST_MAX_BYTES. */
+ * `kiln chat` sends the conversation so far as GEN's messages (kiln_gen.msgs), which the
+ * server renders through the model's chat template. Bounded: the oldest turns are
+ * dropped past HIST_MAX_TURNS or HIST_MAX_BYTES. */
 #define HIST_MAX_TURNS 64
 #define HIST_MAX_BYTES (48 * 1024)
 
@@ -185,14 +186,15 @@ void history_reset(history *h);
  * the bounds. 0 or -1 (out of memory: history unchanged). */
 int history_add(history *h, const char *user, size_t ulen, const char *answer, size_t alen);
 void history_drop_oldest(history *h); /* one exchange */
-/* The user message for a new line: the line alone with no history, else the transcript
- * followed by the line. Returns a malloc'd NUL-terminated string (or NULL). */
-char *history_render(const history *h, const char *line, size_t len, size_t *out_len);
-
 /* ------------------------------------------------------------------ client.c: libkiln glue */
 #include <signal.h>
 
 #include "kiln.h"
+
+/* (history.c) The conversation for a new line: the system message when given, the kept
+ * turns, then line as the last user message, into out[0..HIST_MAX_TURNS + 2); their
+ * count. The strings stay h's, system's and line's. */
+int history_msgs(const history *h, const char *system, const char *line, kiln_msg *out);
 
 /* Set by the SIGINT handler (cli_sigint_arm); the loops poll it between pumps. */
 extern volatile sig_atomic_t cli_interrupted;

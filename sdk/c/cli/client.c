@@ -117,6 +117,7 @@ kiln_client *cli_connect(const cli_global *g, int *rc) {
     o.key_file = cf.key[0] ? cf.key : NULL;
     if (cf.set & CS_TIMEOUT) o.connect_timeout_ms = o.io_timeout_ms = cf.timeout_ms;
     if (cf.set & CS_RETRIES) o.retries = cf.retries;
+    if (cf.set & CS_PER_HOST) o.connections_per_host = cf.per_host;
     if (g->verbose) o.on_retry = on_retry;
     retries_in_force = o.retries;
     kiln_error err = {0};

@@ -64,15 +64,18 @@ static void bench_help(void) {
            "                      starts, so the prefix cache does not serve them)\n"
            "  --prompt-file F     one prompt per line (empty lines skipped), cycled\n"
            "  --max-tokens G      tokens per request (default 128)\n"
-           "  --connections K     connections to spread C over (default min(C, 4), more\n"
-           "                      when C/K would exceed the server's %d per connection)\n"
+           "  --connections K     clients to spread C over (default min(C, 4), more\n"
+           "                      when C/K would exceed the server's %d per connection);\n"
+           "                      each holds a connection per host (x --connections-per-host)\n"
+           "                      and sends each request over its least busy one\n"
            "  --json              one JSON object on stdout\n"
            "  --csv               a CSV header and one row on stdout\n"
            "  --no-progress       no progress bar (drawn on stderr only when a terminal)\n"
            "  -v, --verbose       connection details and retries on stderr\n"
            "  --openai URL        drive an OpenAI-compatible server instead (kilnd's\n"
            "                      https://host:8443, llama-server's http://host:8080; a\n"
-           "                      path such as /v1 is the API base): C connections, each\n"
+           "                      path such as /v1 is the API base): C connections (not\n"
+           "                      --connections/--connections-per-host), each\n"
            "                      one streaming POST .../chat/completions at a time\n"
            "                      (keep-alive), the prompt as one user message, stream_options\n"
            "                      include_usage, temperature 0 unless --temperature; tokens\n"
@@ -138,6 +141,12 @@ static int bench_args(int argc, char **argv, cli_global *g, bench *b, const char
     }
     if (b->openai && b->connections) {
         cli_err("bench: --openai opens one connection per client (--concurrency), not --connections");
+        return EXIT_USAGE;
+    }
+    if (b->openai && (g->flags.set & CS_PER_HOST) && g->flags.per_host > 1) {
+        /* kiln_raw_open's client is one connection: each HTTP client is its own */
+        cli_err("bench: --openai opens one connection per client (--concurrency), not "
+                "--connections-per-host");
         return EXIT_USAGE;
     }
     if (!b->oai_extra) b->oai_extra = BENCH_OAI_EXTRA_DEFAULT;

@@ -1,6 +1,6 @@
 /* cmd_chat.c: `kiln chat` - an interactive conversation. Each stdin line is a user
- * message; the answer streams to stdout. The protocol has no multi-turn request, so the
- * earlier turns go inside the user message (history.c says how). */
+ * message; the answer streams to stdout. The conversation so far goes with each request
+ * as GEN's messages (history.c), rendered by the server through the model's template. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,12 +12,10 @@
 static void chat_help(void) {
     printf("usage: kiln chat [flags]\n"
            "Reads user messages from stdin, one per line, and streams each answer to\n"
-           "stdout. The conversation is kept: since a request carries one user message,\n"
-           "earlier turns are sent inside it as a transcript\n"
-           "  Conversation so far:\\nUser: ...\\nAssistant: ...\\n"
-           "Continue the conversation. My new message:\\n<line>\n"
-           "under the model's chat template. The oldest turns are dropped past %d turns or\n"
-           "%d KiB, or when the server says the prompt no longer fits its context.\n"
+           "stdout. The conversation is kept: each request carries the earlier turns as\n"
+           "user and assistant messages (and --system first), which the server renders\n"
+           "through the model's chat template. The oldest turns are dropped past %d turns\n"
+           "or %d KiB, or when the server says the prompt no longer fits its context.\n"
            "Lines: /reset clears the history, /quit (or end of input) exits; a line\n"
            "starting with // sends the rest with one / (\"//etc\" -> \"/etc\").\n"
            "Ctrl-C during an answer cancels it (it is not kept); at the prompt it exits.\n\n",
@@ -43,6 +41,10 @@ static int chat_args(int argc, char **argv, cli_global *g, gen_opts *o) {
             return argp_unknown(&p);
         }
     }
+    if (o->p.chat == 0) {
+        cli_err("chat: the conversation needs the chat template (--no-chat is for generate)");
+        return EXIT_USAGE;
+    }
     return gen_check(o, "chat") < 0 ? EXIT_USAGE : EXIT_OK;
 }
 
@@ -63,25 +65,23 @@ static int read_line(char *buf, size_t cap, size_t *len) {
     return 1;
 }
 
-/* Sends line with the history; drops the oldest exchanges while the server says the
- * prompt is too long (413). The stream's status. */
-static int chat_turn(kiln_client *c, gen_opts *o, history *h, const char *line, size_t len,
-                     stream_req *s, int verbose) {
+/* Sends line (NUL-terminated) after the history; drops the oldest exchanges while the
+ * server says the prompt is too long (413). The stream's status. */
+static int chat_turn(kiln_client *c, gen_opts *o, history *h, const char *line, stream_req *s,
+                     int verbose) {
+    const char *system = o->p.system; /* msgs[0] instead */
+    kiln_msg msgs[HIST_MAX_TURNS + 2];
     for (;;) {
-        size_t plen;
-        char *prompt = history_render(h, line, len, &plen);
-        if (!prompt) {
-            cli_err("out of memory");
-            return KILN_ENOMEM;
-        }
-        o->p.prompt = prompt;
+        o->p.system = o->p.prompt = NULL;
+        o->p.msgs = msgs;
+        o->p.n_msgs = history_msgs(h, system, line, msgs);
         memset(s, 0, sizeof *s);
         s->out = stdout, s->n = 1, s->keep_max = HIST_MAX_BYTES + 1;
         cli_sigint_arm();
         int st = stream_run(c, &o->p, s, cli_retries(), verbose);
         cli_sigint_disarm();
-        free(prompt);
-        o->p.prompt = NULL;
+        o->p.system = system;
+        o->p.msgs = NULL, o->p.n_msgs = 0;
         if (st != 413 || h->n == 0 || s->any_token) return st;
         fprintf(stderr, "kiln: the conversation no longer fits the context; dropping the "
                         "oldest exchange\n");
@@ -128,7 +128,7 @@ int cmd_chat(int argc, char **argv, cli_global *g) {
         }
         if (line[0] == '/') line++, len--;
         stream_req s;
-        int st = chat_turn(c, &o, &h, line, len, &s, g->verbose);
+        int st = chat_turn(c, &o, &h, line, &s, g->verbose);
         if (s.any_token || st == 0) putchar('\n');
         fflush(stdout);
         if (st == 0 && !s.cancelled && !cli_interrupted) {

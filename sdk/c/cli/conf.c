@@ -20,7 +20,8 @@
 
 const char conf_flags_help[] =
     "connection (flags > environment > config file):\n"
-    "  --host H:P[,H:P...]   server(s), tried in order (repeatable; default " DEFAULT_HOST ")\n"
+    "  --host H:P[,H:P...]   server(s): a connection to each, requests to the least busy\n"
+    "                        (repeatable; default " DEFAULT_HOST ")\n"
     "                        env KILN_HOST; IPv6 as [addr]:port; port defaults to " DEFAULT_PORT "\n"
     "  --token T             the HELLO token                        env KILN_TOKEN\n"
     "  --ca FILE             CA certificate(s) to trust (PEM)       env KILN_CA\n"
@@ -30,9 +31,11 @@ const char conf_flags_help[] =
     "                        a byte from the server (default: 5000 and 30000)\n"
     "  --retries N           extra attempts: reconnect rounds over the host list, 503\n"
     "                        retries, resends after a broken connection (default 2)\n"
+    "  --connections-per-host N  connections to each server (default 1); behind a TCP\n"
+    "                        balancer (HAProxy mode tcp) N reach up to N boxes\n"
     "  --config FILE         settings file (default ~/.config/kiln/client.ini): lines\n"
     "                        `key = value` with keys host token ca cert key server_name\n"
-    "                        timeout_ms retries; `#` or `;` starts a comment line;\n"
+    "                        timeout_ms retries connections_per_host; `#` or `;` starts a comment line;\n"
     "                        host may repeat; ~/ in paths is the home directory\n"
     "  -v, --verbose         usage and connection details on stderr\n";
 
@@ -148,8 +151,12 @@ static int conf_set_key(conf_conn *c, const char *key, const char *val, const ch
     } else if (strcmp(key, "retries") == 0) {
         if (parse_long(val, 0, 100, &n) < 0) goto bad;
         c->retries = (int)n, c->set |= CS_RETRIES;
+    } else if (strcmp(key, "connections_per_host") == 0) {
+        if (parse_long(val, 1, 64, &n) < 0) goto bad;
+        c->per_host = (int)n, c->set |= CS_PER_HOST;
     } else {
-        cli_err("%s: unknown key '%.40s' (keys: host token ca cert key server_name timeout_ms retries)",
+        cli_err("%s: unknown key '%.40s' (keys: host token ca cert key server_name timeout_ms retries "
+                "connections_per_host)",
                 where, key);
         return -2;
     }
@@ -188,7 +195,7 @@ static int conf_line(conf_conn *c, char *line, const char *where, unsigned *seen
         }
     /* only host may repeat: a second `token =` is more likely a mistake than intent */
     static const char *const once[] = {"token", "ca", "cert", "key", "server_name",
-                                       "timeout_ms", "retries"};
+                                       "timeout_ms", "retries", "connections_per_host"};
     for (unsigned i = 0; i < sizeof once / sizeof *once; i++) {
         if (strcmp(k, once[i]) != 0) continue;
         if (*seen & (1u << i)) {
@@ -269,6 +276,7 @@ void conf_merge(conf_conn *dst, const conf_conn *src) {
     if (src->set & CS_SERVER_NAME) memcpy(dst->server_name, src->server_name, sizeof dst->server_name);
     if (src->set & CS_TIMEOUT) dst->timeout_ms = src->timeout_ms;
     if (src->set & CS_RETRIES) dst->retries = src->retries;
+    if (src->set & CS_PER_HOST) dst->per_host = src->per_host;
     dst->set |= src->set;
 }
 
@@ -334,6 +342,9 @@ int conf_flag(argp *p, cli_global *g) {
     } else if (argp_is(p, "--retries")) {
         r = argp_int(p, &c->retries, 0, 100);
         c->set |= CS_RETRIES;
+    } else if (argp_is(p, "--connections-per-host")) {
+        r = argp_int(p, &c->per_host, 1, 64);
+        c->set |= CS_PER_HOST;
     } else if (argp_is(p, "--config")) r = argp_str(p, &g->config);
     else if (argp_is(p, "--verbose") || argp_is(p, "-v")) {
         r = argp_no_value(p);

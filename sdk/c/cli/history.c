@@ -1,27 +1,11 @@
-/* history.c: the conversation kept by `kiln chat`.
- * GEN takes one user message (and a system message) per request, and a raw prompt with
- * chat=0 cannot carry the template's special tokens, so earlier turns travel inside the
- * user message as a plain transcript:
- *
- *   Conversation so far:
- *   User: <earlier line>
- *   Assistant: <earlier answer>
- *   ...
- *   Continue the conversation. My new message:
- *   <line>
- *
- * The model still gets its own chat template around that (chat=1), so it answers as
- * the assistant. The history is bounded (HIST_MAX_TURNS, HIST_MAX_BYTES): the oldest
- * exchanges go first. */
+/* history.c: the conversation kept by `kiln chat`, sent as GEN's conversation form
+ * (system= user= assistant= ... user=, docs/PROTOCOL.md): the server renders the turns
+ * through the model's chat template, as the OpenAI API does with its messages. The
+ * history is bounded (HIST_MAX_TURNS, HIST_MAX_BYTES): the oldest exchanges go first. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-
-static const char HEAD[] = "Conversation so far:\n";
-static const char USER[] = "User: ";
-static const char ASSISTANT[] = "Assistant: ";
-static const char TAIL[] = "Continue the conversation. My new message:\n";
 
 void history_init(history *h) {
     memset(h, 0, sizeof *h);
@@ -71,33 +55,10 @@ int history_add(history *h, const char *user, size_t ulen, const char *answer, s
     return 0;
 }
 
-/* Appends s[0..len) at *pos in out (room was computed by the caller). */
-static void put(char *out, size_t *pos, const char *s, size_t len) {
-    memcpy(out + *pos, s, len);
-    *pos += len;
-}
-
-char *history_render(const history *h, const char *line, size_t len, size_t *out_len) {
-    size_t need = len + 1;
-    if (h->n > 0) {
-        need += sizeof HEAD + sizeof TAIL;
-        for (int i = 0; i < h->n; i++) need += h->len[i] + sizeof ASSISTANT + 1;
-    }
-    char *out = malloc(need);
-    if (!out) return NULL;
-    size_t pos = 0;
-    if (h->n > 0) {
-        put(out, &pos, HEAD, sizeof HEAD - 1);
-        for (int i = 0; i < h->n; i++) {
-            if (i % 2 == 0) put(out, &pos, USER, sizeof USER - 1);
-            else put(out, &pos, ASSISTANT, sizeof ASSISTANT - 1);
-            put(out, &pos, h->text[i], h->len[i]);
-            put(out, &pos, "\n", 1);
-        }
-        put(out, &pos, TAIL, sizeof TAIL - 1);
-    }
-    put(out, &pos, line, len);
-    out[pos] = '\0';
-    if (out_len) *out_len = pos;
-    return out;
+int history_msgs(const history *h, const char *system, const char *line, kiln_msg *out) {
+    int n = 0;
+    if (system) out[n++] = (kiln_msg){"system", system};
+    for (int i = 0; i < h->n; i++) out[n++] = (kiln_msg){i % 2 ? "assistant" : "user", h->text[i]};
+    out[n++] = (kiln_msg){"user", line};
+    return n;
 }

@@ -15,6 +15,7 @@ void kiln_options_init(kiln_options *o) {
     o->retries = 2;
     o->backoff_ms = 200;
     o->backoff_max_ms = 5000;
+    o->connections_per_host = 1;
 }
 
 const char *kiln_strerror(int code) {
@@ -98,7 +99,7 @@ bad:
     return KILN_EINVAL;
 }
 
-static int parse_hosts(kiln_client *c, kiln_error *err) {
+static int parse_hosts(kl_one *c, kiln_error *err) {
     const char *s = c->s_hosts;
     int cap = 1;
     for (const char *p = s; *p; p++)
@@ -172,7 +173,7 @@ static void copy_str(char *dst, size_t cap, const proto_str *v) {
     snprintf(dst, cap, "%s", v ? v->s : "");
 }
 
-static int hello_reply(kiln_client *c, char *line, size_t len, kiln_error *err) {
+static int hello_reply(kl_one *c, char *line, size_t len, kiln_error *err) {
     proto_line l;
     char perr[128];
     if (proto_split(line, len, &l, perr, sizeof perr)) {
@@ -192,7 +193,7 @@ static int hello_reply(kiln_client *c, char *line, size_t len, kiln_error *err) 
     return 0;
 }
 
-static int hello(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
+static int hello(kl_one *c, int64_t deadline_ms, kiln_error *err) {
     size_t tl = strlen(c->o.token);
     size_t cap = 32 + PROTO_QUOTED_MAX(tl);
     char *buf = malloc(cap);
@@ -223,7 +224,7 @@ static int hello(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
 }
 
 /* TCP + TLS + HELLO with one box. 0, or a code. */
-static int open_box(kiln_client *c, const kl_box *b, kiln_error *err) {
+static int open_box(kl_one *c, const kl_box *b, kiln_error *err) {
     int64_t deadline = kl_now_ms() + c->o.connect_timeout_ms;
     snprintf(c->server, sizeof c->server, "%s", b->name);
     c->conn_err = 0;
@@ -260,13 +261,18 @@ static int transient(int code) {
            code == KILN_EPROTO || code == 503;
 }
 
-int kl_ensure(kiln_client *c, kiln_error *err) {
+/* Drop a broken connection, or a draining one that owes no answer. */
+static void settle_conn(kl_one *c) {
     if (c->up && c->broken)
         kl_drop(c, c->broke.code, c->broke.message);
     /* a draining box said GOAWAY: leave it once no answer is owed (requests waiting to
      * be retried stay, and go to the next box) */
     if (c->up && c->going_away && !kl_in_flight(c, 1))
         kl_drop(c, KILN_ECLOSED, "the box is draining");
+}
+
+int kl_ensure(kl_one *c, kiln_error *err) {
+    settle_conn(c);
     if (c->up)
         return 0;
     kiln_error e = {KILN_ECONNECT, "no box"};
@@ -297,7 +303,7 @@ int kl_ensure(kiln_client *c, kiln_error *err) {
     return e.code;
 }
 
-void kl_drop(kiln_client *c, int code, const char *msg) {
+void kl_drop(kl_one *c, int code, const char *msg) {
     /* The server's own reason ("ERR - 408 idle_timeout", "ERR - 413 too_long") beats
      * the bare close that followed it. */
     char m[KILN_MSG_MAX];
@@ -349,7 +355,7 @@ static int check_options(const kiln_options *o, int raw, int plain, kiln_error *
 }
 
 /* Copies o into c, with defaults for unset numbers. */
-static int copy_options(kiln_client *c, const kiln_options *o, kiln_error *err) {
+static int copy_options(kl_one *c, const kiln_options *o, kiln_error *err) {
     int fail = 0;
     c->o = *o;
     c->o.hosts = c->s_hosts = dup_opt(o->hosts, &fail);
@@ -377,7 +383,7 @@ static int copy_options(kiln_client *c, const kiln_options *o, kiln_error *err) 
     return 0;
 }
 
-static void free_client(kiln_client *c) {
+static void free_client(kl_one *c) {
     kl_tls_close(c, 0);
     kl_tls_free(c);
     free(c->rbuf);
@@ -391,12 +397,15 @@ static void free_client(kiln_client *c) {
     free(c);
 }
 
-kiln_client *kl_client_new(const kiln_options *o, int raw, int plain, kiln_error *err) {
+/* A connection to the box list, not connected yet; it starts at box home (modulo the
+ * list's length) and kl1_reconnect_home dials only that one. raw: no HELLO (so no token
+ * needed); plain: no TLS either (so no CA). */
+static kl_one *one_new(const kiln_options *o, int home, int raw, int plain, kiln_error *err) {
     if (err)
         *err = (kiln_error){0, ""};
     if (check_options(o, raw, plain, err))
         return NULL;
-    kiln_client *c = calloc(1, sizeof *c);
+    kl_one *c = calloc(1, sizeof *c);
     if (!c) {
         kl_err(err, KILN_ENOMEM, "out of memory");
         return NULL;
@@ -417,27 +426,41 @@ kiln_client *kl_client_new(const kiln_options *o, int raw, int plain, kiln_error
         free_client(c);
         return NULL;
     }
+    c->home_box = c->first_box = home % c->n_boxes;
     return c;
 }
 
-/* Also kiln_raw_open's second half: the options' checks differ, connecting does not. */
-static kiln_client *connect_new(kiln_client *c, kiln_error *err) {
-    if (c && kl_ensure(c, err)) {
-        free_client(c);
-        return NULL;
-    }
-    return c;
+kl_one *kl1_new(const kiln_options *o, int home, kiln_error *err) {
+    return one_new(o, home, 0, 0, err);
 }
 
-kiln_client *kiln_connect(const kiln_options *o, kiln_error *err) {
-    return connect_new(kl_client_new(o, 0, 0, err), err);
+kl_one *kl1_new_raw(const kiln_options *o, int plain, kiln_error *err) {
+    return one_new(o, 0, 1, plain, err);
 }
 
-kiln_client *kiln_raw_open(const kiln_options *o, int plain, kiln_error *err) {
-    return connect_new(kl_client_new(o, 1, plain, err), err);
+int kl1_reconnect(kl_one *c, kiln_error *err) { return kl_ensure(c, err); }
+
+int kl1_reconnect_home(kl_one *c, kiln_error *err) {
+    settle_conn(c);
+    if (c->up)
+        return 0;
+    int r = open_box(c, &c->boxes[c->home_box], err);
+    if (!r)
+        c->box_i = c->first_box = c->home_box;
+    return r;
 }
 
-void kiln_close(kiln_client *c) {
+void kl1_drop_idle_draining(kl_one *c) {
+    if (c->up && !c->broken && c->going_away && !kl_in_flight(c, 0))
+        kl_drop(c, KILN_ECLOSED, "the box is draining");
+}
+
+int kl1_n_boxes(const kl_one *c) { return c->n_boxes; }
+int kl1_going_away(const kl_one *c) { return c->going_away; }
+int kl1_broken(const kl_one *c) { return c->up && c->broken; }
+int kl1_fd(const kl_one *c) { return c->up ? c->fd : -1; }
+
+void kl1_close(kl_one *c) {
     if (!c)
         return;
     if (c->up && !c->broken && !c->raw) {
@@ -452,9 +475,9 @@ void kiln_close(kiln_client *c) {
     free_client(c);
 }
 
-const char *kiln_model(const kiln_client *c) { return c->model; }
-long kiln_ctx(const kiln_client *c) { return c->ctx; }
-long kiln_session(const kiln_client *c) { return c->session; }
-const char *kiln_role(const kiln_client *c) { return c->role; }
-const char *kiln_server(const kiln_client *c) { return c->server; }
-int kiln_connected(const kiln_client *c) { return c->up && !c->broken; }
+const char *kl1_model(const kl_one *c) { return c->model; }
+long kl1_ctx(const kl_one *c) { return c->ctx; }
+long kl1_session(const kl_one *c) { return c->session; }
+const char *kl1_role(const kl_one *c) { return c->role; }
+const char *kl1_server(const kl_one *c) { return c->server; }
+int kl1_connected(const kl_one *c) { return c->up && !c->broken; }

@@ -3,7 +3,10 @@
  * Split: tls.c (TCP connect with timeout, TLS setup/handshake, record I/O with
  * deadlines), lines.c (the line buffer, time, errors, backoff), client.c (options,
  * connect/failover/HELLO, close, accessors), request.c (GEN, TOK/END/ERR dispatch,
- * pump, cancel, retries, generate), verbs.c (HEALTH, STATS, METRICS, admin commands). */
+ * pump, cancel, retries, generate), verbs.c (HEALTH, STATS, METRICS, admin commands):
+ * raw.c (kiln_raw_open's byte streams): all of one connection, a kl_one. pool.c is the
+ * kiln_client of the API: several kl_one (boxes x connections_per_host) and the routing
+ * of each call to one of them; a raw client is a pool of exactly one raw kl_one. */
 #ifndef KILN_SDK_INTERNAL_H
 #define KILN_SDK_INTERNAL_H
 
@@ -25,6 +28,10 @@
 /* Largest multi-line body (METRICS, CONFIG) we accept. */
 #define KL_BODY_MAX ((size_t)64 << 20)
 #define KL_DEFAULT_PORT "8443"
+
+/* One connection (with failover over the box list) and the requests on it: what a
+ * kiln_client was before it balanced. pool.c makes a kiln_client of one or more. */
+typedef struct kl_one kl_one;
 
 typedef struct {
     char host[256]; /* without brackets for IPv6 literals */
@@ -52,7 +59,7 @@ typedef struct kl_req {
     int retry_on_close; /* kiln_generate's: resend after a reconnect */
 } kl_req;
 
-struct kiln_client {
+struct kl_one {
     kiln_options o; /* string members point at the copies below */
     char *s_hosts, *s_token, *s_ca, *s_name, *s_crt, *s_key;
     kl_box *boxes;
@@ -88,6 +95,7 @@ struct kiln_client {
     /* "GOAWAY" (the box is draining): once nothing sent waits for an answer, the
      * connection is closed and the next one starts at the box after it */
     int box_i;         /* the box connected to */
+    int home_box;      /* the box kl1_reconnect_home dials (pool.c spreads them) */
     int first_box;     /* where the next connect starts in the list */
     int going_away;
 
@@ -99,50 +107,96 @@ struct kiln_client {
     int raw, plain;
 };
 
+/* The kiln_* calls of one connection (client.c, request.c, verbs.c); pool.c routes the
+ * public ones to them. */
+/* A connection, not connected yet, whose home is box `home` of the list. */
+kl_one *kl1_new(const kiln_options *o, int home, kiln_error *err);
+/* A raw connection (kiln_raw_open's): no HELLO, so no token; plain: TCP without TLS, so
+ * no CA either. Not connected yet; kl1_reconnect connects it (failover, rounds). */
+kl_one *kl1_new_raw(const kiln_options *o, int plain, kiln_error *err);
+/* Connect when down: failover over the list from where it stands, with rounds (as
+ * every call does by itself). 0 or a code. */
+int kl1_reconnect(kl_one *c, kiln_error *err);
+/* Connect when down, to its home box only, once. 0 or a code. */
+int kl1_reconnect_home(kl_one *c, kiln_error *err);
+/* Close it when its box said GOAWAY and nothing (not even a retry) waits on it. */
+void kl1_drop_idle_draining(kl_one *c);
+int kl1_n_boxes(const kl_one *c);
+void kl1_close(kl_one *c);
+const char *kl1_model(const kl_one *c);
+long kl1_ctx(const kl_one *c);
+long kl1_session(const kl_one *c);
+const char *kl1_role(const kl_one *c);
+const char *kl1_server(const kl_one *c);
+int kl1_connected(const kl_one *c);
+/* 1 when the box said GOAWAY (no new requests should go there). */
+int kl1_going_away(const kl_one *c);
+/* 1 when a read or write failed and the connection awaits its teardown. */
+int kl1_broken(const kl_one *c);
+/* The socket to poll for the next line, -1 when down. kl1_pump(c, 0) reads all that
+ * has arrived, so a poll after it sees only what is new. */
+int kl1_fd(const kl_one *c);
+kiln_req kl1_submit(kl_one *c, const kiln_gen *p, const kiln_callbacks *cb, void *ud,
+                    kiln_error *err);
+int kl1_pump(kl_one *c, int timeout_ms, kiln_error *err);
+int kl1_pending(const kl_one *c);
+int kl1_cancel(kl_one *c, kiln_req h, kiln_error *err);
+int kl1_generate(kl_one *c, const kiln_gen *p, kiln_on_token on_token, void *ud,
+                 kiln_usage *usage, kiln_error *err);
+int kl1_health(kl_one *c, kiln_health_info *h, kiln_error *err);
+int kl1_stats(kl_one *c, kiln_stats_info *s, kiln_error *err);
+char *kl1_metrics(kl_one *c, size_t *len, kiln_error *err);
+int kl1_command(kl_one *c, const char *line, char *reply, size_t cap, kiln_error *err);
+char *kl1_command_body(kl_one *c, const char *line, size_t *len, kiln_error *err);
+int kl1_update(kl_one *c, const char *path, int tries, kiln_on_progress on_progress, void *ud,
+               char *reply, size_t cap, kiln_error *err);
+/* raw.c: kiln_raw_write/read/hangup on the pool's one connection (EINVAL unless raw). */
+int kl1_raw_write(kl_one *c, const void *buf, size_t len, kiln_error *err);
+long kl1_raw_read(kl_one *c, void *buf, size_t cap, int timeout_ms, kiln_error *err);
+void kl1_raw_hangup(kl_one *c);
+
 /* lines.c */
 int64_t kl_now_ms(void);
 void kl_err(kiln_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int kl_backoff_ms(const kiln_client *c, int attempt);
+int kl_backoff_ms(const kl_one *c, int attempt);
 void kl_sleep_ms(int ms);
 /* The next server line: 1 with *line (NUL-terminated, '\r' stripped, valid until the
  * next read) and *len; 0 when deadline_ms passed first; < 0 a library code (err set). */
-int kl_line(kiln_client *c, int64_t deadline_ms, char **line, size_t *len, kiln_error *err);
-void kl_buf_reset(kiln_client *c);
+int kl_line(kl_one *c, int64_t deadline_ms, char **line, size_t *len, kiln_error *err);
+void kl_buf_reset(kl_one *c);
 /* Write a whole line (adds '\n'); marks the connection broken on failure. */
-int kl_send_line(kiln_client *c, const char *s, size_t len, kiln_error *err);
+int kl_send_line(kl_one *c, const char *s, size_t len, kiln_error *err);
 
 /* tls.c */
 /* Contexts, RNG and the config (before the options are known), then the files. */
-int kl_tls_init(kiln_client *c, kiln_error *err);
-int kl_tls_init_files(kiln_client *c, kiln_error *err);
-void kl_tls_free(kiln_client *c);
-int kl_tls_open(kiln_client *c, const kl_box *b, int64_t deadline_ms, kiln_error *err);
-void kl_tls_close(kiln_client *c, int polite);
+int kl_tls_init(kl_one *c, kiln_error *err);
+int kl_tls_init_files(kl_one *c, kiln_error *err);
+void kl_tls_free(kl_one *c);
+int kl_tls_open(kl_one *c, const kl_box *b, int64_t deadline_ms, kiln_error *err);
+void kl_tls_close(kl_one *c, int polite);
 /* Append what arrives to rbuf: > 0 bytes, 0 deadline passed, < 0 code (err set). */
-int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err);
-int kl_tls_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
+int kl_tls_read(kl_one *c, int64_t deadline_ms, kiln_error *err);
+int kl_tls_write(kl_one *c, const char *buf, size_t len, int64_t deadline_ms,
                  kiln_error *err);
 
 /* client.c */
-/* A client with its options, boxes and TLS material, not yet connected. NULL + err. */
-kiln_client *kl_client_new(const kiln_options *o, int raw, int plain, kiln_error *err);
 /* Connect (failover over the boxes, rounds with backoff) when not up. 0 or a code. */
-int kl_ensure(kiln_client *c, kiln_error *err);
+int kl_ensure(kl_one *c, kiln_error *err);
 /* "ERR <id> <code> <slug> [msg=...]" into err: the code, or KILN_EPROTO. */
 int kl_err_line(const proto_line *l, kiln_error *err);
 /* Tear the connection down and end (or reschedule) the requests on it. */
-void kl_drop(kiln_client *c, int code, const char *msg);
+void kl_drop(kl_one *c, int code, const char *msg);
 
 /* request.c */
 /* Route one server line: 1 it was a request's line (dispatched), 0 it was not (left
  * untouched for a verb's reply). */
-int kl_dispatch(kiln_client *c, char *line, size_t len);
+int kl_dispatch(kl_one *c, char *line, size_t len);
 /* Read what is already there without waiting; drop the connection if it broke. */
-void kl_drain(kiln_client *c);
+void kl_drain(kl_one *c);
 /* End every request with code (final: all; else kiln_generate's unsent-to requests
  * may be rescheduled for a resend after a reconnect). */
-void kl_fail_all(kiln_client *c, int code, const char *msg, int final);
-int kl_in_flight(const kiln_client *c, int sent_only);
+void kl_fail_all(kl_one *c, int code, const char *msg, int final);
+int kl_in_flight(const kl_one *c, int sent_only);
 
 #endif

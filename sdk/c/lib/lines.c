@@ -37,7 +37,7 @@ void kl_err(kiln_error *err, int code, const char *fmt, ...) {
 }
 
 /* backoff_ms doubling per attempt (1-based), capped at backoff_max_ms. */
-int kl_backoff_ms(const kiln_client *c, int attempt) {
+int kl_backoff_ms(const kl_one *c, int attempt) {
     int64_t d = c->o.backoff_ms > 0 ? c->o.backoff_ms : 0;
     for (int i = 1; i < attempt && d < c->o.backoff_max_ms; i++)
         d *= 2;
@@ -46,12 +46,12 @@ int kl_backoff_ms(const kiln_client *c, int attempt) {
     return (int)d;
 }
 
-void kl_buf_reset(kiln_client *c) {
+void kl_buf_reset(kl_one *c) {
     c->rpos = c->rlen = 0;
 }
 
 /* A complete line in rbuf[rpos..rlen): cut it out. 1 found, 0 not yet, < 0 too long. */
-static int take_line(kiln_client *c, char **line, size_t *len, kiln_error *err) {
+static int take_line(kl_one *c, char **line, size_t *len, kiln_error *err) {
     size_t avail = c->rlen - c->rpos;
     char *start = c->rbuf + c->rpos;
     char *nl = avail ? memchr(start, '\n', avail) : NULL;
@@ -73,7 +73,7 @@ static int take_line(kiln_client *c, char **line, size_t *len, kiln_error *err) 
     return 1;
 }
 
-int kl_line(kiln_client *c, int64_t deadline_ms, char **line, size_t *len, kiln_error *err) {
+int kl_line(kl_one *c, int64_t deadline_ms, char **line, size_t *len, kiln_error *err) {
     for (;;) {
         int t = take_line(c, line, len, err);
         if (t != 0)
@@ -84,7 +84,7 @@ int kl_line(kiln_client *c, int64_t deadline_ms, char **line, size_t *len, kiln_
     }
 }
 
-int kl_send_line(kiln_client *c, const char *s, size_t len, kiln_error *err) {
+int kl_send_line(kl_one *c, const char *s, size_t len, kiln_error *err) {
     kiln_error e = {0, ""};
     if (!c->up) {
         kl_err(err, KILN_ECLOSED, "not connected");

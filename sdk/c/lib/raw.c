@@ -1,12 +1,13 @@
 /* libkiln raw streams: the client's transport (TCP with deadlines, the same verified TLS)
  * without the line protocol, so a tool can speak another protocol to kilnd's port or to
  * another server (`kiln bench --openai` speaks HTTP/1.1 over it, TLS or plain). The
- * receive buffer of the line layer is reused: bytes are copied out of it. */
+ * receive buffer of the line layer is reused: bytes are copied out of it. All of one
+ * kl_one; the kiln_raw_* calls (pool.c) give them the raw pool's only connection. */
 #include <string.h>
 
 #include "internal.h"
 
-int kiln_raw_write(kiln_client *c, const void *buf, size_t len, kiln_error *err) {
+int kl1_raw_write(kl_one *c, const void *buf, size_t len, kiln_error *err) {
     if (!c->raw) {
         kl_err(err, KILN_EINVAL, "not a raw client");
         return KILN_EINVAL;
@@ -20,7 +21,7 @@ int kiln_raw_write(kiln_client *c, const void *buf, size_t len, kiln_error *err)
     return r;
 }
 
-long kiln_raw_read(kiln_client *c, void *buf, size_t cap, int timeout_ms, kiln_error *err) {
+long kl1_raw_read(kl_one *c, void *buf, size_t cap, int timeout_ms, kiln_error *err) {
     if (!c->raw || !c->up) {
         kl_err(err, !c->raw ? KILN_EINVAL : KILN_ECLOSED, "%s",
                !c->raw ? "not a raw client" : "not connected");
@@ -44,7 +45,7 @@ long kiln_raw_read(kiln_client *c, void *buf, size_t cap, int timeout_ms, kiln_e
     return (long)n;
 }
 
-void kiln_raw_hangup(kiln_client *c) {
+void kl1_raw_hangup(kl_one *c) {
     if (c->raw && c->up)
         kl_drop(c, KILN_ECLOSED, "hung up");
 }

@@ -79,8 +79,38 @@ static void put_float(kl_buf *b, const char *key, double v) {
     buf_put(b, t, (size_t)n);
 }
 
+static int is_role(const char *r) {
+    return r && (!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant"));
+}
+
+/* A conversation's shape (the server checks it too; a role becomes a key, so it must be
+ * one of the three). */
+static int check_msgs(const kiln_gen *p, kiln_error *err) {
+    if (p->prompt || p->system) {
+        kl_err(err, KILN_EINVAL, "msgs exclude prompt and system (give the system message as msgs[0])");
+        return KILN_EINVAL;
+    }
+    if (p->chat == 0) {
+        kl_err(err, KILN_EINVAL, "msgs need chat (the template renders them)");
+        return KILN_EINVAL;
+    }
+    if (p->n_msgs < 1 || p->n_msgs > KILN_MAX_MSGS) {
+        kl_err(err, KILN_EINVAL, "n_msgs must be 1..%d", KILN_MAX_MSGS);
+        return KILN_EINVAL;
+    }
+    for (int i = 0; i < p->n_msgs; i++)
+        if (!is_role(p->msgs[i].role) || !p->msgs[i].content) {
+            kl_err(err, KILN_EINVAL, "msgs[%d] needs a role (system, user, assistant) and content", i);
+            return KILN_EINVAL;
+        }
+    return 0;
+}
+
 static int check_gen(const kiln_gen *p, kiln_error *err) {
-    if (!p || !p->prompt) {
+    if (p && p->msgs) {
+        if (check_msgs(p, err))
+            return KILN_EINVAL;
+    } else if (!p || !p->prompt) {
         kl_err(err, KILN_EINVAL, "no prompt");
         return KILN_EINVAL;
     }
@@ -105,11 +135,17 @@ static int check_gen(const kiln_gen *p, kiln_error *err) {
 
 /* Everything of the GEN line after the id; unset keys are left out. */
 static int gen_args(const kiln_gen *p, kl_buf *b) {
-    put_str(b, "prompt", p->prompt);
-    if (p->system)
-        put_str(b, "system", p->system);
-    if (p->chat >= 0)
-        put_int(b, "chat", p->chat);
+    if (p->msgs) { /* the conversation form: each message a key of its role, in order */
+        for (int i = 0; i < p->n_msgs; i++)
+            put_str(b, p->msgs[i].role, p->msgs[i].content);
+        put_int(b, "chat", 1);
+    } else {
+        put_str(b, "prompt", p->prompt);
+        if (p->system)
+            put_str(b, "system", p->system);
+        if (p->chat >= 0)
+            put_int(b, "chat", p->chat);
+    }
     if (p->max_tokens >= 0)
         put_int(b, "max_tokens", p->max_tokens);
     if (!isnan(p->temperature))
@@ -154,21 +190,21 @@ void kiln_gen_init(kiln_gen *p) {
 
 /* ------------------------------------------------------------------ the table */
 
-static kl_req *find_h(kiln_client *c, kiln_req h) {
+static kl_req *find_h(kl_one *c, kiln_req h) {
     for (kl_req *r = c->reqs; r; r = r->next)
         if (r->h == h)
             return r;
     return NULL;
 }
 
-static kl_req *find_wire(kiln_client *c, const char *id) {
+static kl_req *find_wire(kl_one *c, const char *id) {
     for (kl_req *r = c->reqs; r; r = r->next)
         if (r->state == KL_SENT && !strcmp(r->id, id))
             return r;
     return NULL;
 }
 
-static void unlink_req(kiln_client *c, kl_req *r) {
+static void unlink_req(kl_one *c, kl_req *r) {
     for (kl_req **pp = &c->reqs; *pp; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
@@ -184,19 +220,19 @@ static void free_req(kl_req *r) {
     }
 }
 
-int kl_in_flight(const kiln_client *c, int sent_only) {
+int kl_in_flight(const kl_one *c, int sent_only) {
     int n = 0;
     for (const kl_req *r = c->reqs; r; r = r->next)
         n += !sent_only || r->state == KL_SENT;
     return n;
 }
 
-int kiln_pending(const kiln_client *c) {
+int kl1_pending(const kl_one *c) {
     return kl_in_flight(c, 0);
 }
 
 /* The request is over: unlink it, tell the caller, free it. */
-static void finish(kiln_client *c, kl_req *r, int sample, int status, const kiln_usage *u,
+static void finish(kl_one *c, kl_req *r, int sample, int status, const kiln_usage *u,
                    const char *msg) {
     kiln_usage zero;
     if (!u) {
@@ -210,7 +246,7 @@ static void finish(kiln_client *c, kl_req *r, int sample, int status, const kiln
 }
 
 /* Send (or send again) r's GEN with a fresh wire id. */
-static int send_req(kiln_client *c, kl_req *r, kiln_error *err) {
+static int send_req(kl_one *c, kl_req *r, kiln_error *err) {
     snprintf(r->id, sizeof r->id, "k%llu", (unsigned long long)c->next_wire++);
     size_t cap = r->args_len + sizeof r->id + 16;
     char *line = malloc(cap);
@@ -230,7 +266,7 @@ static int send_req(kiln_client *c, kl_req *r, kiln_error *err) {
 }
 
 /* 503 (or a lost connection) before any token: wait and send again. */
-static void schedule_retry(kiln_client *c, kl_req *r, int status, int delay_ms,
+static void schedule_retry(kl_one *c, kl_req *r, int status, int delay_ms,
                            const char *msg) {
     r->attempts++;
     r->state = KL_WAIT_RETRY;
@@ -240,7 +276,7 @@ static void schedule_retry(kiln_client *c, kl_req *r, int status, int delay_ms,
         c->o.on_retry(c->o.retry_ud, status, r->attempts, delay_ms, msg ? msg : "");
 }
 
-static int can_retry(const kiln_client *c, const kl_req *r) {
+static int can_retry(const kl_one *c, const kl_req *r) {
     return !r->delivered && !r->cancelled && r->attempts < c->o.retries;
 }
 
@@ -248,7 +284,7 @@ static int transient(int code) {
     return code == KILN_ECLOSED || code == KILN_ETIMEOUT || code == 503;
 }
 
-void kl_fail_all(kiln_client *c, int code, const char *msg, int final) {
+void kl_fail_all(kl_one *c, int code, const char *msg, int final) {
     kl_req *keep = NULL, **kt = &keep, *fail = NULL;
     for (kl_req *r = c->reqs, *next; r; r = next) {
         next = r->next;
@@ -303,7 +339,7 @@ static double kv_f(const proto_line *l, const char *key) {
     return end != v->s && !*end && isfinite(x) ? x : 0;
 }
 
-static void on_tok(kiln_client *c, const proto_line *l) {
+static void on_tok(kl_one *c, const proto_line *l) {
     kl_req *r = find_wire(c, l->pos[0].s);
     if (!r || r->cancelled || l->n_pos < 2)
         return; /* late lines of a cancelled or finished request */
@@ -316,10 +352,10 @@ static void on_tok(kiln_client *c, const proto_line *l) {
     int stop = r->cb.on_token(r->ud, l->pos[1].s, l->pos[1].len, sample, tok,
                               kv_f(l, "logprob"));
     if (stop)
-        (void)kiln_cancel(c, h, NULL); /* looked up again: the callback may have ended it */
+        (void)kl1_cancel(c, h, NULL); /* looked up again: the callback may have ended it */
 }
 
-static void on_end_line(kiln_client *c, const proto_line *l) {
+static void on_end_line(kl_one *c, const proto_line *l) {
     kl_req *r = find_wire(c, l->pos[0].s);
     if (!r)
         return;
@@ -342,7 +378,7 @@ static void on_end_line(kiln_client *c, const proto_line *l) {
         r->cb.on_end(r->ud, sample, 0, &u, "");
 }
 
-static void on_err_line(kiln_client *c, const proto_line *l) {
+static void on_err_line(kl_one *c, const proto_line *l) {
     kl_req *r = find_wire(c, l->pos[0].s);
     if (!r)
         return; /* e.g. the 404 of a CANCEL that crossed the END */
@@ -360,7 +396,7 @@ static void on_err_line(kiln_client *c, const proto_line *l) {
 
 /* A session-level ERR ("ERR - 408 idle_timeout") that the server sends before closing:
  * kept so the close is reported with the server's reason. */
-static void on_session_err(kiln_client *c, char *line, size_t len) {
+static void on_session_err(kl_one *c, char *line, size_t len) {
     proto_line l;
     char perr[96];
     if (proto_split(line, len, &l, perr, sizeof perr) || strcmp(l.verb, "ERR"))
@@ -373,7 +409,7 @@ static void on_session_err(kiln_client *c, char *line, size_t len) {
     }
 }
 
-int kl_dispatch(kiln_client *c, char *line, size_t len) {
+int kl_dispatch(kl_one *c, char *line, size_t len) {
     if (starts(line, len, "GOAWAY")) { /* never a verb's reply: taken here for everyone */
         c->going_away = 1;
         c->first_box = c->n_boxes > 0 ? (c->box_i + 1) % c->n_boxes : 0;
@@ -406,13 +442,13 @@ int kl_dispatch(kiln_client *c, char *line, size_t len) {
 
 /* ------------------------------------------------------------------ pumping */
 
-static void handle_line(kiln_client *c, char *line, size_t len) {
+static void handle_line(kl_one *c, char *line, size_t len) {
     if (!kl_dispatch(c, line, len) && starts(line, len, "ERR"))
         on_session_err(c, line, len);
     /* anything else unasked for (a stray OK) is ignored */
 }
 
-static int64_t next_due(const kiln_client *c) {
+static int64_t next_due(const kl_one *c) {
     int64_t d = INT64_MAX;
     for (const kl_req *r = c->reqs; r; r = r->next)
         if (r->state == KL_WAIT_RETRY && r->due_ms < d)
@@ -421,7 +457,7 @@ static int64_t next_due(const kiln_client *c) {
 }
 
 /* Tear down a connection marked broken. The code, or 0 when it was not. */
-static int settle(kiln_client *c, kiln_error *err) {
+static int settle(kl_one *c, kiln_error *err) {
     if (!c->broken)
         return 0;
     kiln_error e = c->broke;
@@ -435,14 +471,14 @@ static int settle(kiln_client *c, kiln_error *err) {
 
 /* Send the requests whose retry time has come, reconnecting first if needed. When no
  * box can be reached they end with that error. 0 or the code. */
-static kl_req *first_due(kiln_client *c, int64_t now) {
+static kl_req *first_due(kl_one *c, int64_t now) {
     for (kl_req *q = c->reqs; q; q = q->next)
         if (q->state == KL_WAIT_RETRY && q->due_ms <= now)
             return q;
     return NULL;
 }
 
-static int run_due(kiln_client *c, kiln_error *err) {
+static int run_due(kl_one *c, kiln_error *err) {
     int64_t now = kl_now_ms();
     if (!first_due(c, now))
         return 0;
@@ -462,7 +498,7 @@ static int run_due(kiln_client *c, kiln_error *err) {
 }
 
 /* Why the wait ended with nothing read: 1 io timeout (connection dropped), 0 not. */
-static int io_timed_out(kiln_client *c, kiln_error *err) {
+static int io_timed_out(kl_one *c, kiln_error *err) {
     if (!c->up || !kl_in_flight(c, 1) || kl_now_ms() < c->last_rx_ms + c->o.io_timeout_ms)
         return 0;
     kiln_error e;
@@ -476,7 +512,7 @@ static int io_timed_out(kiln_client *c, kiln_error *err) {
 /* The loop of kiln_pump and kiln_generate: until end_ms, until *stop (if given), or
  * until nothing is in flight. The count in flight, or a negative code when the
  * connection broke or timed out (after the requests got their on_end). */
-static int pump(kiln_client *c, int64_t end_ms, const int *stop, kiln_error *err) {
+static int pump(kl_one *c, int64_t end_ms, const int *stop, kiln_error *err) {
     for (;;) {
         int s = settle(c, err);
         if (s)
@@ -521,14 +557,14 @@ static int pump(kiln_client *c, int64_t end_ms, const int *stop, kiln_error *err
     }
 }
 
-int kiln_pump(kiln_client *c, int timeout_ms, kiln_error *err) {
+int kl1_pump(kl_one *c, int timeout_ms, kiln_error *err) {
     if (err)
         *err = (kiln_error){0, ""};
     int64_t end = timeout_ms < 0 ? INT64_MAX : kl_now_ms() + timeout_ms;
     return pump(c, end, NULL, err);
 }
 
-void kl_drain(kiln_client *c) {
+void kl_drain(kl_one *c) {
     while (c->up && !c->broken) {
         char *line;
         size_t len;
@@ -547,7 +583,7 @@ void kl_drain(kiln_client *c) {
 
 /* ------------------------------------------------------------------ submit, cancel */
 
-static kiln_req submit(kiln_client *c, const kiln_gen *p, const kiln_callbacks *cb,
+static kiln_req submit(kl_one *c, const kiln_gen *p, const kiln_callbacks *cb,
                        void *ud, int retry_on_close, kiln_error *err) {
     if (err)
         *err = (kiln_error){0, ""};
@@ -590,12 +626,12 @@ static kiln_req submit(kiln_client *c, const kiln_gen *p, const kiln_callbacks *
     return r->h;
 }
 
-kiln_req kiln_submit(kiln_client *c, const kiln_gen *p, const kiln_callbacks *cb, void *ud,
+kiln_req kl1_submit(kl_one *c, const kiln_gen *p, const kiln_callbacks *cb, void *ud,
                      kiln_error *err) {
     return submit(c, p, cb, ud, 0, err);
 }
 
-int kiln_cancel(kiln_client *c, kiln_req h, kiln_error *err) {
+int kl1_cancel(kl_one *c, kiln_req h, kiln_error *err) {
     kl_req *r = find_h(c, h);
     if (!r) {
         kl_err(err, KILN_EINVAL, "request %llu is not in flight", (unsigned long long)h);
@@ -648,7 +684,7 @@ static void gen_end(void *ud, int sample, int status, const kiln_usage *u, const
         g->done = 1;
 }
 
-int kiln_generate(kiln_client *c, const kiln_gen *p, kiln_on_token on_token, void *ud,
+int kl1_generate(kl_one *c, const kiln_gen *p, kiln_on_token on_token, void *ud,
                   kiln_usage *usage, kiln_error *err) {
     kl_gen_state g;
     memset(&g, 0, sizeof g);

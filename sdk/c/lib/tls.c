@@ -61,7 +61,7 @@ static void verify_text(uint32_t flags, char *buf, size_t cap) {
 }
 
 static int bio_send(void *ctx, const unsigned char *buf, size_t len) {
-    kiln_client *c = ctx;
+    kl_one *c = ctx;
     ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
     if (n >= 0)
         return (int)n;
@@ -72,7 +72,7 @@ static int bio_send(void *ctx, const unsigned char *buf, size_t len) {
 }
 
 static int bio_recv(void *ctx, unsigned char *buf, size_t len) {
-    kiln_client *c = ctx;
+    kl_one *c = ctx;
     ssize_t n = recv(c->fd, buf, len, 0);
     if (n >= 0)
         return (int)n; /* 0: EOF, which mbedTLS reports as a closed connection */
@@ -96,7 +96,7 @@ static int wait_fd(int fd, short events, int64_t deadline_ms) {
     }
 }
 
-static int load_files(kiln_client *c, kiln_error *err) {
+static int load_files(kl_one *c, kiln_error *err) {
     char m[128];
     int r = mbedtls_x509_crt_parse_file(&c->ca, c->o.ca_file);
     if (r) {
@@ -128,7 +128,7 @@ static int load_files(kiln_client *c, kiln_error *err) {
     return 0;
 }
 
-int kl_tls_init(kiln_client *c, kiln_error *err) {
+int kl_tls_init(kl_one *c, kiln_error *err) {
     char m[128];
     mbedtls_entropy_init(&c->entropy);
     mbedtls_ctr_drbg_init(&c->drbg);
@@ -169,7 +169,7 @@ int kl_tls_init(kiln_client *c, kiln_error *err) {
     return 0;
 }
 
-int kl_tls_init_files(kiln_client *c, kiln_error *err) {
+int kl_tls_init_files(kl_one *c, kiln_error *err) {
     int r = load_files(c, err);
     if (r)
         return r;
@@ -177,7 +177,7 @@ int kl_tls_init_files(kiln_client *c, kiln_error *err) {
     return 0;
 }
 
-void kl_tls_free(kiln_client *c) {
+void kl_tls_free(kl_one *c) {
     mbedtls_ssl_config_free(&c->conf);
     mbedtls_x509_crt_free(&c->ca);
     mbedtls_x509_crt_free(&c->crt);
@@ -247,7 +247,7 @@ static int tcp_connect(const kl_box *b, int64_t deadline_ms, kiln_error *err) {
 
 /* The handshake failed with r: say why in words, with the verify info if it was the
  * certificate. */
-static int handshake_error(kiln_client *c, const kl_box *b, int r, kiln_error *err) {
+static int handshake_error(kl_one *c, const kl_box *b, int r, kiln_error *err) {
     char m[200];
     if (r == MBEDTLS_ERR_X509_CERT_VERIFY_FAILED) {
         verify_text(mbedtls_ssl_get_verify_result(&c->ssl), m, sizeof m);
@@ -264,7 +264,7 @@ static int handshake_error(kiln_client *c, const kl_box *b, int r, kiln_error *e
     return KILN_ETLS;
 }
 
-static int handshake(kiln_client *c, const kl_box *b, int64_t deadline_ms,
+static int handshake(kl_one *c, const kl_box *b, int64_t deadline_ms,
                      kiln_error *err) {
     for (;;) {
         int r = mbedtls_ssl_handshake(&c->ssl);
@@ -282,7 +282,7 @@ static int handshake(kiln_client *c, const kl_box *b, int64_t deadline_ms,
     }
 }
 
-int kl_tls_open(kiln_client *c, const kl_box *b, int64_t deadline_ms, kiln_error *err) {
+int kl_tls_open(kl_one *c, const kl_box *b, int64_t deadline_ms, kiln_error *err) {
     char m[128];
     int fd = tcp_connect(b, deadline_ms, err);
     if (fd < 0)
@@ -316,7 +316,7 @@ int kl_tls_open(kiln_client *c, const kl_box *b, int64_t deadline_ms, kiln_error
     return 0;
 }
 
-void kl_tls_close(kiln_client *c, int polite) {
+void kl_tls_close(kl_one *c, int polite) {
     if (c->ssl_live) {
         /* close_notify is one small record: on a non-blocking socket it either goes
          * into the socket buffer at once or is given up. */
@@ -331,7 +331,7 @@ void kl_tls_close(kiln_client *c, int polite) {
 }
 
 /* Room for one more read at the end of rbuf; consumed bytes are moved out first. */
-static int buf_room(kiln_client *c, size_t want, kiln_error *err) {
+static int buf_room(kl_one *c, size_t want, kiln_error *err) {
     if (c->rpos > 0) {
         memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
         c->rlen -= c->rpos;
@@ -352,7 +352,7 @@ static int buf_room(kiln_client *c, size_t want, kiln_error *err) {
     return 0;
 }
 
-static int read_error(kiln_client *c, int r, kiln_error *err) {
+static int read_error(kl_one *c, int r, kiln_error *err) {
     char m[128];
     if (r == 0 || r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY || r == MBEDTLS_ERR_SSL_CONN_EOF ||
         r == MBEDTLS_ERR_NET_CONN_RESET) {
@@ -369,7 +369,7 @@ static int read_error(kiln_client *c, int r, kiln_error *err) {
 }
 
 /* The plain twin of the TLS read loop below. */
-static int plain_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
+static int plain_read(kl_one *c, int64_t deadline_ms, kiln_error *err) {
     for (;;) {
         ssize_t r = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
         if (r > 0) {
@@ -385,14 +385,14 @@ static int plain_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
     }
 }
 
-static int live(const kiln_client *c, kiln_error *err) {
+static int live(const kl_one *c, kiln_error *err) {
     if (c->ssl_live || (c->plain && c->fd >= 0))
         return 1;
     kl_err(err, KILN_ECLOSED, "not connected");
     return 0;
 }
 
-int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
+int kl_tls_read(kl_one *c, int64_t deadline_ms, kiln_error *err) {
     if (!live(c, err))
         return KILN_ECLOSED;
     int br = buf_room(c, 16384, err);
@@ -423,7 +423,7 @@ int kl_tls_read(kiln_client *c, int64_t deadline_ms, kiln_error *err) {
 }
 
 /* The plain twin of the TLS write loop below. */
-static int plain_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
+static int plain_write(kl_one *c, const char *buf, size_t len, int64_t deadline_ms,
                        kiln_error *err) {
     size_t off = 0;
     while (off < len) {
@@ -444,7 +444,7 @@ static int plain_write(kiln_client *c, const char *buf, size_t len, int64_t dead
     return 0;
 }
 
-int kl_tls_write(kiln_client *c, const char *buf, size_t len, int64_t deadline_ms,
+int kl_tls_write(kl_one *c, const char *buf, size_t len, int64_t deadline_ms,
                  kiln_error *err) {
     char m[128];
     if (!live(c, err))

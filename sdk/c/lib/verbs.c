@@ -14,7 +14,7 @@
 /* Longest command line we send: admin verbs are short. */
 #define KL_CMD_MAX 4096
 
-static int fail_drop(kiln_client *c, int code, const kiln_error *e, kiln_error *err) {
+static int fail_drop(kl_one *c, int code, const kiln_error *e, kiln_error *err) {
     if (c->up)
         kl_drop(c, code, e->message);
     if (err)
@@ -23,7 +23,7 @@ static int fail_drop(kiln_client *c, int code, const kiln_error *e, kiln_error *
 }
 
 /* Check the line, make sure we are connected, send it. 0 or a code. */
-static int verb_send(kiln_client *c, const char *line, kiln_error *err) {
+static int verb_send(kl_one *c, const char *line, kiln_error *err) {
     if (err)
         *err = (kiln_error){0, ""};
     size_t n = line ? strlen(line) : 0;
@@ -50,7 +50,7 @@ static int verb_send(kiln_client *c, const char *line, kiln_error *err) {
 
 /* The next line whatever it is, waiting while bytes keep coming (each resets the io
  * timeout). 0, or a code with e set. */
-static int raw_line(kiln_client *c, char **line, size_t *len, kiln_error *e) {
+static int raw_line(kl_one *c, char **line, size_t *len, kiln_error *e) {
     for (;;) {
         int r = kl_line(c, c->last_rx_ms + c->o.io_timeout_ms, line, len, e);
         if (r > 0)
@@ -67,7 +67,7 @@ static int raw_line(kiln_client *c, char **line, size_t *len, kiln_error *e) {
 
 /* The next line that is not a request's: 0 with *line, or a code (the connection is
  * dropped then: a late reply could not be told from the next one). */
-static int verb_line(kiln_client *c, char **line, size_t *len, kiln_error *err) {
+static int verb_line(kl_one *c, char **line, size_t *len, kiln_error *err) {
     for (;;) {
         kiln_error e;
         int r = raw_line(c, line, len, &e);
@@ -97,7 +97,7 @@ static int is_err(const char *line, size_t len) {
     return len >= 4 && !memcmp(line, "ERR ", 4);
 }
 
-int kiln_command(kiln_client *c, const char *line, char *reply, size_t cap,
+int kl1_command(kl_one *c, const char *line, char *reply, size_t cap,
                  kiln_error *err) {
     if (reply && cap)
         reply[0] = '\0';
@@ -115,7 +115,7 @@ int kiln_command(kiln_client *c, const char *line, char *reply, size_t cap,
 }
 
 /* Sends verb and splits its one-line reply, which must start with want. */
-static int verb_split(kiln_client *c, const char *verb, const char *want, proto_line *l,
+static int verb_split(kl_one *c, const char *verb, const char *want, proto_line *l,
                       kiln_error *err) {
     int r = verb_send(c, verb, err);
     if (r)
@@ -144,7 +144,7 @@ static int kv_int(const proto_line *l, const char *key) {
     return v ? (int)strtol(v->s, NULL, 10) : 0;
 }
 
-int kiln_health(kiln_client *c, kiln_health_info *h, kiln_error *err) {
+int kl1_health(kl_one *c, kiln_health_info *h, kiln_error *err) {
     proto_line l;
     memset(h, 0, sizeof *h);
     int r = verb_split(c, "HEALTH", "HEALTH", &l, err);
@@ -159,7 +159,7 @@ int kiln_health(kiln_client *c, kiln_health_info *h, kiln_error *err) {
     return 0;
 }
 
-int kiln_stats(kiln_client *c, kiln_stats_info *s, kiln_error *err) {
+int kl1_stats(kl_one *c, kiln_stats_info *s, kiln_error *err) {
     proto_line l;
     memset(s, 0, sizeof *s);
     int r = verb_split(c, "STATS", "STATS", &l, err);
@@ -212,7 +212,7 @@ static int body_add(char **buf, size_t *blen, size_t *bcap, const char *line, si
     return 0;
 }
 
-char *kiln_command_body(kiln_client *c, const char *line, size_t *len, kiln_error *err) {
+char *kl1_command_body(kl_one *c, const char *line, size_t *len, kiln_error *err) {
     if (len)
         *len = 0;
     if (verb_send(c, line, err))
@@ -254,8 +254,8 @@ char *kiln_command_body(kiln_client *c, const char *line, size_t *len, kiln_erro
     return buf;
 }
 
-char *kiln_metrics(kiln_client *c, size_t *len, kiln_error *err) {
-    return kiln_command_body(c, "METRICS", len, err);
+char *kl1_metrics(kl_one *c, size_t *len, kiln_error *err) {
+    return kl1_command_body(c, "METRICS", len, err);
 }
 
 /* ------------------------------------------------------------------ UPDATE */
@@ -286,7 +286,7 @@ static int file_sha256(FILE *f, const char *path, uint64_t *size, char hex[65], 
 }
 
 /* The file's bytes after "OK update": each write bounded by the io timeout. */
-static int send_file(kiln_client *c, FILE *f, kiln_error *err) {
+static int send_file(kl_one *c, FILE *f, kiln_error *err) {
     static char buf[KL_UPD_CHUNK];
     size_t n;
     rewind(f);
@@ -304,7 +304,7 @@ static int send_file(kiln_client *c, FILE *f, kiln_error *err) {
     return 0;
 }
 
-int kiln_update(kiln_client *c, const char *path, int tries, kiln_on_progress on_progress, void *ud,
+int kl1_update(kl_one *c, const char *path, int tries, kiln_on_progress on_progress, void *ud,
                 char *reply, size_t cap, kiln_error *err) {
     if (reply && cap) reply[0] = '\0';
     if (tries < 1 || tries > 9) {
@@ -321,7 +321,7 @@ int kiln_update(kiln_client *c, const char *path, int tries, kiln_on_progress on
     size_t len;
     int r = file_sha256(f, path, &size, hex, err);
     snprintf(line, sizeof line, "UPDATE size=%llu sha256=%s tries=%d", (unsigned long long)size, hex, tries);
-    if (!r) r = kiln_command(c, line, reply, cap, err); /* "OK update slot=S max=N" */
+    if (!r) r = kl1_command(c, line, reply, cap, err); /* "OK update slot=S max=N" */
     if (!r) r = send_file(c, f, err);
     fclose(f);
     while (!r) { /* progress lines, then OK update done or an ERR */

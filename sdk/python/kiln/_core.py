@@ -14,7 +14,7 @@ import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import (
     KilnAuthError,
@@ -284,6 +284,7 @@ class Options:
     retries: int
     backoff: float
     max_line_bytes: int
+    connections_per_host: int = 1
 
     def sni(self, ep: Endpoint) -> str:
         """The name the server's certificate is checked against for ep."""
@@ -305,6 +306,7 @@ def make_options(
     backoff: float,
     ssl_context: Optional[ssl.SSLContext],
     max_line_bytes: int,
+    connections_per_host: int = 1,
 ) -> Options:
     """Checks and gathers the constructor's arguments. The endpoints are (host, port)
     first, then those of ``hosts`` not already listed, in order."""
@@ -323,6 +325,9 @@ def make_options(
         raise ValueError("retries must be >= 0")
     if max_line_bytes < 1024:
         raise ValueError("max_line_bytes must be at least 1024")
+    cph = connections_per_host
+    if isinstance(cph, bool) or not isinstance(cph, int) or cph < 1:
+        raise ValueError("connections_per_host must be an int >= 1")
     ctx = ssl_context or make_ssl_context(cafile, certfile, keyfile)
     return Options(
         endpoints=eps,
@@ -334,6 +339,7 @@ def make_options(
         retries=int(retries),
         backoff=float(backoff),
         max_line_bytes=int(max_line_bytes),
+        connections_per_host=connections_per_host,
     )
 
 
@@ -354,11 +360,15 @@ def gen_params(
     stop: Union[None, str, Sequence[str]],
     logprobs: bool,
     ignore_eos: bool,
+    messages: Optional[Sequence[Mapping[str, str]]] = None,
 ) -> Dict[str, object]:
     """The GEN keys to send: only those that differ from the protocol's defaults."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError("n must be an int >= 1")
+    if messages is not None and not chat:
+        raise ValueError("messages need chat=True (the model's template renders them)")
     return {
+        "messages": messages,
         "chat": True if chat else None,
         "system": system,
         "max_tokens": max_tokens,
@@ -474,3 +484,121 @@ def rotated(endpoints: Sequence[Endpoint], after: Optional[Endpoint]) -> List[En
         k = eps.index(after) + 1
         eps = eps[k:] + eps[:k]
     return eps
+
+
+# ---------------------------------------------------------------------------- balancing
+
+#: The first wait before a host whose connection failed or broke is dialled again;
+#: it doubles on each further failure up to RECONNECT_MAX, and starts over once a
+#: connection has stayed up for RECONNECT_MAX.
+RECONNECT_MIN = 1.0
+RECONNECT_MAX = 30.0
+
+
+class Slot:
+    """One of the connections a client keeps: the index-th to endpoint."""
+
+    def __init__(self, endpoint: Endpoint, index: int) -> None:
+        self.endpoint = endpoint
+        self.index = index
+        self.conn: Optional[Any] = None  # a _Conn or _AConn (has demux, dead, endpoint)
+        self.dialing = False  # a background dial is under way (asyncio client)
+        self.retry_at = 0.0  # time.monotonic() before which it is not dialled again
+        self.delay = RECONNECT_MIN  # the wait after its next failure
+        self.since = 0.0  # when conn was attached
+
+    def usable(self) -> bool:
+        """True when the slot's connection takes new requests (live, no GOAWAY)."""
+        c = self.conn
+        return c is not None and not c.dead and not c.demux.going_away
+
+    def load(self) -> int:
+        """Requests and commands in flight on the slot's connection."""
+        d = self.conn.demux if self.conn is not None else None
+        return len(d.requests) + len(d.commands) if d is not None else 0
+
+
+class Pool:
+    """The connections of one client: connections_per_host to each endpoint, and which
+    one a new request goes to (the fewest in flight; ties in turn).
+
+    Slots are interleaved by host (a0 b0 a1 b1 ...) so that taking ties in turn
+    alternates hosts. Only bookkeeping: the clients do the dialling and the I/O.
+    """
+
+    def __init__(self, endpoints: Sequence[Endpoint], per_host: int) -> None:
+        self.slots: List[Slot] = [Slot(ep, k) for k in range(per_host) for ep in endpoints]
+        self._next = 0  # where the turn for ties starts
+
+    def pick(self, draining_too: bool = False) -> Optional[Slot]:
+        """The usable slot with the fewest requests in flight, or None. draining_too:
+        a live connection that said GOAWAY will do too (when nothing else is left:
+        the box answers 503 draining, which the request retries)."""
+        n = len(self.slots)
+        best: Optional[Slot] = None
+        best_at = 0
+        for k in range(n):
+            i = (self._next + k) % n
+            s = self.slots[i]
+            ok = s.usable() or (draining_too and s.conn is not None and not s.conn.dead)
+            if ok and (best is None or s.load() < best.load()):
+                best, best_at = s, i
+        if best is not None:
+            self._next = (best_at + 1) % n
+        return best
+
+    def conns(self) -> List[Any]:
+        """The live connections (GOAWAY or not)."""
+        return [s.conn for s in self.slots if s.conn is not None and not s.conn.dead]
+
+    def usable(self) -> bool:
+        return any(s.usable() for s in self.slots)
+
+    def due(self, now: float) -> List[Slot]:
+        """Slots with no connection whose backoff is over (to dial in the background)."""
+        return [
+            s for s in self.slots
+            if (s.conn is None or s.conn.dead) and not s.dialing and s.retry_at <= now
+        ]  # fmt: skip
+
+    def dial_order(self, gone_from: Optional[Endpoint]) -> List[Slot]:
+        """Every slot without a live connection, by endpoint in the host list's order
+        starting past gone_from (the failover order when nothing is usable)."""
+        order = rotated([s.endpoint for s in self.slots if s.index == 0], gone_from)
+        free = [s for s in self.slots if (s.conn is None or s.conn.dead) and not s.dialing]
+        return sorted(free, key=lambda s: (order.index(s.endpoint), s.index))
+
+    def attach(self, slot: Slot, conn: Any, now: float) -> None:
+        slot.conn, slot.since, slot.retry_at = conn, now, 0.0
+
+    def failed(self, slot: Slot, now: float) -> None:
+        """A dial of slot failed: it waits its backoff, which doubles."""
+        slot.retry_at = now + slot.delay
+        slot.delay = min(RECONNECT_MAX, slot.delay * 2.0)
+
+    def detach(self, conn: Any, now: float) -> Optional[Slot]:
+        """conn is gone (broken, GOAWAY, closed): its slot waits its backoff."""
+        for s in self.slots:
+            if s.conn is conn:
+                s.conn = None
+                if now - s.since >= RECONNECT_MAX:
+                    s.delay = RECONNECT_MIN
+                self.failed(s, now)
+                return s
+        return None
+
+    def idle_going_away(self) -> List[Any]:
+        """Connections that said GOAWAY and have nothing in flight (to close)."""
+        return [
+            s.conn for s in self.slots
+            if s.conn is not None and not s.conn.dead and s.conn.demux.going_away
+            and not s.conn.demux.busy()
+        ]  # fmt: skip
+
+    def find_request(self, request_id: str) -> Tuple[Optional[Any], Optional[RequestState]]:
+        """The live connection and state of an unfinished request, or (None, None)."""
+        for c in self.conns():
+            st = c.demux.requests.get(request_id)
+            if st is not None and not st.done:
+                return c, st
+        return None, None

@@ -1,4 +1,5 @@
-"""The asyncio kiln client: many concurrent requests on one TLS connection.
+"""The asyncio kiln client: many concurrent requests over TLS connections to one or
+more boxes.
 
 Example::
 
@@ -16,7 +17,9 @@ Example::
 The API mirrors :class:`kiln.Client`, with coroutines and async iterators. A reader
 task routes the server's lines to the requests waiting for them, so any number of
 coroutines may use one AsyncClient at once. The client connects on ``await
-client.connect()``, on entering ``async with``, or on first use.
+client.connect()``, on entering ``async with``, or on first use. With several hosts
+(or ``connections_per_host`` > 1) it keeps a connection to each and sends each new
+request over the one with the fewest requests in flight (ties in turn).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
-from typing import AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
+import time
+from typing import AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 from ._core import (
     DEFAULT_MAX_LINE,
@@ -33,13 +37,14 @@ from ._core import (
     Demux,
     Endpoint,
     Options,
+    Pool,
     RequestState,
+    Slot,
     command_shape,
     connect_failure,
     gen_params,
     make_options,
     retry_delay,
-    rotated,
 )
 from .errors import (
     KilnAuthError,
@@ -107,7 +112,7 @@ class AsyncStream(AsyncIterator[Token]):
     def __init__(
         self,
         client: "AsyncClient",
-        prompt: str,
+        prompt: Optional[str],
         params: Dict[str, object],
         n: int,
         restartable: bool = False,
@@ -267,13 +272,18 @@ class AsyncStream(AsyncIterator[Token]):
 
 
 class AsyncClient:
-    """An asyncio client of one kilnd server (or a list of them, for failover).
+    """An asyncio client of one kilnd server, or of several it balances across.
 
     Takes the arguments of :class:`kiln.Client` (except ``connect``): it connects on
-    ``await connect()``, in ``async with``, or on first use. ``model``, ``ctx``,
-    ``role``, ``session`` and ``endpoint`` are None until then. Requests of any number
-    of coroutines share the connection; on loss, the next request reconnects (with
-    failover and backoff) and requests that had no token yet are sent again.
+    ``await connect()``, in ``async with``, or on first use, to every host of the list
+    (``connections_per_host`` connections to each). ``model``, ``ctx``, ``role``,
+    ``session`` and ``endpoint`` are None until then, and then describe the connection
+    the last request went to. Requests of any number of coroutines share the
+    connections: each new one goes to the connection with the fewest in flight (ties
+    in turn), never to one that said GOAWAY. A host whose connection failed or broke
+    is dialled again in the background after a backoff (1 s doubling to 30 s); when
+    no connection is left, the next request reconnects (failover over the host list,
+    with rounds). Requests that had no token yet are sent again (elsewhere).
     """
 
     def __init__(
@@ -293,12 +303,15 @@ class AsyncClient:
         backoff: float = 0.2,
         ssl_context: Optional[ssl.SSLContext] = None,
         max_line_bytes: int = DEFAULT_MAX_LINE,
+        connections_per_host: int = 1,
     ) -> None:
         self._opts: Options = make_options(
             host, port, token, cafile, hosts, certfile, keyfile, server_hostname,
             connect_timeout, timeout, retries, backoff, ssl_context, max_line_bytes,
+            connections_per_host,
         )  # fmt: skip
-        self._conn: Optional[_AConn] = None
+        self._pool = Pool(self._opts.endpoints, self._opts.connections_per_host)
+        self._dialers: Set["asyncio.Task[None]"] = set()  # background dials
         self._ids = itertools.count(1)
         self._gone_from: Optional[Endpoint] = None  # the last box that said GOAWAY
         self._closed = False
@@ -312,60 +325,134 @@ class AsyncClient:
     # ------------------------------------------------------------------ connection
 
     async def connect(self) -> "AsyncClient":
-        """Connects now (a no-op when connected). Returns self."""
-        await self._ensure()
+        """Connects now (to every host; a no-op when connected). Returns self."""
+        await self._prepare()
+        conns = self._pool.conns()
+        if conns and self.endpoint is None:
+            self._describe(conns[0])
         return self
 
     @property
     def connected(self) -> bool:
         """True while the client holds a live connection."""
-        return self._conn is not None and not self._conn.dead
+        return bool(self._pool.conns())
+
+    @property
+    def connections(self) -> List[Endpoint]:
+        """The endpoint of each live connection (one per connection)."""
+        return [c.endpoint for c in self._pool.conns()]
 
     def _new_id(self) -> str:
         return "a%d" % next(self._ids)
 
     async def _ensure(self) -> _AConn:
+        """The connection for a new request: the usable one with the fewest in flight
+        (ties in turn). Nothing awaits between the choice and the caller's
+        add_request, so concurrent requests see each other's load."""
+        await self._prepare()
+        pool = self._pool
+        slot = pool.pick() or pool.pick(draining_too=True)
+        if slot is None or slot.conn is None:
+            raise KilnConnectionError("no connection to any host")
+        conn: _AConn = slot.conn
+        self._describe(conn)
+        return conn
+
+    def _describe(self, conn: _AConn) -> None:
+        h = conn.hello
+        self.model, self.ctx, self.role, self.session = h.model, h.ctx, h.role, h.session
+        self.endpoint = conn.endpoint
+
+    async def _prepare(self) -> None:
+        """Closes idle connections that said GOAWAY; when none is usable, reconnects
+        (failover, with rounds; raises when that fails) and dials the other hosts
+        whose backoff is over; else dials those in the background."""
         if self._closed:
             raise KilnError("the client is closed")
-        conn = self._conn
-        if conn is not None and conn.demux.going_away and not conn.demux.busy():
+        pool = self._pool
+        for conn in pool.idle_going_away():
             self._gone_from = conn.endpoint  # draining: the next box in the list
-            if not conn.dead:
-                self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint), abort=False)
-        conn = self._conn
-        if conn is not None and not conn.dead:
-            return conn
+            msg = "%s:%d is draining (GOAWAY)" % conn.endpoint
+            self._drop(conn, KilnConnectionError(msg), abort=False)
+        if pool.usable():
+            for slot in pool.due(time.monotonic()):
+                self._spawn_dial(slot)
+            return
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
             if self._closed:
                 raise KilnError("the client is closed")
-            conn = self._conn
-            if conn is not None and not conn.dead:
-                return conn
-            conn = await self._dial()
-            self._conn = conn
-            h = conn.hello
-            self.model, self.ctx, self.role, self.session = h.model, h.ctx, h.role, h.session
-            self.endpoint = conn.endpoint
-            conn.task = asyncio.ensure_future(self._read_loop(conn))
-            return conn
+            if pool.usable() or not pool.dial_order(self._gone_from):
+                return  # another coroutine connected; or only draining ones are left
+            try:
+                await self._dial()
+            except KilnError:
+                if not pool.conns():
+                    raise  # else: the draining ones answer (503, retried)
+            due = pool.due(time.monotonic())
+            if due:
+                await asyncio.gather(*(self._dial_slot(s) for s in due))
 
-    async def _dial(self) -> _AConn:
+    def _spawn_dial(self, slot: Slot) -> None:
+        slot.dialing = True  # before the task runs: due() skips it from now on
+        task = asyncio.ensure_future(self._dial_slot(slot))
+        self._dialers.add(task)
+        task.add_done_callback(self._dialers.discard)
+
+    async def _dial_slot(self, slot: Slot) -> None:
+        """One try at slot's host; a failure only sets its backoff."""
+        slot.dialing = True
+        try:
+            conn = await self._dial_one(slot.endpoint)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - tried again after the backoff
+            self._pool.failed(slot, time.monotonic())
+            return
+        finally:
+            slot.dialing = False
+        if self._closed:
+            conn.writer.transport.abort()
+            return
+        self._attach(slot, conn)
+
+    def _attach(self, slot: Slot, conn: _AConn) -> None:
+        self._pool.attach(slot, conn, time.monotonic())
+        conn.task = asyncio.ensure_future(self._read_loop(conn))
+
+    async def _dial(self) -> None:
+        """Connects one slot, trying the hosts in order (past the one that said
+        GOAWAY) for up to retries + 1 rounds; raises when every try failed."""
         opts = self._opts
+        pool = self._pool
         fails = ConnectFailures()
         delay = opts.backoff
         for rnd in range(opts.retries + 1):
             start = len(fails.errors)
-            for ep in rotated(opts.endpoints, self._gone_from):
+            seen: List[Endpoint] = []
+            for slot in pool.dial_order(self._gone_from):
+                if pool.usable():
+                    return  # a background dial got there first
+                if slot.endpoint in seen:
+                    continue  # one try per host and round
+                seen.append(slot.endpoint)
+                ep = slot.endpoint
+                slot.dialing = True
                 try:
-                    return await self._dial_one(ep)
+                    conn = await self._dial_one(ep)
                 except KilnAuthError:
                     raise
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - every failure is classified
+                    pool.failed(slot, time.monotonic())
                     fails.add(connect_failure(exc, ep, "while connecting"))
+                    continue
+                finally:
+                    slot.dialing = False
+                self._attach(slot, conn)
+                return
             if rnd == opts.retries or fails.hopeless(start):
                 break
             await asyncio.sleep(delay)
@@ -449,8 +536,7 @@ class AsyncClient:
                 conn.writer.close()
         except (RuntimeError, OSError):
             pass
-        if self._conn is conn:
-            self._conn = None
+        self._pool.detach(conn, time.monotonic())
         conn.demux.lost(err.copy)
 
     async def _drain(self, conn: _AConn) -> None:
@@ -486,19 +572,24 @@ class AsyncClient:
                 raise KilnTimeoutError("no reply from the server in time") from None
 
     async def close(self) -> None:
-        """Closes the connection (the server cancels what is still running)."""
+        """Closes the connections (the servers cancel what is still running)."""
         if self._closed:
             return
         self._closed = True
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if not conn.dead:
+        dialers = list(self._dialers)
+        for t in dialers:
+            t.cancel()
+        await asyncio.gather(*dialers, return_exceptions=True)
+        conns = self._pool.conns()
+        for conn in conns:
             try:
                 conn.write("QUIT")
             except (RuntimeError, OSError):
                 pass
             self._drop(conn, KilnConnectionError("the client was closed"), abort=False)
+        await asyncio.gather(*(self._close_conn(c) for c in conns))
+
+    async def _close_conn(self, conn: _AConn) -> None:
         task = conn.task
         if task is not None and not task.done():
             task.cancel()
@@ -525,8 +616,9 @@ class AsyncClient:
 
     def stream(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -545,19 +637,21 @@ class AsyncClient:
         ignore_eos: bool = False,
     ) -> AsyncStream:
         """An :class:`AsyncStream` of a GEN's tokens (sent when iteration starts).
-        Parameters as :meth:`kiln.Client.stream`; None ones are not sent."""
+        Parameters as :meth:`kiln.Client.stream` (``messages`` included); None ones are
+        not sent."""
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)  # type errors before anything is sent
         return AsyncStream(self, prompt, params, n)
 
     async def generate(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -580,7 +674,7 @@ class AsyncClient:
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)
         s = AsyncStream(self, prompt, params, n, restartable=True)
@@ -593,13 +687,10 @@ class AsyncClient:
         return s.result()
 
     async def cancel(self, request_id: str) -> bool:
-        """Sends CANCEL for a request in flight on the current connection
-        (``AsyncStream.id``); False (nothing sent) when there is none."""
-        conn = self._conn
-        if conn is None or conn.dead:
-            return False
-        st = conn.demux.requests.get(request_id)
-        if st is None or st.done:
+        """Sends CANCEL for a request in flight (``AsyncStream.id``) on whichever
+        connection carries it; False (nothing sent) when there is none."""
+        conn, st = self._pool.find_request(request_id)
+        if conn is None or st is None:
             return False
         st.cancel_sent = True
         await self._send(conn, build_cancel(request_id))

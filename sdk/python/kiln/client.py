@@ -1,4 +1,5 @@
-"""The blocking kiln client: one TLS connection, many requests in flight on it.
+"""The blocking kiln client: TLS connections to one or more boxes, many requests in
+flight on each.
 
 Example::
 
@@ -16,16 +17,19 @@ and reconnects by itself when the connection is lost. It is **not thread-safe**:
 one client per thread (or :class:`kiln.aio.AsyncClient` for concurrency in one thread).
 Several streams may still be in flight at once on one client: reading one stream's
 tokens queues the lines of the others, which are handed out when those are iterated.
+With several hosts (or ``connections_per_host`` > 1) it keeps a connection to each and
+sends each new request over the one with the fewest requests in flight.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import select
 import socket
 import ssl
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._core import (
     DEFAULT_MAX_LINE,
@@ -34,13 +38,14 @@ from ._core import (
     Demux,
     Endpoint,
     Options,
+    Pool,
     RequestState,
+    Slot,
     command_shape,
     connect_failure,
     gen_params,
     make_options,
     retry_delay,
-    rotated,
 )
 from .errors import (
     KilnAuthError,
@@ -119,6 +124,25 @@ class _Conn:
                 raise EOFError("the server closed the connection")
             self._buf += data
 
+    def poll(self) -> bool:
+        """Reads what has already arrived, without waiting; True when a whole line is
+        buffered. Raises EOFError when the server closed, OSError/SSLError."""
+        while len(self._buf) <= self.max_line and (
+            self.sock.pending() or select.select([self.sock], [], [], 0)[0]
+        ):
+            self.sock.settimeout(0.0)
+            try:
+                data = self.sock.recv(_RECV)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                break
+            if not data:
+                raise EOFError("the server closed the connection")
+            self._buf += data
+        return self.has_line()
+
+    def has_line(self) -> bool:
+        return self._buf.find(b"\n") >= 0
+
     def close(self) -> None:
         self.dead = True
         try:
@@ -142,7 +166,7 @@ class Stream(Iterator[Token]):
     def __init__(
         self,
         client: "Client",
-        prompt: str,
+        prompt: Optional[str],
         params: Dict[str, object],
         n: int,
         restartable: bool = False,
@@ -280,13 +304,18 @@ class Stream(Iterator[Token]):
 
 
 class Client:
-    """A blocking client of one kilnd server (or a list of them, for failover).
+    """A blocking client of one kilnd server, or of several it balances across.
 
     Args:
-        host, port: the server. ``hosts`` adds more (host, port) pairs: the client
-            connects to the first one that answers, trying (host, port) first and then
-            ``hosts`` in order (duplicates are skipped); ``host`` may be None when
-            ``hosts`` is given.
+        host, port: the server. ``hosts`` adds more (host, port) pairs, listed after
+            (host, port) (duplicates are skipped); ``host`` may be None when ``hosts``
+            is given. The client keeps a connection to every host that answers and
+            sends each new request (or command) over the connection with the fewest
+            requests in flight, taking ties in turn. A host that fails to connect, or
+            whose connection broke, is dialled again after a backoff (1 s doubling to
+            30 s); one that said GOAWAY (draining) takes no new requests. When no
+            connection is left, the next request reconnects trying the hosts in order
+            (after the one that said GOAWAY), as a failover.
         token: the HELLO token (a user or admin token of the server's tokens file).
         cafile: the CA certificate that signed the server's; None: the system's CAs.
         certfile, keyfile: a client certificate for mTLS.
@@ -302,10 +331,14 @@ class Client:
             retry_after_ms), doubling each time.
         ssl_context: use this context instead of building one from cafile/certfile.
         max_line_bytes: the longest server line accepted (16 MiB by default).
-        connect: connect in the constructor (default); False: on first use.
+        connections_per_host: how many connections to keep to each host (default 1);
+            more spread one balancer address (HAProxy in TCP mode balances
+            connections) over several boxes.
+        connect: connect in the constructor (default: to every host, one after
+            another); False: on first use.
 
     Attributes ``model``, ``ctx``, ``role``, ``session`` and ``endpoint`` describe the
-    current connection (None before the first).
+    connection the last request went to (None before the first).
 
     Errors: a wrong token raises :class:`~kiln.errors.KilnAuthError` (``code`` 401)
     at once; a certificate the CA did not sign raises
@@ -332,13 +365,15 @@ class Client:
         backoff: float = 0.2,
         ssl_context: Optional[ssl.SSLContext] = None,
         max_line_bytes: int = DEFAULT_MAX_LINE,
+        connections_per_host: int = 1,
         connect: bool = True,
     ) -> None:
         self._opts: Options = make_options(
             host, port, token, cafile, hosts, certfile, keyfile, server_hostname,
             connect_timeout, timeout, retries, backoff, ssl_context, max_line_bytes,
+            connections_per_host,
         )  # fmt: skip
-        self._conn: Optional[_Conn] = None
+        self._pool = Pool(self._opts.endpoints, self._opts.connections_per_host)
         self._ids = itertools.count(1)
         self._gone_from: Optional[Endpoint] = None  # the last box that said GOAWAY
         self._busy = False
@@ -355,55 +390,104 @@ class Client:
     # ------------------------------------------------------------------ connection
 
     def connect(self) -> "Client":
-        """Connects now (a no-op when connected). Returns self."""
-        self._ensure()
+        """Connects now (to every host; a no-op when connected). Returns self."""
+        self._prepare()
+        conns = self._pool.conns()
+        if conns and self.endpoint is None:
+            self._describe(conns[0])
         return self
 
     @property
     def connected(self) -> bool:
         """True while the client holds a live connection."""
-        return self._conn is not None and not self._conn.dead
+        return bool(self._pool.conns())
+
+    @property
+    def connections(self) -> List[Endpoint]:
+        """The endpoint of each live connection (one per connection)."""
+        return [c.endpoint for c in self._pool.conns()]
 
     def _new_id(self) -> str:
         return "r%d" % next(self._ids)
 
     def _ensure(self) -> _Conn:
-        if self._closed:
-            raise KilnError("the client is closed")
-        conn = self._conn
-        if conn is not None and conn.demux.going_away and not conn.demux.busy():
-            self._gone_from = conn.endpoint  # draining: the next box in the list
-            if not conn.dead:
-                self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint))
-            conn = None
-        if conn is None or conn.dead:
-            self._conn = None
-            self._deferred.clear()
-            conn = self._dial()
-            self._conn = conn
-            hello = conn.hello
-            assert hello is not None
-            self.model, self.ctx, self.role, self.session = (
-                hello.model, hello.ctx, hello.role, hello.session,
-            )  # fmt: skip
-            self.endpoint = conn.endpoint
-        elif self._deferred and not self._busy:
-            self._flush_cancels(conn)
+        """The connection for a new request: the usable one with the fewest in flight
+        (ties in turn)."""
+        self._prepare()
+        pool = self._pool
+        slot = pool.pick() or pool.pick(draining_too=True)
+        if slot is None or slot.conn is None:
+            raise KilnConnectionError("no connection to any host")
+        conn: _Conn = slot.conn
+        self._describe(conn)
         return conn
 
+    def _describe(self, conn: _Conn) -> None:
+        hello = conn.hello
+        assert hello is not None
+        self.model, self.ctx, self.role, self.session = (
+            hello.model, hello.ctx, hello.role, hello.session,
+        )  # fmt: skip
+        self.endpoint = conn.endpoint
+
+    def _prepare(self) -> None:
+        """Closes idle connections that said GOAWAY, reconnects when none is usable
+        (failover over the host list, with rounds; raises when that fails), then dials
+        the hosts whose backoff is over."""
+        if self._closed:
+            raise KilnError("the client is closed")
+        pool = self._pool
+        if not self._busy:
+            for conn in pool.conns():
+                self._poll(conn)
+        for conn in pool.idle_going_away():
+            self._gone_from = conn.endpoint  # draining: the next box in the list
+            self._drop(conn, KilnConnectionError("%s:%d is draining (GOAWAY)" % conn.endpoint))
+        if not pool.usable() and pool.dial_order(self._gone_from):
+            try:
+                self._dial()
+            except KilnError:
+                if not pool.conns():
+                    raise  # else: the draining ones answer (503, retried)
+        for slot in pool.due(time.monotonic()):
+            self._dial_slot(slot)
+        if self._deferred and not self._busy:
+            self._flush_cancels()
+
+    def _dial_slot(self, slot: Slot) -> None:
+        """One try at slot's host; a failure only sets its backoff."""
+        try:
+            conn = self._dial_one(slot.endpoint)
+        except Exception:  # noqa: BLE001 - tried again after the backoff
+            self._pool.failed(slot, time.monotonic())
+            return
+        self._pool.attach(slot, conn, time.monotonic())
+
     def _dial(self) -> _Conn:
+        """Connects one slot, trying the hosts in order (past the one that said
+        GOAWAY) for up to retries + 1 rounds; raises when every try failed."""
         opts = self._opts
+        pool = self._pool
         fails = ConnectFailures()
         delay = opts.backoff
         for rnd in range(opts.retries + 1):
             start = len(fails.errors)
-            for ep in rotated(opts.endpoints, self._gone_from):
+            seen: List[Endpoint] = []
+            for slot in pool.dial_order(self._gone_from):
+                if slot.endpoint in seen:
+                    continue  # one try per host and round
+                seen.append(slot.endpoint)
+                ep = slot.endpoint
                 try:
-                    return self._dial_one(ep)
+                    conn = self._dial_one(ep)
                 except KilnAuthError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - every failure is classified
+                    pool.failed(slot, time.monotonic())
                     fails.add(connect_failure(exc, ep, "while connecting"))
+                    continue
+                pool.attach(slot, conn, time.monotonic())
+                return conn
             if rnd == opts.retries or fails.hopeless(start):
                 break
             time.sleep(delay)
@@ -443,8 +527,7 @@ class Client:
         """Closes conn and fails everything in flight on it with copies of err."""
         conn.close()
         conn.demux.lost(err.copy)
-        if self._conn is conn:
-            self._conn = None
+        self._pool.detach(conn, time.monotonic())
 
     def _lost(self, conn: _Conn, why: object) -> None:
         ep = "%s:%d" % conn.endpoint
@@ -482,6 +565,18 @@ class Client:
         finally:
             self._busy = False
 
+    def _poll(self, conn: _Conn) -> None:
+        """Routes the lines conn already has, without waiting: ENDs of other streams
+        lower its load, a GOAWAY is seen before a request is sent there."""
+        try:
+            if not conn.poll():
+                return
+        except (EOFError, OSError, ssl.SSLError) as exc:
+            self._lost(conn, exc)
+            return
+        while not conn.dead and conn.has_line():
+            self._pump(conn, None)
+
     def _wait(self, conn: _Conn, cond: Callable[[], bool]) -> None:
         """Reads lines until cond() holds or conn is gone; KilnTimeoutError when no
         line makes it true within the client's timeout."""
@@ -501,19 +596,18 @@ class Client:
             return
         self._send(conn, build_cancel(st.id))
 
-    def _flush_cancels(self, conn: _Conn) -> None:
+    def _flush_cancels(self) -> None:
         todo, self._deferred = self._deferred, []
         for c, st in todo:
-            if c is conn and not conn.dead and not st.done:
-                self._send(conn, build_cancel(st.id))
+            if not c.dead and not st.done:
+                self._send(c, build_cancel(st.id))
 
     def close(self) -> None:
-        """Closes the connection (the server cancels what is still running)."""
+        """Closes the connections (the servers cancel what is still running)."""
         if self._closed:
             return
         self._closed = True
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.dead:
+        for conn in self._pool.conns():
             try:
                 conn.send(b"QUIT\n", 0.5)
             except (OSError, ssl.SSLError):
@@ -528,8 +622,7 @@ class Client:
 
     def __del__(self) -> None:
         try:
-            conn = self._conn
-            if conn is not None:
+            for conn in self._pool.conns():
                 conn.close()
         except Exception:
             pass
@@ -538,8 +631,9 @@ class Client:
 
     def stream(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -562,19 +656,26 @@ class Client:
         ``chat`` applies the model's chat template (the protocol's default is off;
         this client's is on). Parameters left None are not sent: the server's
         configured defaults apply. See docs/PROTOCOL.md for the ranges.
+
+        ``messages=[{"role": "system"|"user"|"assistant", "content": "..."}, ...]``
+        sends a whole conversation instead of ``prompt`` (give one or the other; the
+        system message then goes first in the list, not in ``system``): the server
+        renders it through the model's chat template, as the OpenAI API does, and the
+        last message must be the user's.
         """
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)  # type errors before anything is sent
         return Stream(self, prompt, params, n)
 
     def generate(
         self,
-        prompt: str,
+        prompt: Optional[str] = None,
         *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
         chat: bool = True,
         system: Optional[str] = None,
         max_tokens: Optional[int] = None,
@@ -603,7 +704,7 @@ class Client:
         params = gen_params(
             chat, system, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty,
             repeat_last_n, presence_penalty, frequency_penalty, seed, n, stop, logprobs,
-            ignore_eos,
+            ignore_eos, messages,
         )  # fmt: skip
         build_gen("check", prompt, params)
         s = Stream(self, prompt, params, n, restartable=True)
@@ -616,23 +717,24 @@ class Client:
         return s.result()
 
     def cancel(self, request_id: str) -> bool:
-        """Sends CANCEL for a request of this client in flight on the current
-        connection (``Stream.id``); False (nothing sent) when there is none."""
-        conn = self._conn
-        if conn is None or conn.dead:
-            return False
-        st = conn.demux.requests.get(request_id)
-        if st is None or st.done:
+        """Sends CANCEL for a request of this client in flight (``Stream.id``) on
+        whichever connection carries it; False (nothing sent) when there is none."""
+        conn, st = self._pool.find_request(request_id)
+        if conn is None or st is None:
             return False
         self._cancel_state(conn, st)
         return True
 
     # ------------------------------------------------------------------ commands
 
-    def _command(self, line: str, body: bool, retryable: bool = True) -> str:
+    def _command(
+        self, line: str, body: bool, retryable: bool = True, on: Optional[_Conn] = None
+    ) -> str:
+        """Sends a command over the least busy connection (or over ``on``) and returns
+        its reply; a lost connection retries it (elsewhere) when retryable."""
         attempt = 0
         while True:
-            conn = self._ensure()
+            conn = on if on is not None else self._ensure()
             cmd = CommandState(line, body)
             conn.demux.add_command(cmd)
             self._send(conn, line)
@@ -694,8 +796,8 @@ class Client:
                 h.update(chunk)
                 size += len(chunk)
         line = "UPDATE size=%d sha256=%s tries=%d" % (size, h.hexdigest(), tries)
-        self._command(line, False, retryable=False)  # "OK update slot=S max=N"
-        conn = self._ensure()
+        conn = self._ensure()  # the bundle follows on the connection that took UPDATE
+        self._command(line, False, retryable=False, on=conn)  # "OK update slot=S max=N"
         deadline = time.monotonic() + timeout
         try:
             with open(path, "rb") as f:

@@ -7,7 +7,7 @@ values are bare printable-ASCII words or double-quoted strings with the escapes
 
 The same splitter reads client and server lines: :func:`split_line` is strict by
 default (exactly the server's rules); clients call it with ``strict=False``, which
-accepts more than 4 positional words or 32 pairs and decodes a string that is not valid
+accepts more than 4 positional words or 288 pairs and decodes a string that is not valid
 UTF-8 with replacement characters instead of failing.
 """
 
@@ -57,7 +57,10 @@ VERB_MAX = 16
 KEY_MAX = 32
 ID_MAX = 64
 MAX_POS = 4
-MAX_KV = 32
+MAX_MSGS = 256  # messages of a GEN conversation (system= user= assistant=)
+MAX_KV = 32 + MAX_MSGS  # 32 pairs, and room for the messages
+#: The roles of a conversation's messages, each sent as a key of its own name.
+ROLES = ("system", "user", "assistant")
 
 
 class LineError(ValueError):
@@ -312,7 +315,7 @@ def split_line(line: Union[bytes, bytearray, str], *, strict: bool = True) -> Li
     """Split one protocol line (a trailing ``\\n`` and ``\\r`` are ignored).
 
     Raises :class:`LineError` (a ``ValueError``) naming the column of the problem.
-    ``strict=False`` lifts the limits of 4 positional words and 32 pairs and decodes
+    ``strict=False`` lifts the limits of 4 positional words and 288 pairs and decodes
     strings that are not valid UTF-8 with U+FFFD instead of failing.
     """
     if isinstance(line, str):
@@ -506,22 +509,62 @@ GEN_KEYS: Mapping[str, str] = {
     "stop": "stops",
     "logprobs": "bool",
     "ignore_eos": "bool",
+    "messages": "messages",  # the conversation form (build_gen)
 }
 
 
-def build_gen(request_id: str, prompt: str, params: Mapping[str, object]) -> str:
+def _message_words(messages: object) -> List[str]:
+    """``role="content"`` words of a conversation, in order (GEN's conversation form)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError("messages must be a list of {'role': ..., 'content': ...}")
+    if not 1 <= len(messages) <= MAX_MSGS:
+        raise ValueError("messages must hold 1..%d messages" % MAX_MSGS)
+    words = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or set(m) != {"role", "content"}:
+            raise TypeError("messages[%d] must be {'role': ..., 'content': ...}" % i)
+        role, content = m["role"], m["content"]
+        if role not in ROLES:
+            raise ValueError("messages[%d]: role must be one of %s" % (i, ", ".join(ROLES)))
+        if not isinstance(content, str):
+            raise TypeError("messages[%d]: content must be a str" % i)
+        words.append("%s=%s" % (role, quote(content)))
+    return words
+
+
+def build_gen(request_id: str, prompt: Optional[str], params: Mapping[str, object]) -> str:
     """A GEN line (without the newline).
 
     ``params`` maps GEN keys (see :data:`GEN_KEYS`) to values; ``None`` values are left
     out, so that the server's defaults apply. Values are checked for their type only:
     ranges are the server's to judge (it answers ``400 bad_request``).
+
+    ``params["messages"]``, a list of ``{"role": "system"|"user"|"assistant",
+    "content": str}``, sends a conversation instead of a prompt (``prompt`` None, no
+    ``system``): one ``role="content"`` key per message in order, with ``chat=1``. The
+    order rules (system first, user last) are the server's to judge.
     """
     if not valid_id(request_id):
         raise ValueError("not a valid request id: %r" % (request_id,))
-    if not isinstance(prompt, str):
+    messages = params.get("messages")
+    words = ["GEN", "id=" + request_id]
+    if messages is not None:
+        if prompt is not None:
+            raise ValueError("give a prompt or messages, not both")
+        if params.get("system") is not None:
+            raise ValueError("with messages, the system message is messages[0]")
+        if params.get("chat") is not None and not params.get("chat"):
+            raise ValueError("messages need chat (the model's template renders them)")
+        words += _message_words(messages)
+        if params.get("chat") is None:
+            words.append("chat=1")
+    elif not isinstance(prompt, str):
         raise TypeError("prompt must be a str, not %s" % type(prompt).__name__)
-    words = ["GEN", "id=" + request_id, "prompt=" + quote(prompt)]
+    else:
+        words.append("prompt=" + quote(prompt))
     for key, value in params.items():
+        if key == "messages":
+            continue
         kind = GEN_KEYS.get(key)
         if kind is None:
             raise TypeError("unknown GEN parameter %r" % key)

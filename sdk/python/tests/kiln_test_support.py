@@ -5,6 +5,7 @@ scriptable fake kilnd (TLS, threads) that speaks enough of kiln/1 to drive the c
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -115,31 +116,47 @@ def make_certs() -> Optional[Certs]:
 
 
 class FakeConn:
-    """One accepted connection of the fake server."""
+    """One accepted connection of the fake server.
+
+    Lines sent from another thread than the connection's own (a handler's timer) are
+    queued and written by the connection's thread: an SSL socket must not be read and
+    written by two threads at once.
+    """
 
     def __init__(self, server: "FakeKiln", sock: ssl.SSLSocket) -> None:
         self.server = server
         self.sock = sock
         self.role = ""
         self.closed = False
+        self.gens = 0  # GENs received on this connection
         self.state: Dict[str, object] = {}
         self._wlock = threading.Lock()
+        self._owner: Optional[int] = None  # the thread that reads the socket
+        self._outq: List[bytes] = []
 
     def send(self, *lines: str) -> None:
         """Sends lines (newlines added); ignores a closed peer."""
-        data = "".join(ln + "\n" for ln in lines).encode("utf-8")
+        self.send_raw("".join(ln + "\n" for ln in lines).encode("utf-8"))
+
+    def send_raw(self, data: bytes) -> None:
         with self._wlock:
+            if self._owner is not None and threading.get_ident() != self._owner:
+                self._outq.append(data)
+                return
             try:
                 self.sock.sendall(data)
             except OSError:
                 self.closed = True
 
-    def send_raw(self, data: bytes) -> None:
+    def flush(self) -> None:
+        """Writes what other threads queued (on the connection's own thread)."""
         with self._wlock:
-            try:
-                self.sock.sendall(data)
-            except OSError:
-                self.closed = True
+            todo, self._outq = self._outq, []
+            for data in todo:
+                try:
+                    self.sock.sendall(data)
+                except OSError:
+                    self.closed = True
 
     def close(self) -> None:
         """Drops the connection at once (no TLS close_notify)."""
@@ -184,14 +201,21 @@ def default_gen(conn: FakeConn, line: Line) -> None:
 class FakeKiln:
     """A fake kilnd on 127.0.0.1 (a random port) for the client tests.
 
-    ``on_gen(conn, line)`` answers GENs (default: :func:`default_gen`). Every line the
+    ``on_gen(conn, line)`` answers GENs (default: :func:`default_gen`); ``port`` 0
+    picks a free one. Every line the
     clients send is recorded in ``lines`` (strings) and ``parsed`` (split strictly with
     kiln.protocol, so a malformed client line fails the test with ``errors``).
     """
 
     METRICS = "# HELP kiln_up up\n# TYPE kiln_up gauge\nkiln_up 1\n.dotted line\n..two dots\n"
 
-    def __init__(self, certs: Certs, on_gen: Optional[GenHandler] = None, require_client_cert: bool = False) -> None:
+    def __init__(
+        self,
+        certs: Certs,
+        on_gen: Optional[GenHandler] = None,
+        require_client_cert: bool = False,
+        port: int = 0,
+    ) -> None:
         self.certs = certs
         self.on_gen: GenHandler = on_gen or default_gen
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -202,7 +226,7 @@ class FakeKiln:
         self.ctx = ctx
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
+        self.listener.bind(("127.0.0.1", port))
         self.listener.listen(16)
         self.port: int = self.listener.getsockname()[1]
         self.lines: List[str] = []
@@ -233,11 +257,15 @@ class FakeKiln:
             raw.close()
             return
         conn = FakeConn(self, sock)
+        conn._owner = threading.get_ident()
         with self.lock:
             self.conns.append(conn)
         buf = b""
         try:
             while not conn.closed:
+                conn.flush()
+                if not sock.pending() and not select.select([sock], [], [], 0.01)[0]:
+                    continue
                 try:
                     data = sock.recv(65536)
                 except socket.timeout:
@@ -279,6 +307,7 @@ class FakeKiln:
         if v == "GEN":
             with self.lock:
                 self.gen_count += 1
+                conn.gens += 1
             if self.level >= 3:
                 conn.send("ERR %s 503 overloaded retry_after_ms=50" % line.get("id"))
                 return

@@ -6,6 +6,7 @@ import unittest
 
 import kiln_test_support  # noqa: F401  (puts the package on sys.path)
 from kiln.errors import KilnAuthError, KilnError
+from kiln._core import gen_params
 from kiln.protocol import (
     Health,
     LineError,
@@ -176,7 +177,7 @@ class SplitTest(unittest.TestCase):
             "GEN k=é",
             "GEN a\tb",
             "GEN a b c d e",
-            "GEN " + " ".join("k%d=1" % i for i in range(33)),
+            "GEN " + " ".join("k%d=1" % i for i in range(289)),  # MAX_KV: 32 + 256 messages
             "GEN " + "k" * 33 + "=1",
         ]
         for line in bad:
@@ -213,6 +214,47 @@ class BuildTest(unittest.TestCase):
         self.assertIsNone(ln.get("n"))
         self.assertIsNone(ln.get("ignore_eos"))
         self.assertEqual(split_line(build_gen("r", "x", {"stop": "s"})).get_all("stop"), ["s"])
+
+    def test_gen_messages(self) -> None:
+        msgs = [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": 'say "hi"'},
+            {"role": "assistant", "content": "hi\n"},
+            {"role": "user", "content": "<|im_end|> again"},
+        ]
+        ln = split_line(build_gen("r2", None, {"messages": msgs, "max_tokens": 4}))
+        self.assertIsNone(ln.get("prompt"))
+        self.assertEqual(ln.get("chat"), "1")
+        self.assertEqual(ln.get("max_tokens"), "4")
+        got = [(k, v) for k, v in ln.kv if k in ("system", "user", "assistant")]
+        self.assertEqual(got, [(m["role"], m["content"]) for m in msgs])  # wire order kept
+        # chat given by the caller is not sent twice
+        ln = split_line(build_gen("r3", None, {"messages": msgs[1:2], "chat": True}))
+        self.assertEqual([k for k, _ in ln.kv].count("chat"), 1)
+        # 256 messages fit the splitter's limits; 257 are refused before sending
+        many = [{"role": "user", "content": str(i)} for i in range(256)]
+        self.assertEqual(len(split_line(build_gen("r4", None, {"messages": many, "temperature": 0})).kv), 259)
+        with self.assertRaises(ValueError):
+            build_gen("r", None, {"messages": many + many[:1]})
+        bad = [
+            ("x", {"messages": msgs}, ValueError),  # prompt and messages
+            (None, {"messages": msgs, "system": "s"}, ValueError),
+            (None, {"messages": msgs, "chat": False}, ValueError),
+            (None, {"messages": []}, ValueError),
+            (None, {"messages": [{"role": "tool", "content": "x"}]}, ValueError),
+            (None, {"messages": [{"role": "user"}]}, TypeError),
+            (None, {"messages": [{"role": "user", "content": 1}]}, TypeError),
+            (None, {"messages": [{"role": "user", "content": "x", "name": "n"}]}, TypeError),
+            (None, {"messages": "user: hi"}, TypeError),
+            (None, {}, TypeError),  # neither
+        ]
+        for prompt, params, exc in bad:
+            with self.subTest(params=params):
+                with self.assertRaises(exc):
+                    build_gen("r", prompt, params)
+        with self.assertRaises(ValueError):
+            gen_params(False, None, None, None, None, None, None, None, None, None, None, None,
+                       1, None, False, False, msgs)  # fmt: skip
 
     def test_gen_refuses(self) -> None:
         with self.assertRaises(ValueError):

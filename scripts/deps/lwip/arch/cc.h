@@ -3,11 +3,12 @@
  * scripts/deps.sh installs it into build/<toolchain>/deps/include/ next to lwipopts.h
  * (liblwip.a is rebuilt when either changes).
  *
- * A program that links liblwip.a (NO_SYS=1) provides two functions (net/net_lwip.c does):
+ * A program that links liblwip.a (NO_SYS=1) provides three functions (net/net_lwip.c does):
  *   u32_t    sys_now(void);         monotonic milliseconds (declared in lwip/sys.h)
  *   uint32_t kiln_lwip_rand(void);  random 32 bits (getrandom-backed), used for TCP ISNs
  *                                   (LWIP_HOOK_TCP_ISN in lwipopts.h), ephemeral ports,
  *                                   DHCP xids and IPv6 MLD timers
+ *   int      kiln_lwip_tcp_in(pcb, hdr);  counts SYNs lwIP does not (see below)
  */
 #ifndef KILN_LWIP_ARCH_CC_H
 #define KILN_LWIP_ARCH_CC_H
@@ -27,5 +28,11 @@
 
 uint32_t kiln_lwip_rand(void);
 #define LWIP_RAND() ((u32_t)kiln_lwip_rand())
+
+/* Sees every TCP segment that matched a pcb (a listener's or a TIME_WAIT one included)
+ * before lwIP acts on it; only counts, returns 0 (LWIP_HOOK_TCP_INPACKET_PCB). */
+struct tcp_pcb;
+struct tcp_hdr;
+int kiln_lwip_tcp_in(const struct tcp_pcb *pcb, const struct tcp_hdr *hdr);
 
 #endif /* KILN_LWIP_ARCH_CC_H */
