@@ -14,12 +14,17 @@
 
 #include "boot/logring.h"
 #include "boot/util.h"
+#include "image/authenticode.h"
 #include "image/bundle.h"
 #include "image/manifest.h"
 #include "pubkey.h" /* BUILD/keys/pubkey.h (kiln-image pubkey-c): IMG_PUBKEY_BYTES */
+#include "sbcert.h" /* BUILD/keys/sbcert.h: IMG_SB_DB_CERT, the Secure Boot db certificate */
 
 /* The image signing key's public half: `slot` boots nothing it does not verify. */
 static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
+/* The UKI must also be signed for Secure Boot by db (what the firmware will check): a
+ * network update whose UKI it would refuse is never activated. */
+static const char sb_db_cert[] = IMG_SB_DB_CERT;
 
 int disk_find_part(const char *name, char *dev, size_t cap) {
     dev[0] = 0;
@@ -280,7 +285,8 @@ static int why(char *out, size_t cap, int code, const char *fmt, ...) {
 }
 
 /* Slot's bundle on its partition: signature with the built-in key, every part's size and
- * hash (image/bundle.c). 0 with *m, or -errno with why in out. */
+ * hash (image/bundle.c), and its UKI's Secure Boot signature by the built-in db
+ * certificate (image/authenticode.c). 0 with *m, or -errno with why in out. */
 static int verify_part(int slot, man_manifest *m, char *out, size_t cap) {
     char part[8], dev[64], err[300];
     snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
@@ -295,6 +301,13 @@ static int verify_part(int slot, man_manifest *m, char *out, size_t cap) {
         return why(out, cap, r, "%s: size: %s", dev, strerror(-r));
     }
     r = bun_verify(fd, 0, (uint64_t)size, pubkey, m, err, sizeof err);
+    for (int i = 0; r == 0 && i < m->nparts; i++)
+        if (!strcmp(m->parts[i].name, "uki") &&
+            (r = ac_verify(fd, bun_part_offset(m, i), m->parts[i].size, (const unsigned char *)sb_db_cert, sizeof sb_db_cert, err,
+                           sizeof err)) < 0) {
+            close(fd);
+            return why(out, cap, r, "%s (%s): `uki` is not signed for Secure Boot by the db key: %s", part, dev, err);
+        }
     close(fd);
     return r < 0 ? why(out, cap, r, "%s (%s): %s", part, dev, err) : 0;
 }
