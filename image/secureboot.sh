@@ -50,7 +50,7 @@ keys() {
     [ -f "$d/$n.key" ] && [ -f "$d/$n.crt" ] && continue
     case $n in PK) cn="kiln platform key" ;; KEK) cn="kiln key exchange key" ;; db) cn="kiln image signing key (db)" ;; esac
     say "making $d/$n.key and $n.crt (RSA 2048, 10 years)"
-    (umask 077; openssl req -quiet -new -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 -subj "/CN=$cn/" \
+    (umask 077; openssl req -new -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 -subj "/CN=$cn/" \
       -keyout "$d/$n.key" -out "$d/$n.crt" 2>/dev/null) || die "openssl req ($n) failed"
     chmod 0644 "$d/$n.crt"
     rm -f "$d/$n.esl" "$d/$n.auth"
