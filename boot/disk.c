@@ -14,12 +14,17 @@
 
 #include "boot/logring.h"
 #include "boot/util.h"
+#include "image/authenticode.h"
 #include "image/bundle.h"
 #include "image/manifest.h"
 #include "pubkey.h" /* BUILD/keys/pubkey.h (kiln-image pubkey-c): IMG_PUBKEY_BYTES */
+#include "sbcert.h" /* BUILD/keys/sbcert.h: IMG_SB_DB_CERT, the Secure Boot db certificate */
 
 /* The image signing key's public half: `slot` boots nothing it does not verify. */
 static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
+/* The UKI must also be signed for Secure Boot by db (what the firmware will check): a
+ * network update whose UKI it would refuse is never activated. */
+static const char sb_db_cert[] = IMG_SB_DB_CERT;
 
 int disk_find_part(const char *name, char *dev, size_t cap) {
     dev[0] = 0;
@@ -71,6 +76,22 @@ static int loader_entry(char *out, size_t cap) {
     return 0;
 }
 
+#define EFI_GLOBAL_GUID "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+/* The firmware's SecureBoot variable (efivarfs, mounted by loader_entry): 1 when the
+ * firmware enforces Secure Boot (it verified systemd-boot, which had it verify this UKI),
+ * 0 when not, -errno when unreadable (a firmware without it: off). */
+static int secure_boot(void) {
+    int fd = open("/sys/firmware/efi/efivars/SecureBoot-" EFI_GLOBAL_GUID, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    unsigned char buf[8];
+    ssize_t n = read(fd, buf, sizeof buf);
+    int e = errno;
+    close(fd);
+    if (n < 0) return -e;
+    return n == 5 ? buf[4] == 1 : -EINVAL; /* 4 bytes of attributes, then one byte */
+}
+
 /* "version N" from the manifest at the start of a slot partition; 0 if none. */
 static unsigned slot_version(const char *part) {
     char dev[64], buf[4097];
@@ -115,10 +136,11 @@ static void scan_esp(dsk *d) {
 
 static int verify_slot(const dsk *d, int slot, char *out, size_t cap);
 
-/* The running slot, checked once at boot as `slot` checks one (no Secure Boot: nothing
- * else looks at the UKI systemd-boot loaded). It booted already, so a failure cannot stop
- * it; it is said loudly, and a slot on trial that fails is never blessed (its tries run
- * out and the other slot boots again). */
+/* The running slot, checked once at boot as `slot` checks one (with Secure Boot off,
+ * nothing else looks at the UKI systemd-boot loaded; with it on, the firmware checked the
+ * UKI's signature, this checks the slot's bundle against the manifest key too). It booted
+ * already, so a failure cannot stop it; it is said loudly, and a slot on trial that fails
+ * is never blessed (its tries run out and the other slot boots again). */
 static void verify_running(dsk *d) {
     char bad[400];
     double t0 = util_now();
@@ -130,7 +152,8 @@ static void verify_running(dsk *d) {
     }
     d->unverified = 1;
     logring_say("kiln: WARNING: the running slot %c does NOT verify: %s", 'a' + me, bad);
-    logring_say("kiln: WARNING: it runs anyway (no Secure Boot);%s reflash it or update the other slot", d->trial ? " on trial, it is never blessed;" : "");
+    logring_say("kiln: WARNING: it runs anyway%s;%s reflash it or update the other slot",
+                d->secure_boot == 1 ? " (its UKI passed Secure Boot)" : " (no Secure Boot)", d->trial ? " on trial, it is never blessed;" : "");
 }
 
 static void setup_slots(dsk *d) {
@@ -147,6 +170,12 @@ static void setup_slots(dsk *d) {
     d->version[1] = slot_version("kiln-b");
     scan_esp(d);
     int r = loader_entry(sel, sizeof sel);
+    d->secure_boot = secure_boot();
+    if (d->secure_boot == 1)
+        logring_say("kiln: UEFI Secure Boot is on: the firmware verified systemd-boot and this UKI against its db");
+    else
+        logring_say("kiln: UEFI Secure Boot is off (%s): nothing verified the UKI before it ran",
+                    d->secure_boot == 0 ? "SecureBoot = 0" : "no SecureBoot variable");
     if (r < 0) logring_say("kiln-init: which slot booted? LoaderEntrySelected: %s", strerror(-r));
     else if (!strncmp(sel, "kiln-a", 6) || !strncmp(sel, "kiln-b", 6)) d->slot = sel[5] - 'a';
     if (d->slot < 0) return;
@@ -256,7 +285,8 @@ static int why(char *out, size_t cap, int code, const char *fmt, ...) {
 }
 
 /* Slot's bundle on its partition: signature with the built-in key, every part's size and
- * hash (image/bundle.c). 0 with *m, or -errno with why in out. */
+ * hash (image/bundle.c), and its UKI's Secure Boot signature by the built-in db
+ * certificate (image/authenticode.c). 0 with *m, or -errno with why in out. */
 static int verify_part(int slot, man_manifest *m, char *out, size_t cap) {
     char part[8], dev[64], err[300];
     snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
@@ -271,6 +301,13 @@ static int verify_part(int slot, man_manifest *m, char *out, size_t cap) {
         return why(out, cap, r, "%s: size: %s", dev, strerror(-r));
     }
     r = bun_verify(fd, 0, (uint64_t)size, pubkey, m, err, sizeof err);
+    for (int i = 0; r == 0 && i < m->nparts; i++)
+        if (!strcmp(m->parts[i].name, "uki") &&
+            (r = ac_verify(fd, bun_part_offset(m, i), m->parts[i].size, (const unsigned char *)sb_db_cert, sizeof sb_db_cert, err,
+                           sizeof err)) < 0) {
+            close(fd);
+            return why(out, cap, r, "%s (%s): `uki` is not signed for Secure Boot by the db key: %s", part, dev, err);
+        }
     close(fd);
     return r < 0 ? why(out, cap, r, "%s (%s): %s", part, dev, err) : 0;
 }

@@ -31,6 +31,7 @@ typedef struct {
     int trial;                   /* the booted entry is boot-counted: not blessed yet */
     int blessed;                 /* blessed in this boot (or given up on) */
     int said_waiting;            /* "ready; blessed after its first GEN" said */
+    int secure_boot;             /* UEFI SecureBoot variable: 1 on, 0 off, < 0 unreadable */
     int unverified;              /* the running slot did not verify at boot: never blessed */
     int said_unverified;
     double trial_deadline;       /* util_now() */

@@ -8,10 +8,14 @@
 #                              kiln-flash writes into a slot (docs/IMAGE.md)
 #   build/disk/uki-vN.efi      the UKI: systemd's stub + os-release + command line + Debian's
 #                              kernel + the disk's initramfs (no model: it is on the data
-#                              partition, /data/models)
+#                              partition, /data/models), signed for Secure Boot with the db key
+#   build/disk/kiln-ovmf-vars.fd  (beside KILN_DISK_OUT) OVMF's variable store with the Secure Boot keys enrolled
+#                              and Secure Boot on (image/secureboot.sh vars); the keys'
+#                              .esl/.auth files for real firmware are in the key directory
 #
 # Same inputs, same bytes: fixed GUIDs and volume ids, every time SOURCE_DATE_EPOCH (default
-# 0), sorted trees, deterministic ECDSA. No loop devices, no mounting: sgdisk, mkfs.vfat -C
+# 0), sorted trees, deterministic ECDSA, RSA Authenticode signatures whose signing time
+# is SOURCE_DATE_EPOCH (image/secureboot.sh sign). No loop devices, no mounting: sgdisk, mkfs.vfat -C
 # + mtools, mkfs.ext4 -d, dd. systemd-boot and the stub come from Debian's systemd-boot-efi,
 # downloaded (apt-get download) and unpacked, never installed (installing it upgrades
 # systemd on this machine).
@@ -19,7 +23,10 @@
 # Environment (all optional): BUILD, MODEL, KILN_VERSION (1), KILN_KEY (BUILD/keys/signing.key),
 #   KILN_DISK_OUT (BUILD/disk/kiln.img), KILN_BUNDLE_ONLY=1 (only the bundle and its UKI:
 #   an update), KILN_IMAGE_INI_EXTRA (passed to build.sh: a test variant),
-#   KILN_CMDLINE_EXTRA (appended to the UKI's command line), SOURCE_DATE_EPOCH.
+#   KILN_CMDLINE_EXTRA (appended to the UKI's command line), SOURCE_DATE_EPOCH,
+#   KILN_SB_KEYS (BUILD/keys/secureboot: the dev Secure Boot key set, made there when missing;
+#   an operator's directory needs db.key and db.crt, and PK.crt, KEK.crt, guid for the
+#   variable store).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATH=$PATH:/usr/sbin:/sbin
@@ -43,6 +50,10 @@ scripts/need.sh sgdisk gdisk mcopy mtools mkfs.vfat dosfstools mkfs.ext4 e2fspro
 [ -x "$KIMG" ] || die "$KIMG is missing (make image-tools)"
 [ -f "$KEY" ] || die "$KEY is missing (make $BUILD/keys/pubkey.h makes one)"
 mkdir -p "$D"
+# Secure Boot: the dev key set is made on first use; an operator's is used as it is.
+SBKEYS=${KILN_SB_KEYS:-$BUILD/keys/secureboot}
+[ "$SBKEYS" != "$BUILD/keys/secureboot" ] || BUILD=$BUILD image/secureboot.sh keys "$SBKEYS"
+[ -f "$SBKEYS/db.key" ] && [ -f "$SBKEYS/db.crt" ] || die "$SBKEYS has no db.key and db.crt (image/secureboot.sh keys)"
 
 # ---------------------------------------------------------------- layout (MiB, fixed)
 # GPT partition names are how kiln-init and kiln-flash find them.
@@ -116,7 +127,10 @@ pe=$(od -An -tu4 -j 60 -N 4 "$UKI.tmp" | tr -d ' ')
 le32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(( $1 & 255 )) $(( $1 >> 8 & 255 )) $(( $1 >> 16 & 255 )) $(( $1 >> 24 & 255 )); }
 printf "$(le32 "$EPOCH")" | dd of="$UKI.tmp" bs=1 seek=$((pe + 8)) conv=notrunc status=none
 printf "$(le32 0)" | dd of="$UKI.tmp" bs=1 seek=$((pe + 88)) conv=notrunc status=none
-mv "$UKI.tmp" "$UKI"
+# Signed with the db key (Authenticode, sbsign): what the bundle carries, so what either
+# writer (kiln-flash, a network update) puts on the ESP is the signed UKI.
+BUILD=$BUILD image/secureboot.sh sign "$SBKEYS" "$UKI.tmp" "$UKI"
+rm -f "$UKI.tmp"
 
 # ---------------------------------------------------------------- the signed bundle
 BUNDLE=$D/kiln-v$VERSION.kimg
@@ -129,7 +143,7 @@ fi
 
 # ---------------------------------------------------------------- the ESP (FAT32, no mount)
 mkdir -p "$W/esp/EFI/BOOT" "$W/esp/EFI/Linux" "$W/esp/loader"
-cp "$SB/systemd-bootx64.efi" "$W/esp/EFI/BOOT/BOOTX64.EFI"
+BUILD=$BUILD image/secureboot.sh sign "$SBKEYS" "$SB/systemd-bootx64.efi" "$W/esp/EFI/BOOT/BOOTX64.EFI"
 # No default: systemd-boot orders the UKIs by their os-release version, newest first, and a
 # UKI whose boot tries ran out (kiln-b+0-3.efi) after every other one: the fallback.
 printf 'timeout 0\neditor no\nauto-entries no\nauto-firmware no\nconsole-mode keep\n' >"$W/esp/loader/loader.conf"
@@ -171,6 +185,12 @@ put "$W/esp.img" 1
 put "$BUNDLE" $((1 + ESP_MB))
 put "$W/data.img" $((1 + ESP_MB + 2 * SLOT_MB))
 mv "$OUT.tmp" "$OUT"
+# The variable store to enrol (OVMF; real firmware takes SBKEYS' .auth files: docs/IMAGE.md).
+if [ -f "$SBKEYS/PK.crt" ] && [ -f "$SBKEYS/KEK.crt" ] && [ -s "$SBKEYS/guid" ]; then
+  BUILD=$BUILD image/secureboot.sh vars "$SBKEYS" "$(dirname "$OUT")/$(basename "$OUT" .img)-ovmf-vars.fd"
+else
+  say "$SBKEYS has no PK/KEK: no variable store made"
+fi
 # each file named in its own folder (KILN_DISK_OUT may be elsewhere: tests/image/repro_test.sh)
 { (cd "$(dirname "$OUT")" && sha256sum "$(basename "$OUT")"); (cd "$(dirname "$BUNDLE")" && sha256sum "$(basename "$BUNDLE")"); } >"$OUT.sha256.tmp"
 mv "$OUT.sha256.tmp" "$OUT.sha256"

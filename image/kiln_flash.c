@@ -6,7 +6,9 @@
  *   kiln-flash status TARGET                    slots, versions, the ESP's boot entries
  *
  * Nothing is written before the signature (the key built in from BUILD/keys/pubkey.h) and
- * every hash have been checked; what was written is read back and compared. An update goes
+ * every hash have been checked, and the UKI's Secure Boot signature too: sbverify (Debian's
+ * sbsigntool) against the db certificate built in from BUILD/keys/sbcert.h, so a bundle
+ * the manifest key signed whose UKI the firmware would refuse is never written; what was written is read back and compared. An update goes
  * into the slot that is not the one systemd-boot boots now, and its UKI onto the ESP as
  * EFI/Linux/kiln-<slot>+N.efi: systemd-boot's boot counting tries it N times, and kiln-init
  * blesses it (renames it to kiln-<slot>.efi) once the box is healthy; when the tries run out
@@ -24,6 +26,7 @@
 #include "image/bundle.h"
 #include "image/manifest.h"
 #include "pubkey.h" /* BUILD/keys/pubkey.h: IMG_PUBKEY_BYTES */
+#include "sbcert.h" /* BUILD/keys/sbcert.h: IMG_SB_DB_CERT, the Secure Boot db certificate (PEM) */
 
 static const uint8_t pubkey[MAN_PUB_LEN] = IMG_PUBKEY_BYTES;
 static char err[512];
@@ -115,7 +118,8 @@ static int open_target(const char *path, int flags, uint64_t *size) {
 
 /* ------------------------------------------------------------------ the ESP through mtools */
 
-static int run(char *const argv[], char *out, size_t cap) {
+/* argv's stdout into out; its stderr to ours, or to /dev/null when quiet. 0 when it exits 0. */
+static int run_q(char *const argv[], char *out, size_t cap, int quiet) {
     int pfd[2];
     if (pipe(pfd) < 0) return -1;
     pid_t pid = fork();
@@ -123,9 +127,11 @@ static int run(char *const argv[], char *out, size_t cap) {
     if (pid == 0) {
         dup2(pfd[1], 1);
         close(pfd[0]), close(pfd[1]);
+        int nul = quiet ? open("/dev/null", O_WRONLY) : -1;
+        if (nul >= 0) dup2(nul, 2), close(nul);
         setenv("MTOOLS_SKIP_CHECK", "1", 1);
         execvp(argv[0], argv);
-        fprintf(stderr, "kiln-flash: %s: %s (mtools is needed for the ESP)\n", argv[0], strerror(errno));
+        if (!quiet) fprintf(stderr, "kiln-flash: %s: %s (mtools is needed for the ESP)\n", argv[0], strerror(errno));
         _exit(127);
     }
     close(pfd[1]);
@@ -146,6 +152,55 @@ static int run(char *const argv[], char *out, size_t cap) {
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+static int run(char *const argv[], char *out, size_t cap) { return run_q(argv, out, cap, 0); }
+
+/* ------------------------------------------------------------------ Secure Boot */
+
+static int have_cmd(const char *name) {
+    const char *p = getenv("PATH");
+    char path[4096];
+    for (p = p ? p : "/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n && snprintf(path, sizeof path, "%.*s/%s", (int)n, p, name) < (int)sizeof path && access(path, X_OK) == 0) return 1;
+        p += n + (p[n] == ':');
+    }
+    return 0;
+}
+
+/* 0 when the UKI at [off, off+size) of fd carries an Authenticode signature by the db
+ * certificate: what the firmware checks before systemd-boot may start it. The part goes
+ * to a temporary file (bun_copy: read back and compared) for sbverify. */
+static int sb_check(int fd, uint64_t off, uint64_t size, char *why, size_t cap) {
+    char uki[] = "/tmp/kiln-flash-sb-uki.XXXXXX", crt[] = "/tmp/kiln-flash-sb-db.XXXXXX";
+    int uf = mkstemp(uki), cf = mkstemp(crt), rc = -1;
+    if (uf < 0 || cf < 0) {
+        snprintf(why, cap, "mkstemp: %s", strerror(errno));
+        goto out;
+    }
+    static const char cert[] = IMG_SB_DB_CERT;
+    if (write(cf, cert, sizeof cert - 1) != (ssize_t)(sizeof cert - 1)) {
+        snprintf(why, cap, "write %s: %s", crt, strerror(errno));
+        goto out;
+    }
+    if (bun_copy(fd, off, uf, 0, size, err, sizeof err)) {
+        snprintf(why, cap, "uki: %s", err);
+        goto out;
+    }
+    char *argv[] = {"sbverify", "--cert", crt, uki, NULL}, o[512];
+    if (!have_cmd("sbverify")) {
+        snprintf(why, cap, "cannot check the UKI's Secure Boot signature: no sbverify (apt-get install sbsigntool)");
+        goto out;
+    }
+    if (run_q(argv, o, sizeof o, 1) < 0) {
+        snprintf(why, cap, "the UKI is not signed by the Secure Boot db key (sbverify --cert db.crt fails): the firmware would refuse it");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (uf >= 0) close(uf), unlink(uki);
+    if (cf >= 0) close(cf), unlink(crt);
+    return rc;
 }
 
 typedef struct {
@@ -237,6 +292,10 @@ static int cmd_install(const char *image, const char *target) {
         return fprintf(stderr, "kiln-flash: %s: REFUSED: not a kiln disk image (partitions kiln-esp, kiln-a, kiln-data)\n", image), 1;
     if (bun_verify(in, a->off, a->len, pubkey, &m, err, sizeof err) < 0)
         return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: slot a: %s\n", image, err), 1;
+    char why[640];
+    for (int i = 0; i < m.nparts; i++)
+        if (!strcmp(m.parts[i].name, "uki") && sb_check(in, a->off + bun_part_offset(&m, i), m.parts[i].size, why, sizeof why))
+            return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: slot a: %s\n", image, why), 1;
     int out = open(target, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (out < 0) return fprintf(stderr, "kiln-flash: open %s: %s\n", target, strerror(errno)), 2;
     off_t end = lseek(out, 0, SEEK_END);
@@ -265,6 +324,9 @@ static int cmd_update(const char *bundle, const char *target, int tries) {
     for (int i = 0; i < m.nparts; i++)
         if (!strcmp(m.parts[i].name, "uki")) ui = i;
     if (ui < 0) return fprintf(stderr, "kiln-flash: %s: REFUSED: no `uki` part\n", bundle), 1;
+    char why[640];
+    if (sb_check(in, bun_part_offset(&m, ui), m.parts[ui].size, why, sizeof why))
+        return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: %s\n", bundle, why), 1;
 
     int out = open_target(target, O_RDWR, &tsize);
     if (out < 0) return 2;

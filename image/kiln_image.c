@@ -6,6 +6,9 @@
  *   kiln-image verify --pub PUB BUNDLE
  *   kiln-image show BUNDLE
  *   kiln-image pubkey-c --pub PUB --out HEADER     the key as C, for kiln-init and kiln-flash
+ *   kiln-image sb-verify --cert DB.CRT EFI...      each PE image is signed for Secure Boot
+ *                   by DB.CRT's key (image/authenticode.c: what kiln-init checks an update's
+ *                   UKI with; sbverify is the independent check)
  *
  * --build-time defaults to $SOURCE_DATE_EPOCH, else 0: the same inputs give the same bytes
  * (the signature is deterministic). Exit status: 0 good, 1 refused (bad signature, hash,
@@ -18,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "image/authenticode.h"
 #include "image/bundle.h"
 #include "image/manifest.h"
 
@@ -30,7 +34,8 @@ static int usage(void) {
                     "       kiln-image sign --key PRIV --version N [--build-time T] --part NAME=FILE... --out BUNDLE [--manifest FILE]\n"
                     "       kiln-image verify --pub PUB BUNDLE\n"
                     "       kiln-image show BUNDLE\n"
-                    "       kiln-image pubkey-c --pub PUB --out HEADER\n");
+                    "       kiln-image pubkey-c --pub PUB --out HEADER\n"
+                    "       kiln-image sb-verify --cert DB.CRT EFI...\n");
     return 2;
 }
 
@@ -86,7 +91,7 @@ static int load_key(int is_private, const char *path, uint8_t *key) {
 /* ------------------------------------------------------------------ options */
 
 typedef struct {
-    const char *key, *pub, *out, *manifest, *version, *build_time;
+    const char *key, *pub, *out, *manifest, *version, *build_time, *cert;
     const char *parts[MAN_PARTS];
     int nparts, if_missing;
     const char *pos[MAX_ARGS];
@@ -105,6 +110,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--manifest")) slot = &o->manifest;
         else if (!strcmp(a, "--version")) slot = &o->version;
         else if (!strcmp(a, "--build-time")) slot = &o->build_time;
+        else if (!strcmp(a, "--cert")) slot = &o->cert;
         else if (!strcmp(a, "--part")) {
             if (o->nparts == MAN_PARTS) return fprintf(stderr, "kiln-image: at most %d parts\n", MAN_PARTS), -1;
             slot = &o->parts[o->nparts++];
@@ -292,6 +298,29 @@ static int cmd_pubkey_c(opts *o) {
     return write_file(o->out, text, n, 0644) < 0 ? 2 : 0;
 }
 
+static int cmd_sb_verify(opts *o) {
+    if (!o->cert || o->npos < 1) return usage();
+    static unsigned char cert[64 << 10];
+    size_t n;
+    if (read_small(o->cert, (char *)cert, sizeof cert - 1, &n) < 0) return 2;
+    cert[n++] = 0; /* PEM is parsed with its NUL */
+    int bad = 0;
+    for (int i = 0; i < o->npos; i++) {
+        int fd = open(o->pos[i], O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0) {
+            fprintf(stderr, "kiln-image: %s: %s\n", o->pos[i], strerror(errno));
+            if (fd >= 0) close(fd);
+            return 2;
+        }
+        int r = ac_verify(fd, 0, (uint64_t)st.st_size, cert, n, err, sizeof err);
+        close(fd);
+        if (r < 0) fprintf(stderr, "kiln-image: %s: REFUSED: %s\n", o->pos[i], err), bad = 1;
+        else printf("%s: signed by %s's key\n", o->pos[i], o->cert);
+    }
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     opts o;
@@ -302,5 +331,6 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "verify")) return cmd_verify(&o);
     if (!strcmp(c, "show")) return cmd_show(&o);
     if (!strcmp(c, "pubkey-c")) return cmd_pubkey_c(&o);
+    if (!strcmp(c, "sb-verify")) return cmd_sb_verify(&o);
     return usage();
 }

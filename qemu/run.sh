@@ -25,6 +25,10 @@
 #                              OVMF firmware, the disk on virtio-blk (written in place), no
 #                              -kernel; KILN_OVMF_VARS names the writable UEFI variable store
 #                              (default: a fresh copy of OVMF's template next to the disk)
+#   KILN_SECBOOT=1             with KILN_DISK: OVMF's Secure Boot build (OVMF_CODE_4M.secboot.fd:
+#                              SMM, so the q35 machine with smm=on and a secure pflash);
+#                              KILN_OVMF_VARS then defaults to a fresh copy of the enrolled
+#                              store make disk wrote beside the disk (kiln-ovmf-vars.fd)
 # Extra arguments are passed to QEMU as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +47,23 @@ BOOT=(-kernel "$KERNEL" -initrd "$INITRD" -append "$CMDLINE")
 if [ -n "${KILN_DISK:-}" ]; then
   [ -f "$KILN_DISK" ] || { echo "qemu: $KILN_DISK is missing: run 'make disk' first" >&2; exit 1; }
   scripts/need.sh /usr/share/OVMF/OVMF_CODE_4M.fd ovmf
+  CODE=/usr/share/OVMF/OVMF_CODE_4M.fd TEMPLATE=/usr/share/OVMF/OVMF_VARS_4M.fd
   VARS=${KILN_OVMF_VARS:-$KILN_DISK.vars}
-  [ -f "$VARS" ] || cp /usr/share/OVMF/OVMF_VARS_4M.fd "$VARS"
-  BOOT=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"
-        -drive "if=pflash,format=raw,unit=1,file=$VARS"
-        -drive "if=virtio,format=raw,file=$KILN_DISK")
+  BOOT=()
+  if [ "${KILN_SECBOOT:-0}" = 1 ]; then
+    # The Secure Boot build keeps its variables in SMM: without smm=on and a secure flash
+    # it stops before the boot manager.
+    CODE=/usr/share/OVMF/OVMF_CODE_4M.secboot.fd
+    TEMPLATE=$(dirname "$KILN_DISK")/$(basename "$KILN_DISK" .img)-ovmf-vars.fd
+    VARS=${KILN_OVMF_VARS:-$KILN_DISK.sbvars}
+    [ -f "$VARS" ] || [ -f "$TEMPLATE" ] || { echo "qemu: $TEMPLATE is missing: run 'make disk' first" >&2; exit 1; }
+    BOOT=(-machine q35,smm=on -global driver=cfi.pflash01,property=secure,value=on)
+  fi
+  scripts/need.sh "$CODE" ovmf
+  [ -f "$VARS" ] || cp "$TEMPLATE" "$VARS"
+  BOOT+=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$CODE"
+         -drive "if=pflash,format=raw,unit=1,file=$VARS"
+         -drive "if=virtio,format=raw,file=$KILN_DISK")
 else
   for f in "$KERNEL" "$INITRD"; do
     [ -f "$f" ] || { echo "qemu: $f is missing: run 'make image' first" >&2; exit 1; }

@@ -235,6 +235,12 @@ run "qemu/boot" python3 tests/qemu/boot_test.py --image-dir "$BUILD/image" \
 # boots to ready and serves; kiln-flash update to v2 boots and is blessed; a v3 that never
 # gets healthy is tried twice, then the box is back on v2 and says ROLLBACK.
 run "qemu/disk" python3 tests/qemu/disk_test.py --build "$BUILD" --log-dir "$log"
+# The same disk under UEFI Secure Boot (OVMF's Secure Boot build, the project's PK/KEK/db
+# enrolled): it boots to ready and serves, kiln-init says Secure Boot is on; slot a's UKI
+# with one flipped byte, signed by another key, or unsigned is refused by the firmware (no
+# kiln-init); a changed slot b spends its try and the box falls back to slot a (ROLLBACK);
+# kiln-flash refuses a manifest-signed bundle whose UKI db did not sign.
+run "qemu/secureboot" python3 tests/qemu/secureboot_test.py --build "$BUILD" --log-dir "$log"
 # the client SDKs (libkiln's C API, the kiln CLI, the Python package) against kilnd over
 # host sockets and over lwIP
 run "sdk/host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host sdk

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cli_test.sh [KILN_IMAGE]: kiln-image's commands end to end on small files: keygen,
 # sign (deterministic), verify good / tampered part / another key's signature / truncated
-# bundle / garbage / bytes after the end, show, pubkey-c. One line per check.
+# bundle / garbage / bytes after the end, show, pubkey-c, sb-verify's refusals. One line
+# per check.
 set -uo pipefail
 BIN=${1:-build/gnu/kiln-image}
 [ -x "$BIN" ] || { echo "cli_test.sh: $BIN missing (make image-tools)" >&2; exit 1; }
@@ -48,6 +49,16 @@ grep -qx "version 2" "$T/out" && ok "show prints the version" || no "show prints
 expect 0 "pubkey-c" "$BIN" pubkey-c --pub "$T/a.pub" --out "$T/pub.h"
 grep -q "IMG_PUBKEY_BYTES {0x04," "$T/pub.h" && ok "pubkey-c writes the point" || no "pubkey-c writes the point"
 expect 2 "sign: version 0 refused" "$BIN" sign --key "$T/a.key" --version 0 --part uki="$T/uki" --out "$T/x"
+# sb-verify (image/authenticode.c; signed images are qemu/secureboot's, against sbverify)
+expect 2 "sb-verify: no --cert is usage" "$BIN" sb-verify "$T/uki"
+expect 2 "sb-verify: a missing certificate file" "$BIN" sb-verify --cert "$T/none.crt" "$T/uki"
+if openssl req -new -x509 -newkey rsa:2048 -nodes -sha256 -days 1 -subj /CN=t/ -keyout "$T/db.key" -out "$T/db.crt" 2>/dev/null; then
+  expect 1 "sb-verify: a file that is no PE image is refused" "$BIN" sb-verify --cert "$T/db.crt" "$T/uki"
+  grep -q "not a PE image" "$T/out" && ok "... says not a PE image" || no "... says not a PE image"
+  expect 1 "sb-verify: a certificate that is not one is refused" "$BIN" sb-verify --cert "$T/small" "$T/uki"
+else
+  echo "SKIP sb-verify with a certificate: openssl cannot make one here"
+fi
 expect 2 "no command" "$BIN"
 echo "cli_test: $fails failed"
 [ "$fails" = 0 ]
