@@ -258,7 +258,8 @@ def attack_long_prompt(base):
         k = 0
         while not stop.is_set():
             k += 1
-            c.send(gen_line("L%d" % k, "sea " * 880 + str(k), 4))
+            # distinct from the first token, so the prefix cache cannot make it short
+            c.send(gen_line("L%d" % k, "%d " % k + "sea " * 880, 4))
             collect(c, ["L%d" % k])
         c.close()
 

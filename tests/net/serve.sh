@@ -97,9 +97,9 @@ kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" $'max_seq_len = 1024\nkv_pool_mb = 
 # fast enough to watch
 [ "$CHECKS" = ladder ] && sed -i 's/^kv_pool_mb = 256$/kv_pool_mb = 12/' "$W/kiln.ini" && \
   printf '[engine]\nladder_tick_ms = 50\nladder_hold_ms = 1000\ndrain_timeout_ms = 1500\n' >>"$W/kiln.ini"
-# abuse: a small prefill budget, so a prompt of the context's size spans 8 steps and a
+# abuse: a small prefill budget, so a prompt of the context's size spans 14 steps and a
 # short request behind it shows whether it waits for all of them
-[ "$CHECKS" = abuse ] && printf '[engine]\nmax_batched_tokens = 128\n' >>"$W/kiln.ini"
+[ "$CHECKS" = abuse ] && printf '[engine]\nmax_batched_tokens = 64\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
