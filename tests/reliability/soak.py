@@ -10,14 +10,18 @@ lwIP's send buffer and kilnd's output buffer). kilnd runs with a KV pool too sma
 its batch (tests/reliability/soak.sh), so the engine preempts all along.
 
 Each request has one kind, in exact shares (rounded) and a random order: 2,000 requests
-are 1,500 normal, 200 cancel, 200 disconnect and 100 slow.
-  normal      75%   read to the END
+are 1,300 normal, 200 cancel, 200 disconnect, 100 slow and 200 http.
+  normal      65%   read to the END
   cancel      10%   CANCEL after a random number of TOKs (0 included): END reason=cancelled,
                     or a normal END (and maybe ERR 404) when it finished first
   disconnect  10%   after a random number of TOKs, close the connection abruptly: the
                     outcome of every request still open on it is "disconnected"
   slow         5%   in clumps of 2..5 requests on a slow-reader connection, each asking for
                     more output (n=2 or 4, logprobs=1) so that a backlog builds up
+  http        10%   the same request through the OpenAI API on the same TLS port (ALPN
+                    http/1.1, keep-alive): POST /v1/chat/completions (chat) or
+                    /v1/completions, streamed (server-sent events) or not; every choice
+                    ends with finish_reason stop or length and the usage adds up
 
 Checks (any failing one fails the soak):
   - every request sent on a connection that stayed open ends in END (one per sample)
@@ -101,7 +105,8 @@ PREFIXES = [" ".join(random.Random(k).choice(WORDS) for _ in range(48)) for k in
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "net"))
 from serve_client import quote  # noqa: E402  (the protocol's string quoting, one copy)
 
-KINDS = ("normal", "cancel", "disconnect", "slow")
+KINDS = ("normal", "cancel", "disconnect", "slow", "http")
+MODEL_ID = None  # what /v1/models lists (the OpenAI API's requests name it)
 
 
 def kv_words(line):
@@ -137,6 +142,7 @@ class Req:
         self.cancel_at = rng.randint(0, min(12, self.max_tokens)) if kind == "cancel" else None
         self.disc_at = rng.randint(1, min(12, self.max_tokens)) if kind == "disconnect" else None
         self.cancel_form = rng.random() < 0.5
+        self.stream = rng.random() < 0.5  # http: server-sent events, or one JSON answer
         self.attempts = 0   # GENs sent
         self.retries = 0    # ERR 503 received
         self.outcome = None  # "end", "disconnected", "lost", "error"
@@ -189,6 +195,11 @@ class Counters:
 C = Counters()
 
 
+def conn_class(r):
+    """Requests that may share a connection: slow readers', the OpenAI API's, the rest."""
+    return r.kind if r.kind in ("slow", "http") else "line"
+
+
 class Pool:
     """The requests of one phase: fresh ones in order, retries when their time comes."""
 
@@ -199,8 +210,8 @@ class Pool:
         self.closed = False  # the time limit: take nothing more
 
     def take(self, k, k_slow=8):
-        """Up to k requests ready now (k_slow when they are slow), all slow or none slow;
-        [] when none is ready."""
+        """Up to k requests ready now (k_slow when they are slow), of one connection class
+        (slow, http, or the line protocol's others); [] when none is ready."""
         if self.closed:
             return []
         now = time.monotonic()
@@ -208,14 +219,14 @@ class Pool:
         while len(out) < k:
             if self.retry and self.retry[0][0] <= now:
                 cand = self.retry[0][2]
-                if out and (cand.kind == "slow") != (out[0].kind == "slow"):
+                if out and conn_class(cand) != conn_class(out[0]):
                     break
                 if cand.kind == "slow":
                     k = k_slow
                 heapq.heappop(self.retry)
             elif self.fresh:
                 cand = self.fresh[0]
-                if out and (cand.kind == "slow") != (out[0].kind == "slow"):
+                if out and conn_class(cand) != conn_class(out[0]):
                     break
                 if cand.kind == "slow":
                     k = k_slow
@@ -572,6 +583,134 @@ def kernel_counters():
     return out
 
 
+class HttpConn:
+    """One TLS connection speaking HTTP/1.1 (ALPN http/1.1) to the same port: the OpenAI
+    API, one request at a time, kept alive."""
+
+    async def open(self):
+        ctx = tls_context()
+        ctx.set_alpn_protocols(["http/1.1"])
+        t0 = time.monotonic()
+        try:
+            self.r, self.w = await asyncio.wait_for(asyncio.open_connection(
+                A.host, A.port, ssl=ctx, server_hostname="localhost", ssl_handshake_timeout=20), 30)
+        except Exception as e:
+            raise ConnectionError("HTTP over TLS: %r after %.1f s" % (e, time.monotonic() - t0)) from e
+
+    async def request(self, method, path, body, timeout):
+        """(status, headers, body bytes); a chunked body is joined (the SSE text)."""
+        data = json.dumps(body).encode() if body is not None else b""
+        head = ("%s %s HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer %s\r\n" % (method, path, A.token)
+                + ("Content-Type: application/json\r\nContent-Length: %d\r\n" % len(data) if body is not None else "")
+                + "\r\n")
+        self.w.write(head.encode() + data)
+        rd = lambda: asyncio.wait_for(self.r.readline(), timeout)  # noqa: E731
+        status = (await rd()).decode("latin-1")
+        if not status.startswith("HTTP/1.1 "):
+            raise ConnectionError("HTTP: status line %r" % status[:100])
+        hdr = {}
+        while True:
+            l = (await rd()).decode("latin-1")
+            if l in ("\r\n", ""):
+                break
+            k, _, v = l.partition(":")
+            hdr[k.strip().lower()] = v.strip()
+        if hdr.get("transfer-encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int((await rd()).split(b";")[0], 16)
+                chunk = await asyncio.wait_for(self.r.readexactly(size + 2), timeout)
+                if size == 0:
+                    break
+                out += chunk[:-2]
+        else:
+            out = await asyncio.wait_for(self.r.readexactly(int(hdr.get("content-length", "0"))), timeout)
+        return int(status.split(" ")[1]), hdr, out
+
+    def close(self):
+        self.w.transport.abort()
+
+
+def http_body(r):
+    body = {"model": MODEL_ID, "max_tokens": r.max_tokens, "temperature": float(r.temperature), "n": r.n}
+    if r.chat:
+        body["messages"] = [{"role": "user", "content": r.prompt}]
+    else:
+        body["prompt"] = r.prompt
+    if r.stop:
+        body["stop"] = ["\n\n"]
+    if r.stream:
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+    return body
+
+
+def http_outcome(r, body):
+    """The finish reasons of r's choices from its answer (streamed or whole), checked;
+    None (and an anomaly) when the answer does not add up."""
+    if r.stream:
+        events = [l[6:] for l in body.decode().split("\n") if l.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            C.anomaly("%s: the stream does not end with [DONE]: %r" % (r.wid, body[-200:]))
+            return None
+        objs = [json.loads(e) for e in events[:-1]]
+        finish = {c["index"]: c["finish_reason"] for o in objs for c in o.get("choices", []) if c.get("finish_reason")}
+        usage = [o["usage"] for o in objs if o.get("usage")]
+        usage = usage[-1] if usage else None
+    else:
+        obj = json.loads(body)
+        finish = {c["index"]: c["finish_reason"] for c in obj["choices"]}
+        usage = obj.get("usage")
+    if sorted(finish) != list(range(r.n)) or any(f not in ("stop", "length") for f in finish.values()):
+        C.anomaly("%s: finish reasons %r for n=%d" % (r.wid, finish, r.n))
+        return None
+    if not usage or not 0 <= usage["completion_tokens"] <= r.n * r.max_tokens:
+        C.anomaly("%s: usage %r for n=%d max_tokens=%d" % (r.wid, usage, r.n, r.max_tokens))
+        return None
+    C.prompt_tokens.append(usage["prompt_tokens"])
+    return [finish[i] for i in range(r.n)]
+
+
+async def run_http(batch, client_no, conn_no, pool, rng):
+    """The batch's requests one after another on one HTTP connection (keep-alive)."""
+    hc = HttpConn()
+    await hc.open()
+    try:
+        for r in batch:
+            r.start(client_no, conn_no)
+            path = "/v1/chat/completions" if r.chat else "/v1/completions"
+            try:
+                st, hdr, body = await hc.request("POST", path, http_body(r), A.request_timeout)
+            except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, ValueError) as e:
+                C.lost.append("%s (http): no complete answer (%r)" % (r.wid, e))
+                pool.done(r, "lost", "no answer")
+                for rest in batch[batch.index(r) + 1:]:
+                    pool.put_front([rest])
+                return
+            r.e2e = time.monotonic() - r.t_sent
+            if st == 503 and b"overloaded" in body:
+                r.retries += 1
+                C.by_kind[r.kind]["err503"] += 1
+                pool.give_back(r, float(hdr.get("retry-after", "1")) * rng.uniform(1.0, 1.5))
+                continue
+            if st != 200:
+                C.errors.append("%s (http): %d %r" % (r.wid, st, body[:200]))
+                pool.done(r, "error")
+                continue
+            try:
+                reasons = http_outcome(r, body)
+            except (ValueError, KeyError, TypeError) as e:
+                C.anomaly("%s: a malformed answer (%r): %r" % (r.wid, e, body[:200]))
+                reasons = None
+            if reasons is None:
+                pool.done(r, "error", "malformed answer")
+                continue
+            r.accepted, r.reasons = True, reasons
+            pool.done(r, "end")
+            C.e2e.append(r.e2e)
+    finally:
+        hc.close()
+
+
 async def client(k, pool, rng):
     cn, conn_no, fails = None, 0, 0
     while True:
@@ -583,6 +722,17 @@ async def client(k, pool, rng):
             await asyncio.sleep(0.05)  # retries not due yet, or others' may come back
             continue
         slow = batch[0].kind == "slow"
+        if batch[0].kind == "http":  # its own connection, HTTP; any line one stays open
+            conn_no += 1
+            try:
+                await run_http(batch, k, conn_no, pool, rng)
+                C.conn["http_opened"] += 1
+            except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:
+                pool.put_front(batch)  # nothing was sent: the connection never opened
+                C.conn["connect_failed"] += 1
+                print("soak: client %d: HTTP connect failed: %s" % (k, e), flush=True)
+                await asyncio.sleep(0.5)
+            continue
         if slow and cn is not None:
             await cn.close(rng)
             cn = None
@@ -752,17 +902,17 @@ def success(m, reason=None):
 
 
 def make_requests(n, rng):
-    """Exactly 10% cancel, 10% disconnect and 5% slow (rounded), in a random order: the
+    """Exactly 10% cancel, 10% disconnect, 5% slow and 10% http (rounded), in a random order: the
     counts do not depend on the seed. Slow readers come in clumps of 2..5 (a clump shares
     a slow-reader connection)."""
-    n_cancel, n_disc, n_slow = round(n * 0.10), round(n * 0.10), round(n * 0.05)
+    n_cancel, n_disc, n_slow, n_http = round(n * 0.10), round(n * 0.10), round(n * 0.05), round(n * 0.10)
     clumps, left = [], n_slow
     while left > 0:
         s = rng.randint(2, 5) if left >= 7 else (3 if left == 6 else left)
         clumps.append(["slow"] * s)
         left -= s
-    units = ([["cancel"]] * n_cancel + [["disconnect"]] * n_disc + clumps
-             + [["normal"]] * (n - n_cancel - n_disc - n_slow))
+    units = ([["cancel"]] * n_cancel + [["disconnect"]] * n_disc + clumps + [["http"]] * n_http
+             + [["normal"]] * (n - n_cancel - n_disc - n_slow - n_http))
     rng.shuffle(units)
     kinds = [k for u in units for k in u]
     assert len(kinds) == n
@@ -814,8 +964,16 @@ async def main_async():
     rng = random.Random(A.seed)
     reqs = make_requests(A.requests, rng)
     warm_n = min(max(A.clients * 2, 1), A.requests // 10)
+    global MODEL_ID
     mon = Monitor()
     await mon.open()
+    hc = HttpConn()
+    await hc.open()
+    st, _, body = await hc.request("GET", "/v1/models", None, 30)
+    hc.close()
+    if st != 200:
+        raise SystemExit("soak: GET /v1/models: %d %r" % (st, body[:200]))
+    MODEL_ID = json.loads(body)["data"][0]["id"]
     st0 = await mon.stats()
     m0 = await mon.metrics()
     rss0 = rss_kib()
