@@ -98,7 +98,7 @@ rc2=$? e2=$(head -c 300 "$tmp/err")
 timeout 10 "$kiln" bench --openai "https://$host" --connections-per-host 2 --requests 2 \
   >"$tmp/out" 2>"$tmp/err"
 rc3=$? e3=$(head -c 300 "$tmp/err")
-if [ $rc1 -ne 1 ] || ! grep -qi 'refused' <<<"$e1" || [ $rc2 -ne 2 ] || ! grep -q 'https://' <<<"$e2" ||
+if [ $rc1 -ne 1 ] || ! grep -qi 'refused' <<<"$e1" || [ $rc2 -ne 2 ] || ! grep -qF 'want http:' <<<"$e2" ||
    [ $rc3 -ne 2 ] || ! grep -q -- '--connections-per-host' <<<"$e3"; then
   fail bench_openai_errors "wrong port: exit $rc1 '$e1'; bad URL: exit $rc2 '$e2'; per host: exit $rc3 '$e3'"
 else ok bench_openai_errors; fi
