@@ -556,22 +556,35 @@ static long long filled(const int *need, int n, int level) {
     return t;
 }
 
-/* Water-filling: each candidate gets min(its need, L) for the largest level L whose total
- * fits the budget, so a short prompt is served whole while the long ones split the rest
- * evenly; the tokens integer division leaves go one each to the first candidates that
- * want more (oldest first). A lone candidate gets min(need, budget). */
-static void water_fill(const int *need, int *share, int n, int budget) {
-    int lo = 0, hi = 0;
+/* The prefill budget over the candidates (in plan order: running prefills oldest
+ * first, then waiting ones in admission order). L is the level an even split would give
+ * (the largest whose water-filled total fits the budget). A candidate that needs no
+ * more than L is served whole, so a short prompt never waits behind a long one; the
+ * oldest of the others gets L, so none starves; the rest goes shortest remaining first
+ * (ties: oldest), so a prompt a little over L (a small budget) still finishes soon, and
+ * a burst of equal long prompts prefills one after another, not all together with
+ * every first token at the end. A lone candidate gets min(need, budget); some may get 0. */
+static void share_prefill(const int *need, int *share, int n, int budget) {
+    int lo = 0, hi = 0, oldest = -1;
     for (int i = 0; i < n; i++) hi = need[i] > hi ? need[i] : hi;
     while (lo < hi) { /* the level is found by bisection: n is tens, needs ≤ max_seq_len */
         int mid = lo + (hi - lo + 1) / 2;
         if (filled(need, n, mid) <= budget) lo = mid;
         else hi = mid - 1;
     }
-    long long left = budget - filled(need, n, lo);
+    long long left = budget; /* the short ones and the oldest's L fit: filled(lo) */
     for (int i = 0; i < n; i++) {
-        share[i] = need[i] < lo ? need[i] : lo;
-        if (left > 0 && need[i] > lo) share[i]++, left--;
+        share[i] = need[i] <= lo ? need[i] : 0;
+        if (need[i] > lo && oldest < 0) share[i] = lo, oldest = i;
+        left -= share[i];
+    }
+    while (left > 0) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (share[i] < need[i] && (best < 0 || need[i] - share[i] < need[best] - share[best])) best = i;
+        if (best < 0) break;
+        int more = need[best] - share[best] < left ? need[best] - share[best] : (int)left;
+        share[best] += more, left -= more;
     }
 }
 
@@ -614,7 +627,7 @@ static int reserve_chunk(engine *e, eng_seq *s, int share, int may_preempt) {
 }
 
 /* Tokens the plan leaves unused (a candidate without room, a waiting one that was not
- * admitted, a prefix-cache hit) go to the planned sequences that want more, water-filled
+ * admitted, a prefix-cache hit) go to the planned sequences that want more, shared
  * again, where the pool has room without preempting: one candidate's misfortune does
  * not shrink the step. */
 static void top_up(engine *e, int n, int tokens) {
@@ -625,7 +638,7 @@ static void top_up(engine *e, int n, int tokens) {
         e->plan_need[i] = s->in_step ? s->n_toks - s->n_computed - s->in_step : 0;
     }
     if (used >= tokens) return;
-    water_fill(e->plan_need, e->plan_share, n, tokens - used);
+    share_prefill(e->plan_need, e->plan_share, n, tokens - used);
     for (int i = 0; i < n; i++) {
         eng_seq *s = e->plan[i];
         if (e->plan_share[i] <= 0) continue;
@@ -663,9 +676,10 @@ static int blocks_available(const engine *e, const eng_seq *self, int *others) {
     return n;
 }
 
-/* Steps 2 and 3: the tokens the decodes left are water-filled over the running prefills
- * and the waiting sequences that have a slot, so a short prompt is not starved behind a
- * long one that would take the whole budget. Running prefills reserve first, oldest
+/* Steps 2 and 3: the tokens the decodes left are shared over the running prefills and
+ * the waiting sequences that have a slot (share_prefill), so a short prompt is not
+ * starved behind a long one that would take the whole budget; a waiting one given no
+ * tokens this step is not admitted. Running prefills reserve first, oldest
  * first, and may preempt younger ones (make_room); waiting ones are admitted in fairness
  * order, preempt only paused sequences, and admission stops at one that does not fit.
  * A waiting one whose prefill spans steps (its share is less than its prompt) fits only
@@ -678,9 +692,10 @@ static int blocks_available(const engine *e, const eng_seq *self, int *others) {
 static void add_prefills(engine *e, int slots, int tokens) {
     int n_run, n = prefill_candidates(e, slots, tokens, &n_run);
     int committed = 0, spanning = 0; /* blocks the prefills spanning steps still need */
-    water_fill(e->plan_need, e->plan_share, n, tokens);
+    share_prefill(e->plan_need, e->plan_share, n, tokens);
     for (int i = 0; i < n; i++) {
         eng_seq *s = e->plan[i];
+        if (i >= n_run && e->plan_share[i] == 0) continue; /* its turn comes later */
         if (i >= n_run && admit(e, s) < 0) {
             n = i;
             break;

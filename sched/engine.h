@@ -3,11 +3,12 @@
  * Every step takes the running decodes first, then prefill chunks of waiting or
  * partially computed sequences, within max_batch_size sequences and max_batched_tokens
  * tokens, so a long prompt never stalls running streams for more than one chunk. The
- * tokens the decodes leave are water-filled over the sequences that want prefill
- * (running prefills, then waiting ones in admission order): each gets min(what it
- * needs, an even share), what a short one leaves goes to the others, so a short prompt
- * is prefilled in the step it is admitted however long the prompt beside it, and a lone
- * prefill still gets the whole rest. A waiting one whose prefill would span steps is
+ * tokens the decodes leave are shared over the sequences that want prefill (running
+ * prefills, then waiting ones in admission order): one that needs no more than an even
+ * share is served whole, the oldest of the others gets an even share, and the rest goes
+ * shortest remaining first, so a short prompt is prefilled in the step it is admitted
+ * however long the prompt beside it, a burst of long prompts is prefilled one after
+ * another, none starves, and a lone prefill still gets the whole rest. A waiting one whose prefill would span steps is
  * admitted only if the pool holds the rest of its prompt besides what the other
  * spanning prefills still need, so a shared budget does not start more long prefills
  * than the pool can finish. Each sequence is a token list plus how much of it has KV
