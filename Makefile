@@ -173,9 +173,9 @@ sdk-musl: tools-musl
 # reads it), with the public key of $(BUILD)/keys/pubkey.h (see the image section below).
 # Unused code is dropped (--gc-sections): mbedcrypto adds ~100 KB.
 IMG_SRCS   := image/manifest.c image/bundle.c
-IMG_HDRS   := image/manifest.h image/bundle.h
+IMG_HDRS   := image/manifest.h image/bundle.h image/img_err.h
 # Authenticode (a UKI signed for Secure Boot by the db key): kiln-init checks an update's UKI.
-AC_SRCS    := image/authenticode.c image/authenticode.h
+AC_SRCS    := image/authenticode.c image/authenticode.h image/img_err.h
 BOOT_SRCS  := $(sort $(wildcard boot/*.c))
 BOOT_DEPS  := $(BOOT_SRCS) $(wildcard boot/*.h) $(IMG_SRCS) $(IMG_HDRS) $(AC_SRCS) $(BUILD)/keys/pubkey.h $(BUILD)/keys/sbcert.h
 BOOT_FLAGS := $(filter-out -pthread -MMD -MP,$(CFLAGS_BASE))

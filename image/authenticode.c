@@ -1,5 +1,6 @@
 /* authenticode: see authenticode.h. */
 #include "image/authenticode.h"
+#include "image/img_err.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -17,17 +18,6 @@
 #define CERTS_MAX (64u << 10) /* the certificate table */
 #define CHUNK (1u << 20)
 #define MAX_SECTIONS 96
-
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static uint32_t le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static uint32_t le32(const uint8_t *p) { return le16(p) | le16(p + 2) << 16; }
@@ -66,16 +56,16 @@ typedef struct {
 static int pe_hash(int fd, uint64_t off, uint64_t n, uint8_t out[32], uint64_t *coff, uint64_t *clen, char *err, size_t cap) {
     size_t hlen = n < HEAD_MAX ? (size_t)n : HEAD_MAX;
     uint8_t *h = malloc(hlen > CHUNK ? hlen : CHUNK);
-    if (!h) return fail(err, cap, -ENOMEM, "out of memory");
+    if (!h) return img_fail(err, cap, -ENOMEM, "out of memory");
     int r = pread_full(fd, h, hlen, off);
     if (r < 0) {
         free(h);
-        return fail(err, cap, r, "read: %s", strerror(-r));
+        return img_fail(err, cap, r, "read: %s", strerror(-r));
     }
     r = -EINVAL;
     uint64_t pe = hlen >= 64 && h[0] == 'M' && h[1] == 'Z' ? le32(h + 0x3c) : hlen;
     if (pe + 24 > hlen || memcmp(h + pe, "PE\0\0", 4)) {
-        fail(err, cap, r, "not a PE image");
+        img_fail(err, cap, r, "not a PE image");
         goto out;
     }
     uint64_t nsec = le16(h + pe + 6), optsz = le16(h + pe + 20), opt = pe + 24;
@@ -87,7 +77,7 @@ static int pe_hash(int fd, uint64_t off, uint64_t n, uint8_t out[32], uint64_t *
     uint64_t sects = opt + optsz, cks = opt + 64, certdir = dd + 4 * 8, soh;
     if (sects + nsec * 40 > hlen || certdir + 8 > sects || nsec > MAX_SECTIONS) goto bad;
     if (le32(h + nrva) < 5 || !le32(h + certdir + 4)) {
-        r = fail(err, cap, -EPERM, "not signed (no certificate table)");
+        r = img_fail(err, cap, -EPERM, "not signed (no certificate table)");
         goto out;
     }
     soh = le32(h + opt + 60);
@@ -115,10 +105,10 @@ static int pe_hash(int fd, uint64_t off, uint64_t n, uint8_t out[32], uint64_t *
     if (!r && n > sum + *clen) r = hash_range(fd, off, sum, n - *clen, &c, h);
     mbedtls_sha256_finish(&c, out);
     mbedtls_sha256_free(&c);
-    if (r < 0) fail(err, cap, r, "read: %s", strerror(-r));
+    if (r < 0) img_fail(err, cap, r, "read: %s", strerror(-r));
     goto out;
 bad:
-    fail(err, cap, r, "malformed PE headers");
+    img_fail(err, cap, r, "malformed PE headers");
 out:
     free(h);
     return r;
@@ -153,7 +143,7 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
     const unsigned char *e1, *e2;
     if (tag(&p, end, &len, SEQ) || !oid_is(&p, p + len, OID_SIGNED_DATA, sizeof OID_SIGNED_DATA) || tag(&p, end, &len, CTX0) ||
         tag(&p, end, &len, SEQ))
-        return fail(err, cap, -EINVAL, "not a PKCS#7 SignedData");
+        return img_fail(err, cap, -EINVAL, "not a PKCS#7 SignedData");
     end = p + len;
     if (mbedtls_asn1_get_int(&p, end, &v) || tag(&p, end, &len, SET)) goto bad;
     p += len;
@@ -161,7 +151,7 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
     if (tag(&p, end, &len, SEQ)) goto bad;
     e1 = p + len;
     if (!oid_is(&p, e1, OID_SPC_INDIRECT, sizeof OID_SPC_INDIRECT) || tag(&p, e1, &len, CTX0) || tag(&p, e1, &len, SEQ))
-        return fail(err, cap, -EINVAL, "not an Authenticode signature (no SpcIndirectDataContent)");
+        return img_fail(err, cap, -EINVAL, "not an Authenticode signature (no SpcIndirectDataContent)");
     const unsigned char *content = p;
     size_t content_len = len;
     e2 = p + len;
@@ -170,10 +160,10 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
     if (tag(&p, e2, &len, SEQ) || tag(&p, e2, &len, SEQ)) goto bad;
     const unsigned char *alg_end = p + len;
     if (!oid_is(&p, alg_end, OID_SHA256, sizeof OID_SHA256))
-        return fail(err, cap, -EPERM, "signature: not a SHA-256 image hash");
+        return img_fail(err, cap, -EPERM, "signature: not a SHA-256 image hash");
     p = (unsigned char *)alg_end;
     if (tag(&p, e2, &len, MBEDTLS_ASN1_OCTET_STRING) || len != 32) goto bad;
-    if (memcmp(p, pe, 32)) return fail(err, cap, -EPERM, "the image's hash is not the one signed (changed after signing)");
+    if (memcmp(p, pe, 32)) return img_fail(err, cap, -EPERM, "the image's hash is not the one signed (changed after signing)");
     p = (unsigned char *)e1;
     if (p < end && *p == CTX0) { /* certificates: not needed, the key is given */
         if (tag(&p, end, &len, CTX0)) goto bad;
@@ -191,7 +181,7 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
     if (tag(&p, end, &len, SEQ)) goto bad;
     p += len;
     unsigned char *attrs = p;
-    if (tag(&p, end, &len, CTX0)) return fail(err, cap, -EINVAL, "signature: no signed attributes");
+    if (tag(&p, end, &len, CTX0)) return img_fail(err, cap, -EINVAL, "signature: no signed attributes");
     const unsigned char *attrs_end = p + len;
     uint8_t want[32], got[32];
     int have_md = 0;
@@ -201,12 +191,12 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
         const unsigned char *a_end = p + len;
         if (oid_is(&p, a_end, OID_MESSAGE_DIGEST, sizeof OID_MESSAGE_DIGEST)) {
             if (tag(&p, a_end, &len, SET) || tag(&p, a_end, &len, MBEDTLS_ASN1_OCTET_STRING) || len != 32) goto bad;
-            if (memcmp(p, want, 32)) return fail(err, cap, -EPERM, "signature: messageDigest is not the signed content's");
+            if (memcmp(p, want, 32)) return img_fail(err, cap, -EPERM, "signature: messageDigest is not the signed content's");
             have_md = 1;
         }
         p = (unsigned char *)a_end;
     }
-    if (!have_md) return fail(err, cap, -EINVAL, "signature: no messageDigest attribute");
+    if (!have_md) return img_fail(err, cap, -EINVAL, "signature: no messageDigest attribute");
     /* The signature is over the attributes' DER as a SET (tag 0x31, not [0]). */
     mbedtls_sha256_context c;
     mbedtls_sha256_init(&c);
@@ -220,10 +210,10 @@ static int check_sig(unsigned char *p, const unsigned char *end, const uint8_t p
     p += len;
     if (tag(&p, end, &len, MBEDTLS_ASN1_OCTET_STRING)) goto bad;
     if (mbedtls_pk_verify(key, MBEDTLS_MD_SHA256, got, 32, p, len))
-        return fail(err, cap, -EPERM, "signed by another key (not the Secure Boot db certificate's)");
+        return img_fail(err, cap, -EPERM, "signed by another key (not the Secure Boot db certificate's)");
     return 0;
 bad:
-    return fail(err, cap, -EINVAL, "malformed signature (PKCS#7)");
+    return img_fail(err, cap, -EINVAL, "malformed signature (PKCS#7)");
 }
 
 int ac_verify(int fd, uint64_t off, uint64_t n, const unsigned char *cert, size_t len, char *err, size_t cap) {
@@ -231,26 +221,26 @@ int ac_verify(int fd, uint64_t off, uint64_t n, const unsigned char *cert, size_
     uint64_t coff = 0, clen = 0;
     int r = pe_hash(fd, off, n, pe, &coff, &clen, err, cap);
     if (r < 0) return r;
-    if (clen > CERTS_MAX) return fail(err, cap, -EINVAL, "certificate table of %llu bytes", (unsigned long long)clen);
+    if (clen > CERTS_MAX) return img_fail(err, cap, -EINVAL, "certificate table of %llu bytes", (unsigned long long)clen);
     uint8_t *t = malloc(clen);
-    if (!t) return fail(err, cap, -ENOMEM, "out of memory");
+    if (!t) return img_fail(err, cap, -ENOMEM, "out of memory");
     if ((r = pread_full(fd, t, clen, off + coff)) < 0) {
         free(t);
-        return fail(err, cap, r, "read: %s", strerror(-r));
+        return img_fail(err, cap, r, "read: %s", strerror(-r));
     }
     mbedtls_x509_crt crt;
     mbedtls_x509_crt_init(&crt);
     if (mbedtls_x509_crt_parse(&crt, cert, len)) {
         free(t);
         mbedtls_x509_crt_free(&crt);
-        return fail(err, cap, -EINVAL, "the db certificate does not parse");
+        return img_fail(err, cap, -EINVAL, "the db certificate does not parse");
     }
-    r = fail(err, cap, -EPERM, "not signed (an empty certificate table)");
+    r = img_fail(err, cap, -EPERM, "not signed (an empty certificate table)");
     /* WIN_CERTIFICATE { dwLength, wRevision, wCertificateType (2: PKCS#7) }, each 8-aligned */
     for (uint64_t at = 0; at + 8 <= clen;) {
         uint32_t l = le32(t + at), type = le16(t + at + 6);
         if (l < 8 || l > clen - at) {
-            r = fail(err, cap, -EINVAL, "malformed certificate table");
+            r = img_fail(err, cap, -EINVAL, "malformed certificate table");
             break;
         }
         if (type == 2) {

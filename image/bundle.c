@@ -1,5 +1,6 @@
 /* bundle: see bundle.h. */
 #include "image/bundle.h"
+#include "image/img_err.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -10,16 +11,6 @@
 #include <unistd.h>
 
 #define CHUNK (1u << 20)
-
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static uint64_t align_up(uint64_t x) { return (x + BUN_ALIGN - 1) / BUN_ALIGN * BUN_ALIGN; }
 
@@ -50,13 +41,13 @@ static int read_full(int fd, void *buf, size_t n, uint64_t off) {
 int bun_read_manifest(int fd, uint64_t off, man_manifest *m, char *text, char *err, size_t cap) {
     char block[BUN_HEAD];
     int r = read_full(fd, block, sizeof block, off);
-    if (r == -ENODATA) return fail(err, cap, -EINVAL, "bundle: shorter than its %d-byte manifest block", BUN_HEAD);
-    if (r < 0) return fail(err, cap, r, "bundle: read: %s", strerror(-r));
+    if (r == -ENODATA) return img_fail(err, cap, -EINVAL, "bundle: shorter than its %d-byte manifest block", BUN_HEAD);
+    if (r < 0) return img_fail(err, cap, r, "bundle: read: %s", strerror(-r));
     size_t len = strnlen(block, sizeof block);
-    if (len == sizeof block) return fail(err, cap, -EINVAL, "bundle: no NUL in the manifest block (not a kiln bundle)");
+    if (len == sizeof block) return img_fail(err, cap, -EINVAL, "bundle: no NUL in the manifest block (not a kiln bundle)");
     for (size_t i = len; i < sizeof block; i++)
-        if (block[i]) return fail(err, cap, -EINVAL, "bundle: stray bytes after the manifest in its block");
-    if (len > MAN_MAX) return fail(err, cap, -EINVAL, "bundle: manifest longer than %d bytes", MAN_MAX);
+        if (block[i]) return img_fail(err, cap, -EINVAL, "bundle: stray bytes after the manifest in its block");
+    if (len > MAN_MAX) return img_fail(err, cap, -EINVAL, "bundle: manifest longer than %d bytes", MAN_MAX);
     memcpy(text, block, len);
     text[len] = 0;
     return man_parse(text, len, m, err, cap);
@@ -64,7 +55,7 @@ int bun_read_manifest(int fd, uint64_t off, man_manifest *m, char *text, char *e
 
 int bun_hash_range(int fd, uint64_t off, uint64_t n, uint8_t out[32], char *err, size_t cap) {
     char *buf = malloc(CHUNK);
-    if (!buf) return fail(err, cap, -ENOMEM, "bundle: out of memory");
+    if (!buf) return img_fail(err, cap, -ENOMEM, "bundle: out of memory");
     man_sha s;
     man_sha_init(&s);
     int r = 0;
@@ -77,22 +68,22 @@ int bun_hash_range(int fd, uint64_t off, uint64_t n, uint8_t out[32], char *err,
     }
     man_sha_final(&s, out);
     free(buf);
-    if (r == -ENODATA) return fail(err, cap, -EINVAL, "bundle: truncated (the data ends before the part does)");
-    if (r < 0) return fail(err, cap, r, "bundle: read: %s", strerror(-r));
+    if (r == -ENODATA) return img_fail(err, cap, -EINVAL, "bundle: truncated (the data ends before the part does)");
+    if (r < 0) return img_fail(err, cap, r, "bundle: read: %s", strerror(-r));
     return 0;
 }
 
 int bun_check_copy(int fd, const man_part *p, char *err, size_t cap) {
     struct stat st;
-    if (fstat(fd, &st) < 0) return fail(err, cap, -errno, "copy of `%s`: fstat: %s", p->name, strerror(errno));
+    if (fstat(fd, &st) < 0) return img_fail(err, cap, -errno, "copy of `%s`: fstat: %s", p->name, strerror(errno));
     if (S_ISREG(st.st_mode) && (uint64_t)st.st_size != p->size)
-        return fail(err, cap, -EPERM, "copy of `%s`: %llu bytes, the signed manifest says %llu", p->name,
+        return img_fail(err, cap, -EPERM, "copy of `%s`: %llu bytes, the signed manifest says %llu", p->name,
                     (unsigned long long)st.st_size, (unsigned long long)p->size);
     uint8_t h[32];
     int r = bun_hash_range(fd, 0, p->size, h, err, cap);
     if (r < 0) return r;
     if (memcmp(h, p->sha256, 32))
-        return fail(err, cap, -EPERM, "copy of `%s`: sha256 differs from the signed manifest (tampered or corrupt)", p->name);
+        return img_fail(err, cap, -EPERM, "copy of `%s`: sha256 differs from the signed manifest (tampered or corrupt)", p->name);
     return 0;
 }
 
@@ -123,12 +114,12 @@ int bun_copy(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, char *e
         if ((r = read_full(src, a, k, soff + done)) < 0 || (r = read_full(dst, b, k, doff + done)) < 0) what = "read back";
         else if (memcmp(a, b, k)) {
             free(a), free(b);
-            return fail(err, cap, -EIO, "read back differs near byte %llu", (unsigned long long)done);
+            return img_fail(err, cap, -EIO, "read back differs near byte %llu", (unsigned long long)done);
         }
     }
     free(a), free(b);
-    if (r == -ENODATA) return fail(err, cap, -EIO, "%s: the data ends early", what);
-    return r < 0 ? fail(err, cap, r, "%s: %s", what, strerror(-r)) : 0;
+    if (r == -ENODATA) return img_fail(err, cap, -EIO, "%s: the data ends early", what);
+    return r < 0 ? img_fail(err, cap, r, "%s: %s", what, strerror(-r)) : 0;
 }
 
 int bun_verify(int fd, uint64_t off, uint64_t limit, const uint8_t pub[MAN_PUB_LEN], man_manifest *m, char *err, size_t cap) {
@@ -137,16 +128,16 @@ int bun_verify(int fd, uint64_t off, uint64_t limit, const uint8_t pub[MAN_PUB_L
     if (r < 0) return r;
     if ((r = man_verify(m, text, pub, err, cap)) < 0) return r;
     for (int i = 0; i < m->nparts; i++)
-        if (m->parts[i].size > (UINT64_MAX / 4)) return fail(err, cap, -EINVAL, "bundle: part `%s` too large", m->parts[i].name);
+        if (m->parts[i].size > (UINT64_MAX / 4)) return img_fail(err, cap, -EINVAL, "bundle: part `%s` too large", m->parts[i].name);
     if (limit && bun_length(m) > limit)
-        return fail(err, cap, -EFBIG, "bundle: %llu bytes, more than the %llu there is room for",
+        return img_fail(err, cap, -EFBIG, "bundle: %llu bytes, more than the %llu there is room for",
                     (unsigned long long)bun_length(m), (unsigned long long)limit);
     for (int i = 0; i < m->nparts; i++) {
         const man_part *p = &m->parts[i];
         uint8_t h[32];
         if ((r = bun_hash_range(fd, off + bun_part_offset(m, i), p->size, h, err, cap)) < 0) return r;
         if (memcmp(h, p->sha256, 32))
-            return fail(err, cap, -EPERM, "bundle: part `%s`: sha256 differs from the signed manifest (tampered or corrupt)", p->name);
+            return img_fail(err, cap, -EPERM, "bundle: part `%s`: sha256 differs from the signed manifest (tampered or corrupt)", p->name);
     }
     return 0;
 }

@@ -1,5 +1,6 @@
 /* manifest: see manifest.h. ECDSA P-256 and SHA-256 from mbedTLS (libmbedcrypto only). */
 #include "image/manifest.h"
+#include "image/img_err.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -13,16 +14,6 @@
 #include <mbedtls/sha256.h>
 
 _Static_assert(sizeof(mbedtls_sha256_context) <= sizeof(((man_sha *)0)->ctx), "man_sha too small");
-
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
-    if (err && cap) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, cap, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ------------------------------------------------------------------ hashing, hex */
 
@@ -123,11 +114,11 @@ static int keyed(const char *l, size_t len, const char *key, const char **v, siz
 
 int man_parse(const char *text, size_t len, man_manifest *m, char *err, size_t cap) {
     memset(m, 0, sizeof *m);
-    if (len > MAN_MAX) return fail(err, cap, -E2BIG, "manifest: %zu bytes, more than the %d allowed", len, MAN_MAX);
+    if (len > MAN_MAX) return img_fail(err, cap, -E2BIG, "manifest: %zu bytes, more than the %d allowed", len, MAN_MAX);
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)text[i];
         if (ch != '\n' && (ch < 0x20 || ch > 0x7e))
-            return fail(err, cap, -EINVAL, "manifest: byte %zu is 0x%02x (only printable ASCII and LF)", i, ch);
+            return img_fail(err, cap, -EINVAL, "manifest: byte %zu is 0x%02x (only printable ASCII and LF)", i, ch);
     }
     cursor c = {text, text + len, 0};
     const char *l, *v;
@@ -136,45 +127,45 @@ int man_parse(const char *text, size_t len, man_manifest *m, char *err, size_t c
 
     l = next_line(&c, &n);
     if (!l || n != 15 || memcmp(l, "kiln-manifest 1", 15))
-        return fail(err, cap, -EINVAL, "manifest: line 1 is not `kiln-manifest 1` (not a kiln manifest, or a newer format)");
+        return img_fail(err, cap, -EINVAL, "manifest: line 1 is not `kiln-manifest 1` (not a kiln manifest, or a newer format)");
     l = next_line(&c, &n);
     if (!l || !keyed(l, n, "version", &v, &vn) || parse_dec(v, vn, UINT32_MAX, &x) < 0 || x == 0)
-        return fail(err, cap, -EINVAL, "manifest: line 2 must be `version N` (1..4294967295)");
+        return img_fail(err, cap, -EINVAL, "manifest: line 2 must be `version N` (1..4294967295)");
     m->version = (uint32_t)x;
     l = next_line(&c, &n);
     if (!l || !keyed(l, n, "build-time", &v, &vn) || parse_dec(v, vn, UINT64_MAX, &m->build_time) < 0)
-        return fail(err, cap, -EINVAL, "manifest: line 3 must be `build-time SECONDS`");
+        return img_fail(err, cap, -EINVAL, "manifest: line 3 must be `build-time SECONDS`");
 
     for (;;) {
         const char *start = c.p;
         l = next_line(&c, &n);
-        if (!l) return fail(err, cap, -EINVAL, "manifest: ends after line %d without a `sig` line", c.lineno);
+        if (!l) return img_fail(err, cap, -EINVAL, "manifest: ends after line %d without a `sig` line", c.lineno);
         if (keyed(l, n, "sig", &v, &vn)) {
-            if (m->nparts == 0) return fail(err, cap, -EINVAL, "manifest: no `part` lines");
+            if (m->nparts == 0) return img_fail(err, cap, -EINVAL, "manifest: no `part` lines");
             if (unhex(v, vn, m->sig, MAN_SIG_LEN) < 0)
-                return fail(err, cap, -EINVAL, "manifest: line %d: the signature must be %d lowercase hex digits",
+                return img_fail(err, cap, -EINVAL, "manifest: line %d: the signature must be %d lowercase hex digits",
                             c.lineno, 2 * MAN_SIG_LEN);
-            if (c.p != c.end) return fail(err, cap, -EINVAL, "manifest: bytes after the `sig` line");
+            if (c.p != c.end) return img_fail(err, cap, -EINVAL, "manifest: bytes after the `sig` line");
             m->signed_len = (size_t)(start - text);
             return 0;
         }
         if (!keyed(l, n, "part", &v, &vn))
-            return fail(err, cap, -EINVAL, "manifest: line %d: expected `part NAME SIZE SHA256` or `sig HEX`", c.lineno);
-        if (m->nparts == MAN_PARTS) return fail(err, cap, -EINVAL, "manifest: more than %d parts", MAN_PARTS);
+            return img_fail(err, cap, -EINVAL, "manifest: line %d: expected `part NAME SIZE SHA256` or `sig HEX`", c.lineno);
+        if (m->nparts == MAN_PARTS) return img_fail(err, cap, -EINVAL, "manifest: more than %d parts", MAN_PARTS);
         man_part *p = &m->parts[m->nparts];
         const char *sp1 = memchr(v, ' ', vn);
         const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(v + vn - sp1 - 1)) : NULL;
         if (!sp1 || !sp2 || (size_t)(sp1 - v) >= MAN_NAME_MAX)
-            return fail(err, cap, -EINVAL, "manifest: line %d: expected `part NAME SIZE SHA256`", c.lineno);
+            return img_fail(err, cap, -EINVAL, "manifest: line %d: expected `part NAME SIZE SHA256`", c.lineno);
         memcpy(p->name, v, (size_t)(sp1 - v));
         p->name[sp1 - v] = 0;
         if (!man_name_ok(p->name))
-            return fail(err, cap, -EINVAL, "manifest: line %d: part name must be 1..%d of [a-z0-9-]", c.lineno, MAN_NAME_MAX - 1);
-        if (man_find(m, p->name)) return fail(err, cap, -EINVAL, "manifest: line %d: part `%s` twice", c.lineno, p->name);
+            return img_fail(err, cap, -EINVAL, "manifest: line %d: part name must be 1..%d of [a-z0-9-]", c.lineno, MAN_NAME_MAX - 1);
+        if (man_find(m, p->name)) return img_fail(err, cap, -EINVAL, "manifest: line %d: part `%s` twice", c.lineno, p->name);
         if (parse_dec(sp1 + 1, (size_t)(sp2 - sp1 - 1), UINT64_MAX, &p->size) < 0)
-            return fail(err, cap, -EINVAL, "manifest: line %d: bad size", c.lineno);
+            return img_fail(err, cap, -EINVAL, "manifest: line %d: bad size", c.lineno);
         if (unhex(sp2 + 1, (size_t)(v + vn - sp2 - 1), p->sha256, 32) < 0)
-            return fail(err, cap, -EINVAL, "manifest: line %d: the sha256 must be 64 lowercase hex digits", c.lineno);
+            return img_fail(err, cap, -EINVAL, "manifest: line %d: the sha256 must be 64 lowercase hex digits", c.lineno);
         m->nparts++;
     }
 }
@@ -188,22 +179,22 @@ const man_part *man_find(const man_manifest *m, const char *name) {
 /* ------------------------------------------------------------------ formatting, signing */
 
 int man_format_body(const man_manifest *m, char *out, size_t cap, char *err, size_t errcap) {
-    if (m->version == 0) return fail(err, errcap, -EINVAL, "manifest: version must be at least 1");
-    if (m->nparts < 1 || m->nparts > MAN_PARTS) return fail(err, errcap, -EINVAL, "manifest: 1..%d parts", MAN_PARTS);
+    if (m->version == 0) return img_fail(err, errcap, -EINVAL, "manifest: version must be at least 1");
+    if (m->nparts < 1 || m->nparts > MAN_PARTS) return img_fail(err, errcap, -EINVAL, "manifest: 1..%d parts", MAN_PARTS);
     size_t off = 0;
     int w = snprintf(out, cap, "kiln-manifest 1\nversion %u\nbuild-time %llu\n", (unsigned)m->version,
                      (unsigned long long)m->build_time);
-    if (w < 0 || (size_t)w >= cap) return fail(err, errcap, -E2BIG, "manifest: too long");
+    if (w < 0 || (size_t)w >= cap) return img_fail(err, errcap, -E2BIG, "manifest: too long");
     off = (size_t)w;
     for (int i = 0; i < m->nparts; i++) {
         const man_part *p = &m->parts[i];
-        if (!man_name_ok(p->name)) return fail(err, errcap, -EINVAL, "manifest: bad part name `%.40s`", p->name);
+        if (!man_name_ok(p->name)) return img_fail(err, errcap, -EINVAL, "manifest: bad part name `%.40s`", p->name);
         for (int j = 0; j < i; j++)
-            if (!strcmp(m->parts[j].name, p->name)) return fail(err, errcap, -EINVAL, "manifest: part `%s` twice", p->name);
+            if (!strcmp(m->parts[j].name, p->name)) return img_fail(err, errcap, -EINVAL, "manifest: part `%s` twice", p->name);
         char hex[65];
         man_hex(p->sha256, 32, hex);
         w = snprintf(out + off, cap - off, "part %s %llu %s\n", p->name, (unsigned long long)p->size, hex);
-        if (w < 0 || (size_t)w >= cap - off) return fail(err, errcap, -E2BIG, "manifest: too long");
+        if (w < 0 || (size_t)w >= cap - off) return img_fail(err, errcap, -E2BIG, "manifest: too long");
         off += (size_t)w;
     }
     return (int)off;
@@ -228,7 +219,7 @@ int man_sign(man_manifest *m, const uint8_t priv[MAN_PRIV_LEN], char *out, size_
     int body = man_format_body(m, out, lim, err, errcap);
     if (body < 0) return body;
     if ((size_t)body + 5 + 2 * MAN_SIG_LEN + 1 > MAN_MAX || (size_t)body + 5 + 2 * MAN_SIG_LEN + 2 > cap)
-        return fail(err, errcap, -E2BIG, "manifest: more than %d bytes", MAN_MAX);
+        return img_fail(err, errcap, -E2BIG, "manifest: more than %d bytes", MAN_MAX);
     uint8_t hash[32];
     mbedtls_sha256((const unsigned char *)out, (size_t)body, hash, 0);
 
@@ -245,7 +236,7 @@ int man_sign(man_manifest *m, const uint8_t priv[MAN_PRIV_LEN], char *out, size_
     if (!rc) rc = mbedtls_mpi_write_binary(&s, m->sig + 32, 32);
     mbedtls_mpi_free(&d), mbedtls_mpi_free(&r), mbedtls_mpi_free(&s);
     mbedtls_ecp_group_free(&grp);
-    if (rc) return fail(err, errcap, -EINVAL, "manifest: signing failed (mbedTLS error -0x%04x; a bad private key?)", (unsigned)-rc);
+    if (rc) return img_fail(err, errcap, -EINVAL, "manifest: signing failed (mbedTLS error -0x%04x; a bad private key?)", (unsigned)-rc);
     char hex[2 * MAN_SIG_LEN + 1];
     man_hex(m->sig, MAN_SIG_LEN, hex);
     int w = snprintf(out + body, cap - (size_t)body, "sig %s\n", hex);
@@ -277,8 +268,8 @@ int man_verify(const man_manifest *m, const char *text, const uint8_t pub[MAN_PU
     mbedtls_mpi_free(&r), mbedtls_mpi_free(&s);
     mbedtls_ecp_point_free(&q);
     mbedtls_ecp_group_free(&grp);
-    if (bad_key) return fail(err, cap, -EINVAL, "manifest: the public key is not a valid P-256 point");
-    if (rc) return fail(err, cap, -EPERM, "manifest: bad signature (not signed by this key, or changed after signing)");
+    if (bad_key) return img_fail(err, cap, -EINVAL, "manifest: the public key is not a valid P-256 point");
+    if (rc) return img_fail(err, cap, -EPERM, "manifest: bad signature (not signed by this key, or changed after signing)");
     return 0;
 }
 
@@ -300,7 +291,7 @@ int man_pub_of(const uint8_t priv[MAN_PRIV_LEN], uint8_t pub[MAN_PUB_LEN], char 
     mbedtls_mpi_free(&d);
     mbedtls_ecp_point_free(&q);
     mbedtls_ecp_group_free(&grp);
-    if (rc || olen != MAN_PUB_LEN) return fail(err, cap, -EINVAL, "key: not a valid P-256 private key");
+    if (rc || olen != MAN_PUB_LEN) return img_fail(err, cap, -EINVAL, "key: not a valid P-256 private key");
     return 0;
 }
 
@@ -314,7 +305,7 @@ int man_keygen(uint8_t priv[MAN_PRIV_LEN], uint8_t pub[MAN_PUB_LEN], char *err, 
     if (!rc) rc = mbedtls_mpi_write_binary(&d, priv, MAN_PRIV_LEN);
     mbedtls_mpi_free(&d);
     mbedtls_ecp_group_free(&grp);
-    if (rc) return fail(err, cap, -EIO, "keygen: no key (mbedTLS error -0x%04x; getrandom?)", (unsigned)-rc);
+    if (rc) return img_fail(err, cap, -EIO, "keygen: no key (mbedTLS error -0x%04x; getrandom?)", (unsigned)-rc);
     return man_pub_of(priv, pub, err, cap);
 }
 
@@ -330,7 +321,7 @@ int man_key_parse(int is_private, const char *text, size_t len, uint8_t *key, ch
     size_t pl = strlen(prefix), n = is_private ? MAN_PRIV_LEN : MAN_PUB_LEN;
     if (len > 0 && text[len - 1] == '\n') len--;
     if (len < pl || memcmp(text, prefix, pl) || unhex(text + pl, len - pl, key, n) < 0)
-        return fail(err, cap, -EINVAL, "key: not a kiln %s key (expected `%s<%zu hex digits>`)",
+        return img_fail(err, cap, -EINVAL, "key: not a kiln %s key (expected `%s<%zu hex digits>`)",
                     is_private ? "private" : "public", prefix, 2 * n);
     if (is_private) {
         uint8_t pub[MAN_PUB_LEN];
@@ -343,6 +334,6 @@ int man_key_parse(int is_private, const char *text, size_t len, uint8_t *key, ch
     int rc = load_pub(&grp, &q, key);
     mbedtls_ecp_point_free(&q);
     mbedtls_ecp_group_free(&grp);
-    if (rc) return fail(err, cap, -EINVAL, "key: the public key is not a valid P-256 point");
+    if (rc) return img_fail(err, cap, -EINVAL, "key: the public key is not a valid P-256 point");
     return 0;
 }

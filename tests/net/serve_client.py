@@ -170,9 +170,8 @@ def wait_idle(c, seconds=20):
     return st
 
 
-def http_get(path):
-    s = socket.create_connection((A.host, A.metrics_port), timeout=20)
-    s.sendall(("GET %s HTTP/1.1\r\nHost: kiln\r\n\r\n" % path).encode())
+def read_to_close(s):
+    """Everything the peer sends until it closes (a Connection: close answer); s is closed."""
     data = b""
     while True:
         d = s.recv(65536)
@@ -180,7 +179,13 @@ def http_get(path):
             break
         data += d
     s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
+    return data
+
+
+def http_get(path):
+    s = socket.create_connection((A.host, A.metrics_port), timeout=20)
+    s.sendall(("GET %s HTTP/1.1\r\nHost: kiln\r\n\r\n" % path).encode())
+    head, _, body = read_to_close(s).partition(b"\r\n\r\n")
     return int(head.split(b" ")[1]), body.decode()
 
 
@@ -384,13 +389,7 @@ def chat_completion(body):
     s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer %s\r\n"
                "Content-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
                % (A.user_token, len(data))).encode() + data)
-    resp = b""
-    while True:
-        d = s.recv(65536)
-        if not d:
-            break
-        resp += d
-    s.close()
+    resp = read_to_close(s)
     head, _, payload = resp.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError("chat/completions: %r" % resp[:300])
