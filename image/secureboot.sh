@@ -99,10 +99,11 @@ sign() {
   scripts/need.sh sbsign sbsigntool faketime faketime
   [ -f "$d/db.key" ] && [ -f "$d/db.crt" ] || die "$d has no db.key and db.crt (image/secureboot.sh keys $d)"
   # sbsign puts the time of day in its PKCS#7 (signingTime, and so the PE checksum): the
-  # clock frozen at SOURCE_DATE_EPOCH (libfaketime) makes it the same bytes every time.
+  # clock frozen at SOURCE_DATE_EPOCH (libfaketime; -f, or the clock starts there and
+  # ticks, and a signing that crosses a second differs) makes it the same bytes every time.
   # Firmware does not check times (EDK2 verifies with X509_V_FLAG_NO_CHECK_TIME).
   local when; when=$(TZ=UTC date -d "@${SOURCE_DATE_EPOCH:-0}" '+%Y-%m-%d %H:%M:%S')
-  TZ=UTC faketime "$when" sbsign --key "$d/db.key" --cert "$d/db.crt" --output "$out.tmp" "$in" >/dev/null 2>"$out.err" ||
+  TZ=UTC faketime -f "$when" sbsign --key "$d/db.key" --cert "$d/db.crt" --output "$out.tmp" "$in" >/dev/null 2>"$out.err" ||
     { cat "$out.err" >&2; rm -f "$out.tmp" "$out.err"; die "sbsign $in failed"; }
   sbverify --cert "$d/db.crt" "$out.tmp" >/dev/null 2>"$out.err" ||
     { cat "$out.err" >&2; rm -f "$out.tmp" "$out.err"; die "sbverify: $out does not verify with $d/db.crt"; }
