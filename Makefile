@@ -17,7 +17,9 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 # the ISA flags, so the rest of the binary runs on any x86-64.
 simdflags = $(if $(findstring _avx512,$(1)),$(AVX512_FLAGS),$(if $(findstring _avx2,$(1)),$(AVX2_FLAGS)))
 
-LIB_SRCS  := $(sort $(wildcard core/*.c core/cpu/*.c mm/*.c sched/*.c net/*.c) cuda/plan.c)
+# core/backend_cuda.c needs cuda.h and cuda/: only the CUDA kilnd has it (see `make cuda`).
+CUDA_GLUE := core/backend_cuda.c
+LIB_SRCS  := $(sort $(filter-out $(CUDA_GLUE),$(wildcard core/*.c core/cpu/*.c mm/*.c sched/*.c net/*.c)))
 # The kilnd program (kilnd/: main and its subcommands) on top of the library.
 KILND_SRCS := $(sort $(wildcard kilnd/*.c))
 TEST_SRCS := $(sort $(wildcard tests/unit/test_*.c))
@@ -91,18 +93,20 @@ tools:
 # A glibc kilnd with the CUDA backend: the driver and cuBLAS are dlopen'ed at run time,
 # so it builds on any machine with the toolkit (nvcc, cuda.h) and no GPU. The kernels are
 # one fatbin (SASS for each listed architecture plus PTX for later ones) embedded with
-# .incbin. The backend's objects are linked as objects, ahead of libkilnd.a, so they
-# replace core/backend_nocuda.o (the stubs every other kilnd gets).
+# .incbin. cuda/ (driver, kernels, launches, cuBLAS) is a leaf; the backend glue on top of
+# it, core/backend_cuda.c, is compiled here with cuda.h. They are linked as objects, ahead
+# of libkilnd.a, so they replace core/backend_nocuda.o (the stubs every other kilnd gets).
+# core/cuda_plan.c, free of CUDA, is in libkilnd.a like the rest of core/.
 # gpu-progs (tests/gpu/) needs no network dependency: tests/gpu/run.sh builds it on the
 # GPU machine, which has the toolkit but no registry to fetch from.
 NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),/usr/local/cuda/bin/nvcc)
 CUDA_INC  ?= $(patsubst %/bin/nvcc,%/include,$(NVCC))
 CUDA_ARCH := $(foreach a,80 86 89 90 90a,-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_90,code=compute_90
-CUDA_SRCS := cuda/cu.c cuda/kern.c cuda/blas.c cuda/backend_cuda.c
+CUDA_SRCS := cuda/cu.c cuda/kern.c cuda/blas.c $(CUDA_GLUE)
 CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/obj/fatbin.o
 # What the GPU programs take from the engine: no network, no config parser (no deps).
-CORE_SRCS := $(sort $(filter-out core/config.c,$(wildcard core/*.c core/cpu/*.c mm/*.c)) cuda/plan.c)
+CORE_SRCS := $(sort $(filter-out core/config.c $(CUDA_GLUE),$(wildcard core/*.c core/cpu/*.c mm/*.c)))
 CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
 GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
 # kernels.cu takes the type numbers from core/cpu/qtypes.h, the CPU side's definition.

@@ -49,7 +49,8 @@ typedef struct {
 backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *cfg, char *err,
                          size_t errlen);
 
-/* ---- the CUDA backend (cuda/; in the kilnd of `make cuda`, else stubs that say so) */
+/* ---- the CUDA backend (backend_cuda.c on cuda/; in the kilnd of `make cuda`, else
+ * stubs that say so: backend_nocuda.c) */
 
 typedef struct {
     int device;            /* CUDA device ordinal */

@@ -1,6 +1,7 @@
 /* backend_nocuda: the CUDA backend's entry points in a kilnd built without it. The
- * CUDA kilnd (`make cuda`) links cuda/backend_cuda.o ahead of libkilnd.a, so this
- * object is never pulled in there; it defines nothing else for the same reason. */
+ * CUDA kilnd (`make cuda`) links core/backend_cuda.o and cuda/'s objects ahead of
+ * libkilnd.a, so this object is never pulled in there; it defines nothing else for the
+ * same reason. */
 #include <stdio.h>
 
 #include "core/backend.h"

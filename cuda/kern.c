@@ -83,7 +83,7 @@ CUresult kern_bias(const kern *k, CUstream s, CUdeviceptr out, int ostride, CUde
     return launch(k, k->bias, s, blocks_for((long long)n * T, 256), 1, 256, 0, a);
 }
 
-CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
+CUresult kern_rope_store(const kern *k, CUstream s, const kern_heads *c, const kern_kv *kv,
                          CUdeviceptr q, CUdeviceptr kk, CUdeviceptr v, CUdeviceptr pos,
                          CUdeviceptr slot, int layer, int T) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, rd = c->rope_dim, neox = c->rope_neox;
@@ -95,8 +95,8 @@ CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const
     return launch(k, k->rope_store, s, (unsigned)T, 1, 128, 0, a);
 }
 
-CUresult kern_attn(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
-                   const cplan_attn *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
+CUresult kern_attn(const kern *k, CUstream s, const kern_heads *c, const kern_kv *kv,
+                   const kern_attn_geom *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
                    CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, bs = kv->bs, kt = g->kt;
     long long be = kv->block_elems;

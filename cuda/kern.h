@@ -1,14 +1,15 @@
 /* kern: the embedded kernels (cuda/kernels.cu) loaded into the current context, and a
- * launch wrapper per kernel that owns its geometry. Used by the backend and by the GPU
- * tests, which compare each kernel with its CPU reference. All launches are
- * asynchronous on the given stream and return the CUresult of the launch. */
+ * launch wrapper per kernel that owns its geometry. Used by the backend (core/backend_cuda.c)
+ * and by the GPU tests, which compare each kernel with its CPU reference. All launches
+ * are asynchronous on the given stream and return the CUresult of the launch.
+ * cuda/ is a leaf: the wrappers take plain numbers and the structs below, never core's
+ * model or mm's KV types, so nothing here includes a folder above it. */
 #ifndef KILN_CUDA_KERN_H
 #define KILN_CUDA_KERN_H
 
 #include <stddef.h>
 
 #include "cuda/cu.h"
-#include "cuda/plan.h"
 
 typedef struct {
     const cu_api *cu;
@@ -34,6 +35,20 @@ typedef struct {
     long long block_elems;
 } kern_kv;
 
+/* The model's attention heads as the kernels read them (the backend fills it from its
+ * model_config). */
+typedef struct {
+    int n_heads, n_kv_heads, head_dim, rope_dim, rope_neox;
+    float rope_base;
+} kern_heads;
+
+/* k_attn's launch: keys per shared-memory tile, threads per block and dynamic shared
+ * bytes, which the caller derives from the head shape (core/cuda_plan.h, cplan_attn_geom). */
+typedef struct {
+    int kt, threads;
+    size_t smem;
+} kern_attn_geom;
+
 /* Loads the module from the embedded fatbin into the current context. */
 int kern_load(kern *k, const cu_api *cu, char *err, size_t errlen);
 void kern_unload(kern *k);
@@ -49,11 +64,11 @@ CUresult kern_swiglu(const kern *k, CUstream s, CUdeviceptr h, CUdeviceptr g, CU
                      long long n);
 CUresult kern_bias(const kern *k, CUstream s, CUdeviceptr out, int ostride, CUdeviceptr bias, int n,
                    int T);
-CUresult kern_rope_store(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
+CUresult kern_rope_store(const kern *k, CUstream s, const kern_heads *h, const kern_kv *kv,
                          CUdeviceptr q, CUdeviceptr kk, CUdeviceptr v, CUdeviceptr pos,
                          CUdeviceptr slot, int layer, int T);
-CUresult kern_attn(const kern *k, CUstream s, const model_config *c, const kern_kv *kv,
-                   const cplan_attn *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
+CUresult kern_attn(const kern *k, CUstream s, const kern_heads *h, const kern_kv *kv,
+                   const kern_attn_geom *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
                    CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles);
 /* Blocks [n] (device ints) to fp8 in place; sets their kv->fp8 flags when kv->fp8. */
 CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n);

@@ -48,8 +48,9 @@ backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc
     backend_cuda_config cc = {0, w->gpu_util, w->max_batch_tokens, w->max_logits, w->max_ctx,
                               w->cublas, 64, w->graphs, w->kv_gpu_bytes};
     memset(arena, 0, sizeof *arena); /* the CPU pool's arena is not used */
-    /* The device pool is addressed by block id (cuda/), not by the half-slot units that
-     * kv8 needs, so converting there would free nothing: rung 2 passes through. */
+    /* The device pool is addressed by block id (core/backend_cuda.c), not by the
+     * half-slot units that kv8 needs, so converting there would free nothing: rung 2
+     * passes through. */
     int kv8 = kc->kv8;
     kc->kv8 = 0;
     backend *be = backend_cuda_new(m, kv, kc, &cc, err, n);

@@ -36,12 +36,12 @@
 
 #include "core/cpu/attn.h"
 #include "core/backend.h"
+#include "core/cuda_plan.h"
 #include "core/model.h"
 #include "core/cpu/quant.h"
 #include "core/tokenizer.h"
 #include "cuda/cu.h"
 #include "cuda/kern.h"
-#include "cuda/plan.h"
 #include "mm/kv.h"
 #include "tests/parity_prompts.h"
 
@@ -754,7 +754,7 @@ static double rope_err(const rope_case *c, const float *orig, const float *got, 
 /* A block's first slot written at layer 0 makes it f16 again (a reused 8-bit block):
  * with every flag set, a launch at layer 1 clears none, one at layer 0 exactly the
  * blocks some token writes at offset 0. */
-static void check_rope_flags(const rope_case *rc, const model_config *c, kern_kv kv, CUdeviceptr q,
+static void check_rope_flags(const rope_case *rc, const kern_heads *c, kern_kv kv, CUdeviceptr q,
                              CUdeviceptr k, CUdeviceptr v, CUdeviceptr pos, CUdeviceptr slot_d,
                              const int32_t *slot, int T, int nb, int bs) {
     char chk[80];
@@ -810,10 +810,7 @@ static void check_rope(const rope_case *rc) {
     CUdeviceptr qd_ = dalloc(sizeof(float) * T * qd), kd_ = dalloc(sizeof(float) * T * kd);
     CUdeviceptr vd = dalloc(sizeof(float) * T * kd), pd = dalloc(sizeof pos), sd = dalloc(sizeof slot);
     CUdeviceptr kvd = dalloc(pool_n * 2);
-    model_config c;
-    memset(&c, 0, sizeof c);
-    c.n_heads = rc->nh, c.n_kv_heads = rc->nkv, c.head_dim = rc->hd, c.rope_dim = rc->rd;
-    c.rope_neox = rc->neox, c.rope_base = rc->base;
+    kern_heads c = {rc->nh, rc->nkv, rc->hd, rc->rd, rc->neox, rc->base};
     kern_kv kv = {kvd, 0, 0, LAYERS, rc->nkv, rc->hd, BS, be};
     if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !dput(qd_, q0, sizeof(float) * T * qd) ||
         !dput(kd_, k0, sizeof(float) * T * kd) || !dput(vd, v0, sizeof(float) * T * kd) ||
@@ -912,9 +909,10 @@ typedef struct {
     kv_seq *seq[A_MAXT];
     float *q;                       /* [T][qd] */
     float *out[A_LAYERS];           /* the GPU's f16-cache outputs per layer */
-    model_config c;
+    kern_heads c;
     kern_kv kv;
     cplan_attn geom;
+    kern_attn_geom kag; /* geom's launch numbers */
     cplan_layout L;
     int32_t *stage;
     CUdeviceptr pool_d, q_d, out_d, stage_d;
@@ -973,12 +971,12 @@ static int attn_setup(attn_fx *f, const attn_case *ac, char *why, size_t wn) {
     }
     f->q = xmalloc(sizeof(float) * (size_t)f->T * f->qd);
     for (size_t i = 0; i < (size_t)f->T * f->qd; i++) f->q[i] = rnd_sym(3.0f);
-    memset(&f->c, 0, sizeof f->c);
-    f->c.n_heads = f->nh, f->c.n_kv_heads = ac->nkv, f->c.head_dim = ac->hd;
+    f->c = (kern_heads){f->nh, ac->nkv, ac->hd, 0, 0, 0.0f};
     if (cplan_attn_geom(ac->hd, ac->g, &f->geom) < 0) {
         snprintf(why, wn, "cplan_attn_geom(%d, %d) refused", ac->hd, ac->g);
         return -1;
     }
+    f->kag = (kern_attn_geom){f->geom.kt, f->geom.threads, f->geom.smem};
     cplan_layout_init(&f->L, f->T, 1, A_TSTRIDE);
     f->stage = xmalloc(f->L.total * sizeof(int32_t));
     f->pool_d = dalloc(pool_n * 2);
@@ -1005,7 +1003,7 @@ static int attn_launch(attn_fx *f, const kern_kv *kv, const cplan_layout *L, int
     if (n == f->T) f->n_tiles = sp.n_tiles;
     size_t ob = sizeof(float) * (size_t)n * f->qd;
     if (!dput(stage_d, stage, sp.upload * sizeof(int32_t)) ||
-        !ran(kern_attn(&G.k, G.st, &f->c, kv, &f->geom, q_d, out_d, stage_d + L->tiles * 4,
+        !ran(kern_attn(&G.k, G.st, &f->c, kv, &f->kag, q_d, out_d, stage_d + L->tiles * 4,
                        stage_d + L->pos * 4, stage_d + L->tables * 4, L->tstride, layer, sp.n_tiles),
              "kern_attn") ||
         !dget(out, out_d, ob)) {

@@ -1,4 +1,4 @@
-/* test_cuda_plan: the CUDA backend's host-side arithmetic (cuda/plan.c), which needs no
+/* test_cuda_plan: the CUDA backend's host-side arithmetic (core/cuda_plan.c), which needs no
  * GPU: the staging layout, batch packing (checked against page tables of a real KV pool
  * in external-data mode), the attention geometry, graph keys and their LRU cache, and
  * the KV sizing. Also the external-data mode of mm/kv itself: no host block data, and
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/plan.h"
+#include "core/cuda_plan.h"
 #include "mm/kv.h"
 #include "tests/unit/check.h"
 

@@ -1,8 +1,10 @@
-/* plan: the CUDA backend's host-side arithmetic, free of CUDA so that it builds and is
+/* cuda_plan: the CUDA backend's host-side arithmetic, free of CUDA so that it builds and is
  * unit-tested (tests/unit/test_cuda_plan.c) on machines without a GPU or a toolkit:
  * how a batch is packed for the device, the attention kernel's geometry, the keys
  * under which decode steps are kept as CUDA graphs, and how the device's memory is
- * shared between weights, scratch and the KV pool. */
+ * shared between weights, scratch and the KV pool. It is in core/, beside the backend
+ * (core/backend_cuda.c), because it reads the model's batch and mm's sequences; cuda/
+ * below it knows neither. */
 #ifndef KILN_CUDA_PLAN_H
 #define KILN_CUDA_PLAN_H
 

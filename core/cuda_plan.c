@@ -1,5 +1,5 @@
-/* plan: the CUDA backend's host-side arithmetic (see plan.h). */
-#include "cuda/plan.h"
+/* cuda_plan: the CUDA backend's host-side arithmetic (see cuda_plan.h). */
+#include "core/cuda_plan.h"
 
 #include <errno.h>
 #include <stdio.h>

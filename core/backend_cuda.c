@@ -7,7 +7,7 @@
  * tables (mm/kv with external data); the blocks live on the device, and copy-on-write
  * becomes a device copy queued on the stream.
  *
- * A step: pack the batch into pinned staging (cuda/plan.c), one upload, the kernels (or
+ * A step: pack the batch into pinned staging (core/cuda_plan.c), one upload, the kernels (or
  * a replayed CUDA graph for a decode shape seen before), the logits rows downloaded into
  * pinned memory, then an event and a host callback that writes the eventfd the engine's
  * loop sleeps on. submit never blocks. */
@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/cuda_plan.h"
 #include "cuda/blas.h"
 #include "cuda/cu.h"
 #include "cuda/kern.h"
-#include "cuda/plan.h"
 
 #define GRAPH_MAX_TOKENS 256      /* decode steps up to this many tokens become graphs */
 #define RUNTIME_RESERVE (256u << 20) /* for cuBLAS' workspace, graphs, the module */
@@ -70,6 +70,8 @@ typedef struct {
     CUdeviceptr wmem, w16mem, kvmem, scratch, kv8_list; /* kv8_list: [n_blocks] ints */
     size_t wbytes, w16bytes, kvbytes, scratch_bytes;
     kern_kv kvd;
+    kern_heads heads;   /* c's head shape, as the kernels take it */
+    kern_attn_geom kag; /* ag's launch numbers, as k_attn takes them */
     /* scratch: activations for the largest step */
     CUdeviceptr x, xb, q, kk, v, hb, hb2, logits, stage_d, x16, w16tmp;
     int32_t *stage_h; /* pinned */
@@ -383,10 +385,10 @@ static int enqueue_forward(cuda_backend *cb, int use_blas) {
             (r = matmul(cb, &L->wv, cb->xb, cb->v, kd, T, 0, L->bv, use_blas)))
             return r;
         prof_mark(cb, P_QKV);
-        CK(kern_rope_store(k, s, c, &cb->kvd, cb->q, cb->kk, cb->v, STAGE(pos), STAGE(slot), l, T),
+        CK(kern_rope_store(k, s, &cb->heads, &cb->kvd, cb->q, cb->kk, cb->v, STAGE(pos), STAGE(slot), l, T),
            "cuda: k_rope_store");
         prof_mark(cb, P_ROPE);
-        CK(kern_attn(k, s, c, &cb->kvd, &cb->ag, cb->q, cb->xb, STAGE(tiles), STAGE(pos), STAGE(tables),
+        CK(kern_attn(k, s, &cb->heads, &cb->kvd, &cb->kag, cb->q, cb->xb, STAGE(tiles), STAGE(pos), STAGE(tables),
                      cb->lay.tstride, l, cb->step.n_tiles),
            "cuda: k_attn");
         prof_mark(cb, P_ATTN);
@@ -573,6 +575,9 @@ static int start(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
                  c->n_heads / c->n_kv_heads);
         return -ENOTSUP;
     }
+    cb->heads = (kern_heads){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_neox,
+                             c->rope_base};
+    cb->kag = (kern_attn_geom){cb->ag.kt, cb->ag.threads, cb->ag.smem};
     if (cplan_layout_init(&cb->lay, cb->cfg.max_batch_tokens, cb->cfg.max_logits,
                           kc->max_blocks_per_seq) < 0) {
         snprintf(cb->be.err, sizeof cb->be.err, "cuda: invalid step limits");
