@@ -27,7 +27,7 @@
 /* ---------------------------------------------------------------- the key table */
 
 enum { T_INT, T_U64, T_DBL, T_BOOL, T_ENUM, T_STR, T_LISTEN };
-enum { F_POW2 = 1, F_SIZE = 2, F_REQ = 4 };
+enum { F_POW2 = 1, F_SIZE = 2, F_REQ = 4, F_NAME = 8 };
 
 typedef struct {
     const char *sec, *name;
@@ -54,6 +54,7 @@ static const char *const sections[] = {"model", "engine", "sampling", "net", "lo
 static const cfg_key keys[] = {
     STR("model", "path", model.path, F_REQ),
     ENUM("model", "chat_template", model.chat_template, chat_template_names),
+    STR("model", "served_model_name", model.served_model_name, F_NAME),
     ENUM("engine", "backend", engine.backend, backends),
     INT("engine", "threads", engine.threads, 0, 1024, 0, 1),
     INT("engine", "block_size", engine.block_size, 8, 256, F_POW2, 1),
@@ -353,6 +354,17 @@ static int parse_listen(const char *v, char host[CFG_HOST_MAX], int *port) {
 
 /* Parse value for key k into c, or write "[sec] key = value: what is allowed" after
  * prefix into err. 0 or -EINVAL; c is untouched on error. */
+/* A name clients type and match byte for byte (the OpenAI API's `model`, a metric
+ * label, the line protocol's INFO): what model hubs use in repository names, nothing a
+ * JSON string, a label or a quoted value would need to escape. NULL when it is fine. */
+static const char *name_bad(const char *v, size_t n) {
+    if (n > CFG_NAME_MAX) return "longer than " CFG_NAME_MAX_S " bytes";
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)v[i]) && !strchr("._-/:@+", v[i]))
+            return "only letters, digits and . _ - / : @ + are allowed";
+    return NULL;
+}
+
 static int set_key(kiln_config *c, int k, const char *value, const char *prefix, char *err,
                    size_t errlen) {
     const cfg_key *K = &keys[k];
@@ -428,6 +440,7 @@ static int set_key(kiln_config *c, int k, const char *value, const char *prefix,
         if (n && (isspace((unsigned char)value[0]) || isspace((unsigned char)value[n - 1])))
             BAD("must not begin or end with a space");
         if (value[0] == '"' || value[0] == '\'') BAD("write it without quotes");
+        if ((K->flags & F_NAME) && name_bad(value, n)) BAD("%s", name_bad(value, n));
         memset(field, 0, CFG_STR_MAX + 1);
         memcpy(field, value, n);
         return 0;

@@ -14,6 +14,8 @@
 
 #include "core/chat.h"
 
+#define CFG_NAME_MAX 128   /* served_model_name: a name clients type */
+#define CFG_NAME_MAX_S "128"
 #define CFG_STR_MAX 4000   /* longest path (bytes): a "key = value" line fits inih's 4096 */
 #define CFG_HOST_MAX 16    /* dotted-quad IPv4 and its NUL */
 #define CFG_DUMP_MAX 32768 /* cfg_dump never needs more */
@@ -30,6 +32,7 @@ typedef struct kiln_config {
     struct {
         char path[CFG_STR_MAX + 1];  /* GGUF file */
         int chat_template;           /* CFG_TEMPLATE_AUTO or a CHAT_* kind */
+        char served_model_name[CFG_STR_MAX + 1]; /* "": general.name, else the file's name */
     } model;
     struct {
         int backend;                 /* CFG_BACKEND_* */

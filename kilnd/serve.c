@@ -81,9 +81,15 @@ static int parse(int argc, char **argv, kiln_config *c, int *threads, const char
     return 0;
 }
 
-/* The model's own name (general.name), else the file's base name. */
-static void model_name(const model *m, const char *path, char *out, size_t cap) {
+/* The name the box serves under: [model] served_model_name, else the model's own name
+ * (general.name), else the file's base name. */
+static void model_name(const kiln_config *c, const model *m, char *out, size_t cap) {
+    const char *path = c->model.path;
     gguf_str s;
+    if (c->model.served_model_name[0]) {
+        snprintf(out, cap, "%.*s", CFG_NAME_MAX, c->model.served_model_name); /* cfg checked it */
+        return;
+    }
     if (gguf_get_str(&m->gguf, "general.name", &s) == 0 && s.len > 0) {
         snprintf(out, cap, "%.*s", (int)(s.len < cap ? s.len : cap - 1), s.ptr);
         return;
@@ -216,7 +222,7 @@ int kd_serve(int argc, char **argv) {
     if (!(net = net_new(l, &nc, err, sizeof err))) { fprintf(stderr, "kilnd: network: %s\n", err); goto out; }
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);
     char name[256];
-    model_name(&m, c.model.path, name, sizeof name);
+    model_name(&c, &m, name, sizeof name);
     srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot,
                    KILN_VERSION};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }

@@ -125,7 +125,14 @@ def metric(name):
 def test_models(c):
     models = c.models.list()
     ids = [m.id for m in models.data]
-    check("/v1/models lists the served model", len(ids) == 1 and ids[0], ids)
+    check("/v1/models lists the served model under [model] served_model_name",
+          ids == [A.served_name], (ids, A.served_name))
+    try:  # the GGUF's own name is not an alias: only the served name is
+        c.completions.create(model="Smollm2 135M 8k Lc100K Mix1 Ep2", prompt="hi", max_tokens=1)
+        check("a request naming the GGUF's general.name: 404 model_not_found", False, "no error")
+    except openai.NotFoundError as e:
+        check("a request naming the GGUF's general.name: 404 model_not_found",
+              e.status_code == 404 and A.served_name in str(e), str(e))
     return ids[0]
 
 
@@ -446,6 +453,7 @@ def main():
     ap.add_argument("--token", required=True)
     ap.add_argument("--admin-token", required=True)
     ap.add_argument("--expect", required=True)
+    ap.add_argument("--served-name", required=True, help="the ini's [model] served_model_name")
     ap.add_argument("--lwip", action="store_true", help="the server is on lwIP (small send buffers)")
     A = ap.parse_args()
     exp = json.load(open(A.expect, encoding="utf-8"))

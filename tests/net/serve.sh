@@ -92,6 +92,10 @@ esac
 
 kt_ini "$W" "$MODEL" "$NET" "$PORT" "$MPORT" $'max_seq_len = 1024\nkv_pool_mb = 256'
 [ "$CHECKS" = mtls ] && echo "client_ca = $W/tls/ca.crt" >>"$W/kiln.ini"
+# openai: the box serves under a name of the operator's (what /v1/models lists, requests
+# name and metrics label), not the GGUF's general.name
+SERVED=kiln-test/SmolLM2-135M:q4_1
+[ "$CHECKS" = openai ] && sed -i "s|^path = .*|&\nserved_model_name = $SERVED|" "$W/kiln.ini"
 [ "$CHECKS" = fault ] && printf '[engine]\nstep_timeout_ms = 1000\n' >>"$W/kiln.ini"
 # the ladder: a pool of 34 blocks (544 tokens in f16, twice that in 8 bits) and a ladder
 # fast enough to watch
@@ -135,7 +139,7 @@ elif [ "$CHECKS" = abuse ]; then
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \
-    --expect "$W/expect.json" $([ "$MODE" != host ] && echo --lwip) || rc=1
+    --expect "$W/expect.json" --served-name "$SERVED" $([ "$MODE" != host ] && echo --lwip) || rc=1
 else
   timeout 900 "${RUN_C[@]}" python3 "$HERE/serve_client.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \

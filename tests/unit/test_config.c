@@ -144,6 +144,11 @@ static const bound bounds[] = {
      {"", "llama2", "chatml ", "unknown"},
      "auto|chatml|smollm|qwen2|qwen2.5|llama3|qwen3|qwen3-nothink|gemma|phi3|phi3-legacy|mistral-tekken|granite3|"
      "llama3.1|llama3.2|phi4"},
+    {"model", "served_model_name", {"", "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "qwen3:8b", "a.b_c+d@e",
+      "12345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678"},
+     {"my model", "a\"b", "a\\b", "caf\xc3\xa9", "a,b", "a{b}",
+      "123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789"},
+     NULL},
     {"engine", "backend", {"auto", "cpu", "cuda", "CUDA"}, {"", "gpu", "cpu,cuda"}, "auto|cpu|cuda"},
     {"engine", "threads", {"0", "1", "1024"}, {"1025", "-1", "-0", "", "4x", "1K", "0x10", "4.0", "99999999999999999999999"}, "0..1024"},
     {"engine", "block_size", {"8", "16", "128", "256"}, {"4", "7", "12", "512", "255", "257", "0"}, "power of two 8..256"},
