@@ -5,13 +5,17 @@
  *          [--server-name NAME]
  *
  * Prints "ok   name" or "FAIL name: detail" per check; exit status 0 only if all passed.
- * Checks: greedy generate matches F; failover past a box that is down; 503 retried then
+ * Checks: greedy generate matches F; failover past a box that is down, and back to it
+ * once it returns; 503 retried then
  * reported, and retried until the server recovers; cancel frees the sequence and its KV
  * blocks; 8 requests in flight on one connection; n=2 samples; wrong CA and wrong token
  * fail fast and clearly; a user token gets 403 for an admin verb; HEALTH and METRICS;
  * raw streams (kiln_raw_*): HTTP over TLS to kilnd, plain TCP to a local peer, and
  * KILN_EINVAL on a line-protocol client. */
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +237,115 @@ static void t_failover(void) {
     else
         ok(name);
     kiln_close(c);
+}
+
+/* ------------------------------------------------------------------ 2b. back home */
+
+/* A box that comes back: a TCP relay on a port of ours to the real server (the same
+ * address, so its certificate holds), accepting only once `open` is set. It counts the
+ * connections it carried. */
+typedef struct {
+    int lfd, open, stop, carried;
+    struct sockaddr_in to;
+} relay;
+
+static void relay_pipe(int a, int b, const int *stop) {
+    struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    char buf[16384];
+    while (!*stop && poll(p, 2, 100) >= 0)
+        for (int i = 0; i < 2; i++) {
+            if (!p[i].revents)
+                continue;
+            ssize_t n = read(p[i].fd, buf, sizeof buf);
+            if (n <= 0 || write(p[1 - i].fd, buf, (size_t)n) != n)
+                return;
+        }
+}
+
+static void *relay_main(void *arg) {
+    relay *r = arg;
+    while (!r->stop) {
+        int c = accept(r->lfd, NULL, NULL);
+        if (c < 0)
+            continue;
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        if (s >= 0 && connect(s, (struct sockaddr *)&r->to, sizeof r->to) == 0) {
+            r->carried++;
+            relay_pipe(c, s, &r->stop); /* one connection at a time is all the test needs */
+        }
+        if (s >= 0)
+            close(s);
+        close(c);
+    }
+    return NULL;
+}
+
+/* A port nobody listens on (bound, then left), for the relay to open later. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void t_back_home(void) {
+    const char *name = "a connection that failed over goes back to its box when it returns";
+    int port = free_port(), rport = 0;
+    relay r = {.lfd = -1};
+    if (port < 0 || sscanf(hosts, "127.0.0.1:%d", &rport) != 1 || strchr(hosts, ',')) {
+        printf("SKIP %s (needs one 127.0.0.1 box in --hosts)\n", name);
+        return;
+    }
+    r.to = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)rport),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char list[1024], first[64];
+    snprintf(first, sizeof first, "127.0.0.1:%d", port);
+    snprintf(list, sizeof list, "%s,%s", first, hosts);
+    kiln_options o;
+    opts(&o, list, token, 0);
+    kiln_error e;
+    kiln_client *c = kiln_connect(&o, &e); /* box 0 is down: its connection fails over */
+    if (!c) {
+        fail(name, "connect: %d %s", e.code, e.message);
+        return;
+    }
+    /* the box comes back */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    r.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(r.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    pthread_t th;
+    if (bind(r.lfd, (struct sockaddr *)&a, sizeof a) || listen(r.lfd, 4) ||
+        pthread_create(&th, NULL, relay_main, &r)) {
+        fail(name, "relay on port %d: %s", port, strerror(errno));
+        close(r.lfd);
+        kiln_close(c);
+        return;
+    }
+    /* past the first backoff (1 s), sequential requests reach box 0 again */
+    int home = 0, done = 0;
+    for (long long end = now_ms() + 8000; now_ms() < end && home < 2; done++) {
+        usleep(300 * 1000);
+        kiln_health_info h;
+        if (kiln_health(c, &h, &e) == 0 && !strcmp(kiln_server(c), first))
+            home++;
+    }
+    if (home < 2 || r.carried < 1)
+        fail(name, "%d of %d requests on the returned box, %d connections relayed", home, done, r.carried);
+    else
+        ok(name);
+    kiln_close(c);
+    r.stop = 1;
+    shutdown(r.lfd, SHUT_RDWR);
+    pthread_join(th, NULL);
+    close(r.lfd);
 }
 
 /* ------------------------------------------------------------------ 3. 503 retry */
@@ -704,6 +817,7 @@ int main(int argc, char **argv) {
     t_greedy();
     t_conversation();
     t_failover();
+    t_back_home();
     t_retry();
     t_cancel();
     t_many();

@@ -450,6 +450,23 @@ int kl1_reconnect_home(kl_one *c, kiln_error *err) {
     return r;
 }
 
+int kl1_away(const kl_one *c) { return c->up && !c->broken && c->box_i != c->home_box; }
+
+/* The probe is a bare TCP connect, bounded well below connect_timeout_ms: it runs while
+ * a request is being routed, and the away connection is given up only for a box that
+ * answers. */
+#define KL_HOME_PROBE_MS 500
+int kl1_go_home(kl_one *c, kiln_error *err) {
+    if (!kl1_away(c) || kl_in_flight(c, 0))
+        return kl1_away(c) ? KILN_EINVAL : 0;
+    int wait = c->o.connect_timeout_ms < KL_HOME_PROBE_MS ? c->o.connect_timeout_ms : KL_HOME_PROBE_MS;
+    int r = kl_tcp_probe(&c->boxes[c->home_box], kl_now_ms() + wait, err);
+    if (r)
+        return r;
+    kl_drop(c, KILN_ECLOSED, "moving back to its home box"); /* nothing in flight to fail */
+    return kl1_reconnect_home(c, err);
+}
+
 void kl1_drop_idle_draining(kl_one *c) {
     if (c->up && !c->broken && c->going_away && !kl_in_flight(c, 0))
         kl_drop(c, KILN_ECLOSED, "the box is draining");

@@ -119,6 +119,12 @@ kl_one *kl1_new_raw(const kiln_options *o, int plain, kiln_error *err);
 int kl1_reconnect(kl_one *c, kiln_error *err);
 /* Connect when down, to its home box only, once. 0 or a code. */
 int kl1_reconnect_home(kl_one *c, kiln_error *err);
+/* 1 when up on a box that is not its home (it failed over there). */
+int kl1_away(const kl_one *c);
+/* Up away from home and idle: when the home box takes a TCP connection again, move
+ * back to it (the away connection is closed first). 0 once home, a code otherwise
+ * (still away when the home box refused; down when it accepted but then failed). */
+int kl1_go_home(kl_one *c, kiln_error *err);
 /* Close it when its box said GOAWAY and nothing (not even a retry) waits on it. */
 void kl1_drop_idle_draining(kl_one *c);
 int kl1_n_boxes(const kl_one *c);
@@ -175,6 +181,8 @@ int kl_tls_init_files(kl_one *c, kiln_error *err);
 void kl_tls_free(kl_one *c);
 int kl_tls_open(kl_one *c, const kl_box *b, int64_t deadline_ms, kiln_error *err);
 void kl_tls_close(kl_one *c, int polite);
+/* 0 when box b accepts a TCP connection before the deadline (closed at once), else a code. */
+int kl_tcp_probe(const kl_box *b, int64_t deadline_ms, kiln_error *err);
 /* Append what arrives to rbuf: > 0 bytes, 0 deadline passed, < 0 code (err set). */
 int kl_tls_read(kl_one *c, int64_t deadline_ms, kiln_error *err);
 int kl_tls_write(kl_one *c, const char *buf, size_t len, int64_t deadline_ms,

@@ -8,7 +8,10 @@
  * request is routed and its backoff is over (1 s doubling to 30 s; back to 1 s once a
  * connection stayed up 30 s). With nothing usable, the request goes to the next
  * connection in turn, which reconnects by itself with failover over the list (what a
- * one-connection client always did). With one connection in all every call is the
+ * one-connection client always did). A connection that so ended up on another box
+ * goes back home, when idle, once its home box takes connections again (probed on
+ * the same backoff): otherwise a box that was down when the client started, or
+ * restarted, would never get its share again. With one connection in all every call is the
  * kl_one's own; kiln_raw_open's client is such a pool, its one connection raw. */
 #include <poll.h>
 #include <stdlib.h>
@@ -68,6 +71,14 @@ static void revive(kiln_client *c) {
             backoff(s, now);
         } else if (up && !s->was_up) {
             came_up(s, now); /* reconnected by its own calls */
+        }
+        if (up && kl1_away(s->one) && now >= s->retry_at_ms) {
+            kiln_error e;
+            if (kl1_go_home(s->one, &e))
+                backoff(s, kl_now_ms()); /* still away (or down): probe again later */
+            else
+                came_up(s, kl_now_ms()), s->delay_ms = KL_RECONNECT_MIN_MS;
+            continue;
         }
         if (up || now < s->retry_at_ms)
             continue;

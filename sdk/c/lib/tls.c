@@ -245,6 +245,14 @@ static int tcp_connect(const kl_box *b, int64_t deadline_ms, kiln_error *err) {
     return KILN_ECONNECT;
 }
 
+int kl_tcp_probe(const kl_box *b, int64_t deadline_ms, kiln_error *err) {
+    int fd = tcp_connect(b, deadline_ms, err);
+    if (fd < 0)
+        return fd;
+    close(fd);
+    return 0;
+}
+
 /* The handshake failed with r: say why in words, with the verify info if it was the
  * certificate. */
 static int handshake_error(kl_one *c, const kl_box *b, int r, kiln_error *err) {
