@@ -79,7 +79,6 @@ static const attn_path paths[ISA_SLOTS] = {
 
 /* The slot's path, or the first below it whose lanes divide hd (the reference's is 1). */
 static const attn_path *path(const attn_state *st) {
-    if (st->softcap > 0.0f) return &paths[ISA_SCALAR];
     const attn_path *p = ISA_PICK(paths);
     while (st->hd % p->lanes) p--;
     return p;

@@ -27,8 +27,8 @@ typedef struct {
 } attn_state;
 
 void attn_init(attn_state *st, int g, int hd);
-/* Soft-capped scores from now on (0: none). The capped form runs the reference on every
- * level: only Gemma 2 has it. */
+/* Soft-capped scores from now on (0: none; Gemma 2 has them). Every level caps each
+ * score with tanhf, as the reference does. */
 void attn_set_softcap(attn_state *st, float softcap);
 /* Fold n keys/values into the state. q: [g][hd] f32, already scaled by 1/sqrt(hd). */
 void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n);

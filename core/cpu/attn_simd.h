@@ -7,6 +7,8 @@
  * in attn_simd_body.h, is included once per element type: the K scale multiplies each
  * score, the V scale each softmax weight; for f16 both are 1, which changes no bit. */
 
+#include <math.h>
+
 #include "core/cpu/vec.h"
 
 /* Within each 128-bit lane: the unpacks pair lanes (a0+a2, b0+b2, a1+a3, b1+b3), the
@@ -15,6 +17,13 @@ static inline VEC RED4(VEC a, VEC b, VEC c, VEC d) {
     VEC ab = ADD(UNPACKLO(a, b), UNPACKHI(a, b));
     VEC cd = ADD(UNPACKLO(c, d), UNPACKHI(c, d));
     return ADD(SHUF4(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)), SHUF4(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Gemma 2's capped scores, cap * tanh(score / cap), by the reference's own tanhf: one
+ * call per score, small beside the score's head_dim-long dot product. */
+static inline void attn_softcap_scores(float s[][ATTN_MAX_BLOCK], int g, int n, float cap) {
+    for (int j = 0; j < g; j++)
+        for (int i = 0; i < n; i++) s[j][i] = cap * tanhf(s[j][i] / cap);
 }
 
 #define ATTN_BODY attn_body_f16

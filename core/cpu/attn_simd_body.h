@@ -79,6 +79,7 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
     /* rows rounded up to W: whole vectors throughout, the pad scores -inf (weight 0) */
     float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK] __attribute__((aligned(64)));
     for (int j0 = 0; j0 < g; j0 += 4) ATTN_SCORES(s, q, j0, g - j0 < 4 ? g - j0 : 4, hd, K, ks, n);
+    if (st->softcap > 0.0f) attn_softcap_scores(s, g, n, st->softcap);
     /* softmax weights under the new max; rescale what was accumulated before (unless
      * the max stayed: a factor of 1 changes nothing). The V scale rides on the weights;
      * l sums the weights without it. */

@@ -142,16 +142,25 @@ int main(void) {
                               "reference vs direct: hd %d g %d n %d bs %d err %g", hd, g, n, bs,
                               max_rel(ref + j * hd, want, hd));
                     }
-                    /* soft-capped scores (cap 2: well inside the scores' range), through
-                     * the dispatcher, which runs the reference for them on every level */
-                    g_softcap = 2.0f;
-                    blocked(attn_block, q, g, hd, K, V, n, bs, got);
-                    g_softcap = 0.0f;
-                    for (int j = 0; j < g; j++) {
-                        direct_capped(q + j * hd, K, V, n, hd, 2.0, want);
-                        CHECK(max_rel(got + j * hd, want, hd) < 1e-4f,
-                              "soft-capped vs direct: hd %d g %d n %d bs %d err %g", hd, g, n, bs,
-                              max_rel(got + j * hd, want, hd));
+                    /* soft-capped scores (cap 2: well inside the scores' range): the
+                     * reference and each SIMD level against the definition */
+                    block_fn capped[] = {attn_block_ref,
+#if defined(__x86_64__)
+                                         levels >= ISA_AVX2 ? attn_block_avx2 : NULL,
+                                         levels >= ISA_AVX512 ? attn_block_avx512 : NULL
+#endif
+                    };
+                    for (size_t ci = 0; ci < sizeof capped / sizeof capped[0]; ci++) {
+                        if (!capped[ci]) continue;
+                        g_softcap = 2.0f;
+                        blocked(capped[ci], q, g, hd, K, V, n, bs, got);
+                        g_softcap = 0.0f;
+                        for (int j = 0; j < g; j++) {
+                            direct_capped(q + j * hd, K, V, n, hd, 2.0, want);
+                            CHECK(max_rel(got + j * hd, want, hd) < 1e-4f,
+                                  "soft-capped vs direct, path %zu: hd %d g %d n %d bs %d err %g", ci,
+                                  hd, g, n, bs, max_rel(got + j * hd, want, hd));
+                        }
                     }
                     /* Each SIMD level against the reference: a polynomial exp and FMA
                      * ordering give ~1e-6 relative differences; 1e-4 leaves margin. */
