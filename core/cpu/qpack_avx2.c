@@ -233,10 +233,10 @@ QP2_INLINE void q45k_half(const int q5, int C, int64_t nb, const uint8_t *g, int
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
-        qp_prefetch(gb, gbb);
         __m256i sq[QK2_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int j = 0; j < 8; j++) {
+            qp_prefetch_part(gb, gbb, j, 8);
             __m256i w[8];
             QP2_UNROLL for (int k = 0; k < 8; k++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_Q + 64 * (8 * (j / 2) + k) + 32 * h));
@@ -279,10 +279,10 @@ QP2_INLINE void q6k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
-        qp_prefetch(gb, QP_Q6K_GBLK);
         __m256i sq[QK2_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int j = 0; j < 16; j++) {
+            qp_prefetch_part(gb, QP_Q6K_GBLK, j, 16);
             const int qs = j / 4; /* ch / 16 for the sub-block's chunks */
             __m256i w[4];
             QP2_UNROLL for (int t = 0; t < 4; t++) {
@@ -365,8 +365,8 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
             QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            qp_prefetch(gb, QP_H16_GBLK);
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
+                if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
                 __m256 w = h16_load2(bf, gb + 2 * QP_ROWS * k);
                 QP2_UNROLL for (int c = 0; c < C; c++) {
                     const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;

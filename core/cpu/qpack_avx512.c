@@ -246,10 +246,10 @@ QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, con
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
-        qp_prefetch(gb, gbb);
         __m512i sq[QK_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
         QP_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
+            qp_prefetch_part(gb, gbb, p, 4);
             __m512i w[16];
             QP_UNROLL for (int k = 0; k < 8; k++) {
                 __m512i v = _mm512_loadu_si512((const void *)(gb + QP_Q4K_Q + 64 * (8 * p + k)));
@@ -300,13 +300,13 @@ QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, 
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
-        qp_prefetch(gb, QP_Q6K_GBLK);
         __m512i sq[QK_MAXC];
         for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
         for (int s = 0; s < 4; s++) { /* sub-blocks s, s+4, s+8, s+12: chunks 4s+t+16q */
             __m512i w[16], sc[4];
             QP_UNROLL for (int t = 0; t < 4; t++) {
                 int h = 4 * s + t;
+                qp_prefetch_part(gb, QP_Q6K_GBLK, h, 16);
                 __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
                 __m512i bq = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * (16 + h)));
                 __m512i hb = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QH + 64 * h));
@@ -395,8 +395,8 @@ QP_INLINE void h16_pass(const int bf, const int C, int64_t nb, const uint8_t *wp
             QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            qp_prefetch(gb, QP_H16_GBLK);
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
+                if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
                 __m512 w = h16_load(bf, gb + 2 * QP_ROWS * k);
                 QP_UNROLL for (int c = 0; c < C; c++) {
                     const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
