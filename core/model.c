@@ -70,8 +70,9 @@ struct model_state {
  * resident set: the packed copy is what the kernels read, so keeping both would
  * double the memory of a large model (peak RSS stays about one copy, piece by piece).
  * Only pages inside the file's read-only mapping, never a caller's buffer: there
- * MADV_DONTNEED just drops them, and a later read (an embedding row of a tied output
- * matrix, the exact path) faults them back in from the page cache. */
+ * MADV_DONTNEED just drops them, and a later read (the exact path) faults them back in
+ * from the page cache. Not the token embedding's (a tied output matrix): its rows are
+ * read from the file by every step, see commit_embedding. */
 static void drop_source(const model *m, const void *from, size_t bytes) {
     const gguf_file *f = &m->gguf;
     if (!f->mapped) return;
@@ -110,7 +111,32 @@ static void pack_part_of(const pack_job *j, model_mat *w) {
     size_t group_bytes = qp_bytes(w->type, w->n_in, QP_ROWS);
     uint8_t *dst = (uint8_t *)w->packed; /* const for the kernels; the state's own mapping */
     qp_pack(w->type, w->n_in, src, w->row_bytes, r1 - r0, dst + (size_t)(r0 / QP_ROWS) * group_bytes);
-    drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
+    if (w->data != j->m->w.tok_embd.data) drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
+}
+
+/* The token embedding is read a row per token straight from the file's mapping (the
+ * packed copy of a tied output matrix is laid out for the kernels, not by row). Left
+ * to demand paging, a token's row joined the resident set the first time a request
+ * used that token: kilnd's RSS crept up as long as new tokens turned up (issue 24: the
+ * model file's resident pages went from 10 to 24 MiB over a 3,000-request soak, toward
+ * the whole 29 MiB embedding of the default model), and a token's first use paid a
+ * page fault in a step, a disk read on a cold page cache. Fixed-size memory is
+ * committed at start instead: every page of the embedding is faulted in here, once.
+ * (Clean file pages: the kernel may still reclaim them under memory pressure.) */
+static void commit_embedding(const model *m) {
+    const gguf_file *f = &m->gguf;
+    const model_mat *w = &m->w.tok_embd;
+    if (!f->mapped || !w->data) return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)w->data;
+    uintptr_t hi = lo + (size_t)m->cfg.n_vocab * w->row_bytes;
+    uintptr_t base = (uintptr_t)f->base, end = base + f->size;
+    if (lo < base || hi > end || hi <= lo) return;
+    lo &= ~(pg - 1);
+    madvise((void *)lo, hi - lo, MADV_WILLNEED); /* read ahead; advice only */
+    volatile const uint8_t *p = (const uint8_t *)lo;
+    uint8_t sink = 0;
+    for (uintptr_t at = 0; at < hi - lo; at += pg) sink ^= p[at];
+    (void)sink;
 }
 
 /* Every weight matrix of a layer, the router's and experts' too, for the loops that
@@ -297,6 +323,7 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
         model_state_free(s);
         return NULL;
     }
+    commit_embedding(m);
     return s;
 }
 
