@@ -262,6 +262,23 @@ static int pack_weights(model_state *s, const model *m) {
     return 0;
 }
 
+/* The state's scratch rows are sized for the largest step (max_tokens rows; the logits
+ * are max_logits rows of the vocabulary, 9 MiB in the soak's configuration), but a
+ * fresh allocation's pages only become resident when a step first writes that far:
+ * RSS kept creeping up through a soak as steps grew (issue 24: the logits' mapping by
+ * 0.6 MiB after the warm-up). The pages are written once here, so the state's memory
+ * is committed when it is made. */
+static void *commit_pages(void *p, size_t bytes) {
+    if (!p) return NULL;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    volatile uint8_t *b = p;
+    for (size_t at = 0; at < bytes; at += pg) b[at] = 0;
+    if (bytes) b[bytes - 1] = 0;
+    return p;
+}
+static void *state_alloc(size_t bytes) { return commit_pages(malloc(bytes), bytes); }
+static void *state_aligned(size_t bytes) { return commit_pages(aligned_alloc(64, bytes), bytes); }
+
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx) {
     const model_config *c = &m->cfg;
     model_state *s = calloc(1, sizeof *s);
@@ -276,17 +293,17 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     if ((size_t)c->ffn_exp_dim > widest) widest = (size_t)c->ffn_exp_dim;
     if ((size_t)c->ffn_shexp_dim > widest) widest = (size_t)c->ffn_shexp_dim;
     s->max_tokens = max_tokens, s->max_logits = max_logits, s->max_ctx = max_ctx;
-    s->x = malloc(T * c->d_model * sizeof(float));
-    s->xb = malloc(T * wide * sizeof(float));
-    s->q = malloc(T * qd * sizeof(float));
-    s->k = malloc(T * kd * sizeof(float));
-    s->v = malloc(T * kd * sizeof(float));
+    s->x = state_alloc(T * c->d_model * sizeof(float));
+    s->xb = state_alloc(T * wide * sizeof(float));
+    s->q = state_alloc(T * qd * sizeof(float));
+    s->k = state_alloc(T * kd * sizeof(float));
+    s->v = state_alloc(T * kd * sizeof(float));
     /* the dense FFN's hidden rows, or the shared expert's (Qwen2-MoE) */
-    s->hb = malloc(T * (c->ffn_shexp_dim > c->ffn_dim ? c->ffn_shexp_dim : c->ffn_dim) * sizeof(float));
-    s->rope = malloc(T * c->rope_dim * sizeof(float));
-    if (c->swa_rope) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
-    if (c->post_norms) s->tmp = malloc(T * c->d_model * sizeof(float));
-    s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
+    s->hb = state_alloc(T * (c->ffn_shexp_dim > c->ffn_dim ? c->ffn_shexp_dim : c->ffn_dim) * sizeof(float));
+    s->rope = state_alloc(T * c->rope_dim * sizeof(float));
+    if (c->swa_rope) s->rope_swa = state_alloc(T * c->rope_dim * sizeof(float));
+    if (c->post_norms) s->tmp = state_alloc(T * c->d_model * sizeof(float));
+    s->logits = state_alloc((size_t)max_logits * c->n_vocab * sizeof(float));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
     int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
@@ -294,29 +311,29 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
              pack_weights(s, m) == 0;
     if (c->n_expert) {
         size_t P = T * (size_t)c->n_expert_used; /* (token, choice) pairs */
-        s->route = malloc(T * c->n_expert * sizeof(float));
-        s->selw = malloc(P * sizeof(float));
-        s->xg = malloc(P * c->d_model * sizeof(float));
-        s->hg = malloc(P * c->ffn_exp_dim * sizeof(float));
-        s->og = malloc(P * c->d_model * sizeof(float));
-        s->sel = malloc(P * sizeof(int32_t));
-        s->gidx = malloc(P * sizeof(int32_t));
-        s->gtok = malloc(P * sizeof(int32_t));
+        s->route = state_alloc(T * c->n_expert * sizeof(float));
+        s->selw = state_alloc(P * sizeof(float));
+        s->xg = state_alloc(P * c->d_model * sizeof(float));
+        s->hg = state_alloc(P * c->ffn_exp_dim * sizeof(float));
+        s->og = state_alloc(P * c->d_model * sizeof(float));
+        s->sel = state_alloc(P * sizeof(int32_t));
+        s->gidx = state_alloc(P * sizeof(int32_t));
+        s->gtok = state_alloc(P * sizeof(int32_t));
         size_t wx = (size_t)(c->d_model > c->ffn_exp_dim ? c->d_model : c->ffn_exp_dim);
         s->xqg_stride = (wx * 4 + 63) & ~(size_t)63; /* f32 rows (exact) are the widest form */
-        s->xqg[0] = aligned_alloc(64, P * s->xqg_stride);
-        s->xqg[1] = aligned_alloc(64, P * s->xqg_stride);
-        s->mjobs = malloc((size_t)c->n_expert * mm_job_bytes());
+        s->xqg[0] = state_aligned(P * s->xqg_stride);
+        s->xqg[1] = state_aligned(P * s->xqg_stride);
+        s->mjobs = state_alloc((size_t)c->n_expert * mm_job_bytes());
         ok = ok && s->route && s->selw && s->xg && s->hg && s->og && s->sel && s->gidx && s->gtok &&
              s->xqg[0] && s->xqg[1] && s->mjobs;
         if (c->ffn_shexp_dim) {
-            s->shared = malloc(T * c->d_model * sizeof(float));
-            s->shg = malloc(T * sizeof(float));
+            s->shared = state_alloc(T * c->d_model * sizeof(float));
+            s->shg = state_alloc(T * sizeof(float));
             ok = ok && s->shared && s->shg;
         }
     }
     for (int i = 0; i < MAX_XQ; i++) {
-        s->xq[i] = aligned_alloc(64, T * s->xq_stride);
+        s->xq[i] = state_aligned(T * s->xq_stride);
         ok = ok && s->xq[i];
     }
     if (!ok) {
