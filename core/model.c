@@ -70,8 +70,9 @@ struct model_state {
  * resident set: the packed copy is what the kernels read, so keeping both would
  * double the memory of a large model (peak RSS stays about one copy, piece by piece).
  * Only pages inside the file's read-only mapping, never a caller's buffer: there
- * MADV_DONTNEED just drops them, and a later read (an embedding row of a tied output
- * matrix, the exact path) faults them back in from the page cache. */
+ * MADV_DONTNEED just drops them, and a later read (the exact path) faults them back in
+ * from the page cache. Not the token embedding's (a tied output matrix): its rows are
+ * read from the file by every step, see commit_embedding. */
 static void drop_source(const model *m, const void *from, size_t bytes) {
     const gguf_file *f = &m->gguf;
     if (!f->mapped) return;
@@ -110,7 +111,32 @@ static void pack_part_of(const pack_job *j, model_mat *w) {
     size_t group_bytes = qp_bytes(w->type, w->n_in, QP_ROWS);
     uint8_t *dst = (uint8_t *)w->packed; /* const for the kernels; the state's own mapping */
     qp_pack(w->type, w->n_in, src, w->row_bytes, r1 - r0, dst + (size_t)(r0 / QP_ROWS) * group_bytes);
-    drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
+    if (w->data != j->m->w.tok_embd.data) drop_source(j->m, src, (size_t)(r1 - r0) * w->row_bytes);
+}
+
+/* The token embedding is read a row per token straight from the file's mapping (the
+ * packed copy of a tied output matrix is laid out for the kernels, not by row). Left
+ * to demand paging, a token's row joined the resident set the first time a request
+ * used that token: kilnd's RSS crept up as long as new tokens turned up (issue 24: the
+ * model file's resident pages went from 10 to 24 MiB over a 3,000-request soak, toward
+ * the whole 29 MiB embedding of the default model), and a token's first use paid a
+ * page fault in a step, a disk read on a cold page cache. Fixed-size memory is
+ * committed at start instead: every page of the embedding is faulted in here, once.
+ * (Clean file pages: the kernel may still reclaim them under memory pressure.) */
+static void commit_embedding(const model *m) {
+    const gguf_file *f = &m->gguf;
+    const model_mat *w = &m->w.tok_embd;
+    if (!f->mapped || !w->data) return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)w->data;
+    uintptr_t hi = lo + (size_t)m->cfg.n_vocab * w->row_bytes;
+    uintptr_t base = (uintptr_t)f->base, end = base + f->size;
+    if (lo < base || hi > end || hi <= lo) return;
+    lo &= ~(pg - 1);
+    madvise((void *)lo, hi - lo, MADV_WILLNEED); /* read ahead; advice only */
+    volatile const uint8_t *p = (const uint8_t *)lo;
+    uint8_t sink = 0;
+    for (uintptr_t at = 0; at < hi - lo; at += pg) sink ^= p[at];
+    (void)sink;
 }
 
 /* Every weight matrix of a layer, the router's and experts' too, for the loops that
@@ -236,6 +262,23 @@ static int pack_weights(model_state *s, const model *m) {
     return 0;
 }
 
+/* The state's scratch rows are sized for the largest step (max_tokens rows; the logits
+ * are max_logits rows of the vocabulary, 9 MiB in the soak's configuration), but a
+ * fresh allocation's pages only become resident when a step first writes that far:
+ * RSS kept creeping up through a soak as steps grew (issue 24: the logits' mapping by
+ * 0.6 MiB after the warm-up). The pages are written once here, so the state's memory
+ * is committed when it is made. */
+static void *commit_pages(void *p, size_t bytes) {
+    if (!p) return NULL;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    volatile uint8_t *b = p;
+    for (size_t at = 0; at < bytes; at += pg) b[at] = 0;
+    if (bytes) b[bytes - 1] = 0;
+    return p;
+}
+static void *state_alloc(size_t bytes) { return commit_pages(malloc(bytes), bytes); }
+static void *state_aligned(size_t bytes) { return commit_pages(aligned_alloc(64, bytes), bytes); }
+
 model_state *model_state_new(const model *m, int max_tokens, int max_logits, int max_ctx) {
     const model_config *c = &m->cfg;
     model_state *s = calloc(1, sizeof *s);
@@ -250,17 +293,17 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     if ((size_t)c->ffn_exp_dim > widest) widest = (size_t)c->ffn_exp_dim;
     if ((size_t)c->ffn_shexp_dim > widest) widest = (size_t)c->ffn_shexp_dim;
     s->max_tokens = max_tokens, s->max_logits = max_logits, s->max_ctx = max_ctx;
-    s->x = malloc(T * c->d_model * sizeof(float));
-    s->xb = malloc(T * wide * sizeof(float));
-    s->q = malloc(T * qd * sizeof(float));
-    s->k = malloc(T * kd * sizeof(float));
-    s->v = malloc(T * kd * sizeof(float));
+    s->x = state_alloc(T * c->d_model * sizeof(float));
+    s->xb = state_alloc(T * wide * sizeof(float));
+    s->q = state_alloc(T * qd * sizeof(float));
+    s->k = state_alloc(T * kd * sizeof(float));
+    s->v = state_alloc(T * kd * sizeof(float));
     /* the dense FFN's hidden rows, or the shared expert's (Qwen2-MoE) */
-    s->hb = malloc(T * (c->ffn_shexp_dim > c->ffn_dim ? c->ffn_shexp_dim : c->ffn_dim) * sizeof(float));
-    s->rope = malloc(T * c->rope_dim * sizeof(float));
-    if (c->swa_rope) s->rope_swa = malloc(T * c->rope_dim * sizeof(float));
-    if (c->post_norms) s->tmp = malloc(T * c->d_model * sizeof(float));
-    s->logits = malloc((size_t)max_logits * c->n_vocab * sizeof(float));
+    s->hb = state_alloc(T * (c->ffn_shexp_dim > c->ffn_dim ? c->ffn_shexp_dim : c->ffn_dim) * sizeof(float));
+    s->rope = state_alloc(T * c->rope_dim * sizeof(float));
+    if (c->swa_rope) s->rope_swa = state_alloc(T * c->rope_dim * sizeof(float));
+    if (c->post_norms) s->tmp = state_alloc(T * c->d_model * sizeof(float));
+    s->logits = state_alloc((size_t)max_logits * c->n_vocab * sizeof(float));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
     int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
@@ -268,35 +311,36 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
              pack_weights(s, m) == 0;
     if (c->n_expert) {
         size_t P = T * (size_t)c->n_expert_used; /* (token, choice) pairs */
-        s->route = malloc(T * c->n_expert * sizeof(float));
-        s->selw = malloc(P * sizeof(float));
-        s->xg = malloc(P * c->d_model * sizeof(float));
-        s->hg = malloc(P * c->ffn_exp_dim * sizeof(float));
-        s->og = malloc(P * c->d_model * sizeof(float));
-        s->sel = malloc(P * sizeof(int32_t));
-        s->gidx = malloc(P * sizeof(int32_t));
-        s->gtok = malloc(P * sizeof(int32_t));
+        s->route = state_alloc(T * c->n_expert * sizeof(float));
+        s->selw = state_alloc(P * sizeof(float));
+        s->xg = state_alloc(P * c->d_model * sizeof(float));
+        s->hg = state_alloc(P * c->ffn_exp_dim * sizeof(float));
+        s->og = state_alloc(P * c->d_model * sizeof(float));
+        s->sel = state_alloc(P * sizeof(int32_t));
+        s->gidx = state_alloc(P * sizeof(int32_t));
+        s->gtok = state_alloc(P * sizeof(int32_t));
         size_t wx = (size_t)(c->d_model > c->ffn_exp_dim ? c->d_model : c->ffn_exp_dim);
         s->xqg_stride = (wx * 4 + 63) & ~(size_t)63; /* f32 rows (exact) are the widest form */
-        s->xqg[0] = aligned_alloc(64, P * s->xqg_stride);
-        s->xqg[1] = aligned_alloc(64, P * s->xqg_stride);
-        s->mjobs = malloc((size_t)c->n_expert * mm_job_bytes());
+        s->xqg[0] = state_aligned(P * s->xqg_stride);
+        s->xqg[1] = state_aligned(P * s->xqg_stride);
+        s->mjobs = state_alloc((size_t)c->n_expert * mm_job_bytes());
         ok = ok && s->route && s->selw && s->xg && s->hg && s->og && s->sel && s->gidx && s->gtok &&
              s->xqg[0] && s->xqg[1] && s->mjobs;
         if (c->ffn_shexp_dim) {
-            s->shared = malloc(T * c->d_model * sizeof(float));
-            s->shg = malloc(T * sizeof(float));
+            s->shared = state_alloc(T * c->d_model * sizeof(float));
+            s->shg = state_alloc(T * sizeof(float));
             ok = ok && s->shared && s->shg;
         }
     }
     for (int i = 0; i < MAX_XQ; i++) {
-        s->xq[i] = aligned_alloc(64, T * s->xq_stride);
+        s->xq[i] = state_aligned(T * s->xq_stride);
         ok = ok && s->xq[i];
     }
     if (!ok) {
         model_state_free(s);
         return NULL;
     }
+    commit_embedding(m);
     return s;
 }
 

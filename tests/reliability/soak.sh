@@ -129,7 +129,7 @@ if [ "$MODE" = tap ]; then
 fi
 
 # a sanitizer build's memory use says nothing about the server's bounds
-case $KILND in *asan*) EXTRA+=(--rss-limit-mib 0) ;; esac
+case $KILND in *asan*) EXTRA+=(--rss-growth-pct 0) ;; esac
 
 # ---- the soak itself; soak.py bounds its own run by --time-limit, and the hard limit
 # catches a client that hangs anyway (or a machine too loaded to finish in time)
@@ -137,7 +137,7 @@ rc=0
 timeout -k 10 "$HLIMIT" "${RUN[@]}" python3 "$HERE/soak.py" --host "$HOST" \
   --port "$PORT" --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --kilnd-pid "$PID" \
   --requests "$REQUESTS" --clients "$CLIENTS" --max-tokens "$MAXT" --prompt-max "$PMAX" \
-  --time-limit "$TLIMIT" --request-timeout "$RTIMEOUT" \
+  --time-limit "$TLIMIT" --request-timeout "$RTIMEOUT" --smaps-dir "$W" \
   --transport "$([ "$MODE" = tap ] && echo lwip-tap || echo host)" \
   ${SEED:+--seed "$SEED"} ${JSON:+--json "$JSON"} "${EXTRA[@]}" || rc=$?
 case $rc in 124 | 137) echo "soak.sh: FAIL soak.py ran past the hard limit of $HLIMIT s" ;; esac
