@@ -21,7 +21,10 @@ are 1,300 normal, 200 cancel, 200 disconnect, 100 slow and 200 http.
   http        10%   the same request through the OpenAI API on the same TLS port (ALPN
                     http/1.1, keep-alive): POST /v1/chat/completions (chat) or
                     /v1/completions, streamed (server-sent events) or not; every choice
-                    ends with finish_reason stop or length and the usage adds up
+                    ends with finish_reason stop or length and the usage adds up. A
+                    quarter of them are streamed and cut after 1..8 events with text
+                    (RST or FIN): "disconnected", as the line protocol's, and the next
+                    request goes on a new connection
 
 Checks (any failing one fails the soak):
   - every request sent on a connection that stayed open ends in END (one per sample)
@@ -144,6 +147,11 @@ class Req:
         self.disc_at = rng.randint(1, min(12, self.max_tokens)) if kind == "disconnect" else None
         self.cancel_form = rng.random() < 0.5
         self.stream = rng.random() < 0.5  # http: server-sent events, or one JSON answer
+        # http: a quarter of them streamed and cut after a few events (RST or FIN), as a
+        # browser tab closed mid-answer: the server must cancel them and free their blocks
+        self.http_cut = rng.randint(1, min(8, self.max_tokens)) if kind == "http" and rng.random() < 0.25 else None
+        if self.http_cut:
+            self.stream = True
         self.attempts = 0   # GENs sent
         self.retries = 0    # ERR 503 received
         self.outcome = None  # "end", "disconnected", "lost", "error"
@@ -664,7 +672,45 @@ class HttpConn:
             out = await asyncio.wait_for(self.r.readexactly(int(hdr.get("content-length", "0"))), timeout)
         return int(status.split(" ")[1]), hdr, out
 
-    def close(self):
+    async def stream_until(self, path, body, timeout, cut):
+        """A streamed request read until `cut` events that carry text, then dropped:
+        None when it was cut (the request was certainly accepted: its text came), else
+        (status, headers, body) as request's when it ended (or failed) first."""
+        data = json.dumps(body).encode()
+        self.w.write(("POST %s HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer %s\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %d\r\n\r\n" % (path, A.token, len(data))).encode() + data)
+        rd = lambda: asyncio.wait_for(self.r.readline(), timeout)  # noqa: E731
+        status = (await rd()).decode("latin-1")
+        if not status.startswith("HTTP/1.1 "):
+            raise ConnectionError("HTTP: status line %r" % status[:100])
+        hdr = {}
+        while True:
+            l = (await rd()).decode("latin-1")
+            if l in ("\r\n", ""):
+                break
+            k, _, v = l.partition(":")
+            hdr[k.strip().lower()] = v.strip()
+        if int(status.split(" ")[1]) != 200 or hdr.get("transfer-encoding", "").lower() != "chunked":
+            n = int(hdr.get("content-length", "0"))
+            return int(status.split(" ")[1]), hdr, await asyncio.wait_for(self.r.readexactly(n), timeout)
+        out, seen = b"", 0
+        while True:
+            size = int((await rd()).split(b";")[0], 16)
+            chunk = await asyncio.wait_for(self.r.readexactly(size + 2), timeout)
+            if size == 0:
+                return 200, hdr, out
+            out += chunk[:-2]
+            seen += sum(1 for e in chunk.split(b"\n") if e.startswith(b"data: {") and
+                        (b'"text":"' in e and b'"text":""' not in e or b'"content":"' in e and b'"content":""' not in e))
+            if seen >= cut:
+                return None
+
+    def close(self, how="rst"):
+        if how == "fin":  # a FIN, no close_notify: the socket's write side shut
+            try:
+                self.w.transport.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.w.transport.abort()
 
 
@@ -716,7 +762,21 @@ async def run_http(batch, client_no, conn_no, pool, rng):
             r.start(client_no, conn_no)
             path = "/v1/chat/completions" if r.chat else "/v1/completions"
             try:
-                st, hdr, body = await hc.request("POST", path, http_body(r), A.request_timeout)
+                if r.http_cut:
+                    got = await hc.stream_until(path, http_body(r), A.request_timeout, r.http_cut)
+                    if got is None:  # cut mid-stream: judged as the line protocol's disconnects
+                        how = rng.choice(("rst", "fin"))
+                        C.conn["http_disconnect_" + how] += 1
+                        hc.close(how)
+                        r.accepted, r.reasons = True, []
+                        r.e2e = time.monotonic() - r.t_sent
+                        pool.done(r, "disconnected")
+                        hc = HttpConn()
+                        await hc.open()
+                        continue
+                    st, hdr, body = got
+                else:
+                    st, hdr, body = await hc.request("POST", path, http_body(r), A.request_timeout)
             except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError, ValueError) as e:
                 C.lost.append("%s (http): no complete answer (%r)" % (r.wid, e))
                 pool.done(r, "lost", "no answer")
