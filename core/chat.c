@@ -43,6 +43,26 @@ int chat_detect_text(const char *t, size_t n) {
         return contains(t, n, "strftime_now") ? CHAT_LLAMA32 : CHAT_LLAMA31;
     }
     if (contains(t, n, "<start_of_turn>")) return CHAT_GEMMA;
+    /* Gemma 4: the plain one merges an assistant turn into the one before it, the
+     * interleaved one keeps tool turns */
+    static const char *const gemma4[] = {"'<|turn>' + role", "<turn|>", "strip_thinking", NULL};
+    if (has_all(t, n, gemma4, NULL))
+        return contains(t, n, "continue_same_model_turn") ? CHAT_GEMMA4
+             : contains(t, n, "ns.last_user_message") ? CHAT_GEMMA4_INTERLEAVED : CHAT_UNKNOWN;
+    if (contains(t, n, "[SYSTEM_PROMPT]")) {
+        static const char *const small3[] = {"'[SYSTEM_PROMPT]' + system_prompt + '[/SYSTEM_PROMPT]'",
+                                             "conversation roles must alternate user/assistant", "[CALL_ID]", NULL};
+        static const char *const devstral[] = {"'[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]'",
+                                               "\"[TOOL_RESULTS]\" + content|string", NULL};
+        static const char *const devstral_not[] = {"must alternate", NULL};
+        static const char *const ministral3[] = {"{{- '[SYSTEM_PROMPT]' -}}", "roles must alternate user and assistant",
+                                                 "Assistant message must have", "'[TOOL_RESULTS]' + message['content']|string",
+                                                 NULL};
+        if (has_all(t, n, small3, NULL)) return CHAT_MISTRAL_SMALL3;
+        if (has_all(t, n, devstral, devstral_not)) return CHAT_DEVSTRAL;
+        if (has_all(t, n, ministral3, NULL)) return CHAT_MINISTRAL3;
+        return CHAT_UNKNOWN;
+    }
     static const char *const granite3[] = {"<|start_of_role|>", "Knowledge Cutoff Date: April 2024. Today's Date: ",
                                            "You are Granite, developed by IBM.", NULL};
     if (has_all(t, n, granite3, NULL)) return CHAT_GRANITE3;
@@ -96,6 +116,11 @@ const char *const chat_template_names[CHAT_NKINDS + 1] = {
     [CHAT_LLAMA31] = "llama3.1",
     [CHAT_LLAMA32] = "llama3.2",
     [CHAT_PHI4] = "phi4",
+    [CHAT_MISTRAL_SMALL3] = "mistral-small3",
+    [CHAT_DEVSTRAL] = "devstral",
+    [CHAT_MINISTRAL3] = "ministral3",
+    [CHAT_GEMMA4] = "gemma4",
+    [CHAT_GEMMA4_INTERLEAVED] = "gemma4-interleaved",
     [CHAT_NKINDS] = NULL,
 };
 
@@ -160,12 +185,19 @@ static size_t space_at(const unsigned char *s, size_t n, int end) {
     return 0;
 }
 
-static void put_trimmed(sbuf *b, const char *s) { /* caller text */
+/* s[0..*n) trimmed: its first byte left, *n its length */
+static const char *trimmed(const char *s, size_t *n) {
     const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s), k;
-    while ((k = space_at(p, n, 0)) > 0) p += k, n -= k;
-    while ((k = space_at(p, n, 1)) > 0) n -= k;
-    uput(b, (const char *)p, n);
+    size_t k;
+    while ((k = space_at(p, *n, 0)) > 0) p += k, *n -= k;
+    while ((k = space_at(p, *n, 1)) > 0) *n -= k;
+    return (const char *)p;
+}
+
+static void put_trimmed(sbuf *b, const char *s) { /* caller text */
+    size_t n = strlen(s);
+    const char *p = trimmed(s, &n);
+    uput(b, p, n);
 }
 
 static int is(const char *a, const char *b) { return strcmp(a, b) == 0; }
@@ -446,6 +478,98 @@ static int render_mistral_tekken(sbuf *b, const chat_msg *m, int n) {
     return 0;
 }
 
+/* Mistral's [SYSTEM_PROMPT] templates: the first system message (or the template's default,
+ * when there is one) in a system block, then [INST]user[/INST], assistant</s>, later system
+ * messages in system blocks, tool results in [TOOL_RESULTS] blocks. Mistral Small 3 and
+ * Ministral 3 require user/assistant to alternate (Small 3 counting every turn but tool
+ * results, Ministral 3 only user and assistant turns); Small 3's tool results need call
+ * ids kiln's messages lack; Ministral 3 refuses later system messages and empty answers. */
+static int render_mistral_sp(sbuf *b, int kind, const char *dflt, const chat_msg *m, int n) {
+    int sys = n > 0 && is(m[0].role, "system");
+    if (n == 0 && kind != CHAT_MISTRAL_SMALL3) return CHAT_EINVAL; /* messages[0] undefined */
+    const chat_msg *loop = sys ? m + 1 : m;
+    int ln = sys ? n - 1 : n;
+    for (int k = 0, turn = 0; k < ln; k++) {
+        const char *r = loop[k].role;
+        int user = is(r, "user"), asst = is(r, "assistant"), tool = is(r, "tool"), later_sys = is(r, "system");
+        if (!user && !asst && !tool && !later_sys) return CHAT_EINVAL; /* a role it has no place for */
+        if ((tool && kind == CHAT_MISTRAL_SMALL3) || (kind == CHAT_MINISTRAL3 && (later_sys || (asst && !loop[k].content[0]))))
+            return CHAT_EINVAL;
+        int counted = kind == CHAT_MISTRAL_SMALL3 ? !tool : kind == CHAT_MINISTRAL3 && (user || asst);
+        if (counted && user != (turn++ % 2 == 0)) return CHAT_EINVAL;
+    }
+    puts_(b, "<s>");
+    if (sys || (dflt && dflt[0])) {
+        puts_(b, "[SYSTEM_PROMPT]");
+        if (sys) uputs(b, m[0].content);
+        else puts_(b, dflt); /* the template's own text */
+        puts_(b, "[/SYSTEM_PROMPT]");
+    }
+    for (int k = 0; k < ln; k++) {
+        const char *r = loop[k].role;
+        const char *open = is(r, "user") ? "[INST]" : is(r, "system") ? "[SYSTEM_PROMPT]" : is(r, "tool") ? "[TOOL_RESULTS]" : "";
+        const char *close = is(r, "user") ? "[/INST]" : is(r, "system") ? "[/SYSTEM_PROMPT]" : is(r, "tool") ? "[/TOOL_RESULTS]" : "</s>";
+        puts_(b, open);
+        uputs(b, loop[k].content);
+        puts_(b, close);
+    }
+    return 0;
+}
+
+/* Gemma 4's strip_thinking: the text with each <|channel>...<channel|> thought cut out
+ * (everything from a <|channel> to the next <channel|>), trimmed; caller text */
+static void put_gemma4_answer(sbuf *b, const char *s) {
+    size_t n = strlen(s), from = b->n;
+    if (b->n + n >= b->cap) { /* cannot fit: only the length counts (CHAT_ESPACE) */
+        b->n += n;
+        return;
+    }
+    for (size_t pos = 0;;) {
+        const char *end = find(s + pos, n - pos, "<channel|>", 0);
+        size_t pn = end ? (size_t)(end - (s + pos)) : n - pos;
+        const char *cut = find(s + pos, pn, "<|channel>", 0);
+        put(b, s + pos, cut ? (size_t)(cut - (s + pos)) : pn);
+        if (!end) break;
+        pos += pn + 10;
+    }
+    size_t k = b->n - from;
+    const char *p = trimmed(b->out + from, &k);
+    memmove(b->out + from, p, k);
+    b->n = from + k;
+    span_close(b, from);
+}
+
+/* Gemma 4: a system turn for a first system (or developer) message, trimmed texts, 'model'
+ * for assistant. The plain template drops tool turns and continues an assistant turn
+ * that follows another; the interleaved one renders tool turns as turns. */
+static int render_gemma4(sbuf *b, const chat_msg *m, int n, int agp, int interleaved) {
+    if (n == 0) return CHAT_EINVAL; /* messages[0] undefined */
+    int first = is(m[0].role, "system") || is(m[0].role, "developer");
+    puts_(b, "<bos>");
+    if (first) {
+        puts_(b, "<|turn>system\n");
+        put_trimmed(b, m[0].content);
+        puts_(b, "<turn|>\n");
+    }
+    const char *prev = NULL; /* the role of the turn before, tool turns aside */
+    for (int i = first; i < n; i++) {
+        int model = is(m[i].role, "assistant");
+        if (!interleaved && is(m[i].role, "tool")) continue;
+        if (interleaved || !model || !prev || !is(prev, "assistant")) {
+            puts_(b, "<|turn>");
+            if (model) puts_(b, "model");
+            else uputs(b, m[i].role);
+            puts_(b, "\n");
+        }
+        if (model) put_gemma4_answer(b, m[i].content);
+        else put_trimmed(b, m[i].content);
+        puts_(b, "<turn|>\n");
+        prev = m[i].role;
+    }
+    if (agp) puts_(b, "<|turn>model\n<|channel>thought\n<channel|>");
+    return 0;
+}
+
 /* Granite 3.x: a system turn always, the default one naming today's date */
 static void render_granite3(sbuf *b, const chat_msg *m, int n, int agp, int64_t now) {
     const char *sys = n > 0 && is(m[0].role, "system") ? m[0].content : NULL;
@@ -472,8 +596,8 @@ static void render_granite3(sbuf *b, const chat_msg *m, int n, int agp, int64_t 
     }
 }
 
-int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,
-                      char *out, size_t cap, size_t *spans, int max_spans, int *n_spans) {
+int chat_format_dflt(int kind, const char *dflt, const chat_msg *msgs, int n, int add_generation_prompt,
+                     int64_t now, char *out, size_t cap, size_t *spans, int max_spans, int *n_spans) {
     if (n < 0 || (n > 0 && !msgs) || (!out && cap > 0) || (spans && (!n_spans || max_spans < 0)))
         return CHAT_EINVAL;
     for (int i = 0; i < n; i++)
@@ -494,6 +618,11 @@ int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_
     case CHAT_PHI4: render_phi4(&b, msgs, n); break;
     case CHAT_MISTRAL_TEKKEN: rc = render_mistral_tekken(&b, msgs, n); break;
     case CHAT_GRANITE3: render_granite3(&b, msgs, n, agp, now); break;
+    case CHAT_MISTRAL_SMALL3:
+    case CHAT_DEVSTRAL:
+    case CHAT_MINISTRAL3: rc = render_mistral_sp(&b, kind, dflt, msgs, n); break;
+    case CHAT_GEMMA4:
+    case CHAT_GEMMA4_INTERLEAVED: rc = render_gemma4(&b, msgs, n, agp, kind == CHAT_GEMMA4_INTERLEAVED); break;
     case CHAT_LLAMA31: render_llama31(&b, msgs, n, agp, "26 Jul 2024"); break;
     case CHAT_LLAMA32: {
         char date[64];
@@ -510,6 +639,11 @@ int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_
     return (int)b.n;
 }
 
+int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,
+                      char *out, size_t cap, size_t *spans, int max_spans, int *n_spans) {
+    return chat_format_dflt(kind, NULL, msgs, n, add_generation_prompt, now, out, cap, spans, max_spans, n_spans);
+}
+
 int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now, char *out,
                    size_t cap) {
     return chat_format_spans(kind, msgs, n, add_generation_prompt, now, out, cap, NULL, 0, NULL);
@@ -517,4 +651,112 @@ int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_pro
 
 int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt, char *out, size_t cap) {
     return chat_format_at(kind, msgs, n, add_generation_prompt, (int64_t)time(NULL), out, cap);
+}
+
+/* ------------------------------------------------------------------ default system message */
+
+static int hexdig(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static void put_utf8(sbuf *b, unsigned long c) {
+    char u[4];
+    size_t k = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+    static const unsigned char lead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+    for (size_t i = k - 1; i > 0; i--) u[i] = (char)(0x80 | (c & 0x3F)), c >>= 6;
+    u[0] = (char)(k == 1 ? c : (lead[k] | c));
+    put(b, u, k);
+}
+
+/* The Jinja string literal at s (its quote s[0]) into b, unescaped as Jinja's lexer does
+ * (newlines normalized, then Python's unicode-escape); the byte after it, or NULL. */
+static const char *jinja_string(sbuf *b, const char *s, const char *end) {
+    static const char simple[] = "\\\\''\"\"a\ab\bf\fn\nr\rt\tv\v";
+    char q = *s++;
+    while (s < end && *s != q) {
+        if (*s == '\r') { /* \r\n and \r are \n */
+            s += s + 1 < end && s[1] == '\n' ? 2 : 1;
+            put(b, "\n", 1);
+            continue;
+        }
+        if (*s != '\\' || s + 1 >= end) {
+            put(b, s++, 1);
+            continue;
+        }
+        char c = s[1];
+        const char *e = NULL;
+        for (size_t i = 0; simple[i]; i += 2)
+            if (simple[i] == c) e = &simple[i + 1];
+        int digits = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
+        if (e) {
+            put(b, e, 1), s += 2;
+        } else if (c == '\n') { /* a line continuation */
+            s += 2;
+        } else if (digits && s + 2 + digits <= end) {
+            unsigned long v = 0;
+            for (int i = 0; i < digits; i++) {
+                int d = hexdig((unsigned char)s[2 + i]);
+                if (d < 0) return NULL; /* Python refuses it */
+                v = v << 4 | (unsigned long)d;
+            }
+            if (v > 0x10FFFF) return NULL;
+            put_utf8(b, v), s += 2 + digits;
+        } else if (c >= '0' && c <= '7') {
+            unsigned long v = 0;
+            int i = 1;
+            for (; i <= 3 && s + i < end && s[i] >= '0' && s[i] <= '7'; i++) v = v << 3 | (unsigned long)(s[i] - '0');
+            put_utf8(b, v), s += i;
+        } else { /* not an escape: kept as it is */
+            put(b, s, 2), s += 2;
+        }
+    }
+    return s < end ? s + 1 : NULL;
+}
+
+static const char *skip_space(const char *s, const char *end) {
+    while (s < end && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) s++;
+    return s;
+}
+
+/* `set NAME = strftime_now("FMT")` in the template: today's date in FMT into b */
+static int put_date_var(sbuf *b, const char *t, size_t n, const char *name, size_t name_len, int64_t now) {
+    char pat[80], fmt[64], date[128];
+    if (name_len > 40) return -1;
+    snprintf(pat, sizeof pat, "set %.*s = strftime_now(", (int)name_len, name);
+    const char *p = find(t, n, pat, 0);
+    if (!p) return -1;
+    p += strlen(pat);
+    if (p >= t + n || (*p != '"' && *p != '\'')) return -1;
+    sbuf fb = {fmt, sizeof fmt, 0, NULL, 0, 0, 0};
+    if (!jinja_string(&fb, p, t + n) || fb.n >= sizeof fmt) return -1;
+    fmt[fb.n] = 0;
+    date_of(now, fmt, date, sizeof date);
+    puts_(b, date);
+    return 0;
+}
+
+int chat_default_system(const char *t, size_t n, int64_t now, char *out, size_t cap) {
+    static const char key[] = "set default_system_message =";
+    const char *p = t ? find(t, n, key, 0) : NULL, *end = t + n;
+    if (!out || cap == 0) return CHAT_ESPACE;
+    out[0] = 0;
+    if (!p) return 0;
+    sbuf b = {out, cap, 0, NULL, 0, 0, 0};
+    for (p = skip_space(p + sizeof key - 1, end);; p = skip_space(p + 1, end)) {
+        if (p < end && (*p == '"' || *p == '\'')) {
+            if (!(p = jinja_string(&b, p, end))) return 0;
+        } else {
+            const char *id = p;
+            while (p < end && (*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')))
+                p++;
+            if (p == id || put_date_var(&b, t, n, id, (size_t)(p - id), now) < 0) return 0;
+        }
+        p = skip_space(p, end);
+        if (p < end && *p == '+') continue;
+        if (p < end && (*p == '%' || *p == '-')) break; /* %} or -%}: the end of the set */
+        return 0; /* an expression kiln does not evaluate */
+    }
+    if (b.n >= cap || b.n > 0x7FFFFFFF) return CHAT_ESPACE;
+    out[b.n] = 0;
+    return (int)b.n;
 }

@@ -35,7 +35,18 @@ enum {
     CHAT_LLAMA32 = 14, /* Llama 3.2: the same with today's date */
     CHAT_PHI4 = 15,    /* <|im_start|>role<|im_sep|>...<|im_end|>, the assistant's opening
                         * after every user turn (Phi-4) */
-    CHAT_NKINDS = 16
+    CHAT_MISTRAL_SMALL3 = 16, /* <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]...</s>,
+                               * user/assistant alternating, tool turns refused (they need
+                               * call ids); the system block always (Mistral Small 3.x) */
+    CHAT_DEVSTRAL = 17, /* the same markup, no alternation check, tool results as
+                         * [TOOL_RESULTS]...[/TOOL_RESULTS] (Devstral) */
+    CHAT_MINISTRAL3 = 18, /* the same, alternating, no system message after the first, no
+                           * empty assistant text (Ministral 3, Magistral) */
+    CHAT_GEMMA4 = 19,  /* <bos><|turn>role\n...<turn|>\n, 'model' for assistant, the model's
+                        * <|channel>thoughts<channel|> dropped, tool turns dropped, an empty
+                        * thought channel after the generation prompt (Gemma 4) */
+    CHAT_GEMMA4_INTERLEAVED = 20, /* Gemma 4's interleaved-thinking template: tool turns kept */
+    CHAT_NKINDS = 21
 };
 enum { CHAT_EINVAL = -1, CHAT_ESPACE = -2 };
 
@@ -63,6 +74,16 @@ int chat_format(int kind, const chat_msg *msgs, int n, int add_generation_prompt
  * tokens parsed outside them only, so user text cannot write the template's markup. */
 int chat_format_spans(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,
                       char *out, size_t cap, size_t *spans, int max_spans, int *n_spans);
+/* The default system message a template sets for conversations that open without one
+ * (Mistral's `set default_system_message = ...`: string literals and strftime_now dates
+ * joined by +), evaluated at now into out (NUL-terminated): its length, 0 when the template
+ * sets none kiln can read, CHAT_ESPACE when cap is too small. kiln keeps no copy of these
+ * texts: they come from the model's own template. */
+int chat_default_system(const char *tmpl, size_t len, int64_t now, char *out, size_t cap);
+/* chat_format_spans with that default (the Mistral [SYSTEM_PROMPT] kinds render it, as the
+ * template's text, where the conversation has no system message; NULL: none). */
+int chat_format_dflt(int kind, const char *default_system, const chat_msg *msgs, int n, int add_generation_prompt,
+                     int64_t now, char *out, size_t cap, size_t *spans, int max_spans, int *n_spans);
 /* The same with the time templates print as today's date (Granite, Llama 3.2): Unix seconds, shown
  * in local time as strftime_now does. chat_format uses the clock. */
 int chat_format_at(int kind, const chat_msg *msgs, int n, int add_generation_prompt, int64_t now,

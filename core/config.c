@@ -373,7 +373,7 @@ static int set_key(kiln_config *c, int k, const char *value, const char *prefix,
     const char *ev = echo(value, eb);
 #define BAD(...)                                                                        \
     do {                                                                                \
-        char why_[160];                                                                 \
+        char why_[288];                                                                 \
         snprintf(why_, sizeof why_, __VA_ARGS__);                                       \
         emsg(err, errlen, "%s[%s] %s = %s: %s", prefix, K->sec, K->name, ev, why_);     \
         return -EINVAL;                                                                 \
@@ -420,7 +420,7 @@ static int set_key(kiln_config *c, int k, const char *value, const char *prefix,
                 return 0;
             }
         /* every choice, '|'-separated; bounded to fit BAD's reason (cut, never overrun) */
-        char all[144];
+        char all[256];
         size_t k = 0;
         all[0] = 0;
         for (int i = 0; K->names[i] && k < sizeof all; i++)

@@ -33,17 +33,53 @@ int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_
     return 0;
 }
 
+int prompt_template(prompt_builder *pb, const gguf_file *f) {
+    gguf_str s;
+    if (!f || gguf_get_str(f, "tokenizer.chat_template", &s) != 0) return 0;
+    char probe[1];
+    int k = chat_default_system(s.ptr, (size_t)s.len, (int64_t)time(NULL), probe, sizeof probe);
+    if (k == 0) return 0; /* none */
+    /* room for it as it reads now, and for a date that prints longer another day */
+    for (size_t cap = 4096; k == CHAT_ESPACE && cap <= ((size_t)1 << 24); cap *= 2) {
+        char *p = realloc(pb->dflt, cap);
+        if (!p) return -ENOMEM;
+        pb->dflt = p, pb->dflt_cap = cap;
+        k = chat_default_system(s.ptr, (size_t)s.len, (int64_t)time(NULL), pb->dflt, pb->dflt_cap);
+    }
+    if (k <= 0) return 0;
+    size_t room = (size_t)k + 256, text_cap = pb->text_cap + room;
+    char *t = realloc(pb->text, text_cap), *tmpl = malloc((size_t)s.len + 1), *d = realloc(pb->dflt, room);
+    int32_t *ids = t ? realloc(pb->ids, (text_cap + 2) * sizeof *ids) : NULL;
+    if (t) pb->text = t;
+    if (d) pb->dflt = d, pb->dflt_cap = room;
+    if (ids) pb->ids = ids;
+    if (!t || !tmpl || !d || !ids || text_cap + 2 > (size_t)INT32_MAX) {
+        free(tmpl);
+        return -ENOMEM;
+    }
+    memcpy(tmpl, s.ptr, (size_t)s.len);
+    tmpl[s.len] = 0;
+    pb->tmpl = tmpl, pb->tmpl_len = (size_t)s.len;
+    pb->text_cap = text_cap, pb->ids_cap = (int)text_cap + 2;
+    return 0;
+}
+
 void prompt_free(prompt_builder *pb) {
     free(pb->text);
     free(pb->ids);
     free(pb->spans);
+    free(pb->tmpl);
+    free(pb->dflt);
     memset(pb, 0, sizeof *pb);
 }
 
 /* msgs through the template into pb->text, the caller texts' ranges into pb->spans */
 static int render(prompt_builder *pb, const chat_msg *msgs, int n, size_t *len, int *n_spans) {
-    int k = chat_format_spans(pb->chat_kind, msgs, n, 1, (int64_t)time(NULL), pb->text, pb->text_cap,
-                              pb->spans, pb->max_spans, n_spans);
+    int64_t now = (int64_t)time(NULL);
+    const char *dflt = NULL;
+    if (pb->tmpl && chat_default_system(pb->tmpl, pb->tmpl_len, now, pb->dflt, pb->dflt_cap) > 0) dflt = pb->dflt;
+    int k = chat_format_dflt(pb->chat_kind, dflt, msgs, n, 1, now, pb->text, pb->text_cap, pb->spans, pb->max_spans,
+                             n_spans);
     if (k == CHAT_ESPACE) return PROMPT_ESPACE;
     if (k < 0) return PROMPT_ETEMPLATE;
     *len = (size_t)k;

@@ -32,6 +32,11 @@ typedef struct {
     int ids_cap;
     size_t *spans;   /* [2 * max_spans] the caller texts' byte ranges in text */
     int max_spans;
+    char *tmpl;      /* the model's chat template, when it sets a default system message
+                      * (chat_default_system), else NULL */
+    size_t tmpl_len;
+    char *dflt;      /* [dflt_cap] that message, evaluated per request (its date) */
+    size_t dflt_cap;
 } prompt_builder;
 
 typedef struct {
@@ -52,6 +57,10 @@ int prompt_chat_kind(const gguf_file *f, int cfg_template);
  * roles, plus PROMPT_MSG_OVERHEAD each) add up to max_input bytes. 0 or -ENOMEM. */
 #define PROMPT_MSG_OVERHEAD 64 /* bytes a template adds around one more message, at most */
 int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_input);
+/* After prompt_init: conversations without a system message get the default one the
+ * GGUF's chat template sets (Mistral's [SYSTEM_PROMPT] kinds), read from the template at
+ * each request, with room for it added. 0 or -ENOMEM. */
+int prompt_template(prompt_builder *pb, const gguf_file *f);
 void prompt_free(prompt_builder *pb);
 /* The prompt's ids in pb->ids: their count, or PROMPT_E* (an input over max_input is
  * PROMPT_ESPACE). */

@@ -44,7 +44,8 @@ static int build_prompt(const dr_runner *e, const dr_opts *o, prompt_builder *pb
     }
     const char *text = o->prompt ? o->prompt : "";
     size_t in = o->prompt_ids ? strlen(o->prompt_ids) : strlen(text) + (o->system ? strlen(o->system) : 0);
-    if (prompt_init(pb, &e->tok, prompt_chat_kind(&e->m.gguf, CFG_TEMPLATE_AUTO), in) < 0) {
+    if (prompt_init(pb, &e->tok, prompt_chat_kind(&e->m.gguf, CFG_TEMPLATE_AUTO), in) < 0 ||
+        prompt_template(pb, &e->m.gguf) < 0) {
         fprintf(stderr, "kilnd: out of memory\n");
         return -1;
     }

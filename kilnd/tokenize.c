@@ -55,14 +55,16 @@ static int parse(int argc, char **argv, cli_opts *o, int tokenize) {
 static void usage(const char *cmd) {
     fprintf(stderr,
             "usage: kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
-            "       kilnd tokenize --chat [--model PATH] [--template NAME | --template-file F]\n"
+            "       kilnd tokenize --chat [--model PATH] [--template NAME] [--template-file F]\n"
             "                      [--render] [--detect] [--no-generation-prompt] [--now SECONDS]\n"
             "       kilnd detokenize --model PATH [--hex] [--special] [--ids \"1 2 3\"]\n"
             "(%s) --hex: stdin lines of hex-encoded text (tokenize) or of ids (detokenize)\n"
             "--chat: stdin lines are conversations, ROLE=HEX items separated by spaces; each is\n"
             "rendered with the model's chat template (or --template, or the kind --template-file\n"
             "names) and tokenized, or printed in hex with --render ('!' when the template\n"
-            "refuses it); --detect prints the template kind\n",
+            "refuses it); --detect prints the template kind. A default system message the\n"
+            "template sets (Mistral's) comes from --template-file or the model's template, also\n"
+            "with --template\n",
             cmd);
 }
 
@@ -137,25 +139,37 @@ static int unhex(char *s, size_t n) { /* in place; returns the byte count or -1 
     return (int)(n / 2);
 }
 
+/* the Jinja text of --template-file, else the model's chat template (*len 0: none) */
+static const char *template_text(const cli_opts *o, const gguf_file *f, size_t *len) {
+    static char text[1 << 20];
+    gguf_str s;
+    *len = 0;
+    if (o->tmpl_file) {
+        FILE *fp = fopen(o->tmpl_file, "rb");
+        if (!fp) {
+            perror(o->tmpl_file);
+            return NULL;
+        }
+        *len = fread(text, 1, sizeof text, fp);
+        fclose(fp);
+        return text;
+    }
+    if (f && gguf_get_str(f, "tokenizer.chat_template", &s) == 0) {
+        *len = (size_t)s.len;
+        return s.ptr;
+    }
+    return NULL;
+}
+
 /* the kind --template, --template-file or the model names; CHAT_UNKNOWN (said) if none */
-static int chat_kind_of(const char *cmd, const cli_opts *o, const gguf_file *f) {
+static int chat_kind_of(const char *cmd, const cli_opts *o, const gguf_file *f, const char *text, size_t len) {
     if (o->tmpl) {
         for (int k = 1; k < CHAT_NKINDS; k++)
             if (strcmp(o->tmpl, chat_template_names[k]) == 0) return k;
         fprintf(stderr, "%s: --template %s: not one of kiln's templates\n", cmd, o->tmpl);
         return CHAT_UNKNOWN;
     }
-    if (o->tmpl_file) {
-        FILE *fp = fopen(o->tmpl_file, "rb");
-        if (!fp) {
-            perror(o->tmpl_file);
-            return CHAT_UNKNOWN;
-        }
-        static char text[1 << 20];
-        size_t n = fread(text, 1, sizeof text, fp);
-        fclose(fp);
-        return chat_detect_text(text, n);
-    }
+    if (o->tmpl_file) return text ? chat_detect_text(text, len) : CHAT_UNKNOWN;
     return chat_detect(f);
 }
 
@@ -175,7 +189,7 @@ static int parse_conv(char *line, chat_msg *msgs, int max) {
     return n;
 }
 
-static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int kind) {
+static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int kind, const char *dflt) {
     enum { MAX_MSGS = 64, MAX_SPANS = 4 * MAX_MSGS + 16 };
     size_t spans[2 * MAX_SPANS];
     int n_spans = 0;
@@ -205,8 +219,8 @@ static int chat_lines(const char *cmd, const cli_opts *o, const tok_t *t, int ki
                 }
                 out = p, cap = want;
             }
-            k = chat_format_spans(kind, msgs, n, !o->no_gen, o->now ? o->now : (long long)time(NULL), out, cap,
-                                  spans, MAX_SPANS, &n_spans);
+            k = chat_format_dflt(kind, dflt, msgs, n, !o->no_gen, o->now ? o->now : (long long)time(NULL), out, cap,
+                                 spans, MAX_SPANS, &n_spans);
         }
         if (rc) break;
         if (k < 0) {
@@ -227,15 +241,20 @@ static int kd_tokenize_chat(const char *cmd, const cli_opts *o) {
     tok_t t;
     int have_model = o->model != NULL;
     if (have_model && load(cmd, o->model, &f, &t) < 0) return 1;
-    int kind = chat_kind_of(cmd, o, have_model ? &f : NULL);
+    size_t tlen;
+    const char *text = template_text(o, have_model ? &f : NULL, &tlen);
+    int kind = chat_kind_of(cmd, o, have_model ? &f : NULL, text, tlen);
     int rc = 0;
+    /* the template's default system message (Mistral's), which kiln does not keep */
+    static char dflt[1 << 16];
+    if (chat_default_system(text, tlen, o->now ? o->now : (long long)time(NULL), dflt, sizeof dflt) < 0) dflt[0] = 0;
     if (o->detect) {
         printf("%s\n", chat_name(kind));
     } else if (kind == CHAT_UNKNOWN) {
         fprintf(stderr, "%s: kiln cannot render this chat template (set --template)\n", cmd);
         rc = 1;
     } else {
-        rc = chat_lines(cmd, o, have_model ? &t : NULL, kind);
+        rc = chat_lines(cmd, o, have_model ? &t : NULL, kind, dflt);
     }
     if (!have_model) return fflush(stdout) != 0 ? 1 : rc;
     return finish(cmd, &f, &t, rc);

@@ -465,7 +465,7 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
      * PROMPT_MSG_OVERHEAD against "{\"role\":\"user\",\"content\":\"\"}") */
     size_t max_in = 2 * (size_t)c->net.max_line_bytes + (size_t)PROTO_MAX_MSGS * PROMPT_MSG_OVERHEAD;
     if (max_in < 2 * (size_t)c->net.max_http_body_bytes) max_in = 2 * (size_t)c->net.max_http_body_bytes;
-    if (prompt_init(&s->pb, env->tok, chat_kind, max_in) < 0 || !s->reqs ||
+    if (prompt_init(&s->pb, env->tok, chat_kind, max_in) < 0 || prompt_template(&s->pb, &env->m->gguf) < 0 || !s->reqs ||
         !s->metrics_text || !s->met || add_metrics(s) < 0 || api_init(s) < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;

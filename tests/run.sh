@@ -102,16 +102,17 @@ done
 run "parity/vocabs" env BUILD="$BUILD" "$PY" tests/ref/vocab_parity.py --kilnd "$BUILD/gnu/kilnd" \
   --fetch tests/ref/vocabs.sh
 # core/chat's templates against the models' own Jinja templates (llama.cpp's
-# models/templates, same sdist): Qwen3, Gemma, Phi-3, Phi-4, Mistral (v3-tekken), Granite 3.x,
-# Llama 3.1-3.3, Qwen2.5 byte for byte over 17 conversations with and without the
-# generation prompt; and every other template there kiln claims (--tree).
+# models/templates, same sdist): Qwen3, Gemma, Gemma 4 (and its interleaved one), Phi-3,
+# Phi-4, Mistral (v3-tekken; Small 3.2, Devstral and Ministral 3's [SYSTEM_PROMPT] ones),
+# Granite 3.x, Llama 3.1-3.3, Qwen2.5 byte for byte over 17 conversations with and without
+# the generation prompt; and every other template there kiln claims (--tree).
 run "parity/chat-templates" env BUILD="$BUILD" "$PY" tests/ref/chat_parity.py --kilnd "$BUILD/gnu/kilnd" \
   --fetch tests/ref/vocabs.sh --tree
 # User and system text cannot write the template's markup: every special token text of
 # the vocabulary inside a message stays text (the default model under each template kind,
-# Llama 3's and Qwen2's vocabularies under their own).
+# Llama 3's, Qwen2's, Phi-3's and Gemma 4's vocabularies under their own).
 run "parity/chat-injection" "$PY" tests/ref/chat_injection.py --kilnd "$BUILD/gnu/kilnd" --model "$MODEL"
-for vt in llama-bpe:llama3.1,llama3.2 qwen2:qwen2.5,qwen3 phi-3:phi3,phi3-legacy; do
+for vt in llama-bpe:llama3.1,llama3.2 qwen2:qwen2.5,qwen3 phi-3:phi3,phi3-legacy gemma-4:gemma4; do
   run "parity/chat-injection-${vt%%:*}" sh -c 'd=$(BUILD="$1" tests/ref/vocabs.sh "$3") &&
     "$2" tests/ref/chat_injection.py --kilnd "$1/gnu/kilnd" --model "$d/ggml-vocab-$3.gguf" \
       --templates "$4"' _ "$BUILD" "$PY" "${vt%%:*}" "${vt#*:}"

@@ -11,7 +11,8 @@ lstrip_blocks, raise_exception, strftime_now, tojson) over a set of conversation
 reasoning blocks, tool results, roles that do not alternate; with and without the
 generation prompt. `kilnd tokenize --chat --render` renders the same conversations with
 the kind kiln detects from the template file; the bytes must be identical, and where
-the template raises, kiln must refuse too. The one deliberate difference: Gemma 2's
+the template raises, kiln must refuse too. The default system message a template sets
+(Mistral's) kiln reads from the template file, as it does from a GGUF's. The one deliberate difference: Gemma 2's
 template refuses a system message, kiln folds it into the first user turn as Gemma 3's
 does; those conversations are counted apart, not compared.
 
@@ -46,6 +47,13 @@ CASES = [
     ("cpp:phi-4", "phi4", {}, {}),
     ("templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-tekken", {"bos_token": "<s>", "eos_token": "</s>"}, {}),
     ("templates/ibm-granite-granite-3.3-2B-Instruct.jinja", "granite3", {}, {}),
+    # Mistral's [SYSTEM_PROMPT] templates; the default system messages (Small 3.2's with
+    # today's date) kiln reads from the template itself (--template-file)
+    ("templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral-small3", {"bos_token": "<s>", "eos_token": "</s>"}, {}),
+    ("templates/unsloth-mistral-Devstral-Small-2507.jinja", "devstral", {"bos_token": "<s>", "eos_token": "</s>"}, {}),
+    ("templates/mistralai-Ministral-3-14B-Reasoning-2512.jinja", "ministral3", {"bos_token": "<s>", "eos_token": "</s>"}, {}),
+    ("templates/google-gemma-4-31B-it.jinja", "gemma4", {"bos_token": "<bos>", "eos_token": "<eos>"}, {}),
+    ("templates/google-gemma-4-31B-it-interleaved.jinja", "gemma4-interleaved", {"bos_token": "<bos>", "eos_token": "<eos>"}, {}),
     # the kinds kiln had before, on the real templates that are in the tree
     ("templates/Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2.5", {}, {}),
     ("templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3.1", {"bos_token": "<|begin_of_text|>"}, {}),
@@ -68,6 +76,11 @@ KIND_TOKENS = {
     "phi3": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
     "phi3-legacy": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
     "mistral-tekken": {"bos_token": "<s>", "eos_token": "</s>"},
+    "mistral-small3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "devstral": {"bos_token": "<s>", "eos_token": "</s>"},
+    "ministral3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "gemma4": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "gemma4-interleaved": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "llama3.1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "llama3.2": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
@@ -183,7 +196,7 @@ def compare(kilnd, name, text, kind, tokens, extra, tmpfile, verbose=True):
         diff += 1
     convs = conversations()
     for agp in (True, False):
-        args = ["--render", "--template", kind] + ([] if agp else ["--no-generation-prompt"])
+        args = ["--render", "--template", kind, "--template-file", tmpfile] + ([] if agp else ["--no-generation-prompt"])
         got = kiln(kilnd, args, [conv_line(m) for m, _ in convs])
         for (msgs, note), line in zip(convs, got):
             want = jinja_render(tmpl, msgs, agp, tokens, extra)

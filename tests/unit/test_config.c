@@ -134,16 +134,17 @@ static void test_every_key(void) {
 
 typedef struct {
     const char *sec, *key;
-    const char *ok[8];  /* accepted (limits and inside) */
+    const char *ok[12]; /* accepted (limits and inside) */
     const char *bad[12]; /* rejected (just past the limits, junk) */
     const char *says;   /* the allowed range as the message gives it */
 } bound;
 
 static const bound bounds[] = {
-    {"model", "chat_template", {"auto", "chatml", "llama3", "ChatML", "qwen3", "Qwen3-NoThink", "gemma", "granite3"},
-     {"", "llama2", "chatml ", "unknown"},
+    {"model", "chat_template", {"auto", "chatml", "llama3", "ChatML", "qwen3", "Qwen3-NoThink", "gemma", "granite3",
+                                "mistral-small3", "devstral", "Ministral3", "gemma4-interleaved"},
+     {"", "llama2", "chatml ", "unknown", "mistral", "gemma4-"},
      "auto|chatml|smollm|qwen2|qwen2.5|llama3|qwen3|qwen3-nothink|gemma|phi3|phi3-legacy|mistral-tekken|granite3|"
-     "llama3.1|llama3.2|phi4"},
+     "llama3.1|llama3.2|phi4|mistral-small3|devstral|ministral3|gemma4|gemma4-interleaved"},
     {"model", "served_model_name", {"", "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "qwen3:8b", "a.b_c+d@e",
       "12345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789012345678"},
      {"my model", "a\"b", "a\\b", "caf\xc3\xa9", "a,b", "a{b}",
@@ -190,7 +191,7 @@ static void test_bounds(void) {
         const bound *b = &bounds[i];
         char want[128], got[CFG_STR_MAX + 1];
         snprintf(want, sizeof want, "[%s] %s = ", b->sec, b->key);
-        for (int j = 0; j < 8 && b->ok[j]; j++) {
+        for (int j = 0; j < (int)(sizeof b->ok / sizeof b->ok[0]) && b->ok[j]; j++) {
             kiln_config c;
             cfg_defaults(&c);
             int r = cfg_set(&c, b->sec, b->key, b->ok[j], err, sizeof err);

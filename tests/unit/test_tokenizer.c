@@ -479,8 +479,10 @@ static void test_chat_families(void) {
     chat_msg c1[] = {{"system", "Be terse."}, {"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."},
                      {"user", "2+2?"}};
     chat_msg c2[] = {{"user", " Hi\n"}, {"assistant", "<think>\nhm\n</think>\n\nHello."}};
+    chat_msg c3[] = {{"system", " Be terse. "}, {"user", " Hi\n"}, {"assistant", " <|channel>thought\nhm<channel|>Hello. "},
+                     {"tool", " 42 "}, {"assistant", "More."}};
     static const struct {
-        int kind, conv; /* conv: 1 = c1, 2 = c2 */
+        int kind, conv; /* conv: 1 = c1, 2 = c2, 3 = c3 */
         const char *want; /* NULL: refused */
     } cases[] = {
         {CHAT_QWEN3, 1, "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n Hi\n<|im_end|>\n<|im_start|>assistant\n"
@@ -513,13 +515,31 @@ static void test_chat_families(void) {
                           "Today Date: 02 Dec 2025\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                           "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nhm\n</think>\n\nHello.<|eot_id|>"
                           "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {CHAT_MISTRAL_SMALL3, 1, "<s>[SYSTEM_PROMPT]Be terse.[/SYSTEM_PROMPT][INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"
+                                 "[INST]2+2?[/INST]"},
+        {CHAT_MISTRAL_SMALL3, 3, NULL}, /* assistant twice (the tool turn aside), and tool results need ids */
+        {CHAT_DEVSTRAL, 1, "<s>[SYSTEM_PROMPT]Be terse.[/SYSTEM_PROMPT][INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"
+                           "[INST]2+2?[/INST]"},
+        {CHAT_DEVSTRAL, 3, "<s>[SYSTEM_PROMPT] Be terse. [/SYSTEM_PROMPT][INST] Hi\n[/INST] <|channel>thought\nhm<channel|>Hello. "
+                           "</s>[TOOL_RESULTS] 42 [/TOOL_RESULTS]More.</s>"},
+        {CHAT_MINISTRAL3, 1, "<s>[SYSTEM_PROMPT]Be terse.[/SYSTEM_PROMPT][INST] Hi\n[/INST]<think>\nhm\n</think>\n\nHello.</s>"
+                             "[INST]2+2?[/INST]"},
+        {CHAT_MINISTRAL3, 3, NULL}, /* assistant twice */
+        {CHAT_GEMMA4, 1, "<bos><|turn>system\nBe terse.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n<think>\nhm\n</think>\n\n"
+                         "Hello.<turn|>\n<|turn>user\n2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"},
+        {CHAT_GEMMA4, 3, "<bos><|turn>system\nBe terse.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\nMore.<turn|>\n"
+                         "<|turn>model\n<|channel>thought\n<channel|>"},
+        {CHAT_GEMMA4_INTERLEAVED, 3, "<bos><|turn>system\nBe terse.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello.<turn|>\n"
+                                     "<|turn>tool\n42<turn|>\n<|turn>model\nMore.<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"},
     };
     char out[2048];
     const int64_t noon = 1764676800; /* 2025-12-02 12:00 UTC */
     for (int i = 0; i < NELEM(cases); i++) {
-        const chat_msg *m = cases[i].conv == 1 ? c1 : c2;
-        int n = chat_format_at(cases[i].kind, m, cases[i].conv == 1 ? NELEM(c1) : NELEM(c2), 1, noon, out, sizeof out);
-        CHECK(n == (int)strlen(cases[i].want) && strcmp(out, cases[i].want) == 0, "%s conversation %d (%d): %s",
+        const chat_msg *m = cases[i].conv == 1 ? c1 : cases[i].conv == 2 ? c2 : c3;
+        int nm = cases[i].conv == 1 ? NELEM(c1) : cases[i].conv == 2 ? NELEM(c2) : NELEM(c3);
+        int n = chat_format_at(cases[i].kind, m, nm, 1, noon, out, sizeof out);
+        const char *want = cases[i].want;
+        CHECK(want ? n == (int)strlen(want) && strcmp(out, want) == 0 : n == CHAT_EINVAL, "%s conversation %d (%d): %s",
               chat_name(cases[i].kind), cases[i].conv, n, n > 0 ? out : "");
     }
     /* what the templates refuse, kiln refuses; Gemma 2's refusal of a system message is
@@ -541,6 +561,39 @@ static void test_chat_families(void) {
     CHECK(n > 0 && strstr(out, "<|start_header_id|>ipython<|end_header_id|>\n\n\"say \\\"hi\\\"\\n\\u0001\"<|eot_id|>"),
           "llama3.1 ipython json (%d): %s", n, out);
     CHECK(chat_format_at(CHAT_GRANITE3, c2, 2, 1, noon, out, 100) == CHAT_ESPACE, "granite ESPACE");
+    CHECK(chat_format_at(CHAT_GEMMA4, c3, NELEM(c3), 1, noon, out, 60) == CHAT_ESPACE, "gemma4 ESPACE");
+    CHECK(chat_format(CHAT_MINISTRAL3, c2, 0, 1, out, sizeof out) == CHAT_EINVAL, "ministral3: no messages");
+    chat_msg later_sys[] = {{"user", "a"}, {"system", "s"}};
+    chat_msg empty_answer[] = {{"user", "a"}, {"assistant", ""}};
+    CHECK(chat_format(CHAT_MINISTRAL3, later_sys, 2, 1, out, sizeof out) == CHAT_EINVAL, "ministral3: one system message");
+    CHECK(chat_format(CHAT_MINISTRAL3, empty_answer, 2, 1, out, sizeof out) == CHAT_EINVAL, "ministral3: empty answer");
+    CHECK(chat_format(CHAT_DEVSTRAL, tool, 2, 1, out, sizeof out) > 0, "devstral: tool results");
+    chat_msg odd_role[] = {{"user", "a"}, {"ipython", "b"}};
+    CHECK(chat_format(CHAT_DEVSTRAL, odd_role, 2, 1, out, sizeof out) == CHAT_EINVAL, "devstral: no other roles");
+
+    /* Mistral's default system message comes from the template's own text, the caller's
+     * system message replaces it; its markup is the template's (no span), the caller's is */
+    const char *tmpl = "{%- set today = strftime_now(\"%Y-%m-%d\") %}\n{%- set default_system_message = 'It\\'s '"
+                       " + today + \".\\n\\\"q\\\" \\u00e9\\x21\\z\" %}";
+    char dflt[128];
+    n = chat_default_system(tmpl, strlen(tmpl), noon, dflt, sizeof dflt);
+    const char *wd = "It's 2025-12-02.\n\"q\" \xc3\xa9!\\z";
+    CHECK(n == (int)strlen(wd) && strcmp(dflt, wd) == 0, "default system (%d): %s", n, dflt);
+    CHECK(chat_default_system(tmpl, strlen(tmpl), noon, dflt, 8) == CHAT_ESPACE, "default system ESPACE");
+    const char *unread = "{%- set default_system_message = name | upper %}";
+    CHECK(chat_default_system(unread, strlen(unread), noon, dflt, sizeof dflt) == 0 && !dflt[0], "default system unread");
+    CHECK(chat_default_system("{{ bos_token }}", 15, noon, dflt, sizeof dflt) == 0, "no default system");
+    chat_msg hi[] = {{"user", "Hi"}};
+    size_t sp[8];
+    int nsp = 0;
+    n = chat_format_dflt(CHAT_MISTRAL_SMALL3, "[THINK]D", hi, 1, 1, noon, out, sizeof out, sp, 4, &nsp);
+    CHECK(n > 0 && strcmp(out, "<s>[SYSTEM_PROMPT][THINK]D[/SYSTEM_PROMPT][INST]Hi[/INST]") == 0 && nsp == 1 &&
+              sp[0] == strlen("<s>[SYSTEM_PROMPT][THINK]D[/SYSTEM_PROMPT][INST]") && sp[1] == sp[0] + 2,
+          "mistral default system (%d, %d spans): %s", n, nsp, out);
+    n = chat_format_dflt(CHAT_MINISTRAL3, "D", c1, NELEM(c1), 1, noon, out, sizeof out, NULL, 0, NULL);
+    CHECK(n > 0 && strncmp(out, "<s>[SYSTEM_PROMPT]Be terse.[/SYSTEM_PROMPT]", 43) == 0, "the caller's system wins: %s", out);
+    CHECK(chat_format(CHAT_MISTRAL_SMALL3, hi, 1, 1, out, sizeof out) > 0 && strcmp(out, "<s>[INST]Hi[/INST]") == 0,
+          "no default known: no system block: %s", out);
 
     /* detection from the templates' own text; kiln.ini names */
     static const struct {
@@ -556,6 +609,17 @@ static void test_chat_families(void) {
         {"<|user|><|end|><|assistant|>{{ tools }}", CHAT_UNKNOWN},
         {"{%- if loop.last and system_message is defined %}{{- \"[INST]\" + system_message + \"\\n\\n\" }}", CHAT_MISTRAL_TEKKEN},
         {"[SYSTEM_PROMPT][INST]", CHAT_UNKNOWN},
+        {"{{- '[SYSTEM_PROMPT]' + system_prompt + '[/SYSTEM_PROMPT]' }} conversation roles must alternate user/assistant"
+         " [CALL_ID]", CHAT_MISTRAL_SMALL3},
+        {"{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- \"[TOOL_RESULTS]\" + content|string }}",
+         CHAT_DEVSTRAL},
+        {"'[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' \"[TOOL_RESULTS]\" + content|string must alternate",
+         CHAT_UNKNOWN},
+        {"{{- '[SYSTEM_PROMPT]' -}} roles must alternate user and assistant roles Assistant message must have "
+         "'[TOOL_RESULTS]' + message['content']|string", CHAT_MINISTRAL3},
+        {"{{- '<|turn>' + role + '\n' }}<turn|> strip_thinking continue_same_model_turn", CHAT_GEMMA4},
+        {"{{- '<|turn>' + role + '\n' }}<turn|> strip_thinking ns.last_user_message", CHAT_GEMMA4_INTERLEAVED},
+        {"{{- '<|turn>' + role + '\n' }}<turn|> strip_thinking", CHAT_UNKNOWN},
         {"{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|><|im_start|>assistant<|im_sep|>'}}", CHAT_PHI4},
         {"<|im_start|>{{ role }}<|im_sep|>", CHAT_UNKNOWN},
         {"<|start_of_role|>Knowledge Cutoff Date: April 2024. Today's Date: You are Granite, developed by IBM.", CHAT_GRANITE3},
