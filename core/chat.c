@@ -744,19 +744,26 @@ int chat_default_system(const char *t, size_t n, int64_t now, char *out, size_t 
     sbuf b = {out, cap, 0, NULL, 0, 0, 0};
     for (p = skip_space(p + sizeof key - 1, end);; p = skip_space(p + 1, end)) {
         if (p < end && (*p == '"' || *p == '\'')) {
-            if (!(p = jinja_string(&b, p, end))) return 0;
+            if (!(p = jinja_string(&b, p, end))) goto none;
         } else {
             const char *id = p;
             while (p < end && (*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')))
                 p++;
-            if (p == id || put_date_var(&b, t, n, id, (size_t)(p - id), now) < 0) return 0;
+            if (p == id || put_date_var(&b, t, n, id, (size_t)(p - id), now) < 0) goto none;
         }
         p = skip_space(p, end);
         if (p < end && *p == '+') continue;
         if (p < end && (*p == '%' || *p == '-')) break; /* %} or -%}: the end of the set */
-        return 0; /* an expression kiln does not evaluate */
+        goto none; /* an expression kiln does not evaluate */
     }
-    if (b.n >= cap || b.n > 0x7FFFFFFF) return CHAT_ESPACE;
+    if (b.n >= cap || b.n > 0x7FFFFFFF) {
+        out[0] = 0;
+        return CHAT_ESPACE;
+    }
+    if (memchr(out, 0, b.n)) goto none; /* a NUL (raw or \x00) would cut the C string short */
     out[b.n] = 0;
     return (int)b.n;
+none: /* what was written of an expression kiln cannot read is not a default */
+    out[0] = 0;
+    return 0;
 }
