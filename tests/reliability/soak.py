@@ -650,16 +650,7 @@ class HttpConn:
                 + "\r\n")
         self.w.write(head.encode() + data)
         rd = lambda: asyncio.wait_for(self.r.readline(), timeout)  # noqa: E731
-        status = (await rd()).decode("latin-1")
-        if not status.startswith("HTTP/1.1 "):
-            raise ConnectionError("HTTP: status line %r" % status[:100])
-        hdr = {}
-        while True:
-            l = (await rd()).decode("latin-1")
-            if l in ("\r\n", ""):
-                break
-            k, _, v = l.partition(":")
-            hdr[k.strip().lower()] = v.strip()
+        st, hdr = await self.head(timeout)
         if hdr.get("transfer-encoding", "").lower() == "chunked":
             out = b""
             while True:
@@ -670,15 +661,10 @@ class HttpConn:
                 out += chunk[:-2]
         else:
             out = await asyncio.wait_for(self.r.readexactly(int(hdr.get("content-length", "0"))), timeout)
-        return int(status.split(" ")[1]), hdr, out
+        return st, hdr, out
 
-    async def stream_until(self, path, body, timeout, cut):
-        """A streamed request read until `cut` events that carry text, then dropped:
-        None when it was cut (the request was certainly accepted: its text came), else
-        (status, headers, body) as request's when it ended (or failed) first."""
-        data = json.dumps(body).encode()
-        self.w.write(("POST %s HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer %s\r\nContent-Type: "
-                      "application/json\r\nContent-Length: %d\r\n\r\n" % (path, A.token, len(data))).encode() + data)
+    async def head(self, timeout):
+        """The status and the headers (lower-case names) of the next answer."""
         rd = lambda: asyncio.wait_for(self.r.readline(), timeout)  # noqa: E731
         status = (await rd()).decode("latin-1")
         if not status.startswith("HTTP/1.1 "):
@@ -690,9 +676,20 @@ class HttpConn:
                 break
             k, _, v = l.partition(":")
             hdr[k.strip().lower()] = v.strip()
-        if int(status.split(" ")[1]) != 200 or hdr.get("transfer-encoding", "").lower() != "chunked":
+        return int(status.split(" ")[1]), hdr
+
+    async def stream_until(self, path, body, timeout, cut):
+        """A streamed request read until `cut` events that carry text, then dropped:
+        None when it was cut (the request was certainly accepted: its text came), else
+        (status, headers, body) as request's when it ended (or failed) first."""
+        data = json.dumps(body).encode()
+        self.w.write(("POST %s HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer %s\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %d\r\n\r\n" % (path, A.token, len(data))).encode() + data)
+        rd = lambda: asyncio.wait_for(self.r.readline(), timeout)  # noqa: E731
+        st, hdr = await self.head(timeout)
+        if st != 200 or hdr.get("transfer-encoding", "").lower() != "chunked":
             n = int(hdr.get("content-length", "0"))
-            return int(status.split(" ")[1]), hdr, await asyncio.wait_for(self.r.readexactly(n), timeout)
+            return st, hdr, await asyncio.wait_for(self.r.readexactly(n), timeout)
         out, seen = b"", 0
         while True:
             size = int((await rd()).split(b";")[0], 16)
