@@ -37,7 +37,10 @@
 #include <mbedtls/error.h>
 #include <mbedtls/oid.h>
 #include <mbedtls/pk.h>
+#include <mbedtls/platform.h>
 #include <mbedtls/ssl.h>
+
+#include "mm/heap.h"
 #include <mbedtls/ssl_ciphersuites.h>
 #include <mbedtls/x509_crt.h>
 #include <psa/crypto.h>
@@ -460,6 +463,43 @@ void tls_server_free(tls_server *s) {
     free(s);
 }
 
+/* ---------------------------------------------------------------- memory
+ * mbedTLS's calloc/free hooks are process-wide, so they route by thread: the loop's (the
+ * one that called tls_use_heap) allocates from its heap, any other (a certificate worker,
+ * tls_certs.c) from libc. Free goes by address: a block inside the heap's range is the
+ * heap's, anything else libc's; so objects made before tls_use_heap (the server's
+ * certificate, key and config) are freed where they came from. mbedTLS allocates many
+ * sizes (record buffers of ~16.7 KB, handshake state of a few hundred bytes to a few KB):
+ * the heap's power-of-two blocks with their free lists serve them all, merging back when
+ * a session ends. */
+
+static _Thread_local mm_heap *heap_here;  /* this thread's heap, or NULL: libc */
+static mm_heap *heap_owner;                /* the heap whose blocks free() gives back */
+static const unsigned char *heap_lo, *heap_hi; /* its range, kept once it is let go */
+
+static void *tls_calloc(size_t n, size_t size) {
+    mm_heap *h = heap_here;
+    return h ? mm_heap_calloc(h, n, size) : calloc(n, size);
+}
+
+static void tls_free(void *p) {
+    const unsigned char *c = p;
+    if (!p) return;
+    if (c >= heap_lo && c < heap_hi) {
+        /* after tls_use_heap(NULL) the heap may be gone: such a block is dropped */
+        if (heap_owner) mm_heap_free(heap_owner, p);
+        return;
+    }
+    free(p);
+}
+
+void tls_use_heap(mm_heap *h) {
+    heap_here = h;
+    heap_owner = h;
+    if (h) heap_lo = h->base, heap_hi = h->base + h->size;
+    mbedtls_platform_set_calloc_free(tls_calloc, tls_free);
+}
+
 /* ---------------------------------------------------------------- sessions */
 
 tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errlen) {
@@ -470,7 +510,7 @@ tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errl
         fmt_err(err, errlen, "tls: no server or BIO");
         return NULL;
     }
-    tls_conn *t = calloc(1, sizeof *t);
+    tls_conn *t = tls_calloc(1, sizeof *t);
     if (!t) {
         fmt_err(err, errlen, "tls: out of memory");
         return NULL;
@@ -480,7 +520,7 @@ tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errl
     if (r) {
         fmt_err(err, errlen, "tls: session setup: %s", mbed_str(r, m, sizeof m));
         mbedtls_ssl_free(&t->ssl);
-        free(t);
+        tls_free(t);
         return NULL;
     }
     t->bio = *bio;
@@ -493,7 +533,7 @@ void tls_conn_free(tls_conn *t) {
     if (!t)
         return;
     mbedtls_ssl_free(&t->ssl);
-    free(t);
+    tls_free(t);
 }
 
 const char *tls_alpn(const tls_conn *t) { return mbedtls_ssl_get_alpn_protocol(&t->ssl); }
