@@ -17,6 +17,8 @@ struct mm_heap_blk {
 #define HEAP_HDR 16
 #define HEAP_FREE 0x46524545u
 #define HEAP_USED 0x55534544u
+#define HEAP_PAGE 4096             /* the header's page stays (it is written again at once) */
+#define HEAP_RELEASE (256u << 10)  /* freed blocks this big are given back to the kernel */
 _Static_assert(sizeof(mm_heap_blk) <= MM_HEAP_MIN, "a free block's header fits the smallest block");
 
 /* ---------------------------------------------------------------- free lists */
@@ -116,7 +118,11 @@ void mm_heap_free(mm_heap *h, void *p) {
     if (!p) return;
     mm_heap_blk *b = blk_of(p);
     int o = (int)b->order;
-    h->used -= (size_t)MM_HEAP_MIN << o;
+    size_t sz = (size_t)MM_HEAP_MIN << o;
+    h->used -= sz;
+    /* A big buffer's pages go back to the kernel, as free() does with a large block: the
+     * arena's resident size follows what is in use, not its high-water mark. */
+    if (sz >= HEAP_RELEASE) madvise((unsigned char *)b + HEAP_PAGE, sz - HEAP_PAGE, MADV_DONTNEED);
     while (o < h->max_order) { /* merge while the buddy is free and whole */
         size_t off = (size_t)((unsigned char *)b - h->base);
         mm_heap_blk *bud = (mm_heap_blk *)(h->base + (off ^ ((size_t)MM_HEAP_MIN << o)));

@@ -18,7 +18,7 @@
 
 typedef struct mm_heap_blk mm_heap_blk;
 
-typedef struct {
+typedef struct mm_heap {
     unsigned char *base;    /* [size] the arena */
     size_t size;            /* a power of two, MM_HEAP_MIN << max_order */
     int max_order;
