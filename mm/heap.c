@@ -5,35 +5,63 @@
 #include <string.h>
 #include <sys/mman.h>
 
-/* Every block starts with this header. A free block uses all of it; an allocated one
- * only the first 16 bytes (tag, order, and the pad that keeps the data 16-aligned), its
- * data starting where next would be. */
+/* Under ASan the arena is annotated as its allocator would be: a block's bytes past what
+ * was asked for, and free blocks past their header, are poisoned, so an overflow or a use
+ * after free inside the heap is reported as with malloc. Block headers stay addressable
+ * (the allocator reads its buddies' headers). */
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Every block starts with this 16-byte header, its data right after. A free block's list
+ * links are block indices (offset / MM_HEAP_MIN), so they fit in the header too and
+ * everything past it can be poisoned. */
 struct mm_heap_blk {
     uint32_t tag;           /* HEAP_FREE or HEAP_USED */
     uint32_t order;         /* its size: MM_HEAP_MIN << order */
-    uint64_t pad;
-    mm_heap_blk *next, *prev; /* free only: the order's list */
+    union {
+        uint64_t asked;     /* allocated: bytes asked for (realloc copies these) */
+        struct { uint32_t next, prev; } l; /* free: the order's list, HEAP_NIL ends it */
+    } u;
 };
 #define HEAP_HDR 16
+#define HEAP_NIL UINT32_MAX
 #define HEAP_FREE 0x46524545u
 #define HEAP_USED 0x55534544u
 #define HEAP_PAGE 4096             /* the header's page stays (it is written again at once) */
 #define HEAP_RELEASE (256u << 10)  /* freed blocks this big are given back to the kernel */
-_Static_assert(sizeof(mm_heap_blk) <= MM_HEAP_MIN, "a free block's header fits the smallest block");
+_Static_assert(sizeof(mm_heap_blk) == HEAP_HDR, "one header for free and allocated blocks");
+_Static_assert(((uint64_t)MM_HEAP_MIN << (MM_HEAP_ORDERS - 1)) / MM_HEAP_MIN < HEAP_NIL, "indices fit the links");
 
 /* ---------------------------------------------------------------- free lists */
 
+static uint32_t blk_idx(const mm_heap *h, const mm_heap_blk *b) {
+    return b ? (uint32_t)(((const unsigned char *)b - h->base) / MM_HEAP_MIN) : HEAP_NIL;
+}
+
+static mm_heap_blk *blk_at(const mm_heap *h, uint32_t i) {
+    return i == HEAP_NIL ? NULL : (mm_heap_blk *)(h->base + (size_t)i * MM_HEAP_MIN);
+}
+
 static void list_push(mm_heap *h, mm_heap_blk *b, int order) {
+    UNPOISON(b, sizeof *b);
     b->tag = HEAP_FREE, b->order = (uint32_t)order;
-    b->prev = NULL, b->next = h->free_[order];
-    if (b->next) b->next->prev = b;
+    mm_heap_blk *head = h->free_[order];
+    b->u.l.prev = HEAP_NIL, b->u.l.next = blk_idx(h, head);
+    if (head) head->u.l.prev = blk_idx(h, b);
     h->free_[order] = b;
 }
 
 static void list_unlink(mm_heap *h, mm_heap_blk *b) {
-    if (b->prev) b->prev->next = b->next;
-    else h->free_[b->order] = b->next;
-    if (b->next) b->next->prev = b->prev;
+    mm_heap_blk *prev = blk_at(h, b->u.l.prev), *next = blk_at(h, b->u.l.next);
+    if (prev) prev->u.l.next = b->u.l.next;
+    else h->free_[b->order] = next;
+    if (next) next->u.l.prev = b->u.l.prev;
     b->tag = 0;
 }
 
@@ -52,11 +80,13 @@ int mm_heap_init(mm_heap *h, size_t bytes) {
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return -ENOMEM;
     h->base = base, h->size = size, h->max_order = order;
+    POISON(h->base, h->size);
     list_push(h, (mm_heap_blk *)h->base, order);
     return 0;
 }
 
 void mm_heap_free_all(mm_heap *h) {
+    if (h->base) UNPOISON(h->base, h->size); /* the range may be mapped again by others */
     if (h->base) munmap(h->base, h->size);
     memset(h, 0, sizeof *h);
 }
@@ -98,7 +128,8 @@ void *mm_heap_alloc(mm_heap *h, size_t n) {
         k--;
         list_push(h, (mm_heap_blk *)((unsigned char *)b + ((size_t)MM_HEAP_MIN << k)), k);
     }
-    b->tag = HEAP_USED, b->order = (uint32_t)want;
+    b->tag = HEAP_USED, b->order = (uint32_t)want, b->u.asked = n;
+    UNPOISON(b, HEAP_HDR + n);
     h->used += (size_t)MM_HEAP_MIN << want;
     if (h->used > h->peak) h->peak = h->used;
     h->allocs++;
@@ -123,11 +154,13 @@ void mm_heap_free(mm_heap *h, void *p) {
     /* A big buffer's pages go back to the kernel, as free() does with a large block: the
      * arena's resident size follows what is in use, not its high-water mark. */
     if (sz >= HEAP_RELEASE) madvise((unsigned char *)b + HEAP_PAGE, sz - HEAP_PAGE, MADV_DONTNEED);
+    POISON(p, b->u.asked);
     while (o < h->max_order) { /* merge while the buddy is free and whole */
         size_t off = (size_t)((unsigned char *)b - h->base);
         mm_heap_blk *bud = (mm_heap_blk *)(h->base + (off ^ ((size_t)MM_HEAP_MIN << o)));
         if (bud->tag != HEAP_FREE || (int)bud->order != o) break;
         list_unlink(h, bud);
+        POISON(bud < b ? b : bud, sizeof *b); /* that header is inside the merged block now */
         if (bud < b) b = bud;
         o++;
     }
@@ -136,11 +169,17 @@ void mm_heap_free(mm_heap *h, void *p) {
 
 void *mm_heap_realloc(mm_heap *h, void *p, size_t n) {
     if (!p) return mm_heap_alloc(h, n);
-    size_t have = ((size_t)MM_HEAP_MIN << blk_of(p)->order) - HEAP_HDR;
-    if (n <= have) return p;
+    mm_heap_blk *b = blk_of(p);
+    size_t have = ((size_t)MM_HEAP_MIN << b->order) - HEAP_HDR, old = b->u.asked;
+    if (n <= have) { /* still fits: the block stays, only its addressable part moves */
+        if (n > old) UNPOISON((unsigned char *)p + old, n - old);
+        else POISON((unsigned char *)p + n, old - n);
+        b->u.asked = n;
+        return p;
+    }
     void *q = mm_heap_alloc(h, n);
     if (!q) return NULL;
-    memcpy(q, p, have);
+    memcpy(q, p, old);
     mm_heap_free(h, p);
     return q;
 }
@@ -166,7 +205,7 @@ int mm_heap_check(const mm_heap *h) {
         off += sz;
     }
     for (int k = 0; k <= h->max_order; k++)
-        for (const mm_heap_blk *b = h->free_[k]; b; b = b->next) {
+        for (const mm_heap_blk *b = h->free_[k]; b; b = blk_at(h, b->u.l.next)) {
             if (b->tag != HEAP_FREE || (int)b->order != k) return -1;
             n_listed++;
         }

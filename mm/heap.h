@@ -14,7 +14,9 @@
 #include <stdint.h>
 
 #define MM_HEAP_MIN 64      /* bytes: the smallest block, its 16-byte header included */
-#define MM_HEAP_ORDERS 40   /* block sizes MM_HEAP_MIN << [0, MM_HEAP_ORDERS) */
+/* Under ASan the arena is poisoned as malloc's would be: past what was asked, and free
+ * blocks past their header (overflows and uses after free inside it are reported). */
+#define MM_HEAP_ORDERS 32   /* block sizes MM_HEAP_MIN << [0, MM_HEAP_ORDERS): 128 GiB at most */
 
 typedef struct mm_heap_blk mm_heap_blk;
 
