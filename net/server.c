@@ -280,6 +280,11 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
         srv_log(s, CFG_LOG_WARN, "fault kv_fail over");
         srv_kick(s);
     }
+    if (s->fault_mem_until && now >= s->fault_mem_until) { /* FAULT conn_mem_fail: over */
+        s->fault_mem_until = 0;
+        mm_heap_fail_from(&s->heap, 0);
+        srv_log(s, CFG_LOG_WARN, "fault conn_mem_fail over");
+    }
     if (s->draining && !s->hung && !s->drain_expired &&
         now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
         srv_drain_expire(s);
@@ -581,6 +586,10 @@ void srv_free(srv *s) {
     api_free(s);
     free(s->reqs), free(s->metrics_text);
     free(s->http_slots);
+    /* everything a connection took is back by now (LSan cannot see into the heap): say
+     * so when not, a leak on some path */
+    if (s->heap.used)
+        srv_log(s, CFG_LOG_WARN, "connection memory: %zu bytes not given back (a leak)", s->heap.used);
     if (s->heap.base) tls_use_heap(NULL); /* before the heap goes */
     mm_heap_free_all(&s->heap);
     free(s);

@@ -166,6 +166,7 @@ struct srv {
     int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
     int fault_write_n;     /* FAULT write_fail: the next n session writes fail (a reset) */
     int64_t fault_kv_until; /* FAULT kv_fail: every KV block allocation fails until then */
+    int64_t fault_mem_until; /* FAULT conn_mem_fail: the heap refuses everything until then */
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
     int64_t t_start_ms;
     int64_t sweep_timer;
