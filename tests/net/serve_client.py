@@ -182,6 +182,38 @@ def read_to_close(s):
     return data
 
 
+def read_response(s, buf=b""):
+    """One HTTP/1.1 response (Content-Length or chunked) from s: (status, headers, body, rest)."""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(65536)
+        if not d:
+            raise EOFError("closed before the head")
+        buf += d
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    hdr = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
+    if "content-length" in hdr:
+        n = int(hdr["content-length"])
+        while len(buf) < n:
+            d = s.recv(65536)
+            if not d:
+                raise EOFError("closed in the body")
+            buf += d
+        return status, hdr, buf[:n], buf[n:]
+    body = b""
+    while True:  # chunked
+        while b"\r\n" not in buf:
+            buf += s.recv(65536)
+        size, buf = buf.split(b"\r\n", 1)
+        n = int(size, 16)
+        while len(buf) < n + 2:
+            buf += s.recv(65536)
+        body, buf = body + buf[:n], buf[n + 2:]
+        if n == 0:
+            return status, hdr, body, buf
+
+
 def http_get(path):
     s = socket.create_connection((A.host, A.metrics_port), timeout=20)
     s.sendall(("GET %s HTTP/1.1\r\nHost: kiln\r\n\r\n" % path).encode())
