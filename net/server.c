@@ -505,7 +505,8 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot reserve %zu bytes for the connections", srv_heap_bytes(c));
         goto fail;
     }
-    tls_use_heap(&s->heap); /* the sessions' TLS state from here on (this is the loop's thread) */
+    /* the sessions' TLS state from here on (this is the loop's thread) */
+    tls_use_heap(&s->heap, c->net.max_connections + c->net.max_pending_connections);
     s->http_slots = calloc(SRV_MAX_HTTP, sizeof *s->http_slots);
     if (!s->http_slots) { snprintf(err, errlen, "out of memory"); goto fail; }
     for (int i = SRV_MAX_HTTP - 1; i >= 0; i--) s->http_slots[i].next = s->free_https, s->free_https = &s->http_slots[i];
@@ -590,8 +591,10 @@ void srv_free(srv *s) {
      * so when not, a leak on some path */
     if (s->heap.used)
         srv_log(s, CFG_LOG_WARN, "connection memory: %zu bytes not given back (a leak)", s->heap.used);
-    if (s->heap.base) tls_use_heap(NULL); /* before the heap goes */
-    mm_heap_free_all(&s->heap);
+    if (s->heap.base) tls_use_heap(NULL, 0); /* before the heap goes */
+    /* a block still held (by whatever leaked it) must stay valid: then the mapping stays
+     * too, only address space, for the little while until the process ends */
+    if (!s->heap.used) mm_heap_free_all(&s->heap);
     free(s);
 }
 

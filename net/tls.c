@@ -39,11 +39,11 @@
 #include <mbedtls/pk.h>
 #include <mbedtls/platform.h>
 #include <mbedtls/ssl.h>
-
-#include "mm/heap.h"
 #include <mbedtls/ssl_ciphersuites.h>
 #include <mbedtls/x509_crt.h>
 #include <psa/crypto.h>
+
+#include "mm/heap.h"
 
 #if !defined(MBEDTLS_SSL_SRV_C) || !defined(MBEDTLS_SSL_PROTO_TLS1_2) ||                  \
     !defined(MBEDTLS_SSL_PROTO_TLS1_3) || !defined(MBEDTLS_SSL_KEEP_PEER_CERTIFICATE)
@@ -493,7 +493,29 @@ static void tls_free(void *p) {
     free(p);
 }
 
-void tls_use_heap(mm_heap *h) {
+/* PSA's key store (MBEDTLS_PSA_KEY_STORE_DYNAMIC) grows by slices of 16, 32, 64, ...
+ * slots that it keeps until psa_crypto_free, which kilnd never calls. A slice first needed
+ * during a handshake would come from the heap and outlive every session (and the heap).
+ * So the store is grown here, from libc, to what n sessions' handshakes can hold at once
+ * (TLS_PSA_KEYS per session: the ephemeral key exchange's keys), by importing that many
+ * throwaway keys and destroying them: the slices stay. */
+#define TLS_PSA_KEYS 2
+
+static void psa_keys_reserve(size_t n) {
+    mbedtls_svc_key_id_t *ids = calloc(n, sizeof *ids);
+    if (!ids) return; /* best effort: a slice needed later comes from the heap */
+    psa_key_attributes_t at = PSA_KEY_ATTRIBUTES_INIT;
+    psa_set_key_type(&at, PSA_KEY_TYPE_RAW_DATA);
+    static const uint8_t raw[16];
+    size_t made = 0;
+    while (made < n && psa_import_key(&at, raw, sizeof raw, &ids[made]) == PSA_SUCCESS) made++;
+    for (size_t i = 0; i < made; i++) psa_destroy_key(ids[i]);
+    psa_reset_key_attributes(&at);
+    free(ids);
+}
+
+void tls_use_heap(mm_heap *h, int sessions) {
+    if (h && sessions > 0 && psa_crypto_init() == PSA_SUCCESS) psa_keys_reserve((size_t)sessions * TLS_PSA_KEYS);
     heap_here = h;
     heap_owner = h;
     if (h) heap_lo = h->base, heap_hi = h->base + h->size;
