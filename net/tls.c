@@ -4,7 +4,9 @@
  * certificate chain and key, the client CA, and the RNG (CTR_DRBG over the entropy
  * pool). One tls_conn is little more than an mbedtls_ssl_context; its record buffers
  * are allocated by mbedtls_ssl_setup in tls_conn_new, so the data path allocates
- * nothing of ours. Nothing here is thread-safe: a server and its sessions belong to
+ * nothing of ours. After tls_use_heap (kilnd's loop) all of a session's memory, mbedTLS's
+ * included, comes from the caller's heap instead of malloc (see "memory" below). Nothing
+ * here is thread-safe: a server and its sessions belong to
  * one loop (the DRBG is shared by the sessions without a lock).
  *
  * mbedTLS is driven through mbedtls_ssl_set_bio; the callbacks turn -EAGAIN from the

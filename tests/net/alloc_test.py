@@ -41,8 +41,8 @@ def line_round(i):
     c = Conn()
     assert c.hello.startswith("OK "), c.hello
     c.send(gen_line("a%d" % i, "Count to five.", 6))
-    c.send(gen_line("b%d" % i, "Hello", 4, extra="logprobs=1 n=2", temperature="0.7"))
     r = collect(c, ["a%d" % i], samples=1)
+    c.send(gen_line("b%d" % i, "Hello", 4, extra="logprobs=1 n=2", temperature="0.7"))
     r.update(collect(c, ["b%d" % i], samples=2))
     assert all(v[1].startswith("END ") for v in r.values()), r
     c.send("HEALTH")
