@@ -307,7 +307,13 @@ fuzz: $(FUZZ_BINS)
 # T: the tests/run.sh entries to run, shell globs separated by spaces, matched against
 # their names (make test T='unit/*', T='*kv*', T='unit/* asan/*'); unset: all of them.
 # make test builds the same with or without T.
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS) $(IMG_TOOLS)
+# The LD_PRELOAD shim counting kilnd's loop-thread allocations (tests/net/alloc_test.py)
+ALLOC_SHIM := $(BUILD)/gnu/tests/alloc_count.so
+$(ALLOC_SHIM): tests/shim/alloc_count.c
+	@mkdir -p $(@D)
+	gcc -std=c11 -Wall -Wextra -Werror -O2 -fPIC -shared -pthread $< -o $@
+
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(FUZZ_BINS) $(IMG_TOOLS)
 	$(MAKE) musl image disk-test-inputs
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi

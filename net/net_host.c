@@ -13,7 +13,6 @@
  * destroy the response the peer has not read yet. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -29,6 +28,7 @@
 #define HOST_TICK_MS 200       /* linger deadlines, paused listeners */
 #define HOST_PAUSE_MS 100      /* a listener that hit EMFILE waits this long */
 #define HOST_DRAIN_ROUNDS 16   /* recv calls per event while lingering */
+#define HOST_DEFAULT_CONNS 1024 /* cfg.max_conns 0: the conn slots made at init */
 
 typedef struct host_stack host_stack;
 typedef struct host_conn host_conn;
@@ -49,6 +49,8 @@ struct host_stack {
     host_listener *ls[HOST_MAX_LISTEN];
     int nls;
     host_conn *conns;    /* every conn, lingering ones included */
+    host_conn *slots;    /* [max_conns], made at init: a conn is a slot, never a malloc */
+    host_conn *free_slots; /* those not in use (linked by next) */
     host_conn *cb_conn;  /* whose callback runs now; cleared if that conn is freed */
     int64_t tick;        /* maintenance timer id, 0 when not running */
     char scratch[16384]; /* where lingering input is discarded */
@@ -81,7 +83,7 @@ static void conn_unlink_free(host_conn *c) {
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->nconns--;
-    free(c);
+    c->next = s->free_slots, s->free_slots = c;
 }
 
 /* RST instead of FIN: what close() does when told not to linger. */
@@ -222,15 +224,13 @@ static void accept_ev(loop_t *l, int fd, void *ud, int mask) {
             }
             continue; /* ECONNABORTED and the like: that one is gone, try the next */
         }
-        if (s->nconns >= s->max_conns) {
+        host_conn *c = s->free_slots; /* none when nconns is max_conns */
+        if (s->nconns >= s->max_conns || !c) {
             close(cfd);
             continue;
         }
-        host_conn *c = calloc(1, sizeof *c);
-        if (!c) {
-            close(cfd);
-            continue;
-        }
+        s->free_slots = c->next;
+        memset(c, 0, sizeof *c);
         int one = 1;
         setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         c->base.t = &host_transport;
@@ -274,6 +274,7 @@ static void host_free(net_stack *bs) {
         free(s->ls[i]);
     }
     if (s->tick > 0) loop_timer_del(s->l, s->tick);
+    free(s->slots);
     free(s);
 }
 
@@ -442,6 +443,13 @@ net_stack *net_host_new(loop_t *l, const net_config *cfg, char *err, size_t errl
     s->base.t = &host_transport;
     s->base.driver_name = "host";
     s->l = l;
-    s->max_conns = cfg->max_conns > 0 ? cfg->max_conns : INT_MAX;
+    s->max_conns = cfg->max_conns > 0 ? cfg->max_conns : HOST_DEFAULT_CONNS;
+    s->slots = calloc((size_t)s->max_conns, sizeof *s->slots);
+    if (!s->slots) {
+        snprintf(err, errlen, "net: out of memory for %d connections", s->max_conns);
+        free(s);
+        return NULL;
+    }
+    for (int i = s->max_conns - 1; i >= 0; i--) s->slots[i].next = s->free_slots, s->free_slots = &s->slots[i];
     return &s->base;
 }

@@ -209,6 +209,10 @@ struct lw_stack {
     lw_listener ls[LW_MAX_LISTEN];
     int nls;
     lw_conn *conns;                /* every conn object */
+    lw_conn *slots;                /* [max_conns], made at init: a conn is a slot */
+    lw_conn *free_slots;           /* those not in use (linked by next) */
+    unsigned char *rxmem;          /* [max_conns][LW_RXBUF]: slot i's receive ring (pages
+                                    * touched only once a connection in that slot reads) */
     lw_conn *pend_head, *pend_tail; /* conns with events for the dispatch task */
     int dispatching;               /* suppresses task posts while the task runs */
     int posted;                    /* a dispatch task is queued */
@@ -226,7 +230,7 @@ struct lw_conn {
     int state;
     const net_conn_ops *ops;
     void *ud;
-    unsigned char *rxbuf; /* LW_RXBUF ring of received, unread bytes (on first data) */
+    unsigned char *rxbuf; /* LW_RXBUF ring of received, unread bytes: its slot's */
     size_t rx_head, rx_len;
     int fin;             /* the peer's FIN came (after the ring's bytes) */
     int err;             /* negative errno once the pcb failed */
@@ -312,12 +316,11 @@ static void conn_free(lw_conn *c) {
     if (s->cb_conn == c) s->cb_conn = NULL;
     pend_unlink(c);
     set_mem_blocked(c, 0);
-    free(c->rxbuf);
     if (c->prev) c->prev->next = c->next;
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->nconns--;
-    free(c);
+    c->next = s->free_slots, s->free_slots = c;
 }
 
 static void pcb_detach(struct tcp_pcb *pcb) {
@@ -395,7 +398,6 @@ static err_t lw_recv(void *arg, struct tcp_pcb *pcb, struct pbuf *p, err_t err) 
         return ERR_OK;
     }
     /* ERR_MEM leaves p with lwIP as refused data, offered again later. */
-    if (!c->rxbuf && !(c->rxbuf = malloc(LW_RXBUF))) return ERR_MEM;
     size_t n = p->tot_len;
     if (n > LW_RXBUF - c->rx_len) return ERR_MEM; /* beyond the window: cannot happen */
     size_t tail = (c->rx_head + c->rx_len) % LW_RXBUF;
@@ -461,12 +463,14 @@ static err_t lw_accept(void *arg, struct tcp_pcb *pcb, err_t err) {
         return ERR_VAL;
     }
     if (err != ERR_OK || !s->active) return ERR_VAL;
-    if (s->nconns >= s->max_conns) {
+    lw_conn *c = s->free_slots; /* none when nconns is max_conns */
+    if (s->nconns >= s->max_conns || !c) {
         lw_count.accept_refused++;
         return ERR_VAL;
     }
-    lw_conn *c = calloc(1, sizeof *c);
-    if (!c) return ERR_MEM;
+    s->free_slots = c->next;
+    memset(c, 0, sizeof *c);
+    c->rxbuf = s->rxmem + (size_t)(c - s->slots) * LW_RXBUF;
     c->base.t = &lwip_transport;
     c->s = s;
     c->pcb = pcb;
@@ -697,6 +701,8 @@ static void lwip_free(net_stack *bs) {
     if (s->dev_watched) loop_fd_del(s->l, s->dev.fd, LOOP_READ);
     if (s->dev_open) s->dev.close(&s->dev);
     s->active = 0;
+    free(s->slots), free(s->rxmem);
+    s->slots = s->free_slots = NULL, s->rxmem = NULL;
 }
 
 static int lwip_listen(net_stack *bs, const char *host, int port, net_accept_fn fn,
@@ -908,6 +914,15 @@ net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errl
     s->base.driver_name = drv;
     s->l = l;
     s->max_conns = cfg->max_conns > 0 ? cfg->max_conns : MEMP_NUM_TCP_PCB;
+    s->slots = calloc((size_t)s->max_conns, sizeof *s->slots);
+    s->rxmem = calloc((size_t)s->max_conns, LW_RXBUF);
+    if (!s->slots || !s->rxmem) {
+        snprintf(err, errlen, "net: out of memory for %d connections", s->max_conns);
+        free(s->slots), free(s->rxmem);
+        s->slots = NULL, s->rxmem = NULL;
+        return NULL;
+    }
+    for (int i = s->max_conns - 1; i >= 0; i--) s->slots[i].next = s->free_slots, s->free_slots = &s->slots[i];
     s->dhcp = dhcp;
     snprintf(s->hostname, sizeof s->hostname, "%s",
              cfg->hostname && cfg->hostname[0] ? cfg->hostname : "kiln");
@@ -930,7 +945,7 @@ net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errl
         rc = netif_packet_open(&s->dev, ifname, have_mac ? mac : NULL, err, errlen, warn,
                                sizeof warn);
     }
-    if (rc < 0) return NULL;
+    if (rc < 0) { lwip_free(&s->base); return NULL; } /* the conn slots */
     s->dev_open = 1;
     s->active = 1;
 

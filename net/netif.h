@@ -74,6 +74,8 @@ struct netif_dev {
     int (*tx)(netif_dev *d, struct pbuf *p);
     void (*close)(netif_dev *d);
     unsigned char *buf;    /* receive buffer of NETIF_FRAME_MAX + a header */
+    unsigned char *txbuf;  /* [NETIF_FRAME_MAX]: a long pbuf chain flattened to send (made at
+                            * open: no malloc per frame) */
     /* The MAC lwIP uses: frames to other unicast MACs are dropped (packet). */
     unsigned char lwip_mac[6];
     uint64_t rx_frames, rx_drops, tx_frames, tx_drops, rx_csum_fixed;

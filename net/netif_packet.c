@@ -132,14 +132,10 @@ static int pkt_tx(netif_dev *d, struct pbuf *p) {
     iov[n++] = (struct iovec){&vh, sizeof vh};
     const struct pbuf *q = p;
     for (; q && n < PKT_IOV + 1; q = q->next) iov[n++] = (struct iovec){q->payload, q->len};
-    void *flat = NULL;
     if (q) { /* a long chain: flatten it (rare: lwIP frames are 1-3 pbufs) */
-        if (!(flat = malloc(p->tot_len))) {
-            d->tx_drops++;
-            return -ENOMEM;
-        }
-        pbuf_copy_partial(p, flat, p->tot_len, 0);
-        iov[1] = (struct iovec){flat, p->tot_len};
+        _Static_assert(NETIF_FRAME_MAX >= 0xffff, "txbuf holds any pbuf chain (tot_len is 16 bits)");
+        pbuf_copy_partial(p, d->txbuf, p->tot_len, 0);
+        iov[1] = (struct iovec){d->txbuf, p->tot_len};
         n = 2;
     }
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -147,7 +143,6 @@ static int pkt_tx(netif_dev *d, struct pbuf *p) {
     do w = sendmsg(d->fd, &msg, MSG_DONTWAIT);
     while (w < 0 && errno == EINTR);
     int rc = w < 0 ? -errno : 0;
-    free(flat);
     if (rc < 0) d->tx_drops++;
     else d->tx_frames++;
     return rc;
@@ -156,8 +151,8 @@ static int pkt_tx(netif_dev *d, struct pbuf *p) {
 static void pkt_close(netif_dev *d) {
     if (d->fd >= 0) close(d->fd);
     d->fd = -1;
-    free(d->buf);
-    d->buf = NULL;
+    free(d->buf), free(d->txbuf);
+    d->buf = d->txbuf = NULL;
 }
 
 static int fail(netif_dev *d, int rc, char *err, size_t errlen, const char *ifname,
@@ -264,6 +259,7 @@ int netif_packet_open(netif_dev *d, const char *ifname, const unsigned char *mac
         }
     }
     d->buf = malloc(NETIF_FRAME_MAX + PKT_HDR);
-    if (!d->buf) return fail(d, -ENOMEM, err, errlen, ifname, "receive buffer");
+    d->txbuf = malloc(NETIF_FRAME_MAX);
+    if (!d->buf || !d->txbuf) return fail(d, -ENOMEM, err, errlen, ifname, "frame buffers");
     return 0;
 }

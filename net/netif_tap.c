@@ -48,14 +48,9 @@ static int tap_tx(netif_dev *d, struct pbuf *p) {
     for (; q && n < TAP_IOV; q = q->next) iov[n++] = (struct iovec){q->payload, q->len};
     ssize_t w;
     if (q) { /* a long chain: flatten it (rare: lwIP frames are 1-3 pbufs) */
-        void *flat = malloc(p->tot_len);
-        if (!flat) {
-            d->tx_drops++;
-            return -ENOMEM;
-        }
-        pbuf_copy_partial(p, flat, p->tot_len, 0);
-        w = write(d->fd, flat, p->tot_len);
-        free(flat);
+        _Static_assert(NETIF_FRAME_MAX >= 0xffff, "txbuf holds any pbuf chain (tot_len is 16 bits)");
+        pbuf_copy_partial(p, d->txbuf, p->tot_len, 0);
+        w = write(d->fd, d->txbuf, p->tot_len);
     } else {
         w = writev(d->fd, iov, n);
     }
@@ -70,8 +65,8 @@ static int tap_tx(netif_dev *d, struct pbuf *p) {
 static void tap_close(netif_dev *d) {
     if (d->fd >= 0) close(d->fd);
     d->fd = -1;
-    free(d->buf);
-    d->buf = NULL;
+    free(d->buf), free(d->txbuf);
+    d->buf = d->txbuf = NULL;
 }
 
 int netif_tap_open(netif_dev *d, const char *ifname, char *err, size_t errlen) {
@@ -133,7 +128,8 @@ int netif_tap_open(netif_dev *d, const char *ifname, char *err, size_t errlen) {
         return rc;
     }
     d->buf = malloc(NETIF_FRAME_MAX);
-    if (!d->buf) {
+    d->txbuf = malloc(NETIF_FRAME_MAX);
+    if (!d->buf || !d->txbuf) {
         snprintf(err, errlen, "net: tap %s: out of memory", ifname);
         tap_close(d);
         return -ENOMEM;

@@ -2,6 +2,7 @@
  * loop's before-sleep flush, draining, the ladder's metrics), health, stats, /metrics
  * text, the timeout sweep and the config verbs' keys. */
 #include "net/srv_int.h"
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -118,19 +119,24 @@ static void srv_set_kv8_metrics(srv *s) {
 }
 
 /* CPU time by the clock (no file to read); RSS from /proc/self/statm, read at scrape
- * time only, and left as it was when /proc is not there. */
+ * time only, and left as it was when /proc is not there. Read with open/read into the
+ * stack, not stdio: fopen mallocs a FILE and its buffer on every scrape. */
 static void srv_set_process_metrics(srv *s) {
     struct timespec ts;
     if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) {
         double cpu = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
         met_inc(s->met, s->m_proc_cpu, cpu - met_value(s->met, s->m_proc_cpu));
     }
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char buf[128];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return;
+    buf[n] = 0;
     unsigned long size, resident;
-    if (fscanf(f, "%lu %lu", &size, &resident) == 2)
+    if (sscanf(buf, "%lu %lu", &size, &resident) == 2)
         met_set(s->met, s->m_proc_rss, (double)resident * (double)sysconf(_SC_PAGESIZE));
-    fclose(f);
 }
 
 /* The transport's counters (net_stats): lwIP's own statistics and what kiln counts
@@ -273,6 +279,11 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
         kv_fail_from(s->env.kv, 0);
         srv_log(s, CFG_LOG_WARN, "fault kv_fail over");
         srv_kick(s);
+    }
+    if (s->fault_mem_until && now >= s->fault_mem_until) { /* FAULT conn_mem_fail: over */
+        s->fault_mem_until = 0;
+        mm_heap_fail_from(&s->heap, 0);
+        srv_log(s, CFG_LOG_WARN, "fault conn_mem_fail over");
     }
     if (s->draining && !s->hung && !s->drain_expired &&
         now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
@@ -435,6 +446,42 @@ static int add_metrics(srv *s) {
     return add_net_metrics(s);
 }
 
+/* The connections' heap (srv.heap). Reserved address space, not memory: pages cost only
+ * once a connection touches them, and freed big buffers go back to the kernel
+ * (mm/heap.h), so the cap can be generous. It is the sum of
+ *   - every connection's usual needs, SRV_CONN_MEM each, for max_connections plus the
+ *     pending budget (closing ones linger a moment beyond max_connections): the session,
+ *     mbedTLS's two record buffers (~16.7 KB each, a 32 KB block each) and handshake
+ *     state, the first input and output buffers;
+ *   - SRV_BIG_CONNS connections at their limits at once: output at its hard limit, a line
+ *     or HTTP request at its limit, and an API answer's buffers at theirs (every size
+ *     rounded up to the power of two the heap hands out);
+ *   - the server's own scratch for one answer and SRV_MAX_HTTP metrics responses.
+ * 256 x max_output_bytes up front would be 256 MB at the default 1 MB: instead, many
+ * connections at their limits at once share what is left, and one that finds it full is
+ * refused (a new connection), fails its request (500) or is closed as over its output
+ * limit, as when malloc fails. */
+#define SRV_CONN_MEM (128u << 10)
+#define SRV_BIG_CONNS 8
+
+static size_t pow2_up(size_t n) {
+    size_t p = 4096;
+    while (p < n) p *= 2;
+    return p;
+}
+
+static size_t srv_heap_bytes(const kiln_config *c) {
+    size_t max_out = (size_t)c->net.max_output_bytes;
+    size_t out = pow2_up(4 * max_out + SRV_METRICS_CAP + 64); /* out_reserve's hard limit */
+    size_t line = (size_t)c->net.max_line_bytes + 1;
+    size_t http = (size_t)c->net.max_http_head_bytes + (size_t)c->net.max_http_body_bytes;
+    size_t in = pow2_up((line > http ? line : http) + 64);
+    size_t answer = pow2_up(3 * max_out + 64); /* api_max */
+    size_t conns = (size_t)c->net.max_connections + (size_t)c->net.max_pending_connections;
+    return conns * SRV_CONN_MEM + SRV_BIG_CONNS * (out + in + 4 * answer + 16384) + answer +
+           (size_t)SRV_MAX_HTTP * pow2_up(SRV_METRICS_CAP + 1024);
+}
+
 srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     srv *s = calloc(1, sizeof *s);
     if (!s) { snprintf(err, errlen, "out of memory"); return NULL; }
@@ -454,6 +501,15 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
         snprintf(err, errlen, "TLS: %s", e2);
         goto fail;
     }
+    if (mm_heap_init(&s->heap, srv_heap_bytes(c)) < 0) {
+        snprintf(err, errlen, "cannot reserve %zu bytes for the connections", srv_heap_bytes(c));
+        goto fail;
+    }
+    /* the sessions' TLS state from here on (this is the loop's thread) */
+    tls_use_heap(&s->heap, c->net.max_connections + c->net.max_pending_connections);
+    s->http_slots = calloc(SRV_MAX_HTTP, sizeof *s->http_slots);
+    if (!s->http_slots) { snprintf(err, errlen, "out of memory"); goto fail; }
+    for (int i = SRV_MAX_HTTP - 1; i >= 0; i--) s->http_slots[i].next = s->free_https, s->free_https = &s->http_slots[i];
     s->n_req_slots = c->engine.max_queued_requests;
     s->reqs = calloc((size_t)s->n_req_slots, sizeof *s->reqs);
     s->metrics_text = malloc(SRV_METRICS_CAP);
@@ -530,6 +586,15 @@ void srv_free(srv *s) {
     prompt_free(&s->pb);
     api_free(s);
     free(s->reqs), free(s->metrics_text);
+    free(s->http_slots);
+    /* everything a connection took is back by now (LSan cannot see into the heap): say
+     * so when not, a leak on some path */
+    if (s->heap.used)
+        srv_log(s, CFG_LOG_WARN, "connection memory: %zu bytes not given back (a leak)", s->heap.used);
+    if (s->heap.base) tls_use_heap(NULL, 0); /* before the heap goes */
+    /* a block still held (by whatever leaked it) must stay valid: then the mapping stays
+     * too, only address space, for the little while until the process ends */
+    if (!s->heap.used) mm_heap_free_all(&s->heap);
     free(s);
 }
 

@@ -17,6 +17,7 @@
 
 /* The answer being built for one API request (srv_req.api). */
 typedef struct srv_api_buf {
+    mm_heap *h;            /* where p lives: the server's heap */
     char *p;
     size_t len, cap;
     int oom;               /* an append did not fit its bound: the answer is an error */
@@ -48,7 +49,7 @@ static int ab_room(api_buf *b, size_t n, size_t max) {
     while (cap < b->len + n) cap *= 2;
     if (b->len + n > max) { b->oom = 1; return -1; }
     if (cap > max) cap = max;
-    char *p = realloc(b->p, cap);
+    char *p = mm_heap_realloc(b->h, b->p, cap);
     if (!p) { b->oom = 1; return -1; }
     b->p = p, b->cap = cap;
     return 0;
@@ -91,7 +92,10 @@ static void ab_str(api_buf *b, size_t max, const char *s) {
     AB_LIT(b, max, "\"");
 }
 
-static void ab_free(api_buf *b) { free(b->p); memset(b, 0, sizeof *b); }
+static void ab_free(api_buf *b) {
+    if (b->h) mm_heap_free(b->h, b->p);
+    b->p = NULL, b->len = b->cap = 0, b->oom = 0; /* keeps h */
+}
 
 /* What one answer may hold: it goes into the session's output whole. */
 static size_t api_max(const srv *s) { return 3 * (size_t)s->cfg.net.max_output_bytes; }
@@ -298,7 +302,7 @@ static void api_stream_choice(srv_sess *ss, srv_api_req *a, int sample, const ch
     }
     AB_LIT(b, max, "\"logprobs\":");
     if (a->logprobs && tok >= 0) {
-        api_buf e1 = {0}, e2 = {0}, e3 = {0};
+        api_buf e1 = {.h = &s->heap}, e2 = {.h = &s->heap}, e3 = {.h = &s->heap};
         api_lp_entry(s, a, sample, tok, lp, &e1, &e2, &e3);
         api_lp_value(s, b, a, &e1, &e2, &e3);
         ab_free(&e1), ab_free(&e2), ab_free(&e3);
@@ -390,9 +394,9 @@ void api_on_finish(srv_req *r, int sample, int reason, const eng_usage *u, const
     if (a->stream && r->sess) api_stream_choice(r->sess, a, sample, "", 0, -1, 0, reason);
 }
 
-static void api_state_free(srv_api_req *a) {
+static void api_state_free(srv *s, srv_api_req *a) {
     for (int i = 0; i < SRV_MAX_N; i++) ab_free(&a->text[i]), ab_free(&a->lp[i]), ab_free(&a->lp2[i]), ab_free(&a->lp3[i]);
-    free(a);
+    mm_heap_free(&s->heap, a);
 }
 
 void api_req_free(srv_req *r) {
@@ -405,7 +409,7 @@ void api_req_free(srv_req *r) {
     } else if (ss) {
         api_answered(ss); /* the error went out (api_fail); the connection closes */
     }
-    api_state_free(a);
+    api_state_free(r->owner, a);
 }
 
 void api_fail(srv_req *r, int code, const char *slug, const char *msg) {
@@ -432,8 +436,10 @@ static void api_gen_error(srv_sess *ss, const gen_err *e) {
 }
 
 static srv_api_req *api_state_new(srv *s, const api_req *q) {
-    srv_api_req *a = calloc(1, sizeof *a);
+    srv_api_req *a = mm_heap_calloc(&s->heap, 1, sizeof *a);
     if (!a) return NULL;
+    for (int i = 0; i < SRV_MAX_N; i++)
+        a->text[i].h = a->lp[i].h = a->lp2[i].h = a->lp3[i].h = &s->heap;
     a->kind = q->kind, a->stream = q->stream, a->include_usage = q->include_usage;
     a->logprobs = q->g.logprobs, a->n = q->g.n;
     a->created = (long long)time(NULL);
@@ -462,7 +468,7 @@ static void api_generate(srv_sess *ss, int kind, const char *body, size_t len, i
         return;
     }
     srv_api_req *a = api_state_new(s, q);
-    if (!a) { api_error(ss, 500, "out of memory", NULL, "internal", 0); return; }
+    if (!a) { api_error(ss, 500, "out of memory", NULL, "internal", 0); return; } /* the heap is full */
     snprintf(a->id + strlen(a->id), sizeof a->id - strlen(a->id), "-%d", ss->num);
     q->g.id = a->id;
     srv_req *r;
@@ -470,7 +476,7 @@ static void api_generate(srv_sess *ss, int kind, const char *body, size_t len, i
     gen_err e;
     rc = gen_submit(ss, &q->g, kind == API_CHAT ? q->msgs : NULL, kind == API_CHAT ? q->n_msgs : 0, &r,
                     &n_prompt, &e);
-    if (rc < 0) { api_state_free(a); api_gen_error(ss, &e); return; }
+    if (rc < 0) { api_state_free(s, a); api_gen_error(ss, &e); return; }
     ss->http_chunked = minor >= 1;
     if (rc == 0) { /* max_tokens 0: every choice ends at once, by length */
         a->prompt_tokens = n_prompt;
@@ -483,7 +489,7 @@ static void api_generate(srv_sess *ss, int kind, const char *body, size_t len, i
         } else {
             api_whole(ss, a);
         }
-        api_state_free(a);
+        api_state_free(s, a);
         return;
     }
     r->api = a;
@@ -641,7 +647,7 @@ void api_sess_input(srv_sess *ss, const char *p, size_t n) {
             size_t cap = ss->in_cap ? ss->in_cap : 4096;
             while (cap < ss->in_len + take) cap *= 2;
             if (cap > limit) cap = limit;
-            char *q = realloc(ss->in, cap);
+            char *q = mm_heap_realloc(&s->heap, ss->in, cap);
             if (!q) { sess_close(ss); return; }
             ss->in = q, ss->in_cap = cap;
         }
@@ -655,6 +661,7 @@ int api_init(srv *s) {
     s->api_scratch = calloc(1, sizeof *s->api_scratch);
     s->api_req = malloc(sizeof *s->api_req);
     if (!s->api_scratch || !s->api_req) return -ENOMEM;
+    s->api_scratch->h = &s->heap; /* grows to the largest answer once, then stays */
     return api_parser_init(&s->api, (size_t)s->cfg.net.max_http_body_bytes) < 0 ? -ENOMEM : 0;
 }
 

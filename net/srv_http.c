@@ -8,8 +8,8 @@ static void http_unlink(srv_http *h) {
     else s->https = h->next;
     if (h->next) h->next->prev = h->prev;
     s->n_http--;
-    free(h->resp_buf);
-    free(h);
+    mm_heap_free(&s->heap, h->resp_buf);
+    h->next = s->free_https, s->free_https = h; /* back to the slots */
 }
 
 void srvh_done(srv_http *h, int abort) {
@@ -33,7 +33,7 @@ static void http_respond(srv_http *h, int status, const char *ctype, const char 
     int hl = http_head(head, sizeof head, status, ctype, blen);
     if (hl < 0) { srvh_done(h, 1); return; }
     size_t total = (size_t)hl + (head_only ? 0 : blen);
-    h->resp_buf = malloc(total);
+    h->resp_buf = mm_heap_alloc(&h->s->heap, total);
     if (!h->resp_buf) { srvh_done(h, 1); return; }
     memcpy(h->resp_buf, head, (size_t)hl);
     if (!head_only) memcpy(h->resp_buf + hl, body, blen);
@@ -102,8 +102,10 @@ int srvh_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
         if (!v) return -EMFILE;
         srvh_done(v, 1);
     }
-    srv_http *h = calloc(1, sizeof *h);
-    if (!h) return -ENOMEM;
+    srv_http *h = s->free_https; /* SRV_MAX_HTTP slots, made at init */
+    if (!h) return -EMFILE;
+    s->free_https = h->next;
+    memset(h, 0, sizeof *h);
     h->s = s, h->c = c;
     h->head_deadline_ms = loop_now_ms() + SRV_HTTP_HEAD_MS;
     h->deadline_ms = loop_now_ms() + SRV_HTTP_MS;

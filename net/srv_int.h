@@ -13,6 +13,7 @@
 
 #include "core/prompt.h"
 #include "core/sampler.h"
+#include "mm/heap.h"
 #include "net/api.h"
 #include "net/http.h"
 #include "net/metrics.h"
@@ -115,14 +116,14 @@ struct srv_sess {
 
 /* An HTTP connection on metrics_port: one request, one response, close. */
 typedef struct srv_http {
-    struct srv_http *prev, *next;
+    struct srv_http *prev, *next; /* the open ones, or the free list (next) */
     srv *s;
     net_conn *c;
     char head[HTTP_HEAD_MAX];
     size_t len;
     const char *resp;      /* what is left to send */
     size_t resp_len;
-    char *resp_buf;
+    char *resp_buf;        /* from the server's heap */
     int64_t head_deadline_ms, deadline_ms;
 } srv_http;
 
@@ -140,6 +141,12 @@ struct srv {
     metrics *met;
     srv_req *reqs, *free_reqs;
     int n_req_slots;
+    /* The connections' memory, reserved at init (srv_heap_bytes, net/server.c): sessions,
+     * their input, output and held buffers, API answers being built, metrics responses,
+     * and mbedTLS's per-session state (net/tls.c). Full: the new connection or request is
+     * refused as when max_connections is full; nothing on the loop mallocs. */
+    mm_heap heap;
+    struct srv_http *http_slots, *free_https; /* [SRV_MAX_HTTP], and those unused */
     srv_sess *sessions, *dirty;
     int n_sessions, next_num;
     struct srv_http *https;
@@ -159,6 +166,7 @@ struct srv {
     int hung;              /* a step overran step_timeout_ms: telling clients, then exit */
     int fault_write_n;     /* FAULT write_fail: the next n session writes fail (a reset) */
     int64_t fault_kv_until; /* FAULT kv_fail: every KV block allocation fails until then */
+    int64_t fault_mem_until; /* FAULT conn_mem_fail: the heap refuses everything until then */
     int stopping;          /* srv_drain: stop the loop once nothing is pending */
     int64_t t_start_ms;
     int64_t sweep_timer;

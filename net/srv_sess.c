@@ -181,7 +181,7 @@ static int out_reserve(srv_sess *ss, size_t n) {
     size_t hard = 4 * (size_t)ss->s->cfg.net.max_output_bytes + SRV_METRICS_CAP;
     size_t cap = ss->out_cap ? ss->out_cap : 4096;
     while (cap < ss->out_len + n) cap *= 2;
-    char *p = cap > hard || ss->broken ? NULL : realloc(ss->out, cap);
+    char *p = cap > hard || ss->broken ? NULL : mm_heap_realloc(&ss->s->heap, ss->out, cap);
     if (!p) { /* never drop a line silently: the connection goes instead */
         if (!ss->broken) ss->broken = 1;
         sess_mark_dirty(ss);
@@ -324,7 +324,7 @@ static void sess_overflow(srv_sess *ss) {
                               "read faster or ask for less\"\n";
     srv_log(ss->s, CFG_LOG_WARN, "session %d: output over its hard limit; closing", ss->num);
     ss->broken = 2;
-    char *p = realloc(ss->out, ss->out_len + sizeof msg);
+    char *p = mm_heap_realloc(&ss->s->heap, ss->out, ss->out_len + sizeof msg);
     if (p) {
         memcpy(p + ss->out_len, msg, sizeof msg - 1);
         ss->out = p, ss->out_len += sizeof msg - 1, ss->out_cap = ss->out_len;
@@ -393,7 +393,7 @@ static size_t sess_lines(srv_sess *ss, const char *p, size_t n) {
             size_t cap = ss->in_cap ? ss->in_cap : 1024;
             while (cap < ss->in_len + take + 1) cap *= 2;
             if (cap > max + 1) cap = max + 1;
-            char *q = realloc(ss->in, cap);
+            char *q = mm_heap_realloc(&ss->s->heap, ss->in, cap);
             if (!q) { sess_err(ss, "-", 500, "internal", "out of memory"); sess_close(ss); return n0; }
             ss->in = q, ss->in_cap = cap;
         }
@@ -463,7 +463,7 @@ static int sess_take_held(srv_sess *ss) {
 /* Keep what sess_input did not take (at most one read's worth: nothing more is read
  * until it is handled). 0, or -1 out of memory. */
 static int sess_hold(srv_sess *ss, const char *p, size_t n, size_t cap) {
-    if (!ss->held && !(ss->held = malloc(cap))) return -1;
+    if (!ss->held && !(ss->held = mm_heap_alloc(&ss->s->heap, cap))) return -1;
     memcpy(ss->held, p, n);
     ss->held_off = 0, ss->held_len = n;
     return 0;
@@ -582,13 +582,18 @@ int sess_accept(void *lud, net_conn *c, const net_conn_ops **ops, void **ud) {
                 s->cfg.net.max_connections);
         return -EMFILE;
     }
-    srv_sess *ss = calloc(1, sizeof *ss);
-    if (!ss) return -ENOMEM;
+    /* the heap full: refused as when max_connections is (the transport resets it) */
+    srv_sess *ss = mm_heap_calloc(&s->heap, 1, sizeof *ss);
+    if (!ss) {
+        srv_log(s, CFG_LOG_WARN, "connection from %s refused: connection memory full", peer);
+        return -ENOMEM;
+    }
     char err[256];
     tls_bio bio = {c, bio_read, bio_write};
-    ss->tls = tls_conn_new(s->tls, &bio, err, sizeof err);
+    ss->tls = tls_conn_new(s->tls, &bio, err, sizeof err); /* from the heap too (tls_use_heap) */
     if (!ss->tls) {
-        free(ss);
+        srv_log(s, CFG_LOG_WARN, "connection from %s refused: %s", peer, err);
+        mm_heap_free(&s->heap, ss);
         return -ENOMEM;
     }
     ss->s = s, ss->c = c, ss->state = SS_TLS, ss->num = ++s->next_num;
@@ -620,10 +625,10 @@ static void sess_free(srv_sess *ss) {
     if (ss->next) ss->next->prev = ss->prev;
     s->n_sessions--;
     tls_conn_free(ss->tls);
-    free(ss->held);
-    free(ss->in);
-    free(ss->out);
-    free(ss);
+    mm_heap_free(&s->heap, ss->held);
+    mm_heap_free(&s->heap, ss->in);
+    mm_heap_free(&s->heap, ss->out);
+    mm_heap_free(&s->heap, ss);
 }
 
 /* Reading an update's bytes pauses after a slice so the loop serves the others; this

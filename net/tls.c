@@ -4,7 +4,9 @@
  * certificate chain and key, the client CA, and the RNG (CTR_DRBG over the entropy
  * pool). One tls_conn is little more than an mbedtls_ssl_context; its record buffers
  * are allocated by mbedtls_ssl_setup in tls_conn_new, so the data path allocates
- * nothing of ours. Nothing here is thread-safe: a server and its sessions belong to
+ * nothing of ours. After tls_use_heap (kilnd's loop) all of a session's memory, mbedTLS's
+ * included, comes from the caller's heap instead of malloc (see "memory" below). Nothing
+ * here is thread-safe: a server and its sessions belong to
  * one loop (the DRBG is shared by the sessions without a lock).
  *
  * mbedTLS is driven through mbedtls_ssl_set_bio; the callbacks turn -EAGAIN from the
@@ -37,10 +39,13 @@
 #include <mbedtls/error.h>
 #include <mbedtls/oid.h>
 #include <mbedtls/pk.h>
+#include <mbedtls/platform.h>
 #include <mbedtls/ssl.h>
 #include <mbedtls/ssl_ciphersuites.h>
 #include <mbedtls/x509_crt.h>
 #include <psa/crypto.h>
+
+#include "mm/heap.h"
 
 #if !defined(MBEDTLS_SSL_SRV_C) || !defined(MBEDTLS_SSL_PROTO_TLS1_2) ||                  \
     !defined(MBEDTLS_SSL_PROTO_TLS1_3) || !defined(MBEDTLS_SSL_KEEP_PEER_CERTIFICATE)
@@ -460,6 +465,65 @@ void tls_server_free(tls_server *s) {
     free(s);
 }
 
+/* ---------------------------------------------------------------- memory
+ * mbedTLS's calloc/free hooks are process-wide, so they route by thread: the loop's (the
+ * one that called tls_use_heap) allocates from its heap, any other (a certificate worker,
+ * tls_certs.c) from libc. Free goes by address: a block inside the heap's range is the
+ * heap's, anything else libc's; so objects made before tls_use_heap (the server's
+ * certificate, key and config) are freed where they came from. mbedTLS allocates many
+ * sizes (record buffers of ~16.7 KB, handshake state of a few hundred bytes to a few KB):
+ * the heap's power-of-two blocks with their free lists serve them all, merging back when
+ * a session ends. */
+
+static _Thread_local mm_heap *heap_here;  /* this thread's heap, or NULL: libc */
+static mm_heap *heap_owner;                /* the heap whose blocks free() gives back */
+static const unsigned char *heap_lo, *heap_hi; /* its range, kept once it is let go */
+
+static void *tls_calloc(size_t n, size_t size) {
+    mm_heap *h = heap_here;
+    return h ? mm_heap_calloc(h, n, size) : calloc(n, size);
+}
+
+static void tls_free(void *p) {
+    const unsigned char *c = p;
+    if (!p) return;
+    if (c >= heap_lo && c < heap_hi) {
+        /* after tls_use_heap(NULL) the heap may be gone: such a block is dropped */
+        if (heap_owner) mm_heap_free(heap_owner, p);
+        return;
+    }
+    free(p);
+}
+
+/* PSA's key store (MBEDTLS_PSA_KEY_STORE_DYNAMIC) grows by slices of 16, 32, 64, ...
+ * slots that it keeps until psa_crypto_free, which kilnd never calls. A slice first needed
+ * during a handshake would come from the heap and outlive every session (and the heap).
+ * So the store is grown here, from libc, to what n sessions' handshakes can hold at once
+ * (TLS_PSA_KEYS per session: the ephemeral key exchange's keys), by importing that many
+ * throwaway keys and destroying them: the slices stay. */
+#define TLS_PSA_KEYS 2
+
+static void psa_keys_reserve(size_t n) {
+    mbedtls_svc_key_id_t *ids = calloc(n, sizeof *ids);
+    if (!ids) return; /* best effort: a slice needed later comes from the heap */
+    psa_key_attributes_t at = PSA_KEY_ATTRIBUTES_INIT;
+    psa_set_key_type(&at, PSA_KEY_TYPE_RAW_DATA);
+    static const uint8_t raw[16];
+    size_t made = 0;
+    while (made < n && psa_import_key(&at, raw, sizeof raw, &ids[made]) == PSA_SUCCESS) made++;
+    for (size_t i = 0; i < made; i++) psa_destroy_key(ids[i]);
+    psa_reset_key_attributes(&at);
+    free(ids);
+}
+
+void tls_use_heap(mm_heap *h, int sessions) {
+    if (h && sessions > 0 && psa_crypto_init() == PSA_SUCCESS) psa_keys_reserve((size_t)sessions * TLS_PSA_KEYS);
+    heap_here = h;
+    heap_owner = h;
+    if (h) heap_lo = h->base, heap_hi = h->base + h->size;
+    mbedtls_platform_set_calloc_free(tls_calloc, tls_free);
+}
+
 /* ---------------------------------------------------------------- sessions */
 
 tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errlen) {
@@ -470,7 +534,7 @@ tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errl
         fmt_err(err, errlen, "tls: no server or BIO");
         return NULL;
     }
-    tls_conn *t = calloc(1, sizeof *t);
+    tls_conn *t = tls_calloc(1, sizeof *t);
     if (!t) {
         fmt_err(err, errlen, "tls: out of memory");
         return NULL;
@@ -480,7 +544,7 @@ tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errl
     if (r) {
         fmt_err(err, errlen, "tls: session setup: %s", mbed_str(r, m, sizeof m));
         mbedtls_ssl_free(&t->ssl);
-        free(t);
+        tls_free(t);
         return NULL;
     }
     t->bio = *bio;
@@ -493,7 +557,7 @@ void tls_conn_free(tls_conn *t) {
     if (!t)
         return;
     mbedtls_ssl_free(&t->ssl);
-    free(t);
+    tls_free(t);
 }
 
 const char *tls_alpn(const tls_conn *t) { return mbedtls_ssl_get_alpn_protocol(&t->ssl); }

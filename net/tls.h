@@ -41,6 +41,16 @@ typedef struct {
 tls_server *tls_server_new(const tls_config *cfg, char *err, size_t errlen);
 void tls_server_free(tls_server *s);
 
+/* Sessions' memory from an arena: on the calling thread (the loop's), tls_conn_new and
+ * everything mbedTLS allocates for them from then on (record buffers, handshake state;
+ * PSA's global key store is grown first, from libc, for `sessions` at once) come from
+ * h, so a full heap fails tls_conn_new or the handshake cleanly; other threads keep
+ * libc's malloc. Memory of h is recognised when freed, on this thread, whatever the
+ * order. h NULL: back to malloc (before h goes; blocks of it freed later are dropped).
+ * Call it once the server's own objects (certificate, key, config) are loaded. */
+struct mm_heap; /* mm/heap.h */
+void tls_use_heap(struct mm_heap *h, int sessions); /* sessions: how many at once, at most */
+
 /* A session for one accepted connection. NULL with err set (out of memory). */
 tls_conn *tls_conn_new(tls_server *s, const tls_bio *bio, char *err, size_t errlen);
 void tls_conn_free(tls_conn *t);

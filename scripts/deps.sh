@@ -233,6 +233,10 @@ build_mbedtls() {  # TC CC
     set MBEDTLS_THREADING_C
   python3 "$SRC/mbedtls/scripts/config.py" -f "$SRC/mbedtls/include/mbedtls/mbedtls_config.h" \
     set MBEDTLS_THREADING_PTHREAD
+  # mbedtls_platform_set_calloc_free: kilnd gives the loop thread's TLS sessions (record
+  # buffers, handshake state) memory from an arena reserved at init (net/tls.c), not malloc
+  python3 "$SRC/mbedtls/scripts/config.py" -f "$SRC/mbedtls/include/mbedtls/mbedtls_config.h" \
+    set MBEDTLS_PLATFORM_MEMORY
   run_logged "$out/log/mbedtls.log" "mbedtls ($tc) cmake" \
     cmake -S "$SRC/mbedtls" -B "$b" -G "Unix Makefiles" \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="$DEPS_CFLAGS" \
@@ -307,6 +311,7 @@ for tc in $TOOLCHAINS; do
       lwip) key+=" config=$lwip_cfg_sha" ;;
       libinih) key+=" defs=$INIH_DEFS" ;;
       yyjson) key+=" defs=$YYJSON_DEFS" ;;
+      mbedtls) key+=" platform_memory=1" ;;
     esac
     files=()
     for l in ${LIBS[$p]}; do files+=("$out/lib/$l"); done

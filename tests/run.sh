@@ -192,6 +192,12 @@ run "net/fleet-haproxy" env BUILD="$BUILD" MODEL="$MODEL" PY="$PY" tests/net/fle
 # longest pass stays under 100 ms. Also under ASan+UBSan.
 run "net/abuse" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host abuse
 run "net/abuse-asan" env BUILD="$BUILD" MODEL="$MODEL" KILND="$BUILD/asan/kilnd" tests/net/serve.sh host abuse
+# No allocation on kilnd's loop thread per connection or request (issue 17): under an
+# LD_PRELOAD shim counting its mallocs, new TLS line-protocol, keep-alive HTTPS (the OpenAI
+# API) and metrics connections after a warm-up add none, over host sockets and over lwIP on
+# TAP (gnu build only: ASan's runtime cannot sit behind a preloaded allocator).
+run "net/alloc-host" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host alloc
+run "net/alloc-tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap alloc
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 # TLS policy through openssl s_client: X25519, P-256, P-384 only (no FFDHE, no DHE suite),

@@ -23,6 +23,8 @@ import urllib.request
 
 import openai
 
+from serve_client import read_response  # one HTTP/1.1 response reader for the tests
+
 A = None
 FAILED = []
 T0 = time.monotonic()
@@ -53,38 +55,6 @@ def client(token=None):
 def tls_conn(alpn=None, timeout=30):
     raw = socket.create_connection((A.host, A.port), timeout=timeout)
     return ctx(alpn).wrap_socket(raw, server_hostname="localhost")
-
-
-def read_response(s, buf=b""):
-    """One HTTP/1.1 response (Content-Length or chunked) from s: (status, headers, body, rest)."""
-    while b"\r\n\r\n" not in buf:
-        d = s.recv(65536)
-        if not d:
-            raise EOFError("closed before the head")
-        buf += d
-    head, buf = buf.split(b"\r\n\r\n", 1)
-    lines = head.decode().split("\r\n")
-    status = int(lines[0].split()[1])
-    hdr = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
-    if "content-length" in hdr:
-        n = int(hdr["content-length"])
-        while len(buf) < n:
-            d = s.recv(65536)
-            if not d:
-                raise EOFError("closed in the body")
-            buf += d
-        return status, hdr, buf[:n], buf[n:]
-    body = b""
-    while True:  # chunked
-        while b"\r\n" not in buf:
-            buf += s.recv(65536)
-        size, buf = buf.split(b"\r\n", 1)
-        n = int(size, 16)
-        while len(buf) < n + 2:
-            buf += s.recv(65536)
-        body, buf = body + buf[:n], buf[n + 2:]
-        if n == 0:
-            return status, hdr, body, buf
 
 
 def post(path, obj, token=None):

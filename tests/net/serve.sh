@@ -8,7 +8,9 @@
 #   serve_client.py; openai: the OpenAI API through the official `openai` package
 #   (tests/net/openai_test.py, the venv's python), curl and raw sockets;
 #   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75;
-#   abuse: tests/net/abuse_test.py, one client trying to take the box from the others)
+#   abuse: tests/net/abuse_test.py, one client trying to take the box from the others;
+#   alloc: tests/net/alloc_test.py under tests/shim/alloc_count.c, no loop-thread malloc
+#   per connection or request)
 #
 # host:   kernel sockets on 127.0.0.1.
 # tap:    lwIP on a TAP device in a network namespace this script creates; the client
@@ -108,8 +110,16 @@ SERVED=kiln-test/SmolLM2-135M:q4_1
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
 
+# alloc: kilnd under the allocation-counting shim (the gnu build's: glibc, no sanitizer)
+PRELOAD=()
+if [ "$CHECKS" = alloc ]; then
+  SHIM=$BUILD/gnu/tests/alloc_count.so
+  [ -f "$SHIM" ] || { echo "serve.sh: no $SHIM (make $SHIM)"; exit 1; }
+  PRELOAD=(env LD_PRELOAD="$(cd "$(dirname "$SHIM")" && pwd)/$(basename "$SHIM")" KILN_ALLOC_SOCK="$W/alloc.sock")
+fi
+
 # ---- kilnd
-kt_start serve.sh "$W" "${RUN_S[@]}" "$KILND" serve --config "$W/kiln.ini" \
+kt_start serve.sh "$W" "${RUN_S[@]}" "${PRELOAD[@]}" "$KILND" serve --config "$W/kiln.ini" \
   $([ "$CHECKS" = fault ] && echo --faults)
 if [ "$MODE" != host ]; then
   timeout 10 "${RUN_C[@]}" ping -c 1 -W 2 "$HOST" >/dev/null && echo "ok   ping $HOST (lwIP ICMP)" \
@@ -136,6 +146,9 @@ elif [ "$CHECKS" = abuse ]; then
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --user-token "$UTOK" --admin-token "$ATOK" \
     --expect "$W/expect.json" ${ABUSE_ONLY:+--only "$ABUSE_ONLY"} \
     $(case $KILND in *asan*) echo --sanitized ;; esac) || rc=1
+elif [ "$CHECKS" = alloc ]; then
+  timeout 300 "${RUN_C[@]}" python3 "$HERE/alloc_test.py" --host "$HOST" --port "$PORT" \
+    --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --sock "$W/alloc.sock" || rc=1
 elif [ "$CHECKS" = openai ]; then
   timeout 300 "${RUN_C[@]}" "$PY" "$HERE/openai_test.py" --host "$HOST" --port "$PORT" \
     --metrics-port "$MPORT" --ca "$W/tls/ca.crt" --token "$UTOK" --admin-token "$ATOK" \

@@ -182,6 +182,38 @@ def read_to_close(s):
     return data
 
 
+def read_response(s, buf=b""):
+    """One HTTP/1.1 response (Content-Length or chunked) from s: (status, headers, body, rest)."""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(65536)
+        if not d:
+            raise EOFError("closed before the head")
+        buf += d
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    hdr = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
+    if "content-length" in hdr:
+        n = int(hdr["content-length"])
+        while len(buf) < n:
+            d = s.recv(65536)
+            if not d:
+                raise EOFError("closed in the body")
+            buf += d
+        return status, hdr, buf[:n], buf[n:]
+    body = b""
+    while True:  # chunked
+        while b"\r\n" not in buf:
+            buf += s.recv(65536)
+        size, buf = buf.split(b"\r\n", 1)
+        n = int(size, 16)
+        while len(buf) < n + 2:
+            buf += s.recv(65536)
+        body, buf = body + buf[:n], buf[n + 2:]
+        if n == 0:
+            return status, hdr, body, buf
+
+
 def http_get(path):
     s = socket.create_connection((A.host, A.metrics_port), timeout=20)
     s.sendall(("GET %s HTTP/1.1\r\nHost: kiln\r\n\r\n" % path).encode())
@@ -1072,7 +1104,8 @@ def fault_slow_kv_write(exp):
     """--faults: a slow device (steps 300 ms late, under step_timeout_ms): requests still
     finish and the server stays live; KV allocation failing for 1.5 s: requests wait
     (preempted, recomputed) and all finish, the pool back to empty; a session whose write
-    fails is reset, its request cancelled, the other session unharmed."""
+    fails is reset, its request cancelled, the other session unharmed; the connections'
+    memory refusing every allocation: a new connection is refused, a greeted one carries on."""
     a = Conn(token=A.admin_token)
     u = Conn()
     a.send("FAULT slow_step ms=300 count=3")
@@ -1120,6 +1153,62 @@ def fault_slow_kv_write(exp):
     check("write failure: its request cancelled, blocks back", st["running"] == "0" and st["waiting"] == "0"
           and st.get("kv_blocks_used", "0") == "0", repr(st))
     a.close(), u.close(), v.close()
+    # the connections' memory full (issue 17: it is reserved at start, not malloc'd): a new
+    # connection is refused, the greeted ones carry on, and once it has room again new
+    # connections work
+    a, u = Conn(token=A.admin_token), Conn()
+    u.send(gen_line("m0", exp["prompt"], 4))  # its buffers at their size before the fault
+    collect(u, ["m0"])
+    a.send("FAULT conn_mem_fail ms=1500")
+    l = a.line()
+    check("FAULT conn_mem_fail armed", l == "OK fault=conn_mem_fail", l)
+    try:
+        Conn(timeout=10)
+        refused = "connected"
+    except (EOFError, ssl.SSLError, OSError) as e:
+        refused = "refused: %r" % e
+    check("connection memory full: a new connection is refused", refused.startswith("refused"), refused)
+    u.send(gen_line("m1", exp["prompt"], 4))
+    r = collect(u, ["m1"])
+    a.send("HEALTH")
+    h = a.line()
+    check("connection memory full: a greeted session carries on", r["m1"][1].startswith("END m1") and
+          "live=1" in h, "%s / %s" % (r["m1"][1], h))
+    time.sleep(2.0)  # the window ends at the next sweep
+    w = Conn()
+    w.send(gen_line("m2", exp["prompt"], 4))
+    r = collect(w, ["m2"])
+    check("connection memory back: new connections work again", r["m2"][1].startswith("END m2"), r["m2"][1])
+    w.close()
+    # an OOM loop over one connection's life: its K-th allocation fails, K from 1 (the
+    # session) through TLS setup and the handshake (mbedTLS's bignums allocate hundreds
+    # of times: K steps by 1, then by a quarter) to its buffers, until connections get
+    # through untouched; each ends in END or a clean refusal or close, the server stays up
+    outcomes, k = [], 0
+    while k < 100000:
+        k = k + 1 if k < 24 else k + k // 4
+        a.send("FAULT conn_mem_fail count=%d" % k)
+        a.line()
+        try:
+            w = Conn(timeout=10)
+            w.send(gen_line("o%d" % k, exp["prompt"], 4))
+            r = collect(w, ["o%d" % k])
+            outcomes.append(r["o%d" % k][1].split(" ")[0])
+            w.close()
+        except (EOFError, ssl.SSLError, OSError) as e:
+            outcomes.append(type(e).__name__)
+        a.send("HEALTH")
+        h = a.line()
+        if "live=1" not in h:
+            break
+        if outcomes[-2:] == ["END"] * 2:
+            break  # the K-th allocation lies beyond what a connection needs
+    a.send("FAULT conn_mem_fail ms=1")  # disarm what is still armed (at the next sweep)
+    a.line()
+    time.sleep(0.6)
+    check("connection memory failing at each step: clean ends, still live (K up to %d)" % k,
+          "live=1" in h and outcomes[-1] == "END", "%s / %s" % (h, outcomes))
+    a.close(), u.close()
 
 
 def main():

@@ -28,6 +28,7 @@
 #include <mbedtls/ssl_ciphersuites.h>
 #include <mbedtls/x509_crt.h>
 
+#include "mm/heap.h"
 #include "net/tls.h"
 #include "tests/unit/check.h"
 
@@ -402,6 +403,40 @@ static void test_basic(tls_server *s) {
     CHECK(r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY, "client saw %d", r);
     CHECK(tls_write(p.sv, "x", 1) < 0, "write after close_notify");
     pair_close(&p);
+}
+
+/* Sessions' memory from a heap (tls_use_heap, as kilnd's loop does): a handshake and a
+ * transfer take it from there and give all of it back; then an OOM loop fails the heap's
+ * K-th allocation, K from 1 until a handshake no longer reaches it: each attempt fails
+ * cleanly (either side may be the one refused) and leaves nothing behind. */
+static void test_heap(tls_server *s) {
+    mm_heap h;
+    CHECK(mm_heap_init(&h, 16u << 20) == 0, "heap");
+    tls_use_heap(&h, 8);
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result r = handshake(&p);
+    CHECK(r.srv == 1 && r.cli == 0, "handshake from the heap: srv %d cli %d %s", r.srv, r.cli, tls_error(p.sv));
+    CHECK(h.allocs > 2 && h.used > 0, "the sessions' memory is the heap's: %llu allocations, %zu bytes",
+          (unsigned long long)h.allocs, h.used);
+    CHECK(transfer(&p, 1 << 16, 4096) == 0, "64 KiB each way");
+    pair_close(&p);
+    CHECK(h.used == 0, "all of it back: %zu bytes", h.used);
+    int steps = 0, bad = 0, fired = 1, ok = 0;
+    for (int k = 1; fired && k < 1000000; k = k < 24 ? k + 1 : k + k / 4, steps++) {
+        mm_heap_fail_after(&h, k);
+        ok = pair_open(&p, s, &o) == 0;
+        if (ok) r = handshake(&p), ok = r.srv == 1 && r.cli == 0;
+        fired = h.fail_n == 0;
+        pair_close(&p);
+        if (h.used != 0 || mm_heap_check(&h) != 0) bad++, h.used = 0;
+    }
+    mm_heap_fail_after(&h, 0);
+    CHECK(!bad, "OOM loop: %d of %d steps left heap memory behind", bad, steps);
+    CHECK(!fired && ok && steps > 24, "OOM loop: a handshake past every failure point (%d steps)", steps);
+    tls_use_heap(NULL, 0);
+    mm_heap_free_all(&h);
 }
 
 static void test_tiny_pipe(tls_server *s) {
@@ -1061,6 +1096,7 @@ int main(void) {
     CHECK(s, "server: %s", err);
     if (s) {
         test_basic(s);
+        test_heap(s);
         test_tiny_pipe(s);
         test_tls12(s);
         test_reneg(s);
