@@ -223,7 +223,9 @@ def phase_failures(model):
     def loader(w):
         c = client(timeout)
         k = 0
-        while not stop.is_set() and k < 40:
+        # bounded by the phase's time (stop) and a count; the count must outlast the kill
+        # and drain (~4.5 s in): at 40 a loader finished before both boxes were down
+        while not stop.is_set() and k < 400:
             r = one_request(c, model, 100 * w + k, (w + k) % 2 == 0, timeout)
             with lock:
                 res.append(r)
