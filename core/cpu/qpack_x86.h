@@ -11,10 +11,11 @@
 #include "core/cpu/quant_kern.h"
 
 /* A decode step streams the packed weights from memory with little work per byte, and
- * the hardware prefetcher alone kept each core at about half its read rate (1B Q4_K_M
- * decode went ~1.4x faster with this). Each group-block asks for the lines
- * QP_PF_AHEAD bytes further on: the rest of its group, then the next group, which the
- * same task reads next. Past a mapping's end a prefetch does nothing. */
+ * the hardware prefetcher alone keeps a core well under its read rate (1B Q4_K_M decode,
+ * one core: Q4_K 45.7 GMAC/s without software prefetch, 71.0 with). Each group-block of
+ * the small types (5 to 11 lines) asks at its start for the lines QP_PF_AHEAD bytes
+ * further on: the rest of its group, then the next group, which the same task reads
+ * next. Past a mapping's end a prefetch does nothing. */
 #define QP_PF_AHEAD 4096
 
 /* prefetcht0 as an asm statement: GCC 12 at -O2 deleted every _mm_prefetch (and
