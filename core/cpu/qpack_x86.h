@@ -11,8 +11,8 @@
 #include "core/cpu/quant_kern.h"
 
 /* A decode step streams the packed weights from memory with little work per byte, and
- * the hardware prefetcher alone keeps a core well under its read rate (1B Q4_K_M decode,
- * one core: Q4_K 45.7 GMAC/s without software prefetch, 71.0 with). Each group-block of
+ * the hardware prefetcher alone keeps a core well under its read rate (one core, Q4_K
+ * matrices streamed from memory: 45.7 GMAC/s without software prefetch, 71.0 with). Each group-block of
  * the small types (5 to 11 lines) asks at its start for the lines QP_PF_AHEAD bytes
  * further on: the rest of its group, then the next group, which the same task reads
  * next. Past a mapping's end a prefetch does nothing. */
