@@ -447,13 +447,42 @@ static float log_prob(const float *logits, int n, int32_t tok) {
     return (float)((double)logits[tok] - m - log(z));
 }
 
-int32_t sampler_sample(sampler *s, float *logits, float *logprob) {
+/* The k largest of logits[0..n) by value (ties: the lower id first), largest first: an
+ * insertion into k slots, one comparison for most of a vocabulary. */
+static int top_k_ids(const float *logits, int n, int k, int32_t *id) {
+    int have = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float v = logits[i];
+        if (have == k && !(v > logits[id[k - 1]])) continue;
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && v > logits[id[at - 1]]) id[at] = id[at - 1], at--;
+        id[at] = i;
+    }
+    return have;
+}
+
+int32_t sampler_sample_top(sampler *s, float *logits, float *logprob, int n_top, int32_t *top_id,
+                           float *top_lp, int *n_out) {
     apply_penalties(s, logits);
     int32_t tok;
     if (s->par.temperature <= 0 || s->par.top_k == 1) tok = argmax(logits, s->n_vocab);
     else tok = sample_dist(s, logits);
     if (logprob) *logprob = log_prob(logits, s->n_vocab, tok);
+    if (n_out) *n_out = 0;
+    if (n_top > 0 && top_id && top_lp && n_out) {
+        int k = top_k_ids(logits, s->n_vocab, n_top < SAMPLER_MAX_TOP ? n_top : SAMPLER_MAX_TOP, top_id);
+        float m = logits[top_id[0]]; /* the maximum, as log_prob takes it */
+        double lz = isfinite(m) ? log(exp_shifted(logits, s->n_vocab, m, 1.0f, NULL)) : 0.0;
+        for (int i = 0; i < k; i++) /* log_prob's arithmetic, the normalizer computed once */
+            top_lp[i] = isfinite(m) ? (float)((double)logits[top_id[i]] - m - lz)
+                                    : (logits[top_id[i]] == m ? 0.0f : -INFINITY);
+        *n_out = k;
+    }
     return tok;
+}
+
+int32_t sampler_sample(sampler *s, float *logits, float *logprob) {
+    return sampler_sample_top(s, logits, logprob, 0, NULL, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------- stop strings */

@@ -94,6 +94,13 @@ void sampler_hist_free(sampler_hist *h);
 /* Next token from logits[n_vocab] (modified in place by the penalties). logprob may be
  * NULL. Does not record the token: call sampler_accept with it. */
 int32_t sampler_sample(sampler *s, float *logits, float *logprob);
+#define SAMPLER_MAX_TOP 20 /* the OpenAI API's top_logprobs at most */
+/* The same, and the n_top (<= SAMPLER_MAX_TOP) most likely tokens under the distribution
+ * the logprob is taken from, most likely first (ties: the lower id), with their
+ * logprobs, into top_id and top_lp. Returns the token; *n_out gets how many were written
+ * (fewer when the vocabulary is smaller). */
+int32_t sampler_sample_top(sampler *s, float *logits, float *logprob, int n_top, int32_t *top_id,
+                           float *top_lp, int *n_out);
 /* Record a token: prompt tokens feed the repetition window only, generated ones also
  * the presence/frequency counts, max_tokens and the stop ids. */
 void sampler_accept(sampler *s, int32_t tok, int is_prompt);

@@ -340,17 +340,12 @@ static int api_field_apply(api_parser *p, api_req *r, const api_field *f, yyjson
     case AF_TOP_LOGPROBS:
         if (api_small_int(v, 20, &x) < 0)
             return api_fail(e, 400, "top_logprobs", "top_logprobs must be an integer in 0..20");
-        if (x > 0)
-            return api_fail(e, 400, "top_logprobs", "top_logprobs > 0 is not supported by kiln "
-                            "(the sampler reports the chosen token's logprob only)");
+        r->g.top_logprobs = (int)x; /* needs logprobs: true, checked once all fields are read */
         return 0;
-    case AF_LOGPROBS_N:
+    case AF_LOGPROBS_N: /* completions: the sampled token's logprob and the N most likely */
         if (api_small_int(v, 5, &x) < 0)
             return api_fail(e, 400, "logprobs", "logprobs must be an integer in 0..5");
-        if (x > 0)
-            return api_fail(e, 400, "logprobs", "logprobs > 0 is not supported by kiln "
-                            "(the sampler reports the chosen token's logprob only): use 0");
-        r->g.logprobs = 1;
+        r->g.logprobs = 1, r->g.top_logprobs = (int)x;
         return 0;
     case AF_USER:
         if (!yyjson_is_str(v)) return api_fail(e, 400, "user", "user must be a string");
@@ -422,6 +417,8 @@ int api_parse(api_parser *p, int kind, const char *body, size_t len, api_req *r,
     if (rc) return rc;
     if (!r->model) return api_fail(e, 400, "model", "model is required");
     if (kind == API_CHAT && !r->n_msgs) return api_fail(e, 400, "messages", "messages is required");
+    if (kind == API_CHAT && r->g.top_logprobs && !r->g.logprobs)
+        return api_fail(e, 400, "top_logprobs", "top_logprobs needs logprobs: true");
     if (kind == API_COMPLETIONS && !r->g.prompt) return api_fail(e, 400, "prompt", "prompt is required");
     return 0;
 }

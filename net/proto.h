@@ -97,6 +97,7 @@ typedef struct {
     proto_msg msgs[PROTO_MAX_MSGS]; /* the conversation form's messages, in wire order */
     int n_msgs;                     /* 0: the prompt form */
     int chat, n, logprobs, ignore_eos;
+    int top_logprobs;     /* the OpenAI API's (0..20): no GEN key sets it */
     int max_tokens, top_k, repeat_last_n;
     float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     uint64_t seed;

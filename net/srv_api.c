@@ -24,7 +24,7 @@ typedef struct srv_api_buf {
 } api_buf;
 
 typedef struct srv_api_req {
-    int kind, stream, include_usage, logprobs, n;
+    int kind, stream, include_usage, logprobs, top_logprobs, n;
     char id[48];
     long long created;
     int head_sent;         /* stream: the 200 head is out */
@@ -35,6 +35,7 @@ typedef struct srv_api_req {
     api_buf text[SRV_MAX_N]; /* not streamed: each choice's text, JSON-escaped */
     api_buf lp[SRV_MAX_N];  /* not streamed, logprobs: each choice's entries, rendered */
     api_buf lp2[SRV_MAX_N], lp3[SRV_MAX_N]; /* completions: token_logprobs, text_offset */
+    api_buf lp4[SRV_MAX_N]; /* completions with logprobs N > 0: top_logprobs */
 } srv_api_req;
 
 static const char *const api_reasons[] = {"stop", "length", "stop", "stop"};
@@ -219,34 +220,70 @@ static void api_usage(srv *s, api_buf *b, const srv_api_req *a) {
               a->prompt_tokens, a->completion_tokens, a->prompt_tokens + a->completion_tokens, a->cached_tokens);
 }
 
-/* One token's logprob entry, in the endpoint's shape, into b (chat) or b, b2, b3
- * (completions' parallel lists); comma-separated after the first. */
-static void api_lp_entry(srv *s, const srv_api_req *a, int sample, int32_t tok, float lp, api_buf *b,
-                         api_buf *b2, api_buf *b3) {
+/* "token":"...","logprob":x,"bytes":[...] of one token (chat's entries and their
+ * alternatives), or with key_only its text as an object key ("...":x, completions'). */
+static void api_lp_tok(srv *s, api_buf *b, int32_t tok, float lp, int key_only) {
     size_t max = api_max(s);
     char piece[256];
     int pl = tok_decode(s->env.tok, tok, 0, piece, sizeof piece);
     if (pl < 0) pl = 0;
     double v = isfinite(lp) ? lp : -9999.0;
+    if (key_only) AB_LIT(b, max, "\"");
+    else AB_LIT(b, max, "\"token\":\"");
+    ab_esc(b, max, piece, (size_t)pl);
+    if (key_only) { ab_printf(b, max, "\":%.6g", v); return; }
+    ab_printf(b, max, "\",\"logprob\":%.6g,\"bytes\":[", v);
+    for (int i = 0; i < pl; i++) ab_printf(b, max, "%s%u", i ? "," : "", (unsigned char)piece[i]);
+    AB_LIT(b, max, "]");
+}
+
+/* One token's logprob entry, in the endpoint's shape, into b (chat) or b, b2, b3, b4
+ * (completions' parallel lists); comma-separated after the first. Called inside the
+ * engine's on_token, where eng_token_top holds the step's most likely tokens. */
+static void api_lp_entry(srv *s, const srv_api_req *a, int sample, int32_t tok, float lp, api_buf *b,
+                         api_buf *b2, api_buf *b3, api_buf *b4) {
+    size_t max = api_max(s);
+    const int32_t *tid = NULL;
+    const float *tlp = NULL;
+    int nt = a->top_logprobs ? eng_token_top(s->eng, &tid, &tlp) : 0;
+    if (nt > a->top_logprobs) nt = a->top_logprobs;
     int first = b->len == 0;
     if (a->kind == API_CHAT) {
-        ab_printf(b, max, "%s{\"token\":\"", first ? "" : ",");
-        ab_esc(b, max, piece, (size_t)pl);
-        ab_printf(b, max, "\",\"logprob\":%.6g,\"bytes\":[", v);
-        for (int i = 0; i < pl; i++) ab_printf(b, max, "%s%u", i ? "," : "", (unsigned char)piece[i]);
-        ab_printf(b, max, "],\"top_logprobs\":[]}");
+        if (!first) AB_LIT(b, max, ",");
+        AB_LIT(b, max, "{");
+        api_lp_tok(s, b, tok, lp, 0);
+        AB_LIT(b, max, ",\"top_logprobs\":[");
+        for (int i = 0; i < nt; i++) {
+            if (i) AB_LIT(b, max, ",");
+            AB_LIT(b, max, "{");
+            api_lp_tok(s, b, tid[i], tlp[i], 0);
+            AB_LIT(b, max, "}");
+        }
+        AB_LIT(b, max, "]}");
     } else {
+        char piece[256];
+        int pl = tok_decode(s->env.tok, tok, 0, piece, sizeof piece);
+        if (pl < 0) pl = 0;
         ab_printf(b, max, "%s\"", first ? "" : ",");
         ab_esc(b, max, piece, (size_t)pl);
         AB_LIT(b, max, "\"");
-        ab_printf(b2, max, "%s%.6g", first ? "" : ",", v);
+        ab_printf(b2, max, "%s%.6g", first ? "" : ",", isfinite(lp) ? lp : -9999.0);
         ab_printf(b3, max, "%s%zu", first ? "" : ",", a->text_len[sample]);
+        if (a->top_logprobs) {
+            if (!first) AB_LIT(b4, max, ",");
+            AB_LIT(b4, max, "{");
+            for (int i = 0; i < nt; i++) {
+                if (i) AB_LIT(b4, max, ",");
+                api_lp_tok(s, b4, tid[i], tlp[i], 1);
+            }
+            AB_LIT(b4, max, "}");
+        }
     }
 }
 
-/* The logprobs value of a choice: entries rendered in b (and b2, b3). */
+/* The logprobs value of a choice: entries rendered in b (and b2, b3, b4). */
 static void api_lp_value(srv *s, api_buf *out, const srv_api_req *a, const api_buf *b, const api_buf *b2,
-                         const api_buf *b3) {
+                         const api_buf *b3, const api_buf *b4) {
     size_t max = api_max(s);
     if (!a->logprobs) { AB_LIT(out, max, "null"); return; }
     if (a->kind == API_CHAT) {
@@ -258,7 +295,13 @@ static void api_lp_value(srv *s, api_buf *out, const srv_api_req *a, const api_b
         ab_put(out, max, b->p, b->len);
         AB_LIT(out, max, "],\"token_logprobs\":[");
         ab_put(out, max, b2->p, b2->len);
-        AB_LIT(out, max, "],\"top_logprobs\":null,\"text_offset\":[");
+        if (a->top_logprobs) {
+            AB_LIT(out, max, "],\"top_logprobs\":[");
+            ab_put(out, max, b4->p, b4->len);
+            AB_LIT(out, max, "],\"text_offset\":[");
+        } else {
+            AB_LIT(out, max, "],\"top_logprobs\":null,\"text_offset\":[");
+        }
         ab_put(out, max, b3->p, b3->len);
         AB_LIT(out, max, "]}");
     }
@@ -302,10 +345,10 @@ static void api_stream_choice(srv_sess *ss, srv_api_req *a, int sample, const ch
     }
     AB_LIT(b, max, "\"logprobs\":");
     if (a->logprobs && tok >= 0) {
-        api_buf e1 = {.h = &s->heap}, e2 = {.h = &s->heap}, e3 = {.h = &s->heap};
-        api_lp_entry(s, a, sample, tok, lp, &e1, &e2, &e3);
-        api_lp_value(s, b, a, &e1, &e2, &e3);
-        ab_free(&e1), ab_free(&e2), ab_free(&e3);
+        api_buf e1 = {.h = &s->heap}, e2 = {.h = &s->heap}, e3 = {.h = &s->heap}, e4 = {.h = &s->heap};
+        api_lp_entry(s, a, sample, tok, lp, &e1, &e2, &e3, &e4);
+        api_lp_value(s, b, a, &e1, &e2, &e3, &e4);
+        ab_free(&e1), ab_free(&e2), ab_free(&e3), ab_free(&e4);
     } else {
         AB_LIT(b, max, "null");
     }
@@ -331,14 +374,15 @@ static void api_whole(srv_sess *ss, srv_api_req *a) {
         ab_put(b, max, a->text[i].p, a->text[i].len);
         ab_put(b, max, a->kind == API_CHAT ? "\"}," : "\",", a->kind == API_CHAT ? 3 : 2);
         AB_LIT(b, max, "\"logprobs\":");
-        api_lp_value(s, b, a, &a->lp[i], &a->lp2[i], &a->lp3[i]);
+        api_lp_value(s, b, a, &a->lp[i], &a->lp2[i], &a->lp3[i], &a->lp4[i]);
         ab_printf(b, max, ",\"finish_reason\":\"%s\"}", api_reasons[a->finish[i] < 0 ? EF_LENGTH : a->finish[i]]);
     }
     AB_LIT(b, max, "],");
     api_usage(s, b, a);
     AB_LIT(b, max, "}\n");
     int oom = b->oom;
-    for (int i = 0; i < a->n; i++) oom |= a->text[i].oom | a->lp[i].oom | a->lp2[i].oom | a->lp3[i].oom;
+    for (int i = 0; i < a->n; i++)
+        oom |= a->text[i].oom | a->lp[i].oom | a->lp2[i].oom | a->lp3[i].oom | a->lp4[i].oom;
     if (oom) {
         api_error(ss, 500, "the answer is over 3 x [net] max_output_bytes: ask with stream: true", NULL,
                   "too_large", 0);
@@ -377,7 +421,8 @@ void api_on_token(srv_req *r, int sample, int32_t tok, const char *text, int len
     } else {
         size_t max = api_max(ss->s);
         ab_esc(&a->text[sample], max, text, n);
-        if (want_lp) api_lp_entry(ss->s, a, sample, tok, lp, &a->lp[sample], &a->lp2[sample], &a->lp3[sample]);
+        if (want_lp)
+            api_lp_entry(ss->s, a, sample, tok, lp, &a->lp[sample], &a->lp2[sample], &a->lp3[sample], &a->lp4[sample]);
     }
     a->text_len[sample] += n;
 }
@@ -395,7 +440,8 @@ void api_on_finish(srv_req *r, int sample, int reason, const eng_usage *u, const
 }
 
 static void api_state_free(srv *s, srv_api_req *a) {
-    for (int i = 0; i < SRV_MAX_N; i++) ab_free(&a->text[i]), ab_free(&a->lp[i]), ab_free(&a->lp2[i]), ab_free(&a->lp3[i]);
+    for (int i = 0; i < SRV_MAX_N; i++)
+        ab_free(&a->text[i]), ab_free(&a->lp[i]), ab_free(&a->lp2[i]), ab_free(&a->lp3[i]), ab_free(&a->lp4[i]);
     mm_heap_free(&s->heap, a);
 }
 
@@ -439,9 +485,9 @@ static srv_api_req *api_state_new(srv *s, const api_req *q) {
     srv_api_req *a = mm_heap_calloc(&s->heap, 1, sizeof *a);
     if (!a) return NULL;
     for (int i = 0; i < SRV_MAX_N; i++)
-        a->text[i].h = a->lp[i].h = a->lp2[i].h = a->lp3[i].h = &s->heap;
+        a->text[i].h = a->lp[i].h = a->lp2[i].h = a->lp3[i].h = a->lp4[i].h = &s->heap;
     a->kind = q->kind, a->stream = q->stream, a->include_usage = q->include_usage;
-    a->logprobs = q->g.logprobs, a->n = q->g.n;
+    a->logprobs = q->g.logprobs, a->top_logprobs = q->g.logprobs ? q->g.top_logprobs : 0, a->n = q->g.n;
     a->created = (long long)time(NULL);
     snprintf(a->id, sizeof a->id, "%s-kiln%lld", q->kind == API_CHAT ? "chatcmpl" : "cmpl",
              (long long)s->requests_total + 1);

@@ -150,7 +150,7 @@ int gen_submit(srv_sess *ss, const proto_gen *g, const chat_msg *msgs, int n_msg
     eng_params ep = {0};
     ep.prompt = s->pb.ids, ep.n_prompt = n_prompt, ep.n = g->n, ep.ud = r;
     ep.stops = g->stops, ep.n_stops = g->n_stops;
-    ep.ignore_eog = g->ignore_eos, ep.logprobs = g->logprobs;
+    ep.ignore_eog = g->ignore_eos, ep.logprobs = g->logprobs, ep.top_logprobs = g->top_logprobs;
     ep.client = ss->num + 1; /* fairness across connections (0 would mean "anyone") */
     gen_sampling(s, g, max_tokens, &ep.sp);
     int64_t eid = eng_submit(s->eng, &ep, err, sizeof err);

@@ -40,7 +40,7 @@ typedef struct {
 
 struct eng_req {
     int64_t id;
-    int n, n_live, forked, cancelled, ignore_eog, logprobs;
+    int n, n_live, forked, cancelled, ignore_eog, logprobs, top_logprobs;
     int paused;          /* eng_pause: not scheduled; keeps its blocks unless preempted */
     int client;          /* eng_params.client */
     eng_seq *seqs[ENG_MAX_N];
@@ -51,6 +51,10 @@ struct eng_req {
 
 struct engine {
     eng_config cfg;
+    /* the step's most likely tokens of the sequence being advanced (eng_token_top) */
+    int32_t top_id[SAMPLER_MAX_TOP];
+    float top_lp[SAMPLER_MAX_TOP];
+    int n_top;
     const model *m;
     const tok_t *tok;
     kv_pool *kv;
@@ -202,6 +206,10 @@ static int check_params(const engine *e, const eng_params *p, char *err, size_t 
         snprintf(err, errlen, "n = %d: must be 1..%d", p->n, ENG_MAX_N);
         return -EINVAL;
     }
+    if (p->top_logprobs < 0 || p->top_logprobs > SAMPLER_MAX_TOP) {
+        snprintf(err, errlen, "top_logprobs = %d: must be 0..%d", p->top_logprobs, SAMPLER_MAX_TOP);
+        return -EINVAL;
+    }
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->m->cfg.n_vocab) {
             snprintf(err, errlen, "prompt token %d is out of range", p->prompt[i]);
@@ -282,7 +290,7 @@ int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     r->id = e->next_id++, r->n = p->n, r->ud = p->ud, r->t_arrival = now_s();
     r->ignore_eog = p->ignore_eog;
-    r->logprobs = p->logprobs;
+    r->logprobs = p->logprobs, r->top_logprobs = p->logprobs ? p->top_logprobs : 0;
     r->first_logits = p->first_logits;
     r->client = p->client;
     e->next_order++;
@@ -312,6 +320,12 @@ static eng_req *find_req(engine *e, int64_t id) {
 
 static void emit(engine *e, eng_seq *s, int32_t tok, const char *text, int len, float lp) {
     if (e->cb.on_token) e->cb.on_token(s->req->ud, s->req->id, s->sample, tok, text, len, lp);
+}
+
+int eng_token_top(const engine *e, const int32_t **ids, const float **lps) {
+    if (ids) *ids = e->top_id;
+    if (lps) *lps = e->top_lp;
+    return e->n_top;
 }
 
 static void finish_seq(engine *e, eng_seq *s, int reason, const char *msg) {
@@ -858,7 +872,8 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
         memcpy(s->req->first_logits, logits, (size_t)nv * sizeof(float));
     memcpy(e->scratch, logits, (size_t)nv * sizeof(float));
     float lp = 0.0f;
-    int32_t tok = sampler_sample(&s->smp, e->scratch, s->req->logprobs ? &lp : NULL);
+    int32_t tok = sampler_sample_top(&s->smp, e->scratch, s->req->logprobs ? &lp : NULL, s->req->top_logprobs,
+                                     e->top_id, e->top_lp, &e->n_top);
     sampler_accept(&s->smp, tok, 0);
     s->toks[s->n_toks++] = tok;
     s->n_gen++;
@@ -871,6 +886,7 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
     }
     s->last_step = e->step;
     if (tok_is_eog(e->tok, tok) && !s->req->ignore_eog) {
+        e->n_top = 0; /* never emitted */
         finish_seq(e, s, EF_STOP, NULL);
         return;
     }
@@ -882,6 +898,7 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
         out = stopper_feed(&s->st, e->text, (size_t)k, o,
                            (size_t)ENG_TEXT_CAP(e->tok) - (size_t)k, &stopped);
     emit(e, s, tok, o, (int)out, lp);
+    e->n_top = 0; /* this token's alone */
     if (stopped) finish_seq(e, s, EF_STOP, NULL);
     else if (s->n_gen >= s->max_gen || s->n_toks >= e->cfg.max_seq_len)
         finish_seq(e, s, EF_LENGTH, NULL);

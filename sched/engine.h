@@ -84,6 +84,8 @@ typedef struct {
     int ignore_eog;        /* benchmarks: generate max_tokens whatever the model says */
     int logprobs;          /* report each token's logprob (a log-softmax over the
                             * vocabulary per token: skipped, and reported as 0, when off) */
+    int top_logprobs;      /* 0..SAMPLER_MAX_TOP: also the most likely tokens at each
+                            * step, for eng_token_top (needs logprobs) */
     int client;            /* who asked (the server's connection): waiting requests are
                             * admitted fewest-running-client first, and a client with
                             * nothing running that finds the batch or the pool full makes
@@ -115,6 +117,10 @@ void eng_free(engine *e);
  * -E2BIG (prompt ≥ max_seq_len, or larger than the whole KV pool), -EAGAIN (queue
  * full: max_queued_requests, max_seqs or max_queued_tokens). */
 int64_t eng_submit(engine *e, const eng_params *p, char *err, size_t errlen);
+/* Inside on_token for a sampled token of a request with top_logprobs: the most likely
+ * tokens of that step, most likely first, and their logprobs (pointers valid until the
+ * callback returns). Their count; 0 elsewhere. */
+int eng_token_top(const engine *e, const int32_t **ids, const float **lps);
 /* Cancel: every sample finishes with EF_CANCELLED; blocks are freed now, or when the
  * step in flight that uses them completes. 0 or -ENOENT. */
 int eng_cancel(engine *e, int64_t id);

@@ -155,6 +155,39 @@ def test_completions(c, model):
     lp = r.choices[0].logprobs
     check("completions: logprobs=0 gives one logprob per token",
           len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens, lp)
+    r = c.completions.create(logprobs=3, **kw)
+    lp = r.choices[0].logprobs
+    tops = lp.top_logprobs or []
+    check("completions: logprobs=3 gives each token its 3 most likely, greedy's the first of them",
+          len(tops) == len(lp.tokens) == r.usage.completion_tokens and
+          all(len(t) == 3 and abs(max(t.values()) - v) < 1e-4 for t, v in zip(tops, lp.token_logprobs)),
+          (tops[:2], lp.token_logprobs[:2]))
+
+
+def test_top_logprobs(c, model):
+    """top_logprobs: for each token the most likely ones, most likely first, under the same
+    distribution as the token's own logprob (greedy: the token is the first of them), whole
+    and streamed alike."""
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    kw = dict(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=5)
+    r = c.chat.completions.create(**kw)
+    ents = r.choices[0].logprobs.content
+    ok = len(ents) > 0 and all(
+        len(e.top_logprobs) == 5 and e.top_logprobs[0].token == e.token and
+        abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 and
+        all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:])) and
+        all(t.logprob <= 0 and t.bytes == list(t.token.encode()) for t in e.top_logprobs
+            if "\ufffd" not in t.token) for e in ents)
+    check("top_logprobs=5: five per token, sorted, the greedy token first with its own logprob", ok,
+          [(e.token, [(t.token, round(t.logprob, 3)) for t in e.top_logprobs]) for e in ents[:2]])
+    s = [e for ch in c.chat.completions.create(stream=True, **kw) if ch.choices and ch.choices[0].logprobs
+         for e in ch.choices[0].logprobs.content]
+    check("top_logprobs streamed: the same entries", [(e.token, [t.token for t in e.top_logprobs]) for e in s] ==
+          [(e.token, [t.token for t in e.top_logprobs]) for e in ents], (len(s), len(ents)))
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                  top_logprobs=0)
+    check("top_logprobs=0: an empty list per token",
+          all(e.top_logprobs == [] for e in r.choices[0].logprobs.content), r.choices[0].logprobs)
 
 
 def test_n_seed_stop(c, model, exp):
@@ -200,9 +233,8 @@ def test_errors(c, model):
     expect_error("400 names an unimplemented field (tools)", lambda: c.chat.completions.create(
         model=model, messages=msgs, max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}]),
         openai.BadRequestError, 400, "tools")
-    expect_error("400 for top_logprobs > 0 (not available)", lambda: c.chat.completions.create(
-        model=model, messages=msgs, max_tokens=2, logprobs=True, top_logprobs=3), openai.BadRequestError, 400,
-        "top_logprobs")
+    expect_error("400 for top_logprobs without logprobs: true", lambda: c.chat.completions.create(
+        model=model, messages=msgs, max_tokens=2, top_logprobs=3), openai.BadRequestError, 400, "top_logprobs")
     expect_error("400 for a value out of GEN's range", lambda: c.chat.completions.create(
         model=model, messages=msgs, max_tokens=2, temperature=500), openai.BadRequestError, 400, "temperature")
     expect_error("404 for another model", lambda: c.chat.completions.create(
@@ -432,6 +464,7 @@ def main():
     whole = test_chat(c, model, exp)
     test_chat_stream(c, model, exp, whole)
     test_completions(c, model)
+    test_top_logprobs(c, model)
     test_n_seed_stop(c, model, exp)
     test_errors(c, model)
     test_curl(model)

@@ -75,6 +75,8 @@ static void test_chat(void) {
     CHECK(parse(API_CHAT, CHAT(",\"max_tokens\":0")) == 0 && R.g.max_tokens == 0 && (R.g.set & PG_MAX_TOKENS),
           "max_tokens 0");
     CHECK(parse(API_CHAT, CHAT(",\"ignore_eos\":true")) == 0 && R.g.ignore_eos == 1, "ignore_eos");
+    CHECK(parse(API_CHAT, CHAT(",\"top_logprobs\":20,\"logprobs\":true")) == 0 && R.g.top_logprobs == 20 &&
+              R.g.logprobs == 1, "top_logprobs 20 with logprobs (either order): %s", E.msg);
     CHECK(parse(API_CHAT, " \n" CHAT("") "\n ") == 0, "whitespace around the object");
 }
 
@@ -88,7 +90,9 @@ static void test_completions(void) {
           "a list of one prompt");
     REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
     REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":[1,2]}", 400, "prompt");
-    REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":2}", 400, "logprobs");
+    CHECK(parse(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":5}") == 0 && R.g.logprobs == 1 &&
+              R.g.top_logprobs == 5, "completions: logprobs 5 is the 5 most likely: %s", E.msg);
+    REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs");
     REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"suffix\":\"s\"}", 400, "suffix");
     REFUSED(API_COMPLETIONS, "{\"model\":\"m\",\"prompt\":\"x\",\"best_of\":3}", 400, "best_of");
@@ -105,7 +109,9 @@ static void test_refusals(void) {
     CHECK(strstr(E.msg, "unrecognized") != NULL, "an unknown field: said to be unknown: %s", E.msg);
     REFUSED(API_CHAT, CHAT(",\"response_format\":{\"type\":\"json_object\"}"), 400, "response_format");
     REFUSED(API_CHAT, CHAT(",\"logit_bias\":{\"1\":5}"), 400, "logit_bias");
-    REFUSED(API_CHAT, CHAT(",\"top_logprobs\":2"), 400, "top_logprobs");
+    REFUSED(API_CHAT, CHAT(",\"top_logprobs\":2"), 400, "top_logprobs"); /* without logprobs: true */
+    CHECK(strstr(E.msg, "logprobs: true") != NULL, "top_logprobs alone: says it needs logprobs: %s", E.msg);
+    REFUSED(API_CHAT, CHAT(",\"logprobs\":true,\"top_logprobs\":21"), 400, "top_logprobs");
     REFUSED(API_CHAT, CHAT(",\"top_logprobs\":-1"), 400, "top_logprobs");
     REFUSED(API_CHAT, CHAT(",\"temperature\":101"), 400, "temperature");
     REFUSED(API_CHAT, CHAT(",\"temperature\":\"0.5\""), 400, "temperature");

@@ -442,6 +442,51 @@ static void test_logprob(void) {
     sampler_free(&s);
 }
 
+/* The most likely tokens with their logprobs: against a sort of the whole vocabulary
+ * (ties by the lower id), each logprob the same log-softmax as the sampled token's, and
+ * a sampled token among them gets its own logprob bit for bit. */
+static void test_top(void) {
+    enum { TV = 5000 };
+    static float x[TV], w[TV];
+    sampler s;
+    sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 0.8f, p.seed = 11;
+    CHECK(sampler_init(&s, &p, TV) == 0, "init");
+    uint64_t r = 7;
+    for (int i = 0; i < TV; i++) r = r * 6364136223846793005ull + 1, x[i] = (float)((r >> 40) % 2000) / 100.0f;
+    x[17] = x[4000] = 25.0f; /* a tie at the top: 17 before 4000 */
+    double z = 0;
+    for (int i = 0; i < TV; i++) z += exp((double)x[i] - 25.0);
+    for (int round = 0; round < 20; round++) {
+        memcpy(w, x, sizeof x);
+        int32_t id[SAMPLER_MAX_TOP];
+        float tl[SAMPLER_MAX_TOP], lp = 0;
+        int n = -1;
+        int32_t t = sampler_sample_top(&s, w, &lp, SAMPLER_MAX_TOP, id, tl, &n);
+        CHECK(n == SAMPLER_MAX_TOP && id[0] == 17 && id[1] == 4000, "n %d, first %d %d", n, id[0], id[1]);
+        for (int i = 0; i < n; i++) {
+            int above = 0; /* tokens ranked before id[i] in the whole vocabulary */
+            for (int j = 0; j < TV; j++) above += x[j] > x[id[i]] || (x[j] == x[id[i]] && j < id[i]);
+            CHECK(above == i, "rank %d holds a token of rank %d", i, above);
+            CHECK(fabs(tl[i] - (x[id[i]] - 25.0 - log(z))) < 1e-4, "logprob of %d: %g", id[i], tl[i]);
+            if (id[i] == t) CHECK(tl[i] == lp, "the sampled token's logprob %g vs %g", tl[i], lp);
+        }
+    }
+    int32_t id[3];
+    float tl[3];
+    int n = -1;
+    memcpy(w, x, sizeof x);
+    sampler_sample_top(&s, w, NULL, 0, id, tl, &n);
+    CHECK(n == 0, "n_top 0: none (%d)", n);
+    sampler_free(&s);
+    CHECK(sampler_init(&s, &p, 2) == 0, "init 2");
+    float two[2] = {0.5f, 1.5f};
+    sampler_sample_top(&s, two, NULL, 3, id, tl, &n);
+    CHECK(n == 2 && id[0] == 1 && id[1] == 0, "a vocabulary of 2: %d (%d %d)", n, id[0], id[1]);
+    sampler_free(&s);
+}
+
 static void test_stops_and_params(void) {
     sampler s;
     sampler_params p;
@@ -585,6 +630,7 @@ int main(void) {
     test_penalties();
     test_init_with();
     test_logprob();
+    test_top();
     test_stops_and_params();
     test_stopper();
     return check_done("sampler");
