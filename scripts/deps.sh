@@ -31,6 +31,11 @@ case $LWIP_CONFIG_DIR in /*) ;; *) LWIP_CONFIG_DIR=$ROOT/$LWIP_CONFIG_DIR ;; esa
 unset MAKEFLAGS MFLAGS MAKELEVEL
 
 DEPS=$BUILD/deps
+# make -j can start this script twice at once (the deps target and the .ok stamps): the
+# second waits for the first, then finds its stamps and only re-runs the smoke tests.
+mkdir -p "$DEPS"
+exec 9>"$DEPS/.lock"
+flock 9
 APTDIR=$DEPS/apt
 DL=$DEPS/dl
 SRC=$DEPS/src

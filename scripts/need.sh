@@ -14,6 +14,9 @@ while [ $# -ge 2 ]; do
     echo "need: cannot install '$pkg' here: install it (apt-get install $pkg) and rerun" >&2
     exit 1
   fi
+  # make -j runs several of these at once; apt takes one at a time, so they queue here
+  # (and a second one may then find the command its neighbour just installed).
+  if [ "${NEED_LOCKED:-}" != 1 ]; then exec 8>/tmp/kiln-need.lock; flock 8; NEED_LOCKED=1; have "$cmd" && continue; fi
   if [ $updated = 0 ]; then apt-get update -qq >&2 || true; updated=1; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >&2 || {
     echo "need: apt-get install $pkg failed: install it by hand and rerun" >&2; exit 1; }

@@ -105,20 +105,32 @@ def judge(w, base, engine=False):
     prefills), so each of its 8 steps costs more whatever the scheduling: what fairness
     owes it is its turn, so the bound is on the time to its first token (base[1]). Under
     a sanitizer (--sanitized) one such step alone is past any bound: those two are run
-    for their memory checks, and their times printed, not judged."""
-    bound = 2 * base[engine] + 0.1 if not (engine and sc.A.sanitized) else float("inf")
+    for their memory checks, and their times printed, not judged. The other attacks are
+    judged under a sanitizer too, with room for its 2-3x cost on every byte the attacker
+    sends (a CI run measured a flood's probe past 2x + 100 ms; starvation shows as seconds,
+    an attack lasts ATTACK_S)."""
+    if engine and sc.A.sanitized:
+        bound = float("inf")
+    elif sc.A.sanitized:
+        bound = 3 * base[engine] + 0.3
+    else:
+        bound = 2 * base[engine] + 0.1
+    loop_bound = 0.25 if sc.A.sanitized else 0.1
     times = [p for p in (w.first if engine else w.probes) if isinstance(p, float)]
     bad = [p for p in w.probes if not isinstance(p, float)]
     worst = max(times) if times else None
     what = "its first token" if engine else "8 tokens"
-    check("%s: the probe connects, greets and gets %s within 2x + 100 ms (%.2f s)" % (w.name, what, bound),
+    rule = ("no time bound under a sanitizer" if bound == float("inf")
+            else "within %s (%.2f s)" % ("3x + 300 ms" if sc.A.sanitized else "2x + 100 ms", bound))
+    check("%s: the probe connects, greets and gets %s, %s" % (w.name, what, rule),
           times and not bad and worst <= bound,
           "%d probes, worst %s s, errors %s" % (len(w.probes), "%.2f" % worst if worst else "-", bad[:2]))
     unanswered = [h for h in w.health if h != 200]
     check("%s: /healthz answers every probe" % w.name, w.health and not unanswered,
           "%d asked, not 200: %s" % (len(w.health), unanswered[:3]))
     lm = loop_max_s()
-    check("%s: the loop's longest pass is under 100 ms" % w.name, lm is not None and lm < 0.1, "%r s" % lm)
+    check("%s: the loop's longest pass is under %d ms" % (w.name, loop_bound * 1e3),
+          lm is not None and lm < loop_bound, "%r s" % lm)
     full = [p for p in w.probes if isinstance(p, float)]
     print("     %s: %d probes, 8 tokens within %.3f s (unloaded %.3f s), the first within %.3f s (unloaded "
           "%.3f s); %d /healthz; longest loop pass %.1f ms" % (
