@@ -28,12 +28,13 @@ typedef struct {
 
 /* ------------------------------------------------------------------ relaying to kilnd */
 
-enum { RELAY_PLAIN, RELAY_STATUS, RELAY_CONFIG_SET };
+enum { RELAY_PLAIN, RELAY_STATUS, RELAY_CONFIG_SET, RELAY_DEBUG };
 
 /* The one relayed command in flight (the console takes no input until it ends). */
 static struct {
     kinit *k;
     int kind;
+    double timeout_s;
     int lines, ok, error;
     char sec[32], key[64], value[CON_LINE_MAX];
 } relay;
@@ -62,7 +63,7 @@ static void relay_done(void *arg, int status) {
     (void)arg;
     kinit *k = relay.k;
     if (status == -ETIMEDOUT)
-        con_printf(&k->con, "kilnd is not answering (no reply within %.0f s)", SH_RELAY_TIMEOUT_S);
+        con_printf(&k->con, "kilnd is not answering (no reply within %.0f s)", relay.timeout_s);
     else if (status < 0)
         con_printf(&k->con, "kilnd closed the control connection before answering");
     else if (relay.lines == 0 && relay.kind != RELAY_STATUS)
@@ -79,8 +80,10 @@ static int relay_send(kinit *k, const char *cmd, int kind) {
     }
     relay.k = k;
     relay.kind = kind;
+    /* a debug probe waits for its connect (at most 10 s) before it answers */
+    relay.timeout_s = kind == RELAY_DEBUG ? SH_DEBUG_TIMEOUT_S : SH_RELAY_TIMEOUT_S;
     relay.lines = relay.ok = relay.error = 0;
-    int r = initctl_request(&k->ctl, cmd, SH_RELAY_TIMEOUT_S, relay_line, relay_done, NULL);
+    int r = initctl_request(&k->ctl, cmd, relay.timeout_s, relay_line, relay_done, NULL);
     if (r == -EBUSY) con_printf(&k->con, "the control socket is busy (a restart is being asked for); try again");
     else if (r < 0) con_printf(&k->con, "cannot send to kilnd: %s", strerror(-r));
     else con_set_busy(&k->con, 1, util_now());
@@ -129,6 +132,28 @@ static void cmd_status(kinit *k, sh_args *a) {
 
 static void cmd_stats(kinit *k, sh_args *a) { (void)a, relay_send(k, "stats", RELAY_PLAIN); }
 static void cmd_net(kinit *k, sh_args *a) { (void)a, relay_send(k, "net", RELAY_PLAIN); }
+
+/* debug ...: kilnd's DEBUG (docs/PROTOCOL.md) with the console's positional words */
+static void cmd_debug(kinit *k, sh_args *a) {
+    char cmd[256];
+    const char *sub = a->argc > 1 ? a->argv[1] : "status";
+    int n = -1;
+    if (a->argc <= 2 && (!strcmp(sub, "status") || !strcmp(sub, "close") || !strcmp(sub, "open") ||
+                         !strcmp(sub, "net") || !strcmp(sub, "gpu") || !strcmp(sub, "kmsg")))
+        n = snprintf(cmd, sizeof cmd, "debug %s", sub);
+    else if (a->argc == 3 && !strcmp(sub, "open"))
+        n = snprintf(cmd, sizeof cmd, "debug open minutes=%.8s", a->argv[2]);
+    else if (a->argc == 3 && !strcmp(sub, "kmsg"))
+        n = snprintf(cmd, sizeof cmd, "debug kmsg lines=%.8s", a->argv[2]);
+    else if ((a->argc == 4 || a->argc == 5) && !strcmp(sub, "probe"))
+        n = snprintf(cmd, sizeof cmd, "debug probe host=%.40s port=%.8s%s%.8s", a->argv[2], a->argv[3],
+                     a->argc == 5 ? " timeout_ms=" : "", a->argc == 5 ? a->argv[4] : "");
+    if (n < 0 || (size_t)n >= sizeof cmd || strpbrk(cmd + 6, "\"")) {
+        con_printf(&k->con, "usage: debug [open [MINUTES] | close | net | kmsg [LINES] | gpu | probe HOST PORT [TIMEOUT_MS]]");
+        return;
+    }
+    relay_send(k, cmd, RELAY_DEBUG);
+}
 
 static void cmd_drain(kinit *k, sh_args *a) {
     if (a->argc == 2 && !strcmp(a->argv[1], "off")) relay_send(k, "drain off", RELAY_PLAIN);
@@ -247,6 +272,8 @@ static const sh_cmd commands[] = {
     {"restart", "restart", "restart kilnd gracefully (leaves safe mode)", 0, cmd_restart},
     {"config", "config get S.K | config set S.K V", "read or change a setting (set also saves kiln.ini)", 0, cmd_config},
     {"net", "net", "kilnd's address, MAC, link state, counters", 0, cmd_net},
+    {"debug", "debug [open [MIN] | close | net | kmsg [N] | gpu | probe HOST PORT [MS]]",
+     "diagnostics, logged, while a window of MIN minutes (default 15, at most 60) is open", 0, cmd_debug},
     {"version", "version", "the running slot and version, and the other slot's", 0, cmd_version},
     {"slot", "slot [a|b]", "which slot runs; `slot b`: verify slot b's signed image, boot it next (then `reboot`)", 0, cmd_slot},
     {"reboot", "reboot", "drain kilnd, then reboot", 0, cmd_reboot},

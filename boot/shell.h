@@ -8,6 +8,7 @@
 #include "boot/init.h"
 
 #define SH_RELAY_TIMEOUT_S 2.0
+#define SH_DEBUG_TIMEOUT_S 12.0 /* debug probe: its connect's 10 s at most, and room */
 
 void sh_run(kinit *k, char *line); /* one typed line */
 

@@ -37,13 +37,22 @@ static backend *open_cpu(const model *m, const kd_backend_want *w, kv_config *kc
     return be;
 }
 
+/* Why the backend running is not the one asked for (DEBUG gpu shows it); "" when it is. */
+static char backend_note[320];
+
+const char *kd_backend_note(void) { return backend_note; }
+
 backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc, mm_pool *arena,
                       kv_pool *kv, char *err, size_t n) {
     char why[256] = "";
+    backend_note[0] = 0;
     /* auto in a kilnd without the CUDA backend is simply the CPU: nothing to report */
     int auto_gpu = w->kind == CFG_BACKEND_AUTO && backend_cuda_built();
     int try_cuda = w->kind == CFG_BACKEND_CUDA || (auto_gpu && backend_cuda_probe(why, sizeof why));
-    if (auto_gpu && !try_cuda) fprintf(stderr, "kilnd: no GPU (%s): using the CPU\n", why);
+    if (auto_gpu && !try_cuda) {
+        snprintf(backend_note, sizeof backend_note, "no GPU (%s): using the CPU", why);
+        fprintf(stderr, "kilnd: %s\n", backend_note);
+    }
     if (!try_cuda) return open_cpu(m, w, kc, arena, kv, err, n);
     backend_cuda_config cc = {0, w->gpu_util, w->max_batch_tokens, w->max_logits, w->max_ctx,
                               w->cublas, 64, w->graphs, w->kv_gpu_bytes};
@@ -56,7 +65,8 @@ backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc
     backend *be = backend_cuda_new(m, kv, kc, &cc, err, n);
     if (be || w->kind == CFG_BACKEND_CUDA) return be;
     /* auto: a device that is there but cannot hold the model is reported, then the CPU */
-    fprintf(stderr, "kilnd: the CUDA backend did not start (%s): using the CPU\n", err);
+    snprintf(backend_note, sizeof backend_note, "the CUDA backend did not start (%.250s): using the CPU", err);
+    fprintf(stderr, "kilnd: %s\n", backend_note);
     kc->kv8 = kv8;
     return open_cpu(m, w, kc, arena, kv, err, n);
 }

@@ -40,5 +40,7 @@ typedef struct {
  * backend, then kv_pool_free(kv) and mm_pool_free(arena). */
 backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc,
                          mm_pool *arena, kv_pool *kv, char *err, size_t n);
+/* After kd_backend_open: why the backend is not the one asked for ("" when it is). */
+const char *kd_backend_note(void);
 
 #endif

@@ -224,7 +224,7 @@ int kd_serve(int argc, char **argv) {
     char name[256];
     model_name(&c, &m, name, sizeof name);
     srv_env env = {&c, l, net, &m, &tok, &kv, be, name, max_seq_len, g_faults, g_update_slot,
-                   KILN_VERSION};
+                   KILN_VERSION, kd_backend_note()};
     if (!(s = srv_new(&env, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
 
     sw.s = s, sw.l = l, sw.argc = argc, sw.argv = argv;

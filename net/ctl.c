@@ -37,6 +37,7 @@ struct ctl {
 
 static void client_close(ctl *c, ctl_client *k) {
     if (k->fd < 0) return;
+    srv_debug_forget(c->s, k); /* a probe it asked for answers nobody */
     loop_fd_del(c->l, k->fd, LOOP_READ | LOOP_WRITE);
     close(k->fd);
     k->fd = -1;
@@ -88,6 +89,41 @@ static void cmd_status(ctl *c, ctl_client *k) {
     }
 }
 
+/* debug: DEBUG's answers as the control socket's lines (net/srv_debug.c) */
+static void dbg_line(void *ud, const char *text) {
+    ctl_client *k = ud;
+    client_printf(k->owner, k, "%s\n", text);
+}
+
+static void dbg_body(void *ud, const char *text, size_t len) {
+    ctl_client *k = ud;
+    for (const char *p = text, *end = text + len; p < end && k->fd >= 0;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        /* "." alone ends an answer here: such a line goes out as ".." */
+        client_printf(k->owner, k, "%s%.*s\n", n == 1 && *p == '.' ? "." : "", (int)n, p);
+        p += n + 1;
+    }
+}
+
+static void dbg_err(void *ud, int code, const char *slug, const char *msg) {
+    ctl_client *k = ud;
+    client_printf(k->owner, k, "error: %d %s: %s\n", code, slug, msg);
+}
+
+/* 1 when the answer comes later (its "." then too) */
+static int cmd_debug(ctl *c, ctl_client *k, char *line) {
+    char buf[CTL_LINE_MAX + 8], err[256];
+    int n = snprintf(buf, sizeof buf, "DEBUG%s", line + 5);
+    proto_line l;
+    if (n < 0 || (size_t)n >= sizeof buf || proto_split(buf, (size_t)n, &l, err, sizeof err) < 0) {
+        client_printf(c, k, "error: 400 bad_request: %s\n", n < 0 || (size_t)n >= sizeof buf ? "too long" : err);
+        return 0;
+    }
+    srv_debug_io io = {dbg_line, dbg_body, dbg_err, k};
+    return srv_debug(c->s, &l, "console", &io) == 1;
+}
+
 static void run_command(ctl *c, ctl_client *k, char *line) {
     char buf[CFG_STR_MAX + 64];
     char err[512];
@@ -124,8 +160,10 @@ static void run_command(ctl *c, ctl_client *k, char *line) {
         net_address(c->net, addr, sizeof addr);
         client_printf(c, k, "driver=%s\naddress=%s\nconnections=%d\n", net_driver_name(c->net), addr,
                       net_open_conns(c->net));
+    } else if (!strcmp(line, "debug") || !strncmp(line, "debug ", 6)) {
+        if (cmd_debug(c, k, line)) return; /* a probe: its "." follows its answer */
     } else if (line[0]) {
-        client_printf(c, k, "error: unknown command %.64s (status stats drain restart config net)\n", line);
+        client_printf(c, k, "error: unknown command %.64s (status stats drain restart config net debug)\n", line);
     }
     client_printf(c, k, ".\n");
 }

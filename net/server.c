@@ -289,6 +289,7 @@ static int64_t sweep(loop_t *l, int64_t id, void *ud) {
         now - s->drain_since_ms >= s->cfg.engine.drain_timeout_ms)
         srv_drain_expire(s);
     update_sweep(s);
+    srv_debug_sweep(s);
     for (srv_sess *ss = s->sessions, *next; ss; ss = next) {
         next = ss->next;
         if (ss->state == SS_CLOSING || ss->broken == 2) {

@@ -17,7 +17,7 @@
  * The server's files: server.c (setup, health, stats, metrics, the sweep), srv_sess.c
  * (tokens, output, connections, telling the protocols apart, line input), srv_verbs.c
  * (the verb table), srv_gen.c (the submit path, GEN, CANCEL), srv_api.c (HTTP and the
- * OpenAI API), srv_update.c (UPDATE, REBOOT), srv_fault.c (FAULT), srv_http.c (the
+ * OpenAI API), srv_update.c (UPDATE, REBOOT), srv_fault.c (FAULT), srv_debug.c (DEBUG), srv_http.c (the
  * metrics_port listener); srv_int.h is their private header. */
 #ifndef KILN_SERVER_H
 #define KILN_SERVER_H
@@ -30,6 +30,7 @@
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "net/net.h"
+#include "net/proto.h"
 #include "sched/loop.h"
 
 typedef struct srv srv;
@@ -47,6 +48,7 @@ typedef struct {
     int faults;      /* allow the admin verb FAULT (tests: kilnd serve --faults) */
     const char *update_slot; /* "b:/dev/vda3": the slot UPDATE writes (kiln-init says); NULL none */
     const char *version;     /* kilnd's, for kiln_build_info; NULL: "unknown" */
+    const char *backend_note; /* why this backend, when not the one asked for ("no GPU (...)"); NULL: none */
 } srv_env;
 
 /* Loads the TLS files and the tokens file, creates the engine, registers the
@@ -87,6 +89,23 @@ double srv_loop_max_ms(const srv *s); /* the longest event-loop pass of the last
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);
+
+/* DEBUG (docs/PROTOCOL.md): the diagnostics an admin may run while the debug window is
+ * open (at most an hour, opened and closed by DEBUG open / close; every use is logged).
+ * The answer goes to io: a line (the window's state, a probe), a body (net, kmsg, gpu:
+ * lines ending in \n) or an error. */
+typedef struct {
+    void (*line)(void *ud, const char *text);
+    void (*body)(void *ud, const char *text, size_t len);
+    void (*err)(void *ud, int code, const char *slug, const char *msg);
+    void *ud;
+} srv_debug_io;
+/* l: a DEBUG line (proto_split); who: the caller in the log ("session 3 (1.2.3.4:5)",
+ * "console"). 0: answered. 1: the answer comes later through io, from the loop (a
+ * probe), unless srv_debug_forget(s, io->ud) is called first: the caller then keeps io's
+ * ud valid until the answer or the forget. */
+int srv_debug(srv *s, const proto_line *l, const char *who, const srv_debug_io *io);
+void srv_debug_forget(srv *s, void *ud);
 
 /* kiln-init, through the control socket: fn sends it one line ("ASK ...", boot/initctl.h) and
  * returns how many listeners got it. The network update and REBOOT need one. */

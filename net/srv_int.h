@@ -194,6 +194,9 @@ struct srv {
     int64_t up_deadline_ms; /* kiln-init's answer is due */
     uint64_t up_progress;  /* the next progress line at this many bytes */
     srv_notify_fn notify;  /* kiln-init's control socket (net/ctl.c) */
+    /* DEBUG (net/srv_debug.c): the diagnostics window is open until this time (0: closed) */
+    int64_t dbg_until_ms;
+    char dbg_by[96];       /* who opened it, for the log and DEBUG's answer */
     void *notify_ud;
 };
 
@@ -254,6 +257,9 @@ void gen_on_token(void *ud, int64_t id, int sample, int32_t tok, const char *tex
 void gen_on_finish(void *ud, int64_t id, int sample, int reason, const eng_usage *u, const char *msg);
 void verb_gen(srv_sess *ss, const proto_line *l);
 void verb_cancel(srv_sess *ss, const proto_line *l);
+
+/* net/srv_debug.c: the window ends when its time is up (the sweep) */
+void srv_debug_sweep(srv *s);
 
 /* net/srv_verbs.c */
 void verb_line(srv_sess *ss, char *line, size_t len);

@@ -614,6 +614,7 @@ static void sess_free(srv_sess *ss) {
     srv *s = ss->s;
     sess_drop_requests(ss);
     update_lost(ss);
+    srv_debug_forget(s, ss); /* a probe it asked for answers nobody */
     if (ss->resume_timer > 0) loop_timer_del(s->env.loop, ss->resume_timer);
     if (ss->c) net_abort(ss->c);
     if (ss->dirty) { /* off the flush list */

@@ -120,6 +120,18 @@ static void verb_quit(srv_sess *ss, const proto_line *l) {
 }
 
 
+/* DEBUG's answers to a session (net/srv_debug.c) */
+static void dbg_line(void *ud, const char *text) { sess_printf(ud, "%s\n", text); }
+static void dbg_body(void *ud, const char *text, size_t len) { sess_body(ud, text, len); }
+static void dbg_err(void *ud, int code, const char *slug, const char *msg) { sess_err(ud, "-", code, slug, msg); }
+
+static void verb_debug(srv_sess *ss, const proto_line *l) {
+    char who[96];
+    snprintf(who, sizeof who, "session %d (%s)", ss->num, ss->peer);
+    srv_debug_io io = {dbg_line, dbg_body, dbg_err, ss};
+    srv_debug(ss->s, l, who, &io);
+}
+
 static void verb_again(srv_sess *ss, const proto_line *l) {
     (void)l;
     sess_err(ss, "-", 400, "bad_request", "already greeted");
@@ -136,6 +148,7 @@ static const struct {
     {"HELLO", 0, verb_again},       {"DRAIN", 1, verb_drain},      {"LADDER", 1, verb_ladder},
     {"CONFIG", 1, verb_config},     {"RELOAD", 1, verb_reload},    {"RESTART", 1, verb_restart},
     {"FAULT", 1, verb_fault},       {"UPDATE", 1, verb_update},    {"REBOOT", 1, verb_reboot},
+    {"DEBUG", 1, verb_debug},
 };
 
 static void dispatch(srv_sess *ss, const proto_line *l) {

@@ -167,6 +167,8 @@ class Serve:
             if words[2].startswith("bogus."):
                 return [f"error: unknown key {words[2]}"]
             return ["ok"]
+        if words[:1] == ["debug"]:  # what the console made of its words
+            return [f"DEBUG fake {cmd}"]
         return [f"error: unknown command {cmd}"]
 
     def on_input(self, c):

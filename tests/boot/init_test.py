@@ -205,6 +205,17 @@ def t_console(k):
     k.expect(r"unknown command `frobnicate`", 3)
     k.send("log x")
     k.expect(r"usage: log \[n\]", 3)
+    # debug: the console's words become kilnd's DEBUG keys
+    for typed, sent in (("debug", "debug status"), ("debug open 5", "debug open minutes=5"),
+                        ("debug kmsg 20", "debug kmsg lines=20"), ("debug net", "debug net"),
+                        ("debug probe 10.0.2.2 443", "debug probe host=10.0.2.2 port=443"),
+                        ("debug probe 10.0.2.2 443 500", "debug probe host=10.0.2.2 port=443 timeout_ms=500")):
+        k.send(typed)
+        k.expect(r"  DEBUG fake " + re.escape(sent) + "\n", 3)
+    k.send("debug kmsg 1 2")
+    k.expect(r"usage: debug \[open", 3)
+    k.send('debug open "5')
+    k.expect(r"usage: debug \[open", 3)
     # typed ahead while a relayed command waits: taken afterwards, in order
     k.p.stdin.write(b"stats\nnet\nconfig get model.path\nlog 1\n")
     k.p.stdin.flush()

@@ -313,6 +313,118 @@ def auth_and_roles():
     c.close()
 
 
+def read_body(c):
+    """A multi-line answer up to its "." line, dot-stuffing undone."""
+    lines = []
+    while True:
+        l = c.line()
+        if l == ".":
+            return lines
+        lines.append(l[1:] if l.startswith("..") else l)
+
+
+def kilnd_logged(want, seconds=5):
+    """Whether kilnd's log shows a line containing want (within seconds)."""
+    deadline = time.time() + seconds
+    while A.kilnd_log and time.time() < deadline:
+        with open(A.kilnd_log, encoding="utf-8", errors="replace") as f:
+            if any(want in l for l in f):
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def debug_window():
+    """DEBUG: admin only; the diagnostics refuse until a window is opened, answer while it
+    is open (each use logged), and refuse again once it is closed or its time is up."""
+    u = Conn()
+    u.send("DEBUG open")
+    l = u.line()
+    check("DEBUG needs an admin", l.startswith("ERR - 403 forbidden"), l)
+    u.close()
+    a = Conn(token=A.admin_token)
+    a.send("DEBUG close")  # a window left by an earlier check
+    a.line()
+    a.send("DEBUG")
+    l = a.line()
+    check("DEBUG: the window starts closed", l == "DEBUG window=closed", l)
+    a.send("DEBUG net")
+    l = a.line()
+    check("DEBUG net with the window closed: 403 debug_closed", l.startswith("ERR - 403 debug_closed"), l)
+    for bad in ("minutes=0", "minutes=61", "seconds=3601", "minutes=x", "minutes=1 seconds=1"):
+        a.send("DEBUG open " + bad)
+        l = a.line()
+        check("DEBUG open %s: 400" % bad, l.startswith("ERR - 400 bad_request"), l)
+    a.send("DEBUG bogus")
+    l = a.line()
+    check("DEBUG bogus: 400 with the usage", l.startswith("ERR - 400 bad_request") and "usage" in l, l)
+    a.send("DEBUG open minutes=1")
+    l = a.line()
+    check("DEBUG open minutes=1", re.match(r'^DEBUG window=open remaining_s=(59|60) by="session \d+ ', l), l)
+    check("DEBUG open is logged", kilnd_logged("debug: window opened for 60 s by session"), A.kilnd_log)
+
+    a.send("DEBUG net")
+    body = read_body(a)
+    kv = dict(x.split("=", 1) for x in body if "=" in x and not x.startswith("link "))
+    links = [x for x in body if x.startswith("link ")]
+    check("DEBUG net: the driver, address and connections", kv.get("driver") in ("host", "tap", "packet")
+          and "address" in kv and int(kv.get("connections", "0")) >= 1, repr(body[:6]))
+    check("DEBUG net: the kernel's links with their state and counters",
+          links and all("rx_packets=" in x for x in links) and any(x.startswith("link lo:") for x in links),
+          repr(links[:3]))
+    if A.lwip:
+        check("DEBUG net: lwIP's counters", int(kv.get("tcp_segs_in", "0")) > 0, repr(body[:20]))
+    check("DEBUG net is logged", kilnd_logged("ran net"), A.kilnd_log)
+
+    a.send("DEBUG gpu")
+    body = read_body(a)
+    kv = dict(x.split("=", 1) for x in body if "=" in x)
+    check("DEBUG gpu: the CPU backend, and no NVIDIA driver on this machine",
+          kv.get("backend") == "cpu" and kv.get("simd") in ("scalar", "avx2", "avx512")
+          and kv.get("nvidia_driver", "").startswith("not loaded"), repr(body))
+
+    marker = "kiln-debug-test-%d" % os.getpid()
+    try:
+        with open("/dev/kmsg", "w") as f:
+            f.write(marker + "\n")
+        wrote = True
+    except OSError as e:
+        print("SKIP DEBUG kmsg shows a line just logged (/dev/kmsg not writable here: %s)" % e)
+        wrote = False
+    a.send("DEBUG kmsg lines=5")
+    l = a.line()
+    if l.startswith("ERR "):
+        check("DEBUG kmsg", False, l)
+    else:
+        body = read_body(a)
+        m = re.match(r"^# the last (\d+) of (\d+) kernel log lines$", l)
+        check("DEBUG kmsg lines=5: at most 5 lines, as many as it says",
+              m and int(m.group(1)) <= 5 and len(body) == int(m.group(1)), repr([l] + body))
+        if wrote:
+            check("DEBUG kmsg: the kernel's newest line is there", any(marker in x for x in body), repr(body))
+    a.send("DEBUG kmsg lines=401")
+    l = a.line()
+    check("DEBUG kmsg lines=401: 400", l.startswith("ERR - 400"), l)
+
+    a.send("DEBUG close")
+    l = a.line()
+    check("DEBUG close", l == "DEBUG window=closed", l)
+    a.send("DEBUG gpu")
+    l = a.line()
+    check("DEBUG gpu after close: 403 debug_closed", l.startswith("ERR - 403 debug_closed"), l)
+    check("DEBUG close is logged", kilnd_logged("debug: window closed by session"), A.kilnd_log)
+
+    a.send("DEBUG open seconds=1")
+    l = a.line()
+    check("DEBUG open seconds=1", l.startswith("DEBUG window=open remaining_s=1 "), l)
+    time.sleep(1.5)
+    a.send("DEBUG net")
+    l = a.line()
+    check("DEBUG net once the window's time is up: 403 debug_closed", l.startswith("ERR - 403 debug_closed"), l)
+    check("the window's end is logged", kilnd_logged("debug: the window opened by session"), A.kilnd_log)
+    a.close()
+
+
 def plaintext_on_tls_port():
     s = socket.create_connection((A.host, A.port), timeout=10)
     s.sendall(b"HELLO kiln/1 token=%s\n" % A.user_token.encode())
@@ -1242,10 +1354,12 @@ def main():
         steps = [tls_groups, tls_key_update]
     if A.checks == "fault":
         steps = [fault_slow_kv_write, fault]
+    if A.checks == "debug":
+        steps = [debug_window]
     if A.checks == "ladder":
         steps = [ladder_pin, ladder_climb, drain_timeout]
     if A.checks == "all":
-        steps += [auth_and_roles, plaintext_on_tls_port, logprobs_every_token, cancel_and_errors, multi_turn,
+        steps += [auth_and_roles, debug_window, plaintext_on_tls_port, logprobs_every_token, cancel_and_errors, multi_turn,
                   disconnect_frees, long_line,
                   many_connections] + ([slow_reader] if A.lwip else [])
     for fn in steps:

@@ -1,0 +1,309 @@
+/* srv_debug: DEBUG, the sanctioned diagnostics path (docs/PROTOCOL.md). An admin opens a
+ * window of at most an hour; while it is open the diagnostics answer, each run logged
+ * with who asked; when it ends (closed, or its time is up) they refuse again. There is
+ * no shell: each diagnostic is a fixed, bounded piece of code that reads and reports. */
+#include "net/srv_int.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "core/cpu/isa.h"
+
+#define DBG_DEFAULT_MIN 15
+#define DBG_MAX_MIN 60
+#define DBG_BODY_MAX (64 * 1024)
+#define DBG_KMSG_DEFAULT 50
+#define DBG_KMSG_MAX 400
+#define DBG_KMSG_LINE 240
+#define DBG_KMSG_READS 200000 /* records read at most: the kernel's buffer is far smaller */
+#define DBG_PROBE_DEFAULT_MS 3000
+#define DBG_PROBE_MAX_MS 10000
+#define DBG_IFACES_MAX 16
+#define DBG_PROBES 4
+
+static const char dbg_usage[] =
+    "usage: DEBUG [open [minutes=1..60 | seconds=1..3600] | close | net | kmsg [lines=1..400] | gpu | "
+    "probe host=A.B.C.D port=1..65535 [timeout_ms=100..10000]]";
+
+/* The answer being built (one at a time: the loop is one thread). */
+static struct {
+    char buf[DBG_BODY_MAX];
+    size_t len;
+} body;
+
+static void body_reset(void) { body.len = 0, body.buf[0] = 0; }
+
+static void body_add(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void body_add(const char *fmt, ...) {
+    if (body.len >= sizeof body.buf - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(body.buf + body.len, sizeof body.buf - body.len, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    body.len += (size_t)n < sizeof body.buf - body.len ? (size_t)n : sizeof body.buf - body.len - 1;
+}
+
+/* ------------------------------------------------------------------ the window */
+
+static int64_t window_left_ms(const srv *s) {
+    int64_t left = s->dbg_until_ms - loop_now_ms();
+    return s->dbg_until_ms && left > 0 ? left : 0;
+}
+
+void srv_debug_sweep(srv *s) {
+    if (s->dbg_until_ms && !window_left_ms(s)) {
+        s->dbg_until_ms = 0;
+        srv_log(s, CFG_LOG_WARN, "debug: the window opened by %s is over", s->dbg_by);
+    }
+}
+
+static void window_line(srv *s, const srv_debug_io *io) {
+    char line[256];
+    int64_t left = window_left_ms(s);
+    if (left) snprintf(line, sizeof line, "DEBUG window=open remaining_s=%lld by=\"%s\"",
+                       (long long)((left + 999) / 1000), s->dbg_by);
+    else snprintf(line, sizeof line, "DEBUG window=closed");
+    io->line(io->ud, line);
+}
+
+/* A whole number lo..hi; -1 when it is not one. */
+static long small_num(const proto_str *v, long lo, long hi) {
+    char *end;
+    long n = strtol(v->s, &end, 10);
+    return *end || end == v->s || n < lo || n > hi ? -1 : n;
+}
+
+/* minutes=1..60 (default 15), or seconds=1..3600 for a short look */
+static void window_open(srv *s, const proto_line *l, const char *who, const srv_debug_io *io) {
+    const proto_str *m = proto_get(l, "minutes"), *sec = proto_get(l, "seconds");
+    long secs = DBG_DEFAULT_MIN * 60L;
+    if (m && sec) secs = -1;
+    else if (m) secs = small_num(m, 1, DBG_MAX_MIN) * 60;
+    else if (sec) secs = small_num(sec, 1, DBG_MAX_MIN * 60L);
+    if (secs <= 0) {
+        io->err(io->ud, 400, "bad_request", "DEBUG open [minutes=1..60 | seconds=1..3600]");
+        return;
+    }
+    s->dbg_until_ms = loop_now_ms() + secs * 1000;
+    snprintf(s->dbg_by, sizeof s->dbg_by, "%s", who);
+    srv_log(s, CFG_LOG_WARN, "debug: window opened for %ld s by %s", secs, who);
+    window_line(s, io);
+}
+
+static void window_close(srv *s, const char *who, const srv_debug_io *io) {
+    if (window_left_ms(s)) srv_log(s, CFG_LOG_WARN, "debug: window closed by %s", who);
+    s->dbg_until_ms = 0;
+    window_line(s, io);
+}
+
+/* ------------------------------------------------------------------ net */
+
+/* One file's first line, trimmed; "" when it cannot be read. */
+static void read_line(const char *path, char *out, size_t cap) {
+    out[0] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, out, cap - 1);
+    close(fd);
+    if (n <= 0) { out[0] = 0; return; }
+    out[n] = 0;
+    out[strcspn(out, "\n")] = 0;
+}
+
+/* The kernel's view of each interface: the NIC itself, whichever stack drives it. */
+static void kernel_links(void) {
+    DIR *d = opendir("/sys/class/net");
+    if (!d) { body_add("kernel_links=unreadable (%s)\n", strerror(errno)); return; }
+    static const char *const fields[] = {"operstate", "carrier", "address", "mtu", "speed"};
+    static const char *const counters[] = {"rx_bytes", "rx_packets", "rx_errors", "rx_dropped",
+                                           "tx_bytes", "tx_packets", "tx_errors", "tx_dropped"};
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) && n < DBG_IFACES_MAX) {
+        if (e->d_name[0] == '.' || strlen(e->d_name) > 32) continue;
+        n++;
+        body_add("link %s:", e->d_name);
+        char path[128], v[64];
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+            snprintf(path, sizeof path, "/sys/class/net/%s/%s", e->d_name, fields[i]);
+            read_line(path, v, sizeof v);
+            if (v[0]) body_add(" %s=%s", fields[i], v);
+        }
+        for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+            snprintf(path, sizeof path, "/sys/class/net/%s/statistics/%s", e->d_name, counters[i]);
+            read_line(path, v, sizeof v);
+            if (v[0]) body_add(" %s=%s", counters[i], v);
+        }
+        body_add("\n");
+    }
+    closedir(d);
+}
+
+static int diag_net(srv *s, const proto_line *l, const srv_debug_io *io) {
+    (void)l, (void)io;
+    const kiln_config *c = &s->cfg;
+    net_stack *net = s->env.net;
+    char addr[64] = "";
+    net_address(net, addr, sizeof addr);
+    body_add("driver=%s\naddress=%s\n", net_driver_name(net), addr);
+    if (c->net.driver != CFG_DRIVER_HOST)
+        body_add("interface=%s\nconfigured_address=%s\ngateway=%s\nmac=%s\n", c->net.interface,
+                 c->net.address, c->net.gateway, c->net.mac[0] ? c->net.mac : "(generated)");
+    body_add("listen=%s:%d\nmetrics_port=%d\nconnections=%d\n", c->net.listen_host, c->net.listen_port,
+             c->net.metrics_port, net_open_conns(net));
+    net_counters k;
+    if (net_stats(net, &k) == 0)
+        body_add("tcp_segs_in=%llu\ntcp_segs_out=%llu\ntcp_retransmits=%llu\ntcp_resets_out=%llu\n"
+                 "tcp_in_errors=%llu\ntcp_syns=%llu\ntcp_accept_refused=%llu\nlink_rx_frames=%llu\n"
+                 "link_tx_frames=%llu\nlink_rx_no_pbuf=%llu\nlink_rx_bad=%llu\nlink_tx_drops=%llu\n"
+                 "mem_errors=%llu\n",
+                 (unsigned long long)k.tcp_segs_in, (unsigned long long)k.tcp_segs_out,
+                 (unsigned long long)k.tcp_retransmits, (unsigned long long)k.tcp_resets_out,
+                 (unsigned long long)k.tcp_in_errors, (unsigned long long)k.tcp_syns,
+                 (unsigned long long)k.tcp_accept_refused, (unsigned long long)k.link_rx_frames,
+                 (unsigned long long)k.link_tx_frames, (unsigned long long)k.link_rx_no_pbuf,
+                 (unsigned long long)k.link_rx_bad, (unsigned long long)k.link_tx_drops,
+                 (unsigned long long)k.mem_errors);
+    kernel_links();
+    return 0;
+}
+
+/* ------------------------------------------------------------------ kmsg */
+
+static struct {
+    char line[DBG_KMSG_MAX][DBG_KMSG_LINE];
+} kring;
+
+/* One /dev/kmsg record ("prio,seq,usec,flags;text\n" then " KEY=value" lines) as
+ * "[seconds] text"; 0, or -1 when it is not one. */
+static int kmsg_format(const char *rec, size_t n, char *out, size_t cap) {
+    const char *semi = memchr(rec, ';', n);
+    if (!semi) return -1;
+    unsigned long long usec = 0;
+    int field = 0;
+    for (const char *p = rec; p < semi; p++) { /* the third field is the time */
+        if (*p == ',') { field++; continue; }
+        if (field == 2 && *p >= '0' && *p <= '9') usec = usec * 10 + (unsigned)(*p - '0');
+    }
+    const char *text = semi + 1, *end = memchr(text, '\n', (size_t)(rec + n - text));
+    if (!end) end = rec + n;
+    int len = (int)(end - text);
+    snprintf(out, cap, "[%llu.%06llu] %.*s", usec / 1000000, usec % 1000000, len, text);
+    for (char *p = out; *p; p++) /* the kernel escapes most; keep the body's lines whole */
+        if ((unsigned char)*p < 0x20) *p = ' ';
+    return 0;
+}
+
+static int diag_kmsg(srv *s, const proto_line *l, const srv_debug_io *io) {
+    (void)s;
+    const proto_str *ls = proto_get(l, "lines");
+    int want = DBG_KMSG_DEFAULT;
+    if (ls && (want = (int)small_num(ls, 1, DBG_KMSG_MAX)) < 0) {
+        io->err(io->ud, 400, "bad_request", "lines=1..400");
+        return -1;
+    }
+    int fd = open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the kernel log is not readable: /dev/kmsg: %s", strerror(errno));
+        io->err(io->ud, 503, "unavailable", msg);
+        return -1;
+    }
+    long total = 0;
+    char rec[8192];
+    for (int i = 0; i < DBG_KMSG_READS; i++) {
+        ssize_t n = read(fd, rec, sizeof rec);
+        if (n < 0 && errno == EPIPE) continue; /* overwritten while we read: the next one */
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;                     /* EAGAIN: the end of the buffer */
+        if (kmsg_format(rec, (size_t)n, kring.line[total % DBG_KMSG_MAX], DBG_KMSG_LINE) == 0) total++;
+    }
+    close(fd);
+    long first = total > want ? total - want : 0;
+    body_add("# the last %ld of %ld kernel log lines\n", total - first, total);
+    for (long i = first; i < total; i++) body_add("%s\n", kring.line[i % DBG_KMSG_MAX]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ gpu */
+
+static void nvidia_proc(void) {
+    char v[256];
+    read_line("/proc/driver/nvidia/version", v, sizeof v);
+    if (!v[0]) { body_add("nvidia_driver=not loaded (no /proc/driver/nvidia)\n"); return; }
+    body_add("nvidia_driver=%s\n", v);
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    struct dirent *e;
+    for (int n = 0; d && (e = readdir(d)) && n < DBG_IFACES_MAX;) {
+        if (e->d_name[0] == '.' || strlen(e->d_name) > 32) continue;
+        n++;
+        char path[128];
+        snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%s/information", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        char info[2048];
+        ssize_t k = read(fd, info, sizeof info - 1);
+        close(fd);
+        if (k <= 0) continue;
+        info[k] = 0;
+        for (char *line = strtok(info, "\n"); line; line = strtok(NULL, "\n"))
+            body_add("gpu %s: %s\n", e->d_name, line);
+    }
+    if (d) closedir(d);
+}
+
+static int diag_gpu(srv *s, const proto_line *l, const srv_debug_io *io) {
+    (void)l, (void)io;
+    static const char *const simd[] = {"scalar", "avx2", "avx512"};
+    backend *be = s->env.be;
+    body_add("backend=%s\n", be->ops->name);
+    if (!strcmp(be->ops->name, "cpu")) {
+        body_add("simd=%s\n", simd[isa_level()]);
+    } else {
+        char desc[256];
+        backend_cuda_describe(be, desc, sizeof desc);
+        body_add("device=%s\n", desc);
+    }
+    body_add("cuda_built=%d\n", backend_cuda_built());
+    if (s->env.backend_note && s->env.backend_note[0]) body_add("note=%s\n", s->env.backend_note);
+    nvidia_proc();
+    return 0;
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+/* The diagnostics, each run only while the window is open; a new one is a new row.
+ * fn builds the body (0), or has answered with an error (-1). */
+static const struct {
+    const char *name;
+    int (*fn)(srv *s, const proto_line *l, const srv_debug_io *io);
+} diags[] = {
+    {"net", diag_net},
+    {"kmsg", diag_kmsg},
+    {"gpu", diag_gpu},
+};
+
+int srv_debug(srv *s, const proto_line *l, const char *who, const srv_debug_io *io) {
+    srv_debug_sweep(s);
+    const char *sub = l->n_pos ? l->pos[0].s : "";
+    if (!sub[0] || !strcmp(sub, "status")) { window_line(s, io); return 0; }
+    if (!strcmp(sub, "open")) { window_open(s, l, who, io); return 0; }
+    if (!strcmp(sub, "close")) { window_close(s, who, io); return 0; }
+    size_t i = 0, n = sizeof diags / sizeof diags[0];
+    while (i < n && strcmp(sub, diags[i].name)) i++;
+    if (i == n || l->n_pos > 1) { io->err(io->ud, 400, "bad_request", dbg_usage); return 0; }
+    if (!window_left_ms(s)) {
+        io->err(io->ud, 403, "debug_closed", "the debug window is closed: DEBUG open [minutes=N] first");
+        return 0;
+    }
+    srv_log(s, CFG_LOG_WARN, "debug: %s ran %s", who, sub);
+    body_reset();
+    if (diags[i].fn(s, l, io) == 0) io->body(io->ud, body.buf, body.len);
+    return 0;
+}
+
+void srv_debug_forget(srv *s, void *ud) {
+    (void)s, (void)ud;
+}
