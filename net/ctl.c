@@ -78,9 +78,11 @@ static void cmd_status(ctl *c, ctl_client *k) {
     char health[256], addr[64] = "";
     srv_health(c->s, health, sizeof health);
     net_address(c->net, addr, sizeof addr);
-    client_printf(c, k, "model=%s\nuptime_s=%.1f\ndriver=%s\naddress=%s\nconnections=%d\nserved=%lld\n",
+    client_printf(c, k, "model=%s\nuptime_s=%.1f\ndriver=%s\naddress=%s\nconnections=%d\nserved=%lld\nbackend=%s\n",
                   srv_model_name(c->s), srv_uptime_s(c->s), net_driver_name(c->net), addr,
-                  net_open_conns(c->net), srv_served(c->s));
+                  net_open_conns(c->net), srv_served(c->s), srv_backend_name(c->s));
+    const char *note = srv_backend_note(c->s);
+    if (note[0]) client_printf(c, k, "backend_note=%s\n", note);
     /* the HEALTH line's pairs, one per line */
     for (char *p = strchr(health, ' '); p && *p;) {
         char *q = strchr(p + 1, ' ');

@@ -3,6 +3,7 @@
  * text, the timeout sweep and the config verbs' keys. */
 #include "net/srv_int.h"
 #include <fcntl.h>
+#include "core/cpu/isa.h"
 #include <time.h>
 #include <unistd.h>
 
@@ -98,13 +99,13 @@ int srv_stats(const srv *s, char *out, size_t cap) {
     return snprintf(out, cap, "STATS uptime_s=%lld requests_total=%lld running=%d waiting=%d "
                     "kv_blocks_used=%d kv_blocks_total=%d kv_blocks_cached=%d kv_usage=%.4f "
                     "prefix_hit_rate=%.4f prompt_tokens_total=%lld generation_tokens_total=%lld "
-                    "preemptions_total=%lld connections=%d",
+                    "preemptions_total=%lld connections=%d backend=%s",
                     (long long)((loop_now_ms() - s->t_start_ms) / 1000), (long long)s->requests_total,
                     st.running, st.waiting, used, total, kv_cached_blocks(s->env.kv),
                     total ? (double)used / total : 0.0,
                     st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0.0,
                     (long long)st.prompt_tokens, (long long)st.generation_tokens,
-                    (long long)st.preemptions, s->n_sessions);
+                    (long long)st.preemptions, s->n_sessions, s->env.be->ops->name);
 }
 
 /* The ladder's rung 2 in the metrics: 8-bit blocks, their share of the blocks held (in
@@ -341,6 +342,14 @@ static int add_process_metrics(srv *s) {
     char lab[96];
     snprintf(lab, sizeof lab, "version=\"%.32s\"", s->env.version ? s->env.version : "unknown");
     int bi = met_add_gauge(m, "kiln_build_info", "1, labelled with kilnd's version", lab);
+    /* which backend serves, and whether it is a fallback (auto found no usable GPU) */
+    static const char *const simd[] = {"scalar", "avx2", "avx512"};
+    char blab[96];
+    snprintf(blab, sizeof blab, "backend=\"%s\",simd=\"%s\",fallback=\"%d\"", s->env.be->ops->name,
+             simd[isa_level()], s->env.backend_note && s->env.backend_note[0]);
+    int bk = met_add_gauge(m, "kiln_backend_info", "1, labelled with the backend serving the model", blab);
+    if (bk < 0) return -1;
+    met_set(m, bk, 1);
     s->m_proc_start = met_add_gauge(m, "process_start_time_seconds", "Start time of the process since the Unix epoch", NULL);
     s->m_proc_cpu = met_add_counter(m, "process_cpu_seconds_total", "User and system CPU time spent", NULL);
     s->m_proc_rss = met_add_gauge(m, "process_resident_memory_bytes", "Resident memory size", NULL);
@@ -669,6 +678,8 @@ long long srv_served(const srv *s) {
 double srv_uptime_s(const srv *s) { return (double)(loop_now_ms() - s->t_start_ms) / 1e3; }
 
 const char *srv_model_name(const srv *s) { return s->env.model_name; }
+const char *srv_backend_name(const srv *s) { return s->env.be->ops->name; }
+const char *srv_backend_note(const srv *s) { return s->env.backend_note ? s->env.backend_note : ""; }
 
 void srv_drain(srv *s, int restart) {
     if (!s->draining) s->drain_since_ms = loop_now_ms(), s->drain_expired = 0;

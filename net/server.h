@@ -89,6 +89,8 @@ double srv_loop_max_ms(const srv *s); /* the longest event-loop pass of the last
 long long srv_served(const srv *s); /* samples finished by stop or length since start */
 double srv_uptime_s(const srv *s);
 const char *srv_model_name(const srv *s);
+const char *srv_backend_name(const srv *s);
+const char *srv_backend_note(const srv *s); /* "" when the backend is the one asked for */
 
 /* DEBUG (docs/PROTOCOL.md): the diagnostics an admin may run while the debug window is
  * open (at most an hour, opened and closed by DEBUG open / close; every use is logged).

@@ -127,12 +127,12 @@ static void kernel_links(void) {
         body_add("link %s:", e->d_name);
         char path[128], v[64];
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-            snprintf(path, sizeof path, "/sys/class/net/%s/%s", e->d_name, fields[i]);
+            snprintf(path, sizeof path, "/sys/class/net/%.32s/%s", e->d_name, fields[i]);
             read_line(path, v, sizeof v);
             if (v[0]) body_add(" %s=%s", fields[i], v);
         }
         for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
-            snprintf(path, sizeof path, "/sys/class/net/%s/statistics/%s", e->d_name, counters[i]);
+            snprintf(path, sizeof path, "/sys/class/net/%.32s/statistics/%s", e->d_name, counters[i]);
             read_line(path, v, sizeof v);
             if (v[0]) body_add(" %s=%s", counters[i], v);
         }
@@ -240,7 +240,7 @@ static void nvidia_proc(void) {
         if (e->d_name[0] == '.' || strlen(e->d_name) > 32) continue;
         n++;
         char path[128];
-        snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%s/information", e->d_name);
+        snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%.32s/information", e->d_name);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         char info[2048];
@@ -267,7 +267,7 @@ static int diag_gpu(srv *s, const proto_line *l, const srv_debug_io *io) {
         body_add("device=%s\n", desc);
     }
     body_add("cuda_built=%d\n", backend_cuda_built());
-    if (s->env.backend_note && s->env.backend_note[0]) body_add("note=%s\n", s->env.backend_note);
+    if (srv_backend_note(s)[0]) body_add("note=%s\n", srv_backend_note(s));
     nvidia_proc();
     return 0;
 }

@@ -421,6 +421,7 @@ def test_fleet_metrics(model):
     samples = [l for l in body.splitlines() if l and not l.startswith("#")]
     esc = model.replace("\\", "\\\\").replace('"', '\\"')
     unlabelled = [l for l in samples if l.startswith("kiln_") and not l.startswith("kiln_build_info")
+                  and not l.startswith("kiln_backend_info")
                   and 'model_name="%s"' % esc not in l]
     check("/metrics: every kiln_ series carries model_name = the model's id", not unlabelled, unlabelled[:3])
     cc = [l for l in samples if l.startswith("kiln_cache_config_info{")]
@@ -443,6 +444,9 @@ def test_fleet_metrics(model):
           re.search(r'^kiln_build_info\{version="[^"]+"\} 1$', body, re.M) is not None
           and metric("process_resident_memory_bytes") > 1e6 and metric("process_start_time_seconds") > 1.6e9
           and metric("process_cpu_seconds_total") > 0)
+    check("/metrics: kiln_backend_info{backend=cpu,simd,fallback=0} 1 (a kilnd without CUDA)",
+          re.search(r'^kiln_backend_info\{backend="cpu",simd="(scalar|avx2|avx512)",fallback="0"\} 1$', body, re.M)
+          is not None, [l for l in samples if "backend_info" in l])
 
 
 def main():

@@ -885,7 +885,9 @@ class Monitor:
                 if not l:
                     raise ConnectionError("the monitoring connection closed")
                 if l.startswith(b"STATS "):
-                    return {k: float(v) for k, v in kv_words(l.decode().strip()).items()}
+                    # numbers only: backend= is a word
+                    return {k: float(v) for k, v in kv_words(l.decode().strip()).items()
+                            if v.replace(".", "", 1).isdigit()}
 
     async def metrics(self):
         r, w = await asyncio.wait_for(asyncio.open_connection(A.host, A.metrics_port), 20)
