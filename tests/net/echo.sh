@@ -25,7 +25,8 @@
 #         kernel's ~3 s of ARP (ETIMEDOUT with a shorter timeout); no route: ENETUNREACH
 #   lwIP  listening: connected; closed: ECONNREFUSED; an on-link address nobody answers
 #         ARP for: EHOSTUNREACH at the timeout; beyond the gateway, nobody answers:
-#         ETIMEDOUT at the timeout; off the subnet without a gateway: ENETUNREACH at once
+#         ETIMEDOUT at the timeout; off the subnet without a gateway, or no address yet
+#         (DHCP): ENETUNREACH at once
 # Every command is bounded in time; namespaces and processes go away on exit, whatever
 # happens. Exit 0 only when everything passed; what failed is printed.
 set -uo pipefail
@@ -481,6 +482,9 @@ if setup tap ip netns add "$NS_T" && setup tap ip -n "$NS_T" link set lo up &&
     --expect 10.99.0.1:80:700:ETIMEDOUT
   probes tap-nogw "$NS_T" --driver tap --ifname ktap0 --address 10.77.0.2/24 \
     --expect 10.99.0.1:80:700:ENETUNREACH
+  # DHCP with no server: no address yet, so no route even on the kernel's subnet
+  probes tap-noaddr "$NS_T" --driver tap --ifname ktap0 --address dhcp \
+    --expect 10.77.0.1:7008:700:ENETUNREACH
   kill "$LISTEN_PID" 2>/dev/null
   wait "$LISTEN_PID" 2>/dev/null
   LISTEN_PID=
