@@ -2,6 +2,7 @@
  * (net_host.c: kernel sockets; net_lwip.c: lwIP over a TAP or AF_PACKET device). */
 #include "net/net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 
@@ -66,4 +67,22 @@ const char *net_driver_name(const net_stack *s) { return s->driver_name; }
 int net_stats(const net_stack *s, net_counters *out) {
     if (!s->t->stats) return -ENOTSUP;
     return s->t->stats(s, out);
+}
+
+int net_probe(net_stack *s, const char *ipv4, int port, int timeout_ms, net_probe_fn fn,
+              void *ud) {
+    struct in_addr in;
+    if (!s || !ipv4 || !fn || port <= 0 || port > 65535 || timeout_ms <= 0 ||
+        timeout_ms > NET_PROBE_TIMEOUT_MAX_MS || inet_pton(AF_INET, ipv4, &in) != 1)
+        return -EINVAL;
+    /* A TCP connect needs one unicast host: not 0.0.0.0 (the kernel would take it for
+     * itself), not multicast (224/4), not the limited broadcast. */
+    uint32_t h = ntohl(in.s_addr);
+    if (h == 0 || (h >> 28) == 0xe || h == 0xffffffffu) return -EINVAL;
+    if (!s->t->probe) return -ENOTSUP;
+    return s->t->probe(s, in.s_addr, port, timeout_ms, fn, ud);
+}
+
+void net_probe_cancel(net_stack *s, int id) {
+    if (s && id > 0 && s->t->probe_cancel) s->t->probe_cancel(s, id);
 }

@@ -58,7 +58,7 @@ typedef struct {
 /* Bring up the transport (for lwIP: open the device, start the stack, configure the
  * address; IPv6 link-local always). NULL with err set. */
 net_stack *net_new(loop_t *l, const net_config *cfg, char *err, size_t errlen);
-/* Aborts every open connection (no callbacks) and releases the device. */
+/* Aborts every open connection and probe (no callbacks) and releases the device. */
 void net_free(net_stack *s);
 
 /* Listen on host:port ("0.0.0.0" for all addresses; lwIP ignores host other than its
@@ -79,6 +79,37 @@ void net_close(net_conn *c);
 void net_abort(net_conn *c);
 /* "a.b.c.d:port" of the peer; the length written, or a negative errno. */
 int net_peer(const net_conn *c, char *buf, size_t cap);
+
+/* Outgoing TCP connect probes: "is that host reachable from the box, and does it listen
+ * on that port?" (the admin diagnostics; no raw ICMP). A probe opens one connection, and
+ * closes it at once with RST if the handshake completes; no byte is sent. Probes are not
+ * connections: neither max_conns nor net_open_conns counts them.
+ *
+ * result: 0 connected, or a negative errno:
+ *   -ECONNREFUSED  the host answered with RST (nothing listens on the port)
+ *   -ETIMEDOUT     no answer within timeout_ms (lwIP: though the next hop answered ARP)
+ *   -EHOSTUNREACH  the host (or the gateway) is not there: the kernel's neighbour
+ *                  resolution failed (host, after ~3 s), an ICMP host unreachable came
+ *                  (host), or no ARP answer within timeout_ms (lwIP)
+ *   -ENETUNREACH   no route: the address is off every subnet and there is no gateway,
+ *                  or (lwIP) the interface has no address yet (DHCP)
+ *   or another connect error the kernel reports (host).
+ * ms: from net_probe to the outcome. */
+#define NET_PROBES_MAX 4 /* probes in flight per stack */
+typedef void (*net_probe_fn)(void *ud, int result, double ms);
+/* Starts one probe of ipv4:port ("a.b.c.d": no DNS, the image's stack has none), given
+ * at most timeout_ms (1..NET_PROBE_TIMEOUT_MAX_MS). fn is called exactly once, from the
+ * loop, never from inside net_probe. Returns a probe id > 0, or a negative errno and fn
+ * is never called: -EINVAL (not a unicast IPv4 address: 0.0.0.0, multicast, broadcast,
+ * lwIP's subnet broadcast; port outside 1..65535; timeout out of range; no fn), -EBUSY
+ * (NET_PROBES_MAX in flight), or a shortage: no socket or pcb (-EMFILE, -ENFILE,
+ * -ENOMEM), no room on the loop (-ERANGE for the fd, -ENOSPC for the timer). */
+#define NET_PROBE_TIMEOUT_MAX_MS 600000
+int net_probe(net_stack *s, const char *ipv4, int port, int timeout_ms, net_probe_fn fn,
+              void *ud);
+/* Forgets a probe in flight: its fn is not called (for a caller that goes away first).
+ * An id that is done, cancelled or unknown is ignored. net_free cancels every probe. */
+void net_probe_cancel(net_stack *s, int id);
 
 /* The IPv4 address in use ("a.b.c.d", "" while DHCP has none); 0 or -ENOSPC. */
 int net_address(const net_stack *s, char *buf, size_t cap);

@@ -10,7 +10,12 @@
  *
  * net_close lingers: shutdown(SHUT_WR) and discard input until the peer's FIN (or
  * NET_LINGER_MS), because close() with unread input makes the kernel send RST, which can
- * destroy the response the peer has not read yet. */
+ * destroy the response the peer has not read yet.
+ *
+ * A probe is a non-blocking connect watched for LOOP_WRITE (SO_ERROR then tells how it
+ * ended) plus a timer for its timeout; a connect that ends at once (no route, an
+ * "unreachable" route) is handed to the caller by a timer of 0 ms, so never from inside
+ * net_probe. The socket is closed with RST as soon as the outcome is known. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -35,6 +40,17 @@ typedef struct host_conn host_conn;
 
 typedef struct {
     host_stack *s;
+    int id;              /* 0: free */
+    int fd;              /* -1 once closed (the outcome is known) */
+    int result;          /* the outcome once fd is -1 */
+    int64_t timer;       /* the timeout, or the 0 ms delivery of an outcome known early */
+    int64_t start_us, end_us;
+    net_probe_fn fn;
+    void *ud;
+} host_probe;
+
+typedef struct {
+    host_stack *s;
     int fd;
     net_accept_fn fn;
     void *ud;
@@ -53,6 +69,8 @@ struct host_stack {
     host_conn *free_slots; /* those not in use (linked by next) */
     host_conn *cb_conn;  /* whose callback runs now; cleared if that conn is freed */
     int64_t tick;        /* maintenance timer id, 0 when not running */
+    host_probe probes[NET_PROBES_MAX];
+    int probe_seq;       /* the last probe id given */
     char scratch[16384]; /* where lingering input is discarded */
 };
 
@@ -263,10 +281,114 @@ static void accept_ev(loop_t *l, int fd, void *ud, int mask) {
     }
 }
 
+/* ---------------------------------------------------------------- probes */
+
+/* Closes the probe's socket with RST (a completed handshake leaves no TIME_WAIT here and
+ * nothing half-open there) and records the outcome. */
+static void probe_settle(host_probe *p, int result) {
+    if (p->fd >= 0) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(p->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        loop_fd_del(p->s->l, p->fd, LOOP_WRITE);
+        close(p->fd);
+        p->fd = -1;
+    }
+    p->result = result;
+    p->end_us = loop_now_us();
+}
+
+/* Frees the slot, then calls fn (which may start, cancel, or net_free anything). */
+static void probe_deliver(host_probe *p) {
+    net_probe_fn fn = p->fn;
+    void *ud = p->ud;
+    int result = p->result;
+    double ms = (double)(p->end_us - p->start_us) / 1000.0;
+    if (p->timer > 0) loop_timer_del(p->s->l, p->timer);
+    p->timer = 0;
+    p->id = 0;
+    fn(ud, result, ms);
+}
+
+static void probe_ev(loop_t *l, int fd, void *ud, int mask) {
+    (void)l;
+    (void)mask;
+    host_probe *p = ud;
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0) e = errno;
+    /* A reset before we looked came after the handshake (one in SYN_SENT is
+     * ECONNREFUSED): the port listens. */
+    if (e == ECONNRESET || e == EPIPE) e = 0;
+    probe_settle(p, -e);
+    probe_deliver(p);
+}
+
+static int64_t probe_timer(loop_t *l, int64_t id, void *ud) {
+    (void)l;
+    (void)id;
+    host_probe *p = ud;
+    p->timer = 0; /* this timer ends here: probe_deliver must not delete it */
+    if (p->fd >= 0) {
+        /* No outcome in time; a soft error the kernel noted meanwhile (an ICMP
+         * unreachable that did not end the connect) says more than a timeout. */
+        int e = 0;
+        socklen_t el = sizeof e;
+        if (getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0 || e == 0) e = ETIMEDOUT;
+        probe_settle(p, -e);
+    }
+    probe_deliver(p);
+    return LOOP_NOMORE;
+}
+
+static int host_probe_start(net_stack *bs, uint32_t addr, int port, int timeout_ms,
+                            net_probe_fn fn, void *ud) {
+    host_stack *s = (host_stack *)bs;
+    host_probe *p = NULL;
+    for (int i = 0; i < NET_PROBES_MAX && !p; i++)
+        if (!s->probes[i].id) p = &s->probes[i];
+    if (!p) return -EBUSY;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    *p = (host_probe){.s = s, .fd = fd, .fn = fn, .ud = ud, .start_us = loop_now_us()};
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    in.sin_addr.s_addr = addr;
+    int rc = connect(fd, (struct sockaddr *)&in, sizeof in);
+    int64_t delay = timeout_ms;
+    if (rc == 0 || errno != EINPROGRESS) {
+        probe_settle(p, rc == 0 ? 0 : -errno); /* known now, told from the loop */
+        delay = 0;
+    } else if ((rc = loop_fd_add(s->l, fd, LOOP_WRITE, probe_ev, p)) < 0) {
+        probe_settle(p, 0);
+        return rc;
+    }
+    int64_t t = loop_timer_add(s->l, delay, probe_timer, p);
+    if (t < 0) {
+        probe_settle(p, 0);
+        return (int)t;
+    }
+    p->timer = t;
+    p->id = net_probe_next_id(&s->probe_seq);
+    return p->id;
+}
+
+static void host_probe_cancel(net_stack *bs, int id) {
+    host_stack *s = (host_stack *)bs;
+    for (int i = 0; i < NET_PROBES_MAX; i++) {
+        host_probe *p = &s->probes[i];
+        if (p->id != id) continue;
+        probe_settle(p, 0);
+        if (p->timer > 0) loop_timer_del(s->l, p->timer);
+        p->timer = 0;
+        p->id = 0;
+    }
+}
+
 /* ---------------------------------------------------------------- transport */
 
 static void host_free(net_stack *bs) {
     host_stack *s = (host_stack *)bs;
+    for (int i = 0; i < NET_PROBES_MAX; i++)
+        if (s->probes[i].id) host_probe_cancel(bs, s->probes[i].id);
     while (s->conns) conn_reset_free(s->conns);
     for (int i = 0; i < s->nls; i++) {
         loop_fd_del(s->l, s->ls[i]->fd, LOOP_READ);
@@ -432,6 +554,8 @@ static const net_transport host_transport = {
     .peer = host_peer,
     .address = host_address,
     .open_conns = host_open_conns,
+    .probe = host_probe_start,
+    .probe_cancel = host_probe_cancel,
 };
 
 net_stack *net_host_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {

@@ -20,7 +20,15 @@
  * first (lwIP finishes the close alone). net_close first shuts down only our sending
  * side and keeps discarding input until the peer's FIN, because lwIP (like the kernel)
  * answers data arriving after a full close with RST, which could destroy a response the
- * peer has not read yet; after NET_LINGER_MS it aborts. */
+ * peer has not read yet; after NET_LINGER_MS it aborts.
+ *
+ * A probe is a pcb of its own (never a conn: no slot, no ring) with connected and err
+ * callbacks, and a loop timer for its timeout. Those callbacks run inside lwIP, so they
+ * only record the outcome (tcp_abort on connect: RST, nothing sent) and move the
+ * probe's timer to 0 ms; the user's fn runs from that timer. The next hop is chosen here
+ * as lwIP's etharp_output would (on the subnet: the host; else the gateway), so that
+ * "no route" is told at once and an ARP that never got an answer by the timeout is told
+ * apart from a host that answered ARP but not the SYN. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
@@ -196,6 +204,18 @@ typedef struct {
     void *ud;
 } lw_listener;
 
+typedef struct {
+    lw_stack *s;
+    int id;              /* 0: free */
+    struct tcp_pcb *pcb; /* ours until the outcome; NULL after (aborted, or lwIP freed it) */
+    int done, result;    /* the outcome, once known */
+    ip4_addr_t hop;      /* the next hop: the host itself, or the gateway */
+    int64_t timer;       /* the timeout, or the 0 ms delivery once done */
+    int64_t start_us, end_us;
+    net_probe_fn fn;
+    void *ud;
+} lw_probe;
+
 struct lw_stack {
     struct net_stack base;
     int active;
@@ -219,6 +239,8 @@ struct lw_stack {
     int mem_blocked;               /* conns whose tcp_write failed for lwIP memory */
     int mem_wake;                  /* data was acked (memory freed): wake those */
     lw_conn *cb_conn;              /* whose user callback runs now; cleared if freed */
+    lw_probe probes[NET_PROBES_MAX];
+    int probe_seq;                 /* the last probe id given */
     char hostname[64];
 };
 
@@ -641,6 +663,145 @@ static err_t nif_init(struct netif *nif) {
     return ERR_OK;
 }
 
+/* ---------------------------------------------------------------- probes */
+
+static int64_t probe_timer(loop_t *l, int64_t id, void *ud);
+
+/* Records the outcome and hands it to a 0 ms timer (lwIP's callbacks call this); when the
+ * loop has no timer free the timeout timer, already armed, delivers it instead. */
+static void probe_done(lw_probe *p, int result) {
+    p->done = 1;
+    p->result = result;
+    p->end_us = loop_now_us();
+    int64_t t = loop_timer_add(p->s->l, 0, probe_timer, p);
+    if (t > 0) {
+        loop_timer_del(p->s->l, p->timer);
+        p->timer = t;
+    }
+}
+
+/* Detaches and aborts the probe's pcb, if it still has one. */
+static void probe_drop_pcb(lw_probe *p) {
+    struct tcp_pcb *pcb = p->pcb;
+    if (!pcb) return;
+    p->pcb = NULL;
+    tcp_arg(pcb, NULL);
+    tcp_err(pcb, NULL);
+    tcp_abort(pcb); /* RST for a handshake that completed or is under way */
+}
+
+static err_t probe_connected(void *arg, struct tcp_pcb *pcb, err_t err) {
+    (void)pcb;
+    (void)err; /* lwIP only calls it with ERR_OK */
+    lw_probe *p = arg;
+    if (!p) return ERR_OK;
+    probe_drop_pcb(p);
+    probe_done(p, 0);
+    return ERR_ABRT; /* the pcb is gone */
+}
+
+static void probe_err(void *arg, err_t err) {
+    lw_probe *p = arg;
+    if (!p) return;
+    p->pcb = NULL; /* freed by lwIP */
+    /* In SYN_SENT: RST is a refusal; ERR_ABRT is lwIP giving up after TCP_SYNMAXRTX. */
+    probe_done(p, err == ERR_RST ? -ECONNREFUSED : err == ERR_ABRT ? -ETIMEDOUT : lw_errno(err));
+}
+
+static int64_t probe_timer(loop_t *l, int64_t id, void *ud) {
+    (void)l;
+    (void)id;
+    lw_probe *p = ud;
+    p->timer = 0;
+    if (!p->done) {
+        /* Timed out. No ARP answer from the next hop by now: nobody is there. */
+        struct eth_addr *eth;
+        const ip4_addr_t *ip;
+        probe_drop_pcb(p);
+        p->result = etharp_find_addr(&p->s->nif, &p->hop, &eth, &ip) >= 0 ? -ETIMEDOUT
+                                                                          : -EHOSTUNREACH;
+        p->end_us = loop_now_us();
+    }
+    net_probe_fn fn = p->fn;
+    void *fud = p->ud;
+    int result = p->result;
+    double ms = (double)(p->end_us - p->start_us) / 1000.0;
+    p->id = 0; /* free before fn: it may start another or net_free */
+    fn(fud, result, ms);
+    return LOOP_NOMORE;
+}
+
+static void lwip_probe_cancel(net_stack *bs, int id) {
+    lw_stack *s = (lw_stack *)bs;
+    for (int i = 0; i < NET_PROBES_MAX; i++) {
+        lw_probe *p = &s->probes[i];
+        if (p->id != id) continue;
+        probe_drop_pcb(p);
+        if (p->timer > 0) loop_timer_del(s->l, p->timer);
+        p->timer = 0;
+        p->id = 0;
+    }
+}
+
+static int lwip_probe(net_stack *bs, uint32_t addr, int port, int timeout_ms, net_probe_fn fn,
+                      void *ud) {
+    lw_stack *s = (lw_stack *)bs;
+    lw_probe *p = NULL;
+    for (int i = 0; i < NET_PROBES_MAX && !p; i++)
+        if (!s->probes[i].id) p = &s->probes[i];
+    if (!p) return -EBUSY;
+    *p = (lw_probe){.s = s, .fn = fn, .ud = ud, .start_us = loop_now_us()};
+    ip4_addr_t dst;
+    ip4_addr_set_u32(&dst, addr);
+    const struct netif *nif = &s->nif;
+    if (ip4_addr_isbroadcast(&dst, nif)) return -EINVAL; /* the subnet's broadcast */
+    int64_t delay = timeout_ms;
+    if (!netif_is_up(nif) || ip4_addr_isany(netif_ip4_addr(nif))) {
+        p->done = 1, p->result = -ENETUNREACH; /* no address yet (DHCP) */
+    } else if (ip4_addr_net_eq(&dst, netif_ip4_addr(nif), netif_ip4_netmask(nif))) {
+        p->hop = dst;
+    } else if (!ip4_addr_isany(netif_ip4_gw(nif))) {
+        p->hop = *netif_ip4_gw(nif);
+    } else {
+        p->done = 1, p->result = -ENETUNREACH; /* off the subnet, no gateway */
+    }
+    if (!p->done) {
+        struct tcp_pcb *pcb = tcp_new_ip_type(IPADDR_TYPE_V4);
+        if (!pcb) return -ENOMEM;
+        tcp_arg(pcb, p);
+        tcp_err(pcb, probe_err);
+        ip_addr_t a = IPADDR4_INIT(addr);
+        err_t e = tcp_connect(pcb, &a, (u16_t)port, probe_connected);
+        if (e == ERR_RTE) {
+            p->done = 1, p->result = -ENETUNREACH;
+        } else if (e != ERR_OK) {
+            tcp_arg(pcb, NULL);
+            tcp_err(pcb, NULL);
+            tcp_abort(pcb);
+            return lw_errno(e);
+        }
+        if (p->done) {
+            tcp_arg(pcb, NULL);
+            tcp_err(pcb, NULL);
+            tcp_abort(pcb);
+        } else {
+            p->pcb = pcb;
+        }
+    }
+    if (p->done) {
+        p->end_us = loop_now_us();
+        delay = 0; /* known now, told from the loop */
+    }
+    int64_t t = loop_timer_add(s->l, delay, probe_timer, p);
+    if (t < 0) {
+        probe_drop_pcb(p);
+        return (int)t;
+    }
+    p->timer = t;
+    p->id = net_probe_next_id(&s->probe_seq);
+    return p->id;
+}
+
 /* ---------------------------------------------------------------- config parsing */
 
 static int parse_mac(const char *str, unsigned char mac[6]) {
@@ -682,6 +843,8 @@ static int parse_cidr(const char *str, ip4_addr_t *a, ip4_addr_t *mask) {
 
 static void lwip_free(net_stack *bs) {
     lw_stack *s = (lw_stack *)bs;
+    for (int i = 0; i < NET_PROBES_MAX; i++)
+        if (s->probes[i].id) lwip_probe_cancel(bs, s->probes[i].id);
     while (s->conns) conn_abort_free(s->conns);
     for (int i = 0; i < s->nls; i++) {
         tcp_arg(s->ls[i].pcb, NULL);
@@ -874,6 +1037,8 @@ static const net_transport lwip_transport = {
     .address = lwip_address,
     .open_conns = lwip_open_conns,
     .stats = lwip_counters,
+    .probe = lwip_probe,
+    .probe_cancel = lwip_probe_cancel,
 };
 
 net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {

@@ -35,6 +35,11 @@ typedef struct net_transport {
     int (*address)(const net_stack *s, char *buf, size_t cap);
     int (*open_conns)(const net_stack *s);
     int (*stats)(const net_stack *s, net_counters *out); /* NULL: none */
+    /* net_probe with its arguments checked: addr is the IPv4 address in network order
+     * (NULL: -ENOTSUP) */
+    int (*probe)(net_stack *s, uint32_t addr, int port, int timeout_ms, net_probe_fn fn,
+                 void *ud);
+    void (*probe_cancel)(net_stack *s, int id);
 } net_transport;
 
 /* The first member of every transport's stack and connection object. */
@@ -48,6 +53,12 @@ struct net_conn {
 
 net_stack *net_host_new(loop_t *l, const net_config *cfg, char *err, size_t errlen);
 net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen);
+
+/* Both transports' probe ids: > 0, counting up, never 0 or negative after a wrap. */
+static inline int net_probe_next_id(int *seq) {
+    *seq = *seq >= 0x7fffffff || *seq < 0 ? 1 : *seq + 1;
+    return *seq;
+}
 
 /* Both transports: how long a closed connection may take to deliver what was written
  * and see the peer's FIN before it is reset. */

@@ -14,6 +14,19 @@
 # lwIP also IPv6 link-local (ping and echo), and over TAP an address from DHCP (a tiny
 # DHCP server here). The server must survive it all and end with no connection open
 # (and, under ASan, no leak).
+# Then the outgoing connect probe (net_probe, net.h) over host sockets and over lwIP on
+# TAP: BUILD_DIR/gnu/tests/net/net_probe and its ASan build (BUILD_DIR/asan/..., a SKIP
+# line when it is not built) against a port that listens, a closed one, an address that
+# never answers, one without a route, bad arguments, cancels, NET_PROBES_MAX + 1 at once,
+# and net_free with probes in flight. What each driver gives:
+#   host  listening: connected; closed: ECONNREFUSED; a neighbour that takes the SYN and
+#         never answers: ETIMEDOUT at the timeout; an "unreachable" route: EHOSTUNREACH
+#         at once; an on-link address nobody answers ARP for: EHOSTUNREACH after the
+#         kernel's ~3 s of ARP (ETIMEDOUT with a shorter timeout); no route: ENETUNREACH
+#   lwIP  listening: connected; closed: ECONNREFUSED; an on-link address nobody answers
+#         ARP for: EHOSTUNREACH at the timeout; beyond the gateway, nobody answers:
+#         ETIMEDOUT at the timeout; off the subnet without a gateway, or no address yet
+#         (DHCP): ENETUNREACH at once
 # Every command is bounded in time; namespaces and processes go away on exit, whatever
 # happens. Exit 0 only when everything passed; what failed is printed.
 set -uo pipefail
@@ -22,21 +35,23 @@ BUILD=${1:?usage: tests/net/echo.sh BUILD_DIR}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
 BIN=$BUILD/gnu/tests/net/net_echo
+PROBE=$BUILD/gnu/tests/net/net_probe PROBE_ASAN=$BUILD/asan/tests/net/net_probe
 PORT=7007
 MAXC=80 # the server's max_conns: above the 64 of the concurrency check
 
 [ "$(id -u)" = 0 ] || { echo "echo.sh: must run as root (network namespaces)" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "echo.sh: $BIN missing (make $BIN)" >&2; exit 1; }
+[ -x "$PROBE" ] || { echo "echo.sh: $PROBE missing (make $PROBE)" >&2; exit 1; }
 "$ROOT/scripts/need.sh" ip iproute2 ping iputils-ping python3 python3 timeout coreutils || exit 1
 
 TMP=$(mktemp -d /tmp/kiln-echo.XXXXXX)
 NS_H=kiln-h$$ NS_T=kiln-t$$ NS_A=kiln-a$$ NS_B=kiln-b$$
-SERVER_PID= DHCPD_PID=
+SERVER_PID= DHCPD_PID= LISTEN_PID=
 failed=()
 
 cleanup() {
   local ns p
-  for p in $SERVER_PID $DHCPD_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  for p in $SERVER_PID $DHCPD_PID $LISTEN_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   for ns in "$NS_H" "$NS_T" "$NS_A" "$NS_B"; do
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
@@ -261,6 +276,18 @@ while True:
     s.sendto(pkt, ("255.255.255.255", 68))
 EOF
 
+cat >"$TMP/listen.py" <<'EOF'
+"""listen.py HOST PORT: accepts connections and closes them (the probes' open port)."""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+print("ready", flush=True)
+while True:
+    s.accept()[0].close()
+EOF
+
 # link_local MAC: the IPv6 link-local address derived from MAC (modified EUI-64).
 link_local() {
   python3 -c 'import sys; m = [int(x, 16) for x in sys.argv[1].split(":")]; m[0] ^= 2
@@ -348,6 +375,29 @@ stop_server() {
   fi
 }
 
+# probes NAME NS ARGS...: net_probe ARGS in namespace NS, then its ASan build; every
+# line it printed is shown.
+probes() {
+  local name=$1 ns=$2; shift 2
+  local bin tag out st
+  for bin in "$PROBE" "$PROBE_ASAN"; do
+    tag=$name/probe; [ "$bin" = "$PROBE" ] || tag=$name/probe-asan
+    if [ ! -x "$bin" ]; then
+      echo "SKIP $tag: $bin missing (make $bin)"
+      continue
+    fi
+    out=$(timeout 90 ip netns exec "$ns" "$bin" "$@" 2>&1)
+    st=$?
+    if [ $st = 0 ] && ! grep -qE 'ERROR: |runtime error|Assertion' <<<"$out"; then
+      printf 'ok   %-18s %s\n' "$tag" "${out##*$'\n'}"
+    else
+      printf 'FAIL %-18s status %s\n' "$tag" "$st"
+      failed+=("$tag")
+    fi
+    sed 's/^/     | /' <<<"$out"
+  done
+}
+
 # ping6 NS ADDR: a few tries: lwIP's link-local address is tentative for a second (DAD).
 ping6() {
   local ns=$1 addr=$2 i
@@ -383,6 +433,19 @@ checks() {
 echo "== host transport (kernel TCP, 127.0.0.1)"
 if setup host ip netns add "$NS_H" && setup host ip -n "$NS_H" link set lo up; then
   checks host "$NS_H" "$NS_H" 127.0.0.1 --driver host --address 127.0.0.1
+  # A TAP device nobody reads (no carrier: what is sent there is lost): 10.79.0.2 has a
+  # fixed neighbour entry, so its SYNs go out and nothing answers; 10.79.0.3 has none,
+  # so ARP fails. 10.80.0.0/24 is an "unreachable" route; 10.99.0.0/24 has none.
+  if setup host-probe ip -n "$NS_H" tuntap add dev kp0 mode tap &&
+     setup host-probe ip -n "$NS_H" addr add 10.79.0.1/24 dev kp0 &&
+     setup host-probe ip -n "$NS_H" link set kp0 up &&
+     setup host-probe ip -n "$NS_H" neigh add 10.79.0.2 lladdr 02:00:00:00:79:02 dev kp0 nud permanent &&
+     setup host-probe ip -n "$NS_H" route add unreachable 10.80.0.0/24; then
+    probes host "$NS_H" --driver host --listen 7009 --open 127.0.0.1:7009 --silent 10.79.0.2:80 \
+      --expect 127.0.0.1:7010:2000:ECONNREFUSED --expect 10.79.0.2:80:700:ETIMEDOUT \
+      --expect 10.80.0.1:80:2000:EHOSTUNREACH --expect 10.99.0.1:80:2000:ENETUNREACH \
+      --expect 10.79.0.3:80:6000:EHOSTUNREACH
+  fi
 fi
 
 # ---------------------------------------------------------------- 2. lwIP over TAP
@@ -407,6 +470,24 @@ if setup tap ip netns add "$NS_T" && setup tap ip -n "$NS_T" link set lo up &&
   kill "$DHCPD_PID" 2>/dev/null
   wait "$DHCPD_PID" 2>/dev/null
   DHCPD_PID=
+  # Probes from lwIP: the kernel's end (10.77.0.1) listens on 7008 and refuses 7010;
+  # nobody answers ARP for 10.77.0.9; beyond the gateway (the kernel, which does not
+  # forward) nobody answers at all; without a gateway there is no route.
+  timeout 120 ip netns exec "$NS_T" python3 "$TMP/listen.py" 10.77.0.1 7008 >"$TMP/listen.log" 2>&1 &
+  LISTEN_PID=$!
+  for _ in $(seq 50); do grep -q ready "$TMP/listen.log" && break; sleep 0.1; done
+  probes tap "$NS_T" --driver tap --ifname ktap0 --address 10.77.0.2/24 --gateway 10.77.0.1 \
+    --open 10.77.0.1:7008 --silent 10.99.0.1:80 --einval 10.77.0.255 \
+    --expect 10.77.0.1:7010:2000:ECONNREFUSED --expect 10.77.0.9:80:700:EHOSTUNREACH~ \
+    --expect 10.99.0.1:80:700:ETIMEDOUT
+  probes tap-nogw "$NS_T" --driver tap --ifname ktap0 --address 10.77.0.2/24 \
+    --expect 10.99.0.1:80:700:ENETUNREACH
+  # DHCP with no server: no address yet, so no route even on the kernel's subnet
+  probes tap-noaddr "$NS_T" --driver tap --ifname ktap0 --address dhcp \
+    --expect 10.77.0.1:7008:700:ENETUNREACH
+  kill "$LISTEN_PID" 2>/dev/null
+  wait "$LISTEN_PID" 2>/dev/null
+  LISTEN_PID=
 fi
 
 # ---------------------------------------------------------------- 3. lwIP over AF_PACKET
