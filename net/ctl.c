@@ -113,6 +113,12 @@ static void dbg_err(void *ud, int code, const char *slug, const char *msg) {
     client_printf(k->owner, k, "error: %d %s: %s\n", code, slug, msg);
 }
 
+static void dbg_done(void *ud) { /* a probe's answer came: the "." it was waiting for */
+    ctl_client *k = ud;
+    client_printf(k->owner, k, ".\n");
+    if (k->fd >= 0) client_flush(k->owner, k);
+}
+
 /* 1 when the answer comes later (its "." then too) */
 static int cmd_debug(ctl *c, ctl_client *k, char *line) {
     char buf[CTL_LINE_MAX + 8], err[256];
@@ -122,7 +128,7 @@ static int cmd_debug(ctl *c, ctl_client *k, char *line) {
         client_printf(c, k, "error: 400 bad_request: %s\n", n < 0 || (size_t)n >= sizeof buf ? "too long" : err);
         return 0;
     }
-    srv_debug_io io = {dbg_line, dbg_body, dbg_err, k};
+    srv_debug_io io = {dbg_line, dbg_body, dbg_err, dbg_done, k};
     return srv_debug(c->s, &l, "console", &io) == 1;
 }
 

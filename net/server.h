@@ -100,6 +100,7 @@ typedef struct {
     void (*line)(void *ud, const char *text);
     void (*body)(void *ud, const char *text, size_t len);
     void (*err)(void *ud, int code, const char *slug, const char *msg);
+    void (*done)(void *ud); /* after an answer that came later; NULL: nothing to do */
     void *ud;
 } srv_debug_io;
 /* l: a DEBUG line (proto_split); who: the caller in the log ("session 3 (1.2.3.4:5)",

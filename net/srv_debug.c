@@ -4,6 +4,7 @@
  * no shell: each diagnostic is a fixed, bounded piece of code that reads and reports. */
 #include "net/srv_int.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -272,10 +273,73 @@ static int diag_gpu(srv *s, const proto_line *l, const srv_debug_io *io) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ probe */
+
+/* The probes in flight, each with whom to answer. */
+static struct dbg_probe {
+    srv *s;
+    int id;                /* net_probe's; 0: a free slot */
+    srv_debug_io io;
+    char host[16];
+    int port;
+} probes[DBG_PROBES];
+
+static void on_probe(void *ud, int result, double ms) {
+    struct dbg_probe *p = ud;
+    srv *s = p->s;
+    srv_debug_io io = p->io;
+    const char *what = result == 0 ? "connected" : result == -ECONNREFUSED ? "refused"
+                       : result == -ETIMEDOUT ? "timeout"
+                       : result == -EHOSTUNREACH || result == -ENETUNREACH ? "unreachable" : NULL;
+    char line[192];
+    if (what) snprintf(line, sizeof line, "DEBUG probe host=%s port=%d result=%s ms=%.1f", p->host, p->port, what, ms);
+    else snprintf(line, sizeof line, "DEBUG probe host=%s port=%d result=error ms=%.1f msg=\"%s\"", p->host,
+                  p->port, ms, strerror(-result));
+    srv_log(s, CFG_LOG_WARN, "debug: probe %s:%d: %s", p->host, p->port, what ? what : strerror(-result));
+    p->id = 0;
+    io.line(io.ud, line);
+    if (io.done) io.done(io.ud);
+    srv_flush_dirty(s); /* not after a read or a step: nothing else would flush it now */
+}
+
+/* host=A.B.C.D port=N [timeout_ms=T]: 1 when started (the answer comes later), -1 when it
+ * answered with an error. */
+static int diag_probe(srv *s, const proto_line *l, const srv_debug_io *io) {
+    const proto_str *h = proto_get(l, "host"), *pt = proto_get(l, "port"), *t = proto_get(l, "timeout_ms");
+    struct in_addr a;
+    long port = pt ? small_num(pt, 1, 65535) : -1;
+    long ms = t ? small_num(t, 100, DBG_PROBE_MAX_MS) : DBG_PROBE_DEFAULT_MS;
+    if (!h || h->len >= sizeof probes[0].host || inet_pton(AF_INET, h->s, &a) != 1 || port < 0 || ms < 0) {
+        io->err(io->ud, 400, "bad_request",
+                "DEBUG probe host=A.B.C.D port=1..65535 [timeout_ms=100..10000] (an IPv4 address: no DNS)");
+        return -1;
+    }
+    struct dbg_probe *p = NULL;
+    for (int i = 0; i < DBG_PROBES && !p; i++)
+        if (!probes[i].id) p = &probes[i];
+    int id = p ? net_probe(s->env.net, h->s, (int)port, (int)ms, on_probe, p) : -EBUSY;
+    if (id <= 0) {
+        io->err(io->ud, id == -EBUSY ? 429 : 500, id == -EBUSY ? "too_many" : "internal",
+                id == -EBUSY ? "4 probes are in flight: wait for one" : strerror(-id));
+        return -1;
+    }
+    p->s = s, p->id = id, p->io = *io, p->port = (int)port;
+    snprintf(p->host, sizeof p->host, "%s", h->s);
+    return 1;
+}
+
+void srv_debug_forget(srv *s, void *ud) {
+    for (int i = 0; i < DBG_PROBES; i++)
+        if (probes[i].id && probes[i].s == s && probes[i].io.ud == ud) {
+            net_probe_cancel(s->env.net, probes[i].id);
+            probes[i].id = 0;
+        }
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 /* The diagnostics, each run only while the window is open; a new one is a new row.
- * fn builds the body (0), or has answered with an error (-1). */
+ * fn builds the body (0), has answered with an error (-1), or answers later (1). */
 static const struct {
     const char *name;
     int (*fn)(srv *s, const proto_line *l, const srv_debug_io *io);
@@ -283,6 +347,7 @@ static const struct {
     {"net", diag_net},
     {"kmsg", diag_kmsg},
     {"gpu", diag_gpu},
+    {"probe", diag_probe},
 };
 
 int srv_debug(srv *s, const proto_line *l, const char *who, const srv_debug_io *io) {
@@ -300,10 +365,7 @@ int srv_debug(srv *s, const proto_line *l, const char *who, const srv_debug_io *
     }
     srv_log(s, CFG_LOG_WARN, "debug: %s ran %s", who, sub);
     body_reset();
-    if (diags[i].fn(s, l, io) == 0) io->body(io->ud, body.buf, body.len);
-    return 0;
-}
-
-void srv_debug_forget(srv *s, void *ud) {
-    (void)s, (void)ud;
+    int r = diags[i].fn(s, l, io);
+    if (r == 0) io->body(io->ud, body.buf, body.len);
+    return r == 1;
 }

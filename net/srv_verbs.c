@@ -128,7 +128,7 @@ static void dbg_err(void *ud, int code, const char *slug, const char *msg) { ses
 static void verb_debug(srv_sess *ss, const proto_line *l) {
     char who[96];
     snprintf(who, sizeof who, "session %d (%s)", ss->num, ss->peer);
-    srv_debug_io io = {dbg_line, dbg_body, dbg_err, ss};
+    srv_debug_io io = {dbg_line, dbg_body, dbg_err, NULL, ss};
     srv_debug(ss->s, l, who, &io);
 }
 

@@ -334,6 +334,54 @@ def kilnd_logged(want, seconds=5):
     return False
 
 
+def debug_probe(a):
+    """DEBUG probe from the box's own stack: to a port this test listens on (on host sockets
+    127.0.0.1; over lwIP the TAP's kernel side, this client's own address), to one nobody
+    listens on, to an address nobody has, and one abandoned by its session."""
+    me = a.s.getsockname()[0]
+    lis = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lis.bind((me, 0))
+    lis.listen(4)
+    port = lis.getsockname()[1]
+    shut = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    shut.bind((me, 0))
+    closed_port = shut.getsockname()[1]  # bound, not listening: the kernel answers RST
+    for bad in ("host=example.com port=80", "host=%s port=0" % me, "host=%s" % me,
+                "host=%s port=80 timeout_ms=50" % me, "host=1.2.3.4.5 port=80"):
+        a.send("DEBUG probe " + bad)
+        l = a.line()
+        check("DEBUG probe %s: 400" % bad, l.startswith("ERR - 400 bad_request"), l)
+    a.send("DEBUG probe host=%s port=%d" % (me, port))
+    l = a.line()
+    m = re.match(r"^DEBUG probe host=(\S+) port=(\d+) result=connected ms=([\d.]+)$", l)
+    check("DEBUG probe to a listening port: connected", m and m.group(1) == me and int(m.group(2)) == port, l)
+    a.send("DEBUG probe host=%s port=%d" % (me, closed_port))
+    l = a.line()
+    check("DEBUG probe to a closed port: refused", re.match(r"^DEBUG probe .* result=refused ms=", l), l)
+    # an unused address on the TAP's subnet: nobody answers lwIP's ARP. Over host sockets
+    # what such an address gives depends on the machine's network (a sandbox may reset
+    # it): net/transport-echo checks the host driver's timeouts on a TAP of its own.
+    nobody = me.rsplit(".", 1)[0] + ".199"
+    if A.lwip:
+        t0 = time.time()
+        a.send("DEBUG probe host=%s port=9 timeout_ms=500" % nobody)
+        l = a.line()
+        took = time.time() - t0
+        check("DEBUG probe to an address nobody has: unreachable (no ARP answer), at its timeout",
+              re.match(r"^DEBUG probe .* result=unreachable ms=", l) and 0.4 < took < 3, "%s (%.2f s)" % (l, took))
+    # a probe whose session goes away: kilnd forgets it (ASan builds check what that frees)
+    b = Conn(token=A.admin_token)
+    b.send("DEBUG probe host=%s port=9 timeout_ms=2000" % nobody)
+    time.sleep(0.1)
+    b.close()
+    a.send("DEBUG")
+    l = a.line()
+    check("DEBUG after a session left with a probe in flight", l.startswith("DEBUG window=open"), l)
+    check("DEBUG probe is logged", kilnd_logged("debug: probe %s:%d: connected" % (me, port)), A.kilnd_log)
+    lis.close()
+    shut.close()
+
+
 def debug_window():
     """DEBUG: admin only; the diagnostics refuse until a window is opened, answer while it
     is open (each use logged), and refuse again once it is closed or its time is up."""
@@ -405,6 +453,7 @@ def debug_window():
     a.send("DEBUG kmsg lines=401")
     l = a.line()
     check("DEBUG kmsg lines=401: 400", l.startswith("ERR - 400"), l)
+    debug_probe(a)
 
     a.send("DEBUG close")
     l = a.line()
