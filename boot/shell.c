@@ -143,13 +143,14 @@ static void cmd_debug(kinit *k, sh_args *a) {
         n = snprintf(cmd, sizeof cmd, "debug %s", sub);
     else if (a->argc == 3 && !strcmp(sub, "open"))
         n = snprintf(cmd, sizeof cmd, "debug open minutes=%.8s", a->argv[2]);
-    else if (a->argc == 3 && !strcmp(sub, "kmsg"))
+    else if (a->argc == 3 && !strcmp(sub, "kmsg") && atoi(a->argv[2]) <= SH_DEBUG_KMSG_MAX)
         n = snprintf(cmd, sizeof cmd, "debug kmsg lines=%.8s", a->argv[2]);
     else if ((a->argc == 4 || a->argc == 5) && !strcmp(sub, "probe"))
         n = snprintf(cmd, sizeof cmd, "debug probe host=%.40s port=%.8s%s%.8s", a->argv[2], a->argv[3],
                      a->argc == 5 ? " timeout_ms=" : "", a->argc == 5 ? a->argv[4] : "");
     if (n < 0 || (size_t)n >= sizeof cmd || strpbrk(cmd + 6, "\"")) {
-        con_printf(&k->con, "usage: debug [open [MINUTES] | close | net | kmsg [LINES] | gpu | probe HOST PORT [TIMEOUT_MS]]");
+        con_printf(&k->con, "usage: debug [open [MINUTES] | close | net | kmsg [LINES <= %d] | gpu | probe HOST PORT [TIMEOUT_MS]]",
+                   SH_DEBUG_KMSG_MAX);
         return;
     }
     relay_send(k, cmd, RELAY_DEBUG);

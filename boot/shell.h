@@ -9,6 +9,7 @@
 
 #define SH_RELAY_TIMEOUT_S 2.0
 #define SH_DEBUG_TIMEOUT_S 12.0 /* debug probe: its connect's 10 s at most, and room */
+#define SH_DEBUG_KMSG_MAX 100   /* kernel log lines at once: they fit the console's buffer */
 
 void sh_run(kinit *k, char *line); /* one typed line */
 

@@ -102,6 +102,12 @@ static void dbg_body(void *ud, const char *text, size_t len) {
     for (const char *p = text, *end = text + len; p < end && k->fd >= 0;) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (k->out_len + n + 128 > sizeof k->out) client_flush(k->owner, k); /* room, if it reads */
+        if (k->fd < 0) return;
+        if (k->out_len + n + 128 > sizeof k->out) { /* it does not: say so rather than lose the socket */
+            client_printf(k->owner, k, "(the rest cut: the control socket's buffer is full)\n");
+            return;
+        }
         /* "." alone ends an answer here: such a line goes out as ".." */
         client_printf(k->owner, k, "%s%.*s\n", n == 1 && *p == '.' ? "." : "", (int)n, p);
         p += n + 1;

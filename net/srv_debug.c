@@ -13,7 +13,7 @@
 
 #define DBG_DEFAULT_MIN 15
 #define DBG_MAX_MIN 60
-#define DBG_BODY_MAX (64 * 1024)
+#define DBG_BODY_MAX (128 * 1024) /* DBG_KMSG_MAX lines fit */
 #define DBG_KMSG_DEFAULT 50
 #define DBG_KMSG_MAX 400
 #define DBG_KMSG_LINE 240

@@ -212,6 +212,8 @@ def t_console(k):
                         ("debug probe 10.0.2.2 443 500", "debug probe host=10.0.2.2 port=443 timeout_ms=500")):
         k.send(typed)
         k.expect(r"  DEBUG fake " + re.escape(sent) + "\n", 3)
+    k.send("debug kmsg 101")
+    k.expect(r"usage: debug \[open", 3)
     k.send("debug kmsg 1 2")
     k.expect(r"usage: debug \[open", 3)
     k.send('debug open "5')
