@@ -417,6 +417,60 @@ def poweroff(g, name):
     check(name, rc == 0 and "reboot: Power down" in g.text(), "rc %s\n%s" % (rc, tail(g)))
 
 
+def read_body(c):
+    lines = []
+    while True:
+        l = c.line()
+        if l == ".":
+            return lines
+        lines.append(l[1:] if l.startswith("..") else l)
+
+
+def debug_path(g, admin):
+    """DEBUG in the image itself: kilnd reads the NIC's state, the kernel log and the GPU
+    view as root there, and probes out through its own stack (lwIP on the virtio NIC) to a
+    port this test listens on (QEMU's user network takes the gateway 10.0.2.2 to the
+    host's loopback); the console uses the same window."""
+    lis = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(2)
+    try:
+        c = Conn(g.port, admin, 60)
+        c.send("DEBUG open minutes=5")
+        l = c.line()
+        check("DEBUG open (admin, in the image)", l.startswith("DEBUG window=open remaining_s=300 "), l)
+        c.send("DEBUG net")
+        body = read_body(c)
+        nic = [x for x in body if x.startswith("link eth0:")]
+        check("DEBUG net: lwIP on eth0, and the kernel's view of the NIC with its counters",
+              "driver=packet" in body and "interface=eth0" in body and nic and "operstate=" in nic[0]
+              and "rx_packets=" in nic[0], repr(body))
+        c.send("DEBUG kmsg lines=10")
+        head = c.line()
+        body = read_body(c)
+        check("DEBUG kmsg: the guest kernel's log", re.match(r"^# the last 10 of \d+ kernel log lines$", head)
+              and len(body) == 10 and all(x.startswith("[") for x in body), repr([head] + body[:3]))
+        c.send("DEBUG gpu")
+        body = read_body(c)
+        check("DEBUG gpu: the CPU backend, no NVIDIA driver in this image",
+              "backend=cpu" in body and "nvidia_driver=not loaded (no /proc/driver/nvidia)" in body, repr(body))
+        c.send("DEBUG probe host=10.0.2.2 port=%d timeout_ms=5000" % lis.getsockname()[1])
+        l = c.line()
+        check("DEBUG probe to the gateway: connected through the box's own stack", " result=connected ms=" in l, l)
+        c.close()
+    except Exception as e:  # noqa: BLE001 - any failure is this check's failure
+        check("DEBUG over TLS in the image", False, repr(e))
+    finally:
+        lis.close()
+    out = g.cmd("debug")
+    check("console `debug`: the window the admin opened", out is not None and "DEBUG window=open" in out
+          and "by=\"session" in out, repr(out))
+    out = g.cmd("debug kmsg 3")
+    check("console `debug kmsg 3`", out is not None and "# the last 3 of" in out, repr(out))
+    out = g.cmd("debug close")
+    check("console `debug close`", out is not None and "DEBUG window=closed" in out, repr(out))
+
+
 def boot_main(g, ref_thread, ref):
     m = g.wait(r"kiln: ready in (\d+\.\d+) s[^\n]*?(?:kernel uptime (\d+\.\d+) s)?\n", A.ready_timeout)
     if not check("boot: console shows `kiln: ready in X.XX s` within %d s" % A.ready_timeout, m is not None,
@@ -462,6 +516,8 @@ def boot_main(g, ref_thread, ref):
         check("GET /metrics through the forwarded port", code == 200 and "kiln_up" in body, "status %d" % code)
     except OSError as e:
         check("GET /metrics through the forwarded port", False, str(e))
+
+    debug_path(g, tokens.get("admin"))
 
     # (3) the console.
     out = g.cmd("help")
