@@ -207,7 +207,6 @@ int model_unpacked_note(const model *m, char *buf, size_t n) {
     }
     if (n) buf[0] = 0;
     if (!slow || !n) return slow;
-    static const char *level[] = {"scalar", "avx2", "avx512"};
     int lv = isa_level();
     size_t at = (size_t)snprintf(buf, n, "model: %d of %d matrices (", slow, total);
     const char *sep = "";
@@ -218,7 +217,7 @@ int model_unpacked_note(const model *m, char *buf, size_t n) {
         }
     if (at < n)
         snprintf(buf + at, n - at, ") have no packed kernel at %s: the row-major ones run them (slower)",
-                 lv >= 0 && lv <= 2 ? level[lv] : "?");
+                 isa_name(lv));
     return slow;
 }
 

@@ -240,9 +240,8 @@ int kd_serve(int argc, char **argv) {
     char addr[64] = "";
     net_address(net, addr, sizeof addr);
     if (!addr[0]) snprintf(addr, sizeof addr, "%s", c.net.listen_host); /* host sockets */
-    static const char *const simd[] = {"scalar", "avx2", "avx512"};
     printf("kilnd: serving %s on %s %s:%d (TLS, backend %s, simd %s)", name, net_driver_name(net),
-           addr, c.net.listen_port, be->ops->name, simd[isa_level()]);
+           addr, c.net.listen_port, be->ops->name, isa_name(isa_level()));
     if (c.net.metrics_port) printf(", metrics http://%s:%d/metrics", addr, c.net.metrics_port);
     printf("\n");
     fflush(stdout);

@@ -343,10 +343,9 @@ static int add_process_metrics(srv *s) {
     snprintf(lab, sizeof lab, "version=\"%.32s\"", s->env.version ? s->env.version : "unknown");
     int bi = met_add_gauge(m, "kiln_build_info", "1, labelled with kilnd's version", lab);
     /* which backend serves, and whether it is a fallback (auto found no usable GPU) */
-    static const char *const simd[] = {"scalar", "avx2", "avx512"};
     char blab[96];
     snprintf(blab, sizeof blab, "backend=\"%s\",simd=\"%s\",fallback=\"%d\"", s->env.be->ops->name,
-             simd[isa_level()], s->env.backend_note && s->env.backend_note[0]);
+             isa_name(isa_level()), s->env.backend_note && s->env.backend_note[0]);
     int bk = met_add_gauge(m, "kiln_backend_info", "1, labelled with the backend serving the model", blab);
     if (bk < 0) return -1;
     met_set(m, bk, 1);

@@ -257,11 +257,10 @@ static void nvidia_proc(void) {
 
 static int diag_gpu(srv *s, const proto_line *l, const srv_debug_io *io) {
     (void)l, (void)io;
-    static const char *const simd[] = {"scalar", "avx2", "avx512"};
     backend *be = s->env.be;
     body_add("backend=%s\n", be->ops->name);
     if (!strcmp(be->ops->name, "cpu")) {
-        body_add("simd=%s\n", simd[isa_level()]);
+        body_add("simd=%s\n", isa_name(isa_level()));
     } else {
         char desc[256];
         backend_cuda_describe(be, desc, sizeof desc);

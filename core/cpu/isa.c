@@ -96,3 +96,8 @@ int isa_slot_detect(void) {
     pthread_once(&once, detect);
     return atomic_load_explicit(&isa_slot_cur, memory_order_relaxed);
 }
+
+const char *isa_name(int level) {
+    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    return level >= ISA_SCALAR && level <= ISA_AVX512 ? names[level] : "?";
+}

@@ -19,6 +19,8 @@ enum isa_level { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 int isa_level(void);
 int isa_max(void);
 int isa_set(int level);
+/* "scalar", "avx2", "avx512": the names KILN_SIMD takes; "?" for another number */
+const char *isa_name(int level);
 
 /* AMX-INT8 tiles on top of the AVX-512 level (their own arithmetic), in force only
  * while the level is ISA_AVX512: off, Q4_1 only (the default where the CPU and kernel
