@@ -239,6 +239,8 @@ static void setup_box(kinit *k) {
     int r = mod_load_list("/etc/kiln/modules", dir, &mr);
     if (r < 0 && r != -ENOENT) logring_say("kiln-init: read /etc/kiln/modules: %s", strerror(-r));
     else if (r == 0) logring_say("kiln: modules: %d loaded, %d failed (%.2f s)", mr.loaded, mr.failed, mr.secs);
+    gpu_bring_up(&k->gpu, "", dir, 1); /* before kilnd: its backend = auto looks for the device */
+    logring_say("kiln: gpu: %s", k->gpu.line);
 
     disk_setup(&k->disk, 3.0); /* before kilnd: the model may be on the data partition */
     set_hostname(k);
@@ -293,6 +295,8 @@ static void setup_test(kinit *k) {
             logring_say("kiln-init: mkdir %s: %s", dir, strerror(errno));
     }
     logring_say("kiln-init: test mode, root %s", k->root);
+    gpu_bring_up(&k->gpu, k->root, "", 0);
+    logring_say("kiln: gpu: %s", k->gpu.line);
 }
 
 /* ------------------------------------------------------------------ the loop */

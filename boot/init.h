@@ -16,6 +16,7 @@
 #include "boot/console.h"
 #include "boot/initctl.h"
 #include "boot/disk.h"
+#include "boot/gpu.h"
 #include "boot/supervise.h"
 #include "boot/util.h"
 #include "boot/watchdog.h"
@@ -37,6 +38,7 @@ typedef struct {
     sup sup;
     wdog wd;
     dsk disk;                        /* the data partition (disk image boots) */
+    gpu_state gpu;                   /* the NVIDIA GPUs and their driver (boot/gpu.h) */
     char ask_reply[512];             /* kiln-init's answer to a kilnd ASK, to send; "" none */
 } kinit;
 

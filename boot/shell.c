@@ -108,6 +108,7 @@ static void show_local(kinit *k) {
     long total, avail;
     if (sys_meminfo(&total, &avail) == 0) con_printf(&k->con, "memory: %ld MiB available of %ld MiB", avail / 1024, total / 1024);
     if (sys_netifs(buf, sizeof buf) > 0) con_printf(&k->con, "interfaces (kernel side): %s", buf);
+    con_printf(&k->con, "gpu: %s", k->gpu.line);
     con_printf(&k->con, "watchdog: %s", wdog_describe(&k->wd, buf, sizeof buf));
     if (k->disk.data_dev[0]) {
         disk_describe(&k->disk, buf, sizeof buf);
@@ -132,6 +133,17 @@ static void cmd_status(kinit *k, sh_args *a) {
 
 static void cmd_stats(kinit *k, sh_args *a) { (void)a, relay_send(k, "stats", RELAY_PLAIN); }
 static void cmd_net(kinit *k, sh_args *a) { (void)a, relay_send(k, "net", RELAY_PLAIN); }
+
+/* gpu: the bring-up's outcome, each GPU, the driver's own view once it is loaded */
+static void cmd_gpu(kinit *k, sh_args *a) {
+    (void)a;
+    char buf[8192];
+    gpu_describe(&k->gpu, k->root, buf, sizeof buf);
+    for (char *line = buf, *nl; line && *line; line = nl) {
+        if ((nl = strchr(line, '\n'))) *nl++ = 0;
+        con_printf(&k->con, "%s", line);
+    }
+}
 
 /* debug ...: kilnd's DEBUG (docs/PROTOCOL.md) with the console's positional words */
 static void cmd_debug(kinit *k, sh_args *a) {
@@ -273,6 +285,7 @@ static const sh_cmd commands[] = {
     {"restart", "restart", "restart kilnd gracefully (leaves safe mode)", 0, cmd_restart},
     {"config", "config get S.K | config set S.K V", "read or change a setting (set also saves kiln.ini)", 0, cmd_config},
     {"net", "net", "kilnd's address, MAC, link state, counters", 0, cmd_net},
+    {"gpu", "gpu", "the NVIDIA GPUs on the PCI bus and their driver: what kiln-init brought up", 0, cmd_gpu},
     {"debug", "debug [open [MIN] | close | net | kmsg [N] | gpu | probe HOST PORT [MS]]",
      "diagnostics, logged, while a window of MIN minutes (default 15, at most 60) is open", 0, cmd_debug},
     {"version", "version", "the running slot and version, and the other slot's", 0, cmd_version},

@@ -35,6 +35,7 @@ class Init:
             f.write(f"; kiln.ini for init_test\n[model]\npath = {self.root}/models/{model}   ; the model\n\n"
                     "[engine]\nthreads = 0\nmax_batch_size = 8\n\n[net]\ndriver = packet\n")
         for name, text in (files or {}).items():
+            os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
             with open(self.path(name), "w") as f:
                 f.write(text)
         self.out = ""
@@ -405,6 +406,52 @@ def t_no_test_cmds(k):
         raise Fail("no reboot line")
 
 
+PCI = {  # a host bridge and one H200 (a 3D controller), as sysfs shows them
+    "sys/bus/pci/devices/0000:00:00.0/vendor": "0x8086\n",
+    "sys/bus/pci/devices/0000:00:00.0/device": "0x1237\n",
+    "sys/bus/pci/devices/0000:00:00.0/class": "0x060000\n",
+    "sys/bus/pci/devices/0000:01:00.0/vendor": "0x10de\n",
+    "sys/bus/pci/devices/0000:01:00.0/device": "0x2335\n",
+    "sys/bus/pci/devices/0000:01:00.0/class": "0x030200\n",
+}
+NVIDIA = {  # the driver's own /proc view once it is loaded
+    "etc/kiln/modules-gpu": "kernel/drivers/video/nvidia.ko\n",
+    "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.163.01\n"
+                                  "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+    "proc/driver/nvidia/gpus/0000:01:00.0/information": "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n",
+}
+
+
+def t_gpu_no_driver(k):
+    """An NVIDIA GPU on the bus, no driver in the image: said plainly, kilnd comes up."""
+    k.expect(READY, 10)
+    k.send("gpu")
+    k.expect(r"gpu: 1 NVIDIA GPU\(s\) \(0000:01:00\.0, 10de:2335\), but this image carries no NVIDIA driver "
+             r"\(no /etc/kiln/modules-gpu\): kilnd serves from the CPU\ngpu 0000:01:00\.0: 10de:2335, class 030200\n", 3)
+    k.send("status")
+    k.expect(r"gpu: 1 NVIDIA GPU\(s\) .*carries no NVIDIA driver", 3)
+    k.send("log 50")
+    k.expect(r"kiln: gpu: 1 NVIDIA GPU", 3)
+
+
+def t_gpu_driver(k):
+    """The driver listed (test mode loads nothing) and its /proc view: the console shows it."""
+    k.expect(READY, 10)
+    k.send("gpu")
+    k.expect(r"gpu: 1 NVIDIA GPU\(s\); test mode: the driver's modules are not loaded\n"
+             r"gpu 0000:01:00\.0: 10de:2335, class 030200\n"
+             r"driver: NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550\.163\.01\n"
+             r"driver: GCC version: .*\n"
+             r"gpu 0000:01:00\.0: Model: \t\t NVIDIA H200\n", 3)
+
+
+def t_gpu_none(k):
+    """No NVIDIA device among the PCI functions."""
+    k.expect(READY, 10)
+    k.send("gpu")
+    k.expect(r"gpu: no NVIDIA GPU on the PCI bus \(1 devices\): kilnd serves from the CPU\n", 3)
+
+
 SCENARIOS = [
     ("console commands", t_console, {}, {}),
     ("test-kill-kilnd restarts", t_kill, {}, {}),
@@ -420,6 +467,9 @@ SCENARIOS = [
     ("SIGTERM -> drain -> exit 0", t_sigterm, {}, {"finish": None}),
     ("end of input -> exit 0", t_eof, {}, {"finish": None}),
     ("test commands need kiln.test=1; reboot -> exit 0", t_no_test_cmds, {}, {"cmdline": "quiet", "finish": None}),
+    ("gpu: an NVIDIA GPU, no driver in the image", t_gpu_no_driver, PCI, {}),
+    ("gpu: the driver's view", t_gpu_driver, {**PCI, **NVIDIA}, {}),
+    ("gpu: none on the bus", t_gpu_none, {k: v for k, v in PCI.items() if "0000:00:00.0" in k}, {}),
 ]
 
 

@@ -9,7 +9,7 @@ qemu/run.sh (kiln.test=1, free host ports, the serial console on QEMU's stdin/st
     - the console prints `kiln: ready in X.XX s` (bounded; TCG is slow)
     - a TLS GEN through the forwarded port returns what `kilnd generate` gives on the host
     - /metrics answers through the other forwarded port
-    - console `help`, `status`, `stats`, `log` answer
+    - console `help`, `status`, `stats`, `log`, `gpu` answer; DEBUG over TLS and `debug`
     - `test-kill-kilnd`: kiln-init restarts kilnd, and the next GEN succeeds
     - `test-hang-kilnd`: the lost heartbeat gets kilnd killed and restarted; next GEN succeeds
     - `poweroff`: QEMU ends with status 0
@@ -531,6 +531,10 @@ def boot_main(g, ref_thread, ref):
     check("console `stats` answers", out is not None and out.strip() != "" and "not reachable" not in out, repr(out))
     out = g.cmd("log 50")
     check("console `log` shows the boot", out is not None and "kiln: ready in" in out, repr(out))
+    out = g.cmd("gpu")
+    check("console `gpu`: QEMU's PCI bus scanned, no NVIDIA GPU, the CPU serves",
+          out is not None and re.search(r"gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\): kilnd serves from the CPU", out),
+          repr(out))
 
     starts = 1
     short = "GEN id=%s chat=0 temperature=0 max_tokens=2 prompt=\"The capital of France is\""

@@ -1,0 +1,174 @@
+/* gpu: see gpu.h. */
+#include "boot/gpu.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include "boot/modules.h"
+#include "boot/util.h"
+
+#define GPU_VENDOR 0x10de
+#define GPU_CTL_MINOR 255 /* /dev/nvidiactl; GPU i is minor i */
+
+/* A sysfs number file ("0x10de\n"); -1 when it cannot be read. */
+static long read_hex(const char *dir, const char *name) {
+    char path[UTIL_PATH_MAX], buf[32];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return -1;
+    if (util_read_file(path, buf, sizeof buf) < 0) return -1;
+    char *end;
+    long v = strtol(util_trim(buf), &end, 16);
+    return end == buf || *end ? -1 : v;
+}
+
+int gpu_scan(const char *root, gpu_state *g) {
+    memset(g, 0, sizeof *g);
+    char dir[UTIL_PATH_MAX];
+    util_join(dir, sizeof dir, root, "/sys/bus/pci/devices");
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        g->pci_seen = -1;
+        snprintf(g->line, sizeof g->line, "no PCI bus to scan (%.150s: %.40s): kilnd serves from the CPU", dir, strerror(e));
+        return -e;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof g->dev[0].bus) continue;
+        char fn[UTIL_PATH_MAX];
+        if (snprintf(fn, sizeof fn, "%s/%s", dir, e->d_name) >= (int)sizeof fn) continue;
+        g->pci_seen++;
+        long vendor = read_hex(fn, "vendor"), cls = read_hex(fn, "class"), dev = read_hex(fn, "device");
+        if (vendor != GPU_VENDOR || cls < 0 || (cls >> 16) != 0x03) continue; /* 0x03: display */
+        if (g->n < GPU_MAX) {
+            gpu_dev *gd = &g->dev[g->n];
+            snprintf(gd->bus, sizeof gd->bus, "%.15s", e->d_name);
+            gd->device = dev < 0 ? 0 : (unsigned)dev, gd->class_code = (unsigned)cls;
+        }
+        g->n++;
+    }
+    closedir(d);
+    if (!g->n)
+        snprintf(g->line, sizeof g->line, "no NVIDIA GPU on the PCI bus (%d devices): kilnd serves from the CPU",
+                 g->pci_seen);
+    return 0;
+}
+
+/* The major /proc/devices gives a character device name; -1 when it is not there. */
+static int char_major(const char *root, const char *name) {
+    char path[UTIL_PATH_MAX], buf[8192];
+    util_join(path, sizeof path, root, "/proc/devices");
+    if (util_read_file(path, buf, sizeof buf) < 0) return -1;
+    char *blk = strstr(buf, "\nBlock devices:");
+    if (blk) *blk = 0; /* character devices come first */
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        int major;
+        char dev[64];
+        if (sscanf(line, "%d %63s", &major, dev) == 2 && !strcmp(dev, name)) return major;
+    }
+    return -1;
+}
+
+static int make_node(const char *root, const char *rel, int major, int minor) {
+    char path[UTIL_PATH_MAX];
+    if (util_join(path, sizeof path, root, rel) < 0) return -ENAMETOOLONG;
+    /* 0666 as the driver's own nvidia-modprobe makes them: kilnd opens them */
+    if (mknod(path, S_IFCHR | 0666, makedev((unsigned)major, (unsigned)minor)) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* /dev/nvidiactl, one /dev/nvidiaN per GPU, /dev/nvidia-uvm(-tools); the count made, or
+ * -1 with why in g->line. */
+static int make_nodes(gpu_state *g, const char *root) {
+    int fe = char_major(root, "nvidia-frontend");
+    if (fe < 0) fe = char_major(root, "nvidia");
+    int uvm = char_major(root, "nvidia-uvm");
+    if (fe < 0) {
+        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s), but the driver registered no device "
+                 "(/proc/devices has no nvidia): kilnd serves from the CPU", g->n);
+        return -1;
+    }
+    int made = 0, r = make_node(root, "/dev/nvidiactl", fe, GPU_CTL_MINOR);
+    made += r == 0;
+    for (int i = 0; i < g->n && i < GPU_MAX && r == 0; i++) {
+        char rel[32];
+        snprintf(rel, sizeof rel, "/dev/nvidia%d", i);
+        made += (r = make_node(root, rel, fe, i)) == 0;
+    }
+    if (r == 0 && uvm >= 0) made += (r = make_node(root, "/dev/nvidia-uvm", uvm, 0)) == 0;
+    if (r == 0 && uvm >= 0) made += (r = make_node(root, "/dev/nvidia-uvm-tools", uvm, 1)) == 0;
+    if (r < 0) {
+        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s): cannot make their device nodes (%s): "
+                 "kilnd serves from the CPU", g->n, strerror(-r));
+        return -1;
+    }
+    return made;
+}
+
+void gpu_bring_up(gpu_state *g, const char *root, const char *mod_dir, int load) {
+    if (gpu_scan(root, g) < 0 || !g->n) return;
+    char list[UTIL_PATH_MAX];
+    util_join(list, sizeof list, root, "/etc/kiln/modules-gpu");
+    struct stat st;
+    g->driver = stat(list, &st) == 0;
+    if (!g->driver) {
+        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s) (%s, 10de:%04x), but this image carries no NVIDIA "
+                 "driver (no /etc/kiln/modules-gpu): kilnd serves from the CPU",
+                 g->n, g->dev[0].bus, g->dev[0].device);
+        return;
+    }
+    if (!load) {
+        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s); test mode: the driver's modules are not loaded", g->n);
+        return;
+    }
+    mod_result mr;
+    int r = mod_load_list(list, mod_dir, &mr);
+    g->loaded = r == 0 ? mr.loaded : 0, g->failed = r == 0 ? mr.failed : 0;
+    if (r < 0 || mr.failed) {
+        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s): the driver did not load (%s): kilnd serves from "
+                 "the CPU (`log` has the module that failed)", g->n,
+                 r < 0 ? strerror(-r) : "a module failed");
+        return;
+    }
+    int made = make_nodes(g, root);
+    if (made < 0) return;
+    g->nodes = made;
+    snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s) up: %d driver modules loaded, %d device nodes",
+             g->n, g->loaded, g->nodes);
+}
+
+/* buf[at..] += text; the new length */
+static size_t put(char *buf, size_t cap, size_t at, const char *fmt, const char *a, const char *b) {
+    if (at >= cap) return at;
+    int n = snprintf(buf + at, cap - at, fmt, a, b);
+    return n < 0 ? at : at + ((size_t)n < cap - at ? (size_t)n : cap - at - 1);
+}
+
+size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    at = put(buf, cap, at, "gpu: %s%s\n", g->line, "");
+    for (int i = 0; i < g->n && i < GPU_MAX; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "10de:%04x, class %06x", g->dev[i].device, g->dev[i].class_code);
+        at = put(buf, cap, at, "gpu %s: %s\n", g->dev[i].bus, id);
+    }
+    char path[UTIL_PATH_MAX], text[2048];
+    util_join(path, sizeof path, root, "/proc/driver/nvidia/version");
+    if (util_read_file(path, text, sizeof text) < 0) return at; /* no driver loaded */
+    for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) at = put(buf, cap, at, "driver: %s%s\n", l, "");
+    for (int i = 0; i < g->n && i < GPU_MAX; i++) {
+        char rel[96];
+        snprintf(rel, sizeof rel, "/proc/driver/nvidia/gpus/%s/information", g->dev[i].bus);
+        util_join(path, sizeof path, root, rel);
+        if (util_read_file(path, text, sizeof text) < 0) continue;
+        for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n"))
+            at = put(buf, cap, at, "gpu %s: %s\n", g->dev[i].bus, util_trim(l));
+    }
+    return at;
+}

@@ -1,0 +1,46 @@
+/* gpu: the NVIDIA GPUs on the PCI bus and their kernel driver, brought up by kiln-init
+ * before kilnd starts (kilnd's `backend = auto` then finds the device, or serves from
+ * the CPU and says why).
+ *
+ * Bring-up: the PCI scan (ROOT/sys/bus/pci/devices: vendor 0x10de, class 0x03xxxx, a
+ * display or 3D controller); with a GPU there and the driver in the image (its modules
+ * listed in /etc/kiln/modules-gpu, in dependency order, as /etc/kiln/modules), the
+ * modules are loaded and the character devices the CUDA driver opens are made from the
+ * majors in /proc/devices: /dev/nvidiactl and /dev/nvidiaN (nvidia-frontend), and
+ * /dev/nvidia-uvm, /dev/nvidia-uvm-tools (nvidia-uvm). Nothing of it is fatal: every
+ * outcome is one line (gpu_state.line) on the console and in `status`, and the box
+ * serves from the CPU. Test mode scans ROOT's tree and never loads modules. */
+#ifndef KILN_BOOT_GPU_H
+#define KILN_BOOT_GPU_H
+
+#include <stddef.h>
+
+#define GPU_MAX 16 /* GPUs listed; a box has at most 8 */
+
+typedef struct {
+    char bus[16];          /* "0000:01:00.0" */
+    unsigned device, class_code;
+} gpu_dev;
+
+typedef struct {
+    int n;                 /* NVIDIA GPUs found (at most GPU_MAX listed) */
+    gpu_dev dev[GPU_MAX];
+    int pci_seen;          /* PCI functions looked at; -1: no PCI tree */
+    int driver;            /* 1: the image lists GPU modules */
+    int loaded, failed;    /* of those modules */
+    int nodes;             /* device nodes made (or already there) */
+    char line[256];        /* the outcome in one line */
+} gpu_state;
+
+/* Fills g from ROOT/sys/bus/pci/devices ("" on the box). 0, or -errno without a PCI tree
+ * (g->pci_seen -1, g->line says so). */
+int gpu_scan(const char *root, gpu_state *g);
+/* The whole bring-up: scan, then (load != 0) the modules of ROOT/etc/kiln/modules-gpu
+ * from mod_dir and the device nodes. g->line says what came of it. */
+void gpu_bring_up(gpu_state *g, const char *root, const char *mod_dir, int load);
+/* The console's `gpu`: g's line, each GPU, and the driver's own view when it is loaded
+ * (ROOT/proc/driver/nvidia: its version, each GPU's information file), one fact per
+ * line. The bytes written (< cap). */
+size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap);
+
+#endif
