@@ -122,8 +122,15 @@ void gpu_bring_up(gpu_state *g, const char *root, const char *mod_dir, int load)
                  g->n, g->dev[0].bus, g->dev[0].device);
         return;
     }
-    if (!load) {
-        snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s); test mode: the driver's modules are not loaded", g->n);
+    if (!load) { /* test mode: no modules; the nodes when ROOT has a /proc/devices to read */
+        char devs[UTIL_PATH_MAX];
+        util_join(devs, sizeof devs, root, "/proc/devices");
+        int made = stat(devs, &st) == 0 ? make_nodes(g, root) : 0;
+        if (made >= 0) {
+            g->nodes = made;
+            snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s); test mode: the driver's modules are not loaded, "
+                     "%d device nodes", g->n, made);
+        }
         return;
     }
     mod_result mr;

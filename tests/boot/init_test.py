@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -419,6 +420,8 @@ NVIDIA = {  # the driver's own /proc view once it is loaded
     "proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.163.01\n"
                                   "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
     "proc/driver/nvidia/gpus/0000:01:00.0/information": "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\n",
+    "proc/devices": "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n\nBlock devices:\n"
+                    "195 nvidia-frontend\n  8 sd\n",
 }
 
 
@@ -438,11 +441,17 @@ def t_gpu_driver(k):
     """The driver listed (test mode loads nothing) and its /proc view: the console shows it."""
     k.expect(READY, 10)
     k.send("gpu")
-    k.expect(r"gpu: 1 NVIDIA GPU\(s\); test mode: the driver's modules are not loaded\n"
+    k.expect(r"gpu: 1 NVIDIA GPU\(s\); test mode: the driver's modules are not loaded, 4 device nodes\n"
              r"gpu 0000:01:00\.0: 10de:2335, class 030200\n"
              r"driver: NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550\.163\.01\n"
              r"driver: GCC version: .*\n"
              r"gpu 0000:01:00\.0: Model: \t\t NVIDIA H200\n", 3)
+    # the nodes the CUDA driver opens, with the majors /proc/devices gave
+    want = {"nvidiactl": (195, 255), "nvidia0": (195, 0), "nvidia-uvm": (508, 0), "nvidia-uvm-tools": (508, 1)}
+    for name, (major, minor) in want.items():
+        st = os.stat(k.path("dev/" + name))
+        if not stat.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (major, minor):
+            raise Fail(f"/dev/{name}: not the character device {major}:{minor}")
 
 
 def t_gpu_none(k):
