@@ -10,6 +10,7 @@
 #define KILN_BOOT_DISK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define DISK_DATA_DIR "/data"
 #define DISK_CONFIG "/data/config/kiln.ini"
@@ -34,6 +35,10 @@ typedef struct {
     int secure_boot;             /* UEFI SecureBoot variable: 1 on, 0 off, < 0 unreadable */
     int unverified;              /* the running slot did not verify at boot: never blessed */
     int said_unverified;
+    /* The running slot's manifest as it is on its partition (the bundle's first block up to
+     * its NUL, the sig line included): what kiln-init measures into the TPM (boot/measure.h). */
+    int have_manifest;
+    uint8_t manifest_sha256[32];
     double trial_deadline;       /* util_now() */
 } dsk;
 

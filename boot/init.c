@@ -380,6 +380,7 @@ int main(int argc, char **argv) {
     setup_signals(k, &child_mask);
     if (k->test_mode) setup_test(k);
     else setup_box(k);
+    meas_boot(&k->meas, &k->disk, k->test_mode); /* after disk_setup verified the running slot */
 
     char v[16];
     k->test_cmds = sys_cmdline_get(k->cmdline, "kiln.test", v, sizeof v) && strcmp(v, "0");
