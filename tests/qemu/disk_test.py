@@ -28,6 +28,14 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     nothing changed; slot b's partition (not its ESP entry) was changed too: it boots, and
     kiln-init's boot check warns that the running slot does not verify
 
+Measured boot: every boot has a TPM 2.0 (swtpm, Debian package; one state directory for the
+whole test, one swtpm process per boot, ended by its pid). kiln-init extends PCR 15 with the
+SHA-256 of the running slot's manifest; boots 1, 2 and 5 check that the console's `status`
+says `measured: pcr15=<hex>` with the value computed here from the manifest's bytes,
+SHA-256(32 zero bytes || SHA-256(manifest)): v1's on slot a, v2's once slot b runs (a
+different signed image, a different PCR), and in boot 5 (slot b does not verify) one more
+extend, SHA-256("kiln: the running slot did not verify").
+
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
 in over the network on the main disk (and with kiln-flash on a copy), v3 with kiln-flash:
 both writers of a slot are exercised, and kiln-init blesses and rolls back the same way
@@ -41,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -65,9 +74,79 @@ def run(cmd):
     return p.returncode, p.stdout + p.stderr
 
 
+class Tpm:
+    """swtpm as the box's TPM 2.0: the same state directory every boot (a box keeps its TPM
+    when its slots change), a fresh swtpm process for each QEMU run (a power cycle: the PCRs
+    start at zero), ended by its pid."""
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, "tpm")
+        os.makedirs(self.dir, exist_ok=True)
+        self.sock = os.path.join(self.dir, "ctrl.sock")
+        self.p = None
+
+    def start(self, log_path):
+        self.stop()
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        log = open(log_path, "wb")
+        # --terminate: it also ends by itself when QEMU closes the control channel.
+        self.p = subprocess.Popen(["swtpm", "socket", "--tpm2", "--tpmstate", "dir=" + self.dir,
+                                   "--ctrl", "type=unixio,path=" + self.sock, "--terminate"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        end = bt.now() + 10
+        while not os.path.exists(self.sock) and self.p.poll() is None and bt.now() < end:
+            time.sleep(0.05)
+        os.environ["KILN_TPM_SOCK"] = self.sock
+
+    def stop(self):
+        if self.p is None:
+            return
+        if self.p.poll() is None:
+            os.kill(self.p.pid, bt.signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.p.pid, bt.signal.SIGKILL)
+                self.p.wait()
+        self.p = None
+
+
+TPM = None
+
+
 def boot(name, disk, log_dir):
     os.environ["KILN_DISK"] = disk
+    TPM.start(os.path.join(log_dir, "swtpm-disk-%s.log" % name))
     return bt.Guest(name, "", os.path.join(log_dir, "qemu-disk-%s.log" % name))
+
+
+def manifest_sha(path, off=0):
+    """SHA-256 of the manifest text at off (a bundle's first block, up to its NUL)."""
+    with open(path, "rb") as f:
+        f.seek(off)
+        block = f.read(4096)
+    return hashlib.sha256(block.split(b"\0", 1)[0]).digest()
+
+
+def extend(pcr, digest):
+    return hashlib.sha256(pcr + digest).digest()
+
+
+UNVERIFIED = hashlib.sha256(b"kiln: the running slot did not verify").digest()
+
+
+def measured_is(g, what, slot, digest, pcr):
+    """Console `status` shows PCR 15 as pcr (bytes), measured from slot's manifest digest."""
+    out = g.cmd("status")
+    m = re.search(r"^measured: pcr15=([0-9a-f]{64}) \(slot ([ab])'s manifest sha256 ([0-9a-f]{64})", out or "", re.M)
+    check("%s: console `status` says measured: pcr15=%s... (slot %s's manifest %s..., SHA-256 extends computed here)" %
+          (what, pcr.hex()[:16], slot, digest.hex()[:16]),
+          m is not None and m.group(1) == pcr.hex() and m.group(2) == slot and m.group(3) == digest.hex(),
+          "want pcr15=%s manifest %s\n%s" % (pcr.hex(), digest.hex(), out))
+    if m:
+        say("%s: measured: pcr15=%s" % (what, m.group(1)))
 
 
 def token(role="user"):
@@ -232,6 +311,13 @@ def main():
     bt.A = types.SimpleNamespace(cmdline="", accel=None, kernel="", ca=A.ca, poweroff_timeout=60)
     bt.signal.signal(bt.signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = tempfile.mkdtemp(prefix="kiln-disk-test-")
+    global TPM
+    if shutil.which("swtpm") is None:
+        subprocess.run([os.path.join(bt.ROOT, "scripts", "need.sh"), "swtpm", "swtpm"], check=False)
+    TPM = Tpm(tmp)
+    # What PCR 15 must say: slot a of the disk image holds v1 (it starts at 65 MiB).
+    d_v1, d_v2 = manifest_sha(A.disk, 65 << 20), manifest_sha(A.v2)
+    pcr_v1, pcr_v2 = extend(bytes(32), d_v1), extend(bytes(32), d_v2)
     work = os.path.join(tmp, "disk.img")
     shutil.copyfile(A.disk, work)
     os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "ovmf-vars.fd")
@@ -247,6 +333,10 @@ def main():
                   g.wait(r"kiln: slot a \(version 1\) verified: signature, part hashes, its ESP entry", 5) is not None,
                   "\n" + tail(g, 25))
             version_is(g, "boot 1", "a", 1)
+            m = g.wait(r"kiln: measured boot: pcr15=([0-9a-f]{64}) \(TPM /dev/tpm", 5)
+            check("boot 1: kiln-init measured the boot into the TPM at boot (its log line)",
+                  m is not None and m.group(1) == pcr_v1.hex(), "want %s\n%s" % (pcr_v1.hex(), tail(g, 25)))
+            measured_is(g, "boot 1", "a", d_v1, pcr_v1)
             one_gen(g, "boot 1", "1")
             res, err, _ = net_update(g, os.path.join(tmp, "flip.kimg"))
             check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
@@ -300,6 +390,8 @@ def main():
             m = g.wait(blessed, 30)
             check("boot 2: after one GEN version 2 is blessed", m is not None, "\n" + tail(g, 25))
             version_is(g, "boot 2", "b", 2)
+            check("boot 2: v2's manifest differs from v1's, so does its PCR 15", d_v2 != d_v1 and pcr_v2 != pcr_v1)
+            measured_is(g, "boot 2", "b", d_v2, pcr_v2)
             out = g.cmd("slot a", 120)
             check("boot 2: `slot a` verifies slot a (version 1) and makes it next",
                   out is not None and "slot a (version 1, signature and hashes good) boots next" in out, repr(out))
@@ -355,6 +447,7 @@ def main():
                   m is not None, "\n" + tail(g, 25))
             ready(g, "boot 5 (rollback)")
             version_is(g, "boot 5", "b", 2)
+            measured_is(g, "boot 5 (slot b does not verify: one more extend)", "b", d_v2, extend(pcr_v2, UNVERIFIED))
             out = g.cmd("slot a", 120)
             check("boot 5: `slot a` refuses the changed slot a (its UKI's hash)",
                   out is not None and "REFUSED: slot a does not verify, nothing changed" in out and "`uki`" in out, repr(out))
@@ -370,6 +463,7 @@ def main():
     finally:
         for g in guests:
             g.kill()
+        TPM.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     say("%s (%d failed)" % ("PASS" if not bt.FAILED else "FAIL", len(bt.FAILED)))
     return 1 if bt.FAILED else 0
