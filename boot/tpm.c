@@ -1,7 +1,8 @@
 /* tpm: see tpm.h. Names and numbers are the TPM 2.0 Library specification's (Part 2: the
  * structures, Part 3: the commands). Everything on the wire is big-endian.
  *
- * This file needs nothing but libc: the unit test and the fuzz target include it whole. */
+ * This file needs libc and mbedTLS's SHA-256 (a policy digest) only: the unit test and the
+ * fuzz target include it whole. */
 #include "boot/tpm.h"
 
 #include <errno.h>
@@ -9,8 +10,11 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "mbedtls/sha256.h"
 
 /* ------------------------------------------------------------------ the numbers */
 
@@ -19,6 +23,31 @@
 #define TPM_CC_STARTUP 0x00000144
 #define TPM_CC_PCR_EXTEND 0x00000182
 #define TPM_CC_PCR_READ 0x0000017E
+#define TPM_CC_CREATE_PRIMARY 0x00000131
+#define TPM_CC_CREATE 0x00000153
+#define TPM_CC_LOAD 0x00000157
+#define TPM_CC_UNSEAL 0x0000015E
+#define TPM_CC_FLUSH_CONTEXT 0x00000165
+#define TPM_CC_START_AUTH_SESSION 0x00000176
+#define TPM_CC_POLICY_PCR 0x0000017F
+#define TPM_CC_POLICY_GET_DIGEST 0x00000189
+#define TPM_RH_OWNER 0x40000001
+#define TPM_RH_NULL 0x40000007
+#define TPM_SE_POLICY 0x01
+#define TPM_ALG_NULL 0x0010
+#define TPM_ALG_KEYEDHASH 0x0008
+#define TPM_ALG_ECC 0x0023
+#define TPM_ALG_AES 0x0006
+#define TPM_ALG_CFB 0x0043
+#define TPM_ECC_NIST_P256 0x0003
+/* objectAttributes bits (Part 2, TPMA_OBJECT) */
+#define TPMA_FIXED_TPM 0x00000002
+#define TPMA_FIXED_PARENT 0x00000010
+#define TPMA_SENSITIVE_DATA_ORIGIN 0x00000020
+#define TPMA_USER_WITH_AUTH 0x00000040
+#define TPMA_NO_DA 0x00000400
+#define TPMA_RESTRICTED 0x00010000
+#define TPMA_DECRYPT 0x00020000
 #define TPM_SU_CLEAR 0x0000
 #define TPM_RS_PW 0x40000009 /* the password session: empty auth, no HMAC */
 #define TPM_ALG_SHA256 0x000B
@@ -33,6 +62,9 @@
 #define TPM_RC_TESTING 0x90A
 #define TPM_RC_RETRY 0x922
 #define TPM_RETRIES 5
+#define TPM_RC_POLICY_FAIL 0x09D /* format one: with the session's number in bits 8..11 */
+#define TPM_RC_INTEGRITY 0x09F
+#define TPM_RC_FMT1_MASK 0x0BF  /* a format-one code without which handle/session/parameter */
 
 /* ------------------------------------------------------------------ writing a command */
 
@@ -76,14 +108,29 @@ static size_t done(wr *w) {
     return w->at;
 }
 
-/* The authorization area of a command with one handle that needs auth (PCR_Extend's PCR):
- * the password session with an empty password, which a PCR's default authValue is. */
-static void put_pw_auth(wr *w) {
+/* The authorization area of a command with one handle that needs auth: the password
+ * session TPM_RS_PW with an empty password (a PCR's, the owner hierarchy's and our primary
+ * key's authValue), or a policy session, whose policy is all the authorization there is (no
+ * PolicyAuthValue: no HMAC). continueSession stays clear: the TPM ends a policy session after
+ * the command that used it. */
+static void put_auth(wr *w, uint32_t session) {
     put_u32(w, 4 + 2 + 1 + 2); /* authorizationSize */
-    put_u32(w, TPM_RS_PW);
+    put_u32(w, session);
     put_u16(w, 0); /* nonceCaller: empty */
-    put_u8(w, 0);  /* sessionAttributes: none (continueSession means nothing for TPM_RS_PW) */
-    put_u16(w, 0); /* hmac: the (empty) password */
+    put_u8(w, 0);  /* sessionAttributes */
+    put_u16(w, 0); /* hmac: the empty password, or none */
+}
+static void put_pw_auth(wr *w) { put_auth(w, TPM_RS_PW); }
+
+/* A TPM2B's size, once its body is written: the u16 at at counts what follows it. */
+static void patch_size(wr *w, size_t at) {
+    if (w->bad) return;
+    size_t n = w->at - at - 2;
+    if (n > 0xffff) {
+        w->bad = 1;
+        return;
+    }
+    w->p[at] = (uint8_t)(n >> 8), w->p[at + 1] = (uint8_t)n;
 }
 
 /* A TPMS_PCR_SELECTION of the SHA-256 bank with one PCR. */
@@ -165,19 +212,37 @@ int tpm_rsp_header(const uint8_t *rsp, size_t n, uint32_t *rc) {
     return 0;
 }
 
-/* A response with no handles and no parameters (Startup, PCR_Extend): the header, and for a
- * command that had sessions, an empty parameter area and one session's reply. */
-static int rsp_empty(const uint8_t *rsp, size_t n, uint32_t *rc) {
+/* A success response cut into its parts: nh handles into h, and params, a reader over
+ * exactly the parameter area. A response with sessions has parameterSize before the
+ * parameters and one session's reply after them (we send one session at most), checked
+ * here. A response without has its parameters up to the end. */
+static int rsp_split(const uint8_t *rsp, size_t n, int nh, uint32_t *h, rd *params, uint32_t *rc) {
     int e = tpm_rsp_header(rsp, n, rc);
     if (e < 0 || *rc != TPM_RC_SUCCESS) return e;
     rd r = {rsp, n, TPM_HEADER, 0};
-    if ((rsp[0] << 8 | rsp[1]) == TPM_ST_SESSIONS) {
-        if (get_u32(&r) != 0) return -EPROTO; /* parameterSize */
-        take(&r, get_u16(&r));                /* nonceTPM */
-        get_u8(&r);                           /* sessionAttributes */
-        take(&r, get_u16(&r));                /* hmac */
+    for (int i = 0; i < nh; i++) h[i] = get_u32(&r);
+    int sessions = (rsp[0] << 8 | rsp[1]) == TPM_ST_SESSIONS;
+    size_t plen = sessions ? get_u32(&r) : r.n - r.at;
+    if (r.bad || plen > r.n - r.at) return -EPROTO;
+    *params = (rd){rsp + r.at, plen, 0, 0};
+    r.at += plen;
+    if (sessions) {
+        take(&r, get_u16(&r)); /* nonceTPM */
+        get_u8(&r);            /* sessionAttributes */
+        take(&r, get_u16(&r)); /* hmac */
     }
     return r.bad || r.at != n ? -EPROTO : 0;
+}
+
+/* The parameters were read to their end, and no further. */
+static int params_done(const rd *p) { return !p->bad && p->at == p->n ? 0 : -EPROTO; }
+
+/* A response with no handles and no parameters (Startup, PCR_Extend, PolicyPCR, FlushContext). */
+static int rsp_empty(const uint8_t *rsp, size_t n, uint32_t *rc) {
+    rd p = {0};
+    int e = rsp_split(rsp, n, 0, NULL, &p, rc);
+    if (e < 0 || *rc != TPM_RC_SUCCESS) return e;
+    return p.n == 0 ? 0 : -EPROTO;
 }
 
 int tpm_rsp_pcr_read(const uint8_t *rsp, size_t n, int pcr, uint8_t out[TPM_DIGEST_LEN], uint32_t *rc) {
@@ -348,4 +413,260 @@ int tpm_pcr_read(tpm_dev *t, int pcr, uint8_t out[TPM_DIGEST_LEN]) {
     if (e < 0) return e;
     e = tpm_rsp_pcr_read(rsp, got, pcr, out, &rc);
     return outcome(t, e, rc);
+}
+
+/* ------------------------------------------------------------------ sealing */
+
+#define SEAL_ATTRS (TPMA_FIXED_TPM | TPMA_FIXED_PARENT | TPMA_NO_DA) /* no userWithAuth: policy only */
+#define PRIMARY_ATTRS                                                                                                 \
+    (TPMA_FIXED_TPM | TPMA_FIXED_PARENT | TPMA_SENSITIVE_DATA_ORIGIN | TPMA_USER_WITH_AUTH | TPMA_NO_DA | TPMA_RESTRICTED | \
+     TPMA_DECRYPT)
+
+void tpm_policy_pcr(int pcr, const uint8_t value[TPM_DIGEST_LEN], uint8_t policy[TPM_DIGEST_LEN]) {
+    /* policyDigest' = H(policyDigest || TPM_CC_PolicyPCR || pcrs || H(values)), from zeros. */
+    uint8_t buf[TPM_DIGEST_LEN + 4 + 4 + 2 + 1 + TPM_PCR_SELECT + TPM_DIGEST_LEN];
+    wr w = {buf, sizeof buf, 0, 0};
+    uint8_t zero[TPM_DIGEST_LEN] = {0}, hv[TPM_DIGEST_LEN];
+    mbedtls_sha256(value, TPM_DIGEST_LEN, hv, 0);
+    put(&w, zero, sizeof zero);
+    put_u32(&w, TPM_CC_POLICY_PCR);
+    put_u32(&w, 1);
+    put_pcr_select(&w, pcr < 0 || pcr >= TPM_PCR_COUNT ? 0 : pcr);
+    put(&w, hv, sizeof hv);
+    mbedtls_sha256(buf, w.at, policy, 0);
+}
+
+/* One command whose response has nh handles: sends it, splits the answer. */
+static int call(tpm_dev *t, wr *w, uint8_t *rsp, int nh, uint32_t *h, rd *params) {
+    size_t got = 0;
+    uint32_t rc = 0;
+    int e = xfer(t, w->p, done(w), rsp, &got);
+    if (e < 0) return e;
+    e = rsp_split(rsp, got, nh, h, params, &rc);
+    return outcome(t, e, rc);
+}
+
+/* Skips a TPM2B in a response. */
+static void skip_2b(rd *r) { take(r, get_u16(r)); }
+
+/* The storage primary key: ECC P-256, restricted decrypt, AES-128-CFB for its children, no
+ * unique data. The same template on the same TPM gives the same key. */
+static int create_primary(tpm_dev *t, uint32_t *handle) {
+    uint8_t cmd[256], rsp[TPM_BUF_MAX];
+    wr w = begin(cmd, sizeof cmd, TPM_ST_SESSIONS, TPM_CC_CREATE_PRIMARY);
+    put_u32(&w, TPM_RH_OWNER);
+    put_pw_auth(&w);
+    put_u16(&w, 4), put_u16(&w, 0), put_u16(&w, 0); /* inSensitive: no userAuth, no data */
+    size_t at = w.at;
+    put_u16(&w, 0); /* inPublic's size */
+    put_u16(&w, TPM_ALG_ECC);
+    put_u16(&w, TPM_ALG_SHA256);
+    put_u32(&w, PRIMARY_ATTRS);
+    put_u16(&w, 0); /* authPolicy: none */
+    put_u16(&w, TPM_ALG_AES), put_u16(&w, 128), put_u16(&w, TPM_ALG_CFB); /* symmetric */
+    put_u16(&w, TPM_ALG_NULL);                                            /* scheme */
+    put_u16(&w, TPM_ECC_NIST_P256);
+    put_u16(&w, TPM_ALG_NULL);      /* kdf */
+    put_u16(&w, 0), put_u16(&w, 0); /* unique: an empty point */
+    patch_size(&w, at);
+    put_u16(&w, 0); /* outsideInfo */
+    put_u32(&w, 0); /* creationPCR: none */
+    rd p;
+    int e = call(t, &w, rsp, 1, handle, &p);
+    if (e < 0) return e;
+    skip_2b(&p);                               /* outPublic */
+    skip_2b(&p);                               /* creationData */
+    skip_2b(&p);                               /* creationHash */
+    get_u16(&p), get_u32(&p), skip_2b(&p);     /* creationTicket */
+    skip_2b(&p);                               /* name */
+    return params_done(&p);
+}
+
+static int flush(tpm_dev *t, uint32_t handle) {
+    uint8_t cmd[32], rsp[TPM_BUF_MAX];
+    wr w = begin(cmd, sizeof cmd, TPM_ST_NO_SESSIONS, TPM_CC_FLUSH_CONTEXT);
+    put_u32(&w, handle);
+    rd p;
+    int e = call(t, &w, rsp, 0, NULL, &p);
+    return e < 0 ? e : params_done(&p);
+}
+
+/* A TPM2B from a response into buf (cap bytes). */
+static void get_2b(rd *r, uint8_t *buf, size_t cap, uint16_t *len) {
+    uint16_t n = get_u16(r);
+    const uint8_t *s = take(r, n);
+    if (!s || n > cap) {
+        r->bad = 1;
+        *len = 0;
+        return;
+    }
+    memcpy(buf, s, n);
+    *len = n;
+}
+
+static int create_sealed(tpm_dev *t, uint32_t parent, const uint8_t policy[TPM_DIGEST_LEN], const uint8_t *data, size_t n,
+                         tpm_sealed *out) {
+    uint8_t cmd[512], rsp[TPM_BUF_MAX];
+    wr w = begin(cmd, sizeof cmd, TPM_ST_SESSIONS, TPM_CC_CREATE);
+    put_u32(&w, parent);
+    put_pw_auth(&w);
+    size_t at = w.at;
+    put_u16(&w, 0); /* inSensitive's size */
+    put_u16(&w, 0); /* userAuth: none (the policy is the only way in) */
+    put_u16(&w, (uint16_t)n);
+    put(&w, data, n);
+    patch_size(&w, at);
+    at = w.at;
+    put_u16(&w, 0); /* inPublic's size */
+    put_u16(&w, TPM_ALG_KEYEDHASH);
+    put_u16(&w, TPM_ALG_SHA256);
+    put_u32(&w, SEAL_ATTRS);
+    put_u16(&w, TPM_DIGEST_LEN);
+    put(&w, policy, TPM_DIGEST_LEN);
+    put_u16(&w, TPM_ALG_NULL); /* scheme: a sealed data object, not an HMAC key */
+    put_u16(&w, 0);            /* unique */
+    patch_size(&w, at);
+    put_u16(&w, 0); /* outsideInfo */
+    put_u32(&w, 0); /* creationPCR */
+    rd p;
+    int e = call(t, &w, rsp, 0, NULL, &p);
+    if (e < 0) return e;
+    get_2b(&p, out->priv, sizeof out->priv, &out->priv_len);
+    get_2b(&p, out->pub, sizeof out->pub, &out->pub_len);
+    skip_2b(&p), skip_2b(&p);              /* creationData, creationHash */
+    get_u16(&p), get_u32(&p), skip_2b(&p); /* creationTicket */
+    return params_done(&p);
+}
+
+static int load(tpm_dev *t, uint32_t parent, const tpm_sealed *s, uint32_t *handle) {
+    uint8_t cmd[64 + 2 * TPM_BLOB_PART], rsp[TPM_BUF_MAX];
+    wr w = begin(cmd, sizeof cmd, TPM_ST_SESSIONS, TPM_CC_LOAD);
+    put_u32(&w, parent);
+    put_pw_auth(&w);
+    put_u16(&w, s->priv_len), put(&w, s->priv, s->priv_len);
+    put_u16(&w, s->pub_len), put(&w, s->pub, s->pub_len);
+    rd p;
+    int e = call(t, &w, rsp, 1, handle, &p);
+    if (e < 0) return e;
+    skip_2b(&p); /* name */
+    return params_done(&p);
+}
+
+/* A policy session: unbound and unsalted (nothing secret is derived from it; the policy
+ * alone decides), SHA-256, no parameter encryption. */
+static int start_policy_session(tpm_dev *t, uint32_t *handle) {
+    uint8_t cmd[64], rsp[TPM_BUF_MAX], nonce[16];
+    if (getrandom(nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) return -EIO;
+    wr w = begin(cmd, sizeof cmd, TPM_ST_NO_SESSIONS, TPM_CC_START_AUTH_SESSION);
+    put_u32(&w, TPM_RH_NULL); /* tpmKey: unsalted */
+    put_u32(&w, TPM_RH_NULL); /* bind: unbound */
+    put_u16(&w, sizeof nonce), put(&w, nonce, sizeof nonce);
+    put_u16(&w, 0); /* encryptedSalt */
+    put_u8(&w, TPM_SE_POLICY);
+    put_u16(&w, TPM_ALG_NULL); /* symmetric: none */
+    put_u16(&w, TPM_ALG_SHA256);
+    rd p;
+    int e = call(t, &w, rsp, 1, handle, &p);
+    if (e < 0) return e;
+    skip_2b(&p); /* nonceTPM */
+    return params_done(&p);
+}
+
+/* PolicyPCR with no expected digest: the TPM takes its PCR's value now. */
+static int policy_pcr(tpm_dev *t, uint32_t session, int pcr) {
+    uint8_t cmd[64], rsp[TPM_BUF_MAX];
+    if (pcr < 0 || pcr >= TPM_PCR_COUNT) return -EINVAL;
+    wr w = begin(cmd, sizeof cmd, TPM_ST_NO_SESSIONS, TPM_CC_POLICY_PCR);
+    put_u32(&w, session);
+    put_u16(&w, 0); /* pcrDigest: empty */
+    put_u32(&w, 1);
+    put_pcr_select(&w, pcr);
+    rd p;
+    int e = call(t, &w, rsp, 0, NULL, &p);
+    return e < 0 ? e : params_done(&p);
+}
+
+/* The session's policy digest so far (tests compare it with tpm_policy_pcr's). */
+static int policy_get_digest(tpm_dev *t, uint32_t session, uint8_t out[TPM_DIGEST_LEN]) {
+    uint8_t cmd[32], rsp[TPM_BUF_MAX], d[TPM_DIGEST_LEN];
+    uint16_t n = 0;
+    wr w = begin(cmd, sizeof cmd, TPM_ST_NO_SESSIONS, TPM_CC_POLICY_GET_DIGEST);
+    put_u32(&w, session);
+    rd p;
+    int e = call(t, &w, rsp, 0, NULL, &p);
+    if (e < 0) return e;
+    get_2b(&p, d, sizeof d, &n);
+    if ((e = params_done(&p)) < 0 || n != TPM_DIGEST_LEN) return e < 0 ? e : -EPROTO;
+    memcpy(out, d, TPM_DIGEST_LEN);
+    return 0;
+}
+
+static int unseal_with(tpm_dev *t, uint32_t item, uint32_t session, uint8_t *out, size_t cap, size_t *n) {
+    uint8_t cmd[64], rsp[TPM_BUF_MAX], d[TPM_SEAL_MAX];
+    uint16_t len = 0;
+    wr w = begin(cmd, sizeof cmd, TPM_ST_SESSIONS, TPM_CC_UNSEAL);
+    put_u32(&w, item);
+    put_auth(&w, session);
+    rd p;
+    int e = call(t, &w, rsp, 0, NULL, &p);
+    if (e < 0) return e;
+    get_2b(&p, d, sizeof d, &len);
+    if ((e = params_done(&p)) < 0) return e;
+    if (len > cap) return -EMSGSIZE;
+    memcpy(out, d, len);
+    *n = len;
+    memset(d, 0, sizeof d);
+    return 0;
+}
+
+int tpm_seal(tpm_dev *t, const uint8_t policy[TPM_DIGEST_LEN], const uint8_t *data, size_t n, tpm_sealed *out) {
+    uint32_t primary = 0;
+    if (n > TPM_SEAL_MAX) return -EMSGSIZE;
+    memset(out, 0, sizeof *out);
+    int e = create_primary(t, &primary);
+    if (e < 0) return e;
+    e = create_sealed(t, primary, policy, data, n, out);
+    int f = flush(t, primary);
+    return e < 0 ? e : f;
+}
+
+int tpm_unseal(tpm_dev *t, const tpm_sealed *s, int pcr, uint8_t *out, size_t cap, size_t *n) {
+    uint32_t primary = 0, item = 0, session = 0;
+    *n = 0;
+    int e = create_primary(t, &primary);
+    if (e < 0) return e;
+    e = load(t, primary, s, &item);
+    uint32_t rc = t->rc;
+    flush(t, primary); /* a loaded object outlives its parent's handle */
+    t->rc = rc;
+    if (e == -EIO && (t->rc & TPM_RC_FMT1_MASK) == TPM_RC_INTEGRITY) return -ENOKEY;
+    if (e < 0) return e;
+    if ((e = start_policy_session(t, &session)) == 0) {
+        if ((e = policy_pcr(t, session, pcr)) == 0) {
+            e = unseal_with(t, item, session, out, cap, n);
+            if (e == -EIO && (t->rc & TPM_RC_FMT1_MASK) == TPM_RC_POLICY_FAIL) e = -EACCES;
+        }
+        if (e < 0) flush(t, session); /* a command that failed did not end it */
+    }
+    flush(t, item);
+    return e;
+}
+
+size_t tpm_sealed_save(const tpm_sealed *s, uint8_t *buf, size_t cap) {
+    wr w = {buf, cap, 0, 0};
+    if (s->priv_len > TPM_BLOB_PART || s->pub_len > TPM_BLOB_PART) return 0;
+    put(&w, "KSL1", 4);
+    put_u16(&w, s->priv_len), put(&w, s->priv, s->priv_len);
+    put_u16(&w, s->pub_len), put(&w, s->pub, s->pub_len);
+    return w.bad ? 0 : w.at;
+}
+
+int tpm_sealed_load(tpm_sealed *s, const uint8_t *buf, size_t n) {
+    rd r = {buf, n, 0, 0};
+    memset(s, 0, sizeof *s);
+    const uint8_t *magic = take(&r, 4);
+    if (!magic || memcmp(magic, "KSL1", 4)) return -EINVAL;
+    get_2b(&r, s->priv, sizeof s->priv, &s->priv_len);
+    get_2b(&r, s->pub, sizeof s->pub, &s->pub_len);
+    return r.bad || r.at != n || !s->priv_len || !s->pub_len ? -EINVAL : 0;
 }

@@ -216,6 +216,65 @@ static void stop_swtpm(void) {
     swtpm_pid = -1;
 }
 
+/* Sealing on a started TPM whose PCR 15 is v (updated as it extends). */
+static void test_seal(tpm_dev *t, uint8_t v[32], tpm_sealed *keep) {
+    uint8_t policy[32], tp[32], d[32], secret[32], out[TPM_SEAL_MAX], buf[2 * TPM_BLOB_PART + 8];
+    size_t n = 0;
+    uint32_t session = 0;
+    char txt[80];
+    for (int i = 0; i < 32; i++) secret[i] = (uint8_t)(0xc0 + i);
+    /* Our policy digest is the one the TPM arrives at. */
+    tpm_policy_pcr(15, v, policy);
+    int e = start_policy_session(t, &session);
+    CHECK(e == 0, "StartAuthSession: %d %s", e, tpm_rc_text(t->rc, txt, sizeof txt));
+    if (e == 0) {
+        CHECK((e = policy_pcr(t, session, 15)) == 0, "PolicyPCR: %d %s", e, tpm_rc_text(t->rc, txt, sizeof txt));
+        CHECK((e = policy_get_digest(t, session, tp)) == 0 && !memcmp(tp, policy, 32),
+              "tpm_policy_pcr's digest is the TPM's PolicyPCR digest (%d)", e);
+        CHECK(flush(t, session) == 0, "FlushContext of the session");
+    }
+    tpm_sealed s, s2, moved;
+    CHECK((e = tpm_seal(t, policy, secret, sizeof secret, &s)) == 0, "seal to PCR 15 now: %d %s", e, tpm_rc_text(t->rc, txt, sizeof txt));
+    CHECK(s.priv_len > 0 && s.pub_len > 0, "a blob (%u, %u bytes)", s.priv_len, s.pub_len);
+    size_t bn = tpm_sealed_save(&s, buf, sizeof buf);
+    CHECK(bn == 8u + s.priv_len + s.pub_len && tpm_sealed_load(&s2, buf, bn) == 0 && s2.priv_len == s.priv_len &&
+              !memcmp(s2.pub, s.pub, s.pub_len), "the blob as bytes and back");
+    int ok = 1;
+    for (size_t k = 0; k < bn; k++) ok &= tpm_sealed_load(&moved, buf, k) == -EINVAL;
+    CHECK(ok, "every cut of a saved blob is refused");
+    buf[4] = 0xff;
+    CHECK(tpm_sealed_load(&moved, buf, bn) == -EINVAL, "a blob part longer than TPM_BLOB_PART");
+    for (int i = 0; i < 4; i++) { /* a few times: nothing is left loaded (3 transient slots) */
+        memset(out, 0, sizeof out);
+        e = tpm_unseal(t, &s2, 15, out, sizeof out, &n);
+        CHECK(e == 0 && n == 32 && !memcmp(out, secret, 32), "unseal %d with PCR 15 as sealed: %d %s", i, e, tpm_rc_text(t->rc, txt, sizeof txt));
+    }
+    /* Sealed to the value PCR 15 will have after one more extend: not yet, then yes. */
+    mbedtls_sha256((const uint8_t *)"next image", 10, d, 0);
+    uint8_t next[32];
+    memcpy(next, v, 32);
+    extend_ref(next, d);
+    tpm_policy_pcr(15, next, policy);
+    tpm_sealed ahead;
+    CHECK(tpm_seal(t, policy, secret, 20, &ahead) == 0, "seal to a predicted value");
+    e = tpm_unseal(t, &ahead, 15, out, sizeof out, &n);
+    CHECK(e == -EACCES, "before the extend: -EACCES (policy fail): %d %s", e, tpm_rc_text(t->rc, txt, sizeof txt));
+    CHECK(tpm_pcr_extend(t, 15, d) == 0, "extend");
+    memcpy(v, next, 32);
+    e = tpm_unseal(t, &ahead, 15, out, sizeof out, &n);
+    CHECK(e == 0 && n == 20 && !memcmp(out, secret, 20), "after it: unsealed (%d)", e);
+    e = tpm_unseal(t, &s2, 15, out, sizeof out, &n);
+    CHECK(e == -EACCES && n == 0, "the first blob no longer unseals (PCR 15 moved on): %d", e);
+    CHECK(tpm_unseal(t, &ahead, 15, out, 4, &n) == -EMSGSIZE, "a secret larger than the caller's buffer");
+    CHECK(tpm_seal(t, policy, out, TPM_SEAL_MAX + 1, &moved) == -EMSGSIZE, "more than TPM_SEAL_MAX bytes");
+    CHECK(tpm_seal(t, policy, out, TPM_SEAL_MAX, &moved) == 0, "TPM_SEAL_MAX bytes");
+    moved = ahead;
+    moved.priv[moved.priv_len / 2] ^= 1;
+    e = tpm_unseal(t, &moved, 15, out, sizeof out, &n);
+    CHECK(e == -ENOKEY, "a damaged blob does not load: %d %s", e, tpm_rc_text(t->rc, txt, sizeof txt));
+    *keep = ahead;
+}
+
 static void test_swtpm(void) {
     if (!have_swtpm()) {
         SKIP("swtpm: not installed (Debian package swtpm): the commands were not run against a TPM");
@@ -248,9 +307,27 @@ static void test_swtpm(void) {
             CHECK(e == 0 && !memcmp(v, want, 32), "after extend %d PCR 15 is %s, SHA-256(old || digest) is %s", i, h, w);
         }
         uint8_t z[32] = {0};
-        CHECK(tpm_pcr_read(&t, 14, v) == 0 && !memcmp(v, z, 32), "PCR 14 untouched");
+        CHECK(tpm_pcr_read(&t, 14, z) == 0 && !memcmp(z, (uint8_t[32]){0}, 32), "PCR 14 untouched");
         CHECK(tpm_pcr_extend(&t, 24, d) == -EINVAL, "PCR 24 is not sent");
+        tpm_sealed blob;
+        test_seal(&t, v, &blob);
         close(fd);
+        stop_swtpm();
+        /* Another TPM (a disk moved to another box): the blob does not load there. */
+        char other[320];
+        snprintf(other, sizeof other, "%s/other", dir);
+        mkdir(other, 0700);
+        if ((fd = start_swtpm(other)) >= 0) {
+            tpm_use_fd(&t, fd);
+            uint8_t out[TPM_SEAL_MAX];
+            size_t n = 0;
+            CHECK(tpm_startup(&t) == 0, "the other TPM starts");
+            e = tpm_unseal(&t, &blob, 15, out, sizeof out, &n);
+            CHECK(e == -ENOKEY, "a blob from another TPM does not load: %d %s", e, tpm_rc_text(t.rc, txt, sizeof txt));
+            close(fd);
+        } else {
+            CHECK(0, "a second swtpm did not start");
+        }
     }
     stop_swtpm();
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
