@@ -136,9 +136,9 @@ static void scan_esp(dsk *d) {
 
 static int verify_slot(const dsk *d, int slot, char *out, size_t cap);
 
-/* The SHA-256 of slot's manifest text, read from its partition apart from the check: a slot
- * that does not verify still has its manifest measured (and the failure after it). */
-static int manifest_digest(int slot, uint8_t out[32], char *err, size_t cap) {
+/* Read apart from the check: a slot that does not verify still has its manifest measured
+ * (and the failure after it). */
+int disk_manifest_digest(int slot, uint8_t out[32], char *err, size_t cap) {
     char part[8], dev[64];
     static char text[MAN_MAX + 1]; /* PID 1: off the stack */
     man_manifest m;
@@ -171,7 +171,7 @@ static void verify_running(dsk *d) {
     double t0 = util_now();
     int me = d->slot;
     char err[300];
-    if (manifest_digest(me, d->manifest_sha256, err, sizeof err) == 0) d->have_manifest = 1;
+    if (disk_manifest_digest(me, d->manifest_sha256, err, sizeof err) == 0) d->have_manifest = 1;
     else logring_say("kiln-init: slot %c's manifest for measuring: %s", 'a' + me, err);
     if (verify_slot(d, me, bad, sizeof bad) == 0) {
         logring_say("kiln: slot %c (version %u) verified: signature, part hashes, its ESP entry (%.2f s)", 'a' + me,

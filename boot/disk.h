@@ -70,6 +70,9 @@ int disk_switch(dsk *d, int slot, char *out, size_t cap);
  * "version=N tries=T entry=NAME". Else nothing is activated. 0, or -errno with why in out. */
 int disk_update_begin(dsk *d, int slot, char *out, size_t cap);
 int disk_activate(dsk *d, int slot, int tries, char *out, size_t cap);
+/* The SHA-256 of slot's manifest text on its partition (what boot/measure.h measures);
+ * not a verification. 0, or -errno with why in err. */
+int disk_manifest_digest(int slot, uint8_t out[32], char *err, size_t cap);
 /* The slot a network update writes (the one not running), -1 when none; dev its partition. */
 int disk_update_slot(const dsk *d, char *dev, size_t cap);
 

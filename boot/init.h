@@ -16,6 +16,7 @@
 #include "boot/console.h"
 #include "boot/initctl.h"
 #include "boot/disk.h"
+#include "boot/identity.h"
 #include "boot/measure.h"
 #include "boot/supervise.h"
 #include "boot/util.h"
@@ -39,6 +40,7 @@ typedef struct {
     wdog wd;
     dsk disk;                        /* the data partition (disk image boots) */
     meas meas;                       /* measured boot: what PCR 15 says about this boot */
+    ident id;                        /* the sealed identity (TLS key, tokens) */
     char ask_reply[512];             /* kiln-init's answer to a kilnd ASK, to send; "" none */
 } kinit;
 

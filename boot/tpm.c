@@ -587,7 +587,7 @@ static int policy_pcr(tpm_dev *t, uint32_t session, int pcr) {
 }
 
 /* The session's policy digest so far (tests compare it with tpm_policy_pcr's). */
-static int policy_get_digest(tpm_dev *t, uint32_t session, uint8_t out[TPM_DIGEST_LEN]) {
+__attribute__((unused)) static int policy_get_digest(tpm_dev *t, uint32_t session, uint8_t out[TPM_DIGEST_LEN]) {
     uint8_t cmd[32], rsp[TPM_BUF_MAX], d[TPM_DIGEST_LEN];
     uint16_t n = 0;
     wr w = begin(cmd, sizeof cmd, TPM_ST_NO_SESSIONS, TPM_CC_POLICY_GET_DIGEST);
