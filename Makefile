@@ -88,6 +88,8 @@ tools:
 	@scripts/need.sh gcc gcc make make python3 python3 clang clang
 	@# the network tests: namespaces, TAP and veth devices, TLS and HTTP clients
 	@scripts/need.sh ip iproute2 ping iputils-ping openssl openssl curl curl sysctl procps
+	@# a TPM 2.0 for test_tpm and the disk's QEMU test (kiln-init measures the running slot)
+	@scripts/need.sh swtpm swtpm
 
 # ---------------------------------------------------------------- the CUDA backend (cuda/)
 # A glibc kilnd with the CUDA backend: the driver and cuBLAS are dlopen'ed at run time,

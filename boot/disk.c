@@ -136,6 +136,31 @@ static void scan_esp(dsk *d) {
 
 static int verify_slot(const dsk *d, int slot, char *out, size_t cap);
 
+/* Read apart from the check: a slot that does not verify still has its manifest measured
+ * (and the failure after it). */
+int disk_manifest_digest(int slot, uint8_t out[32], char *err, size_t cap) {
+    char part[8], dev[64];
+    static char text[MAN_MAX + 1]; /* PID 1: off the stack */
+    man_manifest m;
+    snprintf(part, sizeof part, "kiln-%c", 'a' + slot);
+    int r = disk_find_part(part, dev, sizeof dev);
+    if (r < 0) return snprintf(err, cap, "no %s partition", part), r;
+    int fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        r = -errno;
+        snprintf(err, cap, "open %s: %s", dev, strerror(-r));
+        return r;
+    }
+    r = bun_read_manifest(fd, 0, &m, text, err, cap);
+    close(fd);
+    if (r < 0) return r;
+    man_sha s;
+    man_sha_init(&s);
+    man_sha_update(&s, text, strlen(text));
+    man_sha_final(&s, out);
+    return 0;
+}
+
 /* The running slot, checked once at boot as `slot` checks one (with Secure Boot off,
  * nothing else looks at the UKI systemd-boot loaded; with it on, the firmware checked the
  * UKI's signature, this checks the slot's bundle against the manifest key too). It booted
@@ -145,6 +170,9 @@ static void verify_running(dsk *d) {
     char bad[400];
     double t0 = util_now();
     int me = d->slot;
+    char err[300];
+    if (disk_manifest_digest(me, d->manifest_sha256, err, sizeof err) == 0) d->have_manifest = 1;
+    else logring_say("kiln-init: slot %c's manifest for measuring: %s", 'a' + me, err);
     if (verify_slot(d, me, bad, sizeof bad) == 0) {
         logring_say("kiln: slot %c (version %u) verified: signature, part hashes, its ESP entry (%.2f s)", 'a' + me,
                     d->version[me], util_now() - t0);

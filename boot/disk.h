@@ -10,6 +10,7 @@
 #define KILN_BOOT_DISK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define DISK_DATA_DIR "/data"
 #define DISK_CONFIG "/data/config/kiln.ini"
@@ -34,6 +35,10 @@ typedef struct {
     int secure_boot;             /* UEFI SecureBoot variable: 1 on, 0 off, < 0 unreadable */
     int unverified;              /* the running slot did not verify at boot: never blessed */
     int said_unverified;
+    /* The running slot's manifest as it is on its partition (the bundle's first block up to
+     * its NUL, the sig line included): what kiln-init measures into the TPM (boot/measure.h). */
+    int have_manifest;
+    uint8_t manifest_sha256[32];
     double trial_deadline;       /* util_now() */
 } dsk;
 
@@ -65,6 +70,9 @@ int disk_switch(dsk *d, int slot, char *out, size_t cap);
  * "version=N tries=T entry=NAME". Else nothing is activated. 0, or -errno with why in out. */
 int disk_update_begin(dsk *d, int slot, char *out, size_t cap);
 int disk_activate(dsk *d, int slot, int tries, char *out, size_t cap);
+/* The SHA-256 of slot's manifest text on its partition (what boot/measure.h measures);
+ * not a verification. 0, or -errno with why in err. */
+int disk_manifest_digest(int slot, uint8_t out[32], char *err, size_t cap);
 /* The slot a network update writes (the one not running), -1 when none; dev its partition. */
 int disk_update_slot(const dsk *d, char *dev, size_t cap);
 

@@ -82,6 +82,10 @@ static void on_ask(void *arg, const char *what) {
         return;
     }
     int r = begin ? disk_update_begin(&k->disk, slot, out, sizeof out) : disk_activate(&k->disk, slot, tries, out, sizeof out);
+    char why[300];
+    /* The new slot verified: the identity goes with it (else it boots to safe mode). */
+    if (r == 0 && act && id_seal_slot(&k->id, slot, why, sizeof why) < 0)
+        logring_say("kiln: WARNING: network update: %s: slot %c will not unseal the identity (safe mode there)", why, c);
     if (r == 0) snprintf(k->ask_reply, sizeof k->ask_reply, "update %s %c %s", begin ? "ready" : "done", c, begin ? "" : out);
     else snprintf(k->ask_reply, sizeof k->ask_reply, "update refused %c %s", c, out);
 }
@@ -384,6 +388,7 @@ int main(int argc, char **argv) {
     setup_signals(k, &child_mask);
     if (k->test_mode) setup_test(k);
     else setup_box(k);
+    meas_boot(&k->meas, &k->disk, k->test_mode); /* after disk_setup verified the running slot */
 
     char v[16];
     k->test_cmds = sys_cmdline_get(k->cmdline, "kiln.test", v, sizeof v) && strcmp(v, "0");
@@ -401,6 +406,9 @@ int main(int argc, char **argv) {
         if (k->test_mode) return 2;
         sup_enter_safe(&k->sup, "internal error: paths too long");
     }
+    /* The sealed identity in place (or refused) before kilnd can start with it. */
+    id_boot(&k->id, &k->disk, &k->meas, k->ini, k->test_mode);
+    if (k->id.state == ID_FAILED) sup_hold(&k->sup, k->id.why);
     wdog_init(&k->wd, path, k->test_mode);
     initctl_on_ask(&k->ctl, on_ask, k);
     char dev[64];

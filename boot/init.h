@@ -17,6 +17,8 @@
 #include "boot/initctl.h"
 #include "boot/disk.h"
 #include "boot/gpu.h"
+#include "boot/identity.h"
+#include "boot/measure.h"
 #include "boot/supervise.h"
 #include "boot/util.h"
 #include "boot/watchdog.h"
@@ -39,6 +41,8 @@ typedef struct {
     wdog wd;
     dsk disk;                        /* the data partition (disk image boots) */
     gpu_state gpu;                   /* the NVIDIA GPUs and their driver (boot/gpu.h) */
+    meas meas;                       /* measured boot: what PCR 15 says about this boot */
+    ident id;                        /* the sealed identity (TLS key, tokens) */
     char ask_reply[512];             /* kiln-init's answer to a kilnd ASK, to send; "" none */
 } kinit;
 

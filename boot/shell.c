@@ -110,6 +110,10 @@ static void show_local(kinit *k) {
     if (sys_netifs(buf, sizeof buf) > 0) con_printf(&k->con, "interfaces (kernel side): %s", buf);
     con_printf(&k->con, "gpu: %s", k->gpu.line);
     con_printf(&k->con, "watchdog: %s", wdog_describe(&k->wd, buf, sizeof buf));
+    meas_describe(&k->meas, buf, sizeof buf);
+    con_printf(&k->con, "%s", buf);
+    id_describe(&k->id, buf, sizeof buf);
+    con_printf(&k->con, "%s", buf);
     if (k->disk.data_dev[0]) {
         disk_describe(&k->disk, buf, sizeof buf);
         con_printf(&k->con, "%s", buf);
@@ -271,7 +275,10 @@ static void cmd_slot(kinit *k, sh_args *a) {
         return;
     }
     char msg[300];
-    disk_switch(&k->disk, a->argv[1][0] - 'a', msg, sizeof msg);
+    int slot = a->argv[1][0] - 'a';
+    char why[300];
+    if (disk_switch(&k->disk, slot, msg, sizeof msg) == 0 && id_seal_slot(&k->id, slot, why, sizeof why) < 0)
+        con_printf(&k->con, "kiln: WARNING: %s: slot %c will not unseal the identity (safe mode there)", why, a->argv[1][0]);
     logring_note("kiln-init: console slot %s: %s", a->argv[1], msg);
     con_printf(&k->con, "%s", msg);
 }

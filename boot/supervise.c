@@ -454,6 +454,10 @@ void sup_restart(sup *s, double now, char *msg, size_t cap) {
         snprintf(msg, cap, "shutting down: no restart");
         return;
     }
+    if (s->hold[0]) { /* nothing this boot can fix: the box does not serve */
+        snprintf(msg, cap, "refused: safe mode for this boot: %s", s->hold);
+        return;
+    }
     switch (s->state) {
     case SUP_IDLE:
     case SUP_BACKOFF:
@@ -501,6 +505,11 @@ void sup_enter_safe(sup *s, const char *reason) {
     enter_safe(s, "%s", reason);
 }
 
+void sup_hold(sup *s, const char *reason) {
+    snprintf(s->hold, sizeof s->hold, "%s", reason);
+    sup_enter_safe(s, reason);
+}
+
 int sup_test_signal(sup *s, int sig) {
     if (s->pid <= 0) return -ESRCH;
     return signal_kilnd(s, sig);
@@ -532,7 +541,8 @@ void sup_describe(const sup *s, double now, char *buf, size_t cap) {
     if (s->state == SUP_STARTING) add(buf, cap, &u, ", waiting for READY");
     if (s->killed) add(buf, cap, &u, ", killed: %s", s->kill_why);
     if (s->state == SUP_BACKOFF) add(buf, cap, &u, ", restarting in %.0f s", s->retry_at - now > 0 ? s->retry_at - now : 0);
-    if (s->state == SUP_SAFE) add(buf, cap, &u, "\nsafe mode: %s (type `restart` to leave it)", s->reason);
+    if (s->state == SUP_SAFE)
+        add(buf, cap, &u, "\nsafe mode: %s%s", s->reason, s->hold[0] ? " (for this boot: `restart` cannot leave it)" : " (type `restart` to leave it)");
     add(buf, cap, &u, "\nstarts %u, failures %u", s->starts, s->crashes);
     if (s->last_exit[0]) add(buf, cap, &u, "; last exit: %s, %.0f s ago", s->last_exit, now - s->exit_at);
 }

@@ -71,6 +71,7 @@ typedef struct {
     unsigned crash_i, restart_i;
     unsigned starts, crashes;    /* since boot */
     char reason[256];            /* safe mode's */
+    char hold[256];              /* safe mode no `restart` leaves (the identity did not unseal) */
     char last_exit[96];          /* "exit status 1" */
     char last_line[160];         /* kilnd's last line of output */
     int boot_ready_shown;
@@ -96,5 +97,6 @@ void sup_describe(const sup *s, double now, char *buf, size_t cap); /* lines for
 const char *sup_state_name(sup_state st);
 int sup_test_signal(sup *s, int sig);                       /* test-kill / test-hang */
 void sup_enter_safe(sup *s, const char *reason);            /* also ends a shutdown that failed */
+void sup_hold(sup *s, const char *reason);                  /* safe mode for this whole boot */
 
 #endif

@@ -29,6 +29,9 @@
 #                              SMM, so the q35 machine with smm=on and a secure pflash);
 #                              KILN_OVMF_VARS then defaults to a fresh copy of the enrolled
 #                              store make disk wrote beside the disk (kiln-ovmf-vars.fd)
+#   KILN_TPM_SOCK              a TPM 2.0 on the TIS interface: the control socket of an swtpm
+#                              the caller started (swtpm socket --tpm2 --tpmstate dir=D
+#                              --ctrl type=unixio,path=SOCK); kiln-init measures the slot into it
 # Extra arguments are passed to QEMU as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +87,12 @@ case "${KILN_ACCEL:-auto}" in
   *) echo "qemu: KILN_ACCEL must be auto, kvm or tcg" >&2; exit 2 ;;
 esac
 
+TPM=()
+if [ -n "${KILN_TPM_SOCK:-}" ]; then
+  TPM=(-chardev "socket,id=chrtpm,path=$KILN_TPM_SOCK" -tpmdev emulator,id=tpm0,chardev=chrtpm
+       -device tpm-tis,tpmdev=tpm0)
+fi
+
 SERIAL=(-nographic)
 if [ -n "${KILN_SERIAL:-}" ]; then
   SERIAL=(-display none -monitor none -serial "$KILN_SERIAL")
@@ -101,5 +110,5 @@ exec qemu-system-x86_64 \
   -no-reboot "${SERIAL[@]}" \
   "${BOOT[@]}" \
   -netdev "$NETDEV" -device virtio-net-pci,netdev=n0,romfile= \
-  -device i6300esb \
+  -device i6300esb "${TPM[@]}" \
   "$@"

@@ -241,7 +241,9 @@ run "qemu/boot" python3 tests/qemu/boot_test.py --image-dir "$BUILD/image" \
   --ref-kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --log-dir "$log"
 # The A/B disk image under UEFI (OVMF, TCG): tampered bundles refused before writing; v1
 # boots to ready and serves; kiln-flash update to v2 boots and is blessed; a v3 that never
-# gets healthy is tried twice, then the box is back on v2 and says ROLLBACK.
+# gets healthy is tried twice, then the box is back on v2 and says ROLLBACK. Every boot has a
+# TPM 2.0 (swtpm): PCR 15 measured from the slot's manifest, the identity sealed to it (a
+# moved disk, a kiln-flashed v3 and a slot that does not verify do not unseal it: safe mode).
 run "qemu/disk" python3 tests/qemu/disk_test.py --build "$BUILD" --log-dir "$log"
 # The same disk under UEFI Secure Boot (OVMF's Secure Boot build, the project's PK/KEK/db
 # enrolled): it boots to ready and serves, kiln-init says Secure Boot is on; slot a's UKI

@@ -525,6 +525,8 @@ def boot_main(g, ref_thread, ref):
     out = g.cmd("status")
     check("console `status` answers (kiln-init and kilnd)",
           out is not None and "boot to READY" in out and "kilnd reports:" in out, repr(out))
+    check("console `status`: no TPM here, said plainly (measured boot is off, the box serves as before)",
+          out is not None and "measured: no TPM (no /dev/tpmrm0 or /dev/tpm0)" in out, repr(out))
     if out:
         print("\n".join("    | " + l for l in out.splitlines()))
     out = g.cmd("stats")

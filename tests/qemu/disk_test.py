@@ -25,8 +25,26 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
     reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
     (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
-    nothing changed; slot b's partition (not its ESP entry) was changed too: it boots, and
-    kiln-init's boot check warns that the running slot does not verify
+    nothing changed; slot b's partition (not its ESP entry) was changed too: it boots,
+    kiln-init's boot check warns that the running slot does not verify, and it stays in
+    safe mode (its sealed identity does not unseal)
+
+Measured boot: every boot has a TPM 2.0 (swtpm, Debian package; one state directory for the
+whole test, one swtpm process per boot, ended by its pid). kiln-init extends PCR 15 with the
+SHA-256 of the running slot's manifest; boots 1, 2 and 5 check that the console's `status`
+says `measured: pcr15=<hex>` with the value computed here from the manifest's bytes,
+SHA-256(32 zero bytes || SHA-256(manifest)): v1's on slot a, v2's once slot b runs (a
+different signed image, a different PCR), and in boot 5 (slot b does not verify) one more
+extend, SHA-256("kiln: the running slot did not verify").
+
+Sealed identity (boot/identity.h): boot 1 (the disk's first with a TPM) seals the TLS key
+and the tokens to the TPM and slot a; boot 1b unseals them and serves with them; the network
+update seals them for slot b too (to v2's PCR 15, computed here); boot 2 (v2) unseals and
+serves. The same disk booted with another TPM (a moved disk): the console says the sealed
+identity does not load on this TPM, SAFE MODE, `restart` refused, kilnd never started.
+Boot 3 (v3, swapped in with kiln-flash: validly signed, a different manifest): it does not
+unseal, the console says so, SAFE MODE (its try ends). Boot 5 (slot b's partition changed:
+it does not verify): it does not unseal either, SAFE MODE: the box does not serve.
 
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
 in over the network on the main disk (and with kiln-flash on a copy), v3 with kiln-flash:
@@ -41,6 +59,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -65,9 +84,83 @@ def run(cmd):
     return p.returncode, p.stdout + p.stderr
 
 
-def boot(name, disk, log_dir):
+class Tpm:
+    """swtpm as the box's TPM 2.0: the same state directory every boot (a box keeps its TPM
+    when its slots change), a fresh swtpm process for each QEMU run (a power cycle: the PCRs
+    start at zero), ended by its pid."""
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, "tpm")
+        os.makedirs(self.dir, exist_ok=True)
+        self.sock = os.path.join(self.dir, "ctrl.sock")
+        self.p = None
+
+    def start(self, log_path, state=None):
+        """state: another state directory (another box's TPM) for this boot."""
+        self.stop()
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        log = open(log_path, "wb")
+        # --terminate: it also ends by itself when QEMU closes the control channel.
+        self.p = subprocess.Popen(["swtpm", "socket", "--tpm2", "--tpmstate", "dir=" + (state or self.dir),
+                                   "--ctrl", "type=unixio,path=" + self.sock, "--terminate"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        end = bt.now() + 10
+        while not os.path.exists(self.sock) and self.p.poll() is None and bt.now() < end:
+            time.sleep(0.05)
+        os.environ["KILN_TPM_SOCK"] = self.sock
+
+    def stop(self):
+        if self.p is None:
+            return
+        if self.p.poll() is None:
+            os.kill(self.p.pid, bt.signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.p.pid, bt.signal.SIGKILL)
+                self.p.wait()
+        self.p = None
+
+
+TPM = None  # set by main(); None (secureboot_test's boots through boot()): no TPM
+
+
+def boot(name, disk, log_dir, tpm_state=None):
     os.environ["KILN_DISK"] = disk
+    if TPM is not None:
+        TPM.start(os.path.join(log_dir, "swtpm-disk-%s.log" % name), tpm_state)
+    else:
+        os.environ.pop("KILN_TPM_SOCK", None)
     return bt.Guest(name, "", os.path.join(log_dir, "qemu-disk-%s.log" % name))
+
+
+def manifest_sha(path, off=0):
+    """SHA-256 of the manifest text at off (a bundle's first block, up to its NUL)."""
+    with open(path, "rb") as f:
+        f.seek(off)
+        block = f.read(4096)
+    return hashlib.sha256(block.split(b"\0", 1)[0]).digest()
+
+
+def extend(pcr, digest):
+    return hashlib.sha256(pcr + digest).digest()
+
+
+UNVERIFIED = hashlib.sha256(b"kiln: the running slot did not verify").digest()
+
+
+def measured_is(g, what, slot, digest, pcr):
+    """Console `status` shows PCR 15 as pcr (bytes), measured from slot's manifest digest."""
+    out = g.cmd("status")
+    m = re.search(r"^measured: pcr15=([0-9a-f]{64}) \(slot ([ab])'s manifest sha256 ([0-9a-f]{64})", out or "", re.M)
+    check("%s: console `status` says measured: pcr15=%s... (slot %s's manifest %s..., SHA-256 extends computed here)" %
+          (what, pcr.hex()[:16], slot, digest.hex()[:16]),
+          m is not None and m.group(1) == pcr.hex() and m.group(2) == slot and m.group(3) == digest.hex(),
+          "want pcr15=%s manifest %s\n%s" % (pcr.hex(), digest.hex(), out))
+    if m:
+        say("%s: measured: pcr15=%s" % (what, m.group(1)))
 
 
 def token(role="user"):
@@ -232,6 +325,13 @@ def main():
     bt.A = types.SimpleNamespace(cmdline="", accel=None, kernel="", ca=A.ca, poweroff_timeout=60)
     bt.signal.signal(bt.signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = tempfile.mkdtemp(prefix="kiln-disk-test-")
+    global TPM
+    if shutil.which("swtpm") is None:
+        subprocess.run([os.path.join(bt.ROOT, "scripts", "need.sh"), "swtpm", "swtpm"], check=False)
+    TPM = Tpm(tmp)
+    # What PCR 15 must say: slot a of the disk image holds v1 (it starts at 65 MiB).
+    d_v1, d_v2 = manifest_sha(A.disk, 65 << 20), manifest_sha(A.v2)
+    pcr_v1, pcr_v2 = extend(bytes(32), d_v1), extend(bytes(32), d_v2)
     work = os.path.join(tmp, "disk.img")
     shutil.copyfile(A.disk, work)
     os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "ovmf-vars.fd")
@@ -247,6 +347,13 @@ def main():
                   g.wait(r"kiln: slot a \(version 1\) verified: signature, part hashes, its ESP entry", 5) is not None,
                   "\n" + tail(g, 25))
             version_is(g, "boot 1", "a", 1)
+            m = g.wait(r"kiln: measured boot: pcr15=([0-9a-f]{64}) \(TPM /dev/tpm", 5)
+            check("boot 1: kiln-init measured the boot into the TPM at boot (its log line)",
+                  m is not None and m.group(1) == pcr_v1.hex(), "want %s\n%s" % (pcr_v1.hex(), tail(g, 25)))
+            measured_is(g, "boot 1", "a", d_v1, pcr_v1)
+            m = g.wait(r"kiln: identity: \S+server\.key and \S+tokens\.txt sealed to this TPM and slot a's PCR 15", 5)
+            check("boot 1: the first boot with a TPM seals the identity (TLS key, tokens) to it and slot a", m is not None,
+                  "\n" + tail(g, 25))
             one_gen(g, "boot 1", "1")
             res, err, _ = net_update(g, os.path.join(tmp, "flip.kimg"))
             check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
@@ -272,6 +379,8 @@ def main():
         g = boot("v1-again", work, A.log_dir); guests.append(g)
         try:
             ready(g, "boot 1b (v1 after the broken transfer)")
+            check("boot 1b: the identity is unsealed for slot a (and serves: the GEN below authenticates with it)",
+                  g.wait(r"kiln: identity: unsealed for slot a \(PCR 15\)", 5) is not None, "\n" + tail(g, 25))
             version_is(g, "boot 1b", "a", 1)
             one_gen(g, "boot 1b", "1b")
             res, err, seen = net_update(g, A.v2)
@@ -281,6 +390,9 @@ def main():
             check("boot 1b: progress lines up to the bundle's size", len(seen) >= 10 and seen[-1] == (size, size), seen[-3:])
             m = g.wait(r"kiln: network update: slot b has version 2 \(signature and hashes good[^\n]*kiln-b\+3\.efi", 10)
             check("boot 1b: kiln-init verified and activated slot b (kiln-b+3.efi)", m is not None, "\n" + tail(g, 10))
+            m = g.wait(r"kiln: identity: sealed for slot b too: it unseals there when PCR 15 is ([0-9a-f]{16})", 10)
+            check("boot 1b: the activation sealed the identity for slot b, to v2's PCR 15",
+                  m is not None and m.group(1) == pcr_v2.hex()[:16], "\n" + tail(g, 10))
             net_reboot(g, "boot 1b")
         except Abort:
             pass
@@ -300,6 +412,10 @@ def main():
             m = g.wait(blessed, 30)
             check("boot 2: after one GEN version 2 is blessed", m is not None, "\n" + tail(g, 25))
             version_is(g, "boot 2", "b", 2)
+            check("boot 2: v2's manifest differs from v1's, so does its PCR 15", d_v2 != d_v1 and pcr_v2 != pcr_v1)
+            measured_is(g, "boot 2", "b", d_v2, pcr_v2)
+            check("boot 2: the network-updated slot b unseals the identity (its GEN authenticated with it)",
+                  "kiln: identity: unsealed for slot b (PCR 15)" in g.text(), "\n" + tail(g, 25))
             out = g.cmd("slot a", 120)
             check("boot 2: `slot a` verifies slot a (version 1) and makes it next",
                   out is not None and "slot a (version 1, signature and hashes good) boots next" in out, repr(out))
@@ -323,12 +439,41 @@ def main():
         rc, out = run([A.flash, "status", work])
         check("after boot 2: slot b's entry is blessed (kiln-b.efi)", rc == 0 and "boot entry kiln-b.efi" in out, out)
 
+        # The disk moved to another box: another TPM (its own state), the same image.
+        other = os.path.join(tmp, "tpm-other-box")
+        os.makedirs(other)
+        g = boot("moved", work, A.log_dir, other); guests.append(g)
+        try:
+            m = g.wait(r"kiln: SAFE MODE: ([^\n]*)\n", A.ready_timeout)
+            check("moved disk: another TPM does not load the sealed identity: the console says so, SAFE MODE",
+                  m is not None and "does NOT load on this TPM (a disk from another box?)" in m.group(1), "\n" + tail(g, 25))
+            if m:
+                say("moved disk: SAFE MODE: %s" % m.group(1))
+            out = g.cmd("restart")
+            check("moved disk: `restart` is refused: no serving without the identity",
+                  out is not None and "refused: safe mode for this boot" in out, repr(out))
+            out = g.cmd("status")
+            check("moved disk: `status` says identity: FAILED", out is not None and "identity: FAILED" in out, repr(out))
+            check("moved disk: kilnd never started", "kiln: ready in" not in g.text() and "starting kilnd" not in g.text(),
+                  "\n" + tail(g, 25))
+            bt.poweroff(g, "moved disk: `poweroff` ends QEMU with status 0")
+        except Abort:
+            pass
+        g.kill()
+
         rc, out = run([A.flash, "update", A.v3, work, "--tries", "2"])
         check("kiln-flash update v3 (never healthy) into slot a, 2 tries", rc == 0 and "slot a" in out, out)
         for n in (1, 2):
             g = boot("v3-try%d" % n, work, A.log_dir); guests.append(g)
             m = g.wait(r"slot a \(version 3\) on trial is not healthy", A.fail_timeout)
             check("boot %d (v3, try %d): not healthy, reboots for its next try" % (2 + n, n), m is not None, "\n" + tail(g, 25))
+            if n == 1:  # v3 was swapped in with kiln-flash: validly signed, but this box did not seal for it
+                m = re.search(r"kiln: SAFE MODE: ([^\n]*)\n", g.text())
+                check("boot 3: the kiln-flashed v3 does not unseal the identity sealed for slot a (v1): the console says so, SAFE MODE",
+                      m is not None and "the sealed identity does NOT unseal for slot a" in m.group(1) and
+                      "this is not the image it was sealed for" in m.group(1), "\n" + tail(g, 25))
+                if m:
+                    say("boot 3: SAFE MODE: %s" % m.group(1))
             rc = g.exited(120)
             check("boot %d: the reboot ends QEMU (-no-reboot)" % (2 + n), rc is not None, "still running")
             g.kill()
@@ -353,8 +498,16 @@ def main():
             m = g.wait(r"kiln: WARNING: the running slot b does NOT verify: [^\n]*`uki`", 5)
             check("boot 5: slot b's partition changed: kiln-init warns on the console that the running slot does not verify",
                   m is not None, "\n" + tail(g, 25))
-            ready(g, "boot 5 (rollback)")
+            # Its partition does not verify, so PCR 15 has the extra extend: the identity sealed for
+            # slot b does not unseal, and the box does not serve (before the identity, it did).
+            m = g.wait(r"kiln: SAFE MODE: ([^\n]*)\n", 30)
+            check("boot 5: slot b did not verify: its sealed identity does not unseal: the console says so, SAFE MODE",
+                  m is not None and "does NOT unseal for slot b" in m.group(1) and "the running slot did not verify" in m.group(1),
+                  "\n" + tail(g, 25))
+            if m:
+                say("boot 5: SAFE MODE: %s" % m.group(1))
             version_is(g, "boot 5", "b", 2)
+            measured_is(g, "boot 5 (slot b does not verify: one more extend)", "b", d_v2, extend(pcr_v2, UNVERIFIED))
             out = g.cmd("slot a", 120)
             check("boot 5: `slot a` refuses the changed slot a (its UKI's hash)",
                   out is not None and "REFUSED: slot a does not verify, nothing changed" in out and "`uki`" in out, repr(out))
@@ -370,6 +523,7 @@ def main():
     finally:
         for g in guests:
             g.kill()
+        TPM.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     say("%s (%d failed)" % ("PASS" if not bt.FAILED else "FAIL", len(bt.FAILED)))
     return 1 if bt.FAILED else 0

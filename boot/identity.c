@@ -1,0 +1,341 @@
+/* identity: see identity.h. */
+#include "boot/identity.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "boot/ini.h"
+#include "boot/logring.h"
+#include "boot/tpm.h"
+#include "image/manifest.h"
+#include "mbedtls/gcm.h"
+
+#define ENC_MAGIC "KID1"
+#define IV_LEN 12
+#define TAG_LEN 16
+#define PLAIN_MAX (8 + 2 * ID_FILE_MAX)
+#define ENC_MAX (4 + IV_LEN + TAG_LEN + 4 + PLAIN_MAX)
+
+static const char *const names[2] = {"server.key", "tokens.txt"};
+
+/* PID 1: the buffers are static, not on the stack; one boot at a time uses them. */
+static uint8_t plain[PLAIN_MAX], enc[ENC_MAX + 1];
+
+/* ------------------------------------------------------------------ small helpers */
+
+static int fail(ident *id, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(ident *id, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(id->why, sizeof id->why, fmt, ap);
+    va_end(ap);
+    id->state = ID_FAILED;
+    logring_say("kiln: IDENTITY: %s", id->why);
+    return -EPERM;
+}
+
+static void put32(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v; }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+
+/* A whole file of at most max bytes into buf; its length, or -errno (-EFBIG: larger). */
+static ssize_t read_bin(const char *path, uint8_t *buf, size_t max) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, max + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+        if (n > max) {
+            close(fd);
+            return -EFBIG;
+        }
+    }
+    close(fd);
+    return (ssize_t)n;
+}
+
+/* buf into path through path.new, synced, renamed: a crash leaves the old file or the new. */
+static int write_atomic(const char *path, const void *buf, size_t n) {
+    char tmp[UTIL_PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    int r = util_write_all(fd, buf, n);
+    if (r == 0 && fsync(fd) < 0) r = -errno;
+    close(fd);
+    if (r == 0 && rename(tmp, path) < 0) r = -errno;
+    if (r < 0) unlink(tmp);
+    sync();
+    return r;
+}
+
+static void slot_blob_path(char *out, size_t cap, int slot) { snprintf(out, cap, ID_DIR "/sealed-%c", 'a' + slot); }
+
+/* SHA-256(32 zero bytes || digest): PCR 15 once a slot with this manifest digest booted. */
+static void predict(const uint8_t digest[32], uint8_t pcr[32]) {
+    uint8_t both[64] = {0};
+    memcpy(both + 32, digest, 32);
+    man_sha s;
+    man_sha_init(&s);
+    man_sha_update(&s, both, sizeof both);
+    man_sha_final(&s, pcr);
+}
+
+/* ------------------------------------------------------------------ sealing K */
+
+/* K sealed to PCR 15 = pcr, into ID_DIR/sealed-<slot>. */
+static int seal_to(const ident *id, int slot, const uint8_t pcr[32], char *why, size_t cap) {
+    tpm_dev t;
+    tpm_sealed s;
+    uint8_t policy[32], blob[2 * TPM_BLOB_PART + 8];
+    char path[UTIL_PATH_MAX], rc[80];
+    int e = tpm_open(&t, NULL);
+    if (e < 0) return snprintf(why, cap, "open the TPM: %s", strerror(-e)), e;
+    tpm_policy_pcr(MEAS_PCR, pcr, policy);
+    e = tpm_seal(&t, policy, id->key, sizeof id->key, &s);
+    tpm_close(&t);
+    if (e < 0) return snprintf(why, cap, "seal: %s", e == -EIO ? tpm_rc_text(t.rc, rc, sizeof rc) : strerror(-e)), e;
+    size_t n = tpm_sealed_save(&s, blob, sizeof blob);
+    slot_blob_path(path, sizeof path, slot);
+    if (!n) return snprintf(why, cap, "seal: the blob does not fit"), -EOVERFLOW;
+    if ((e = write_atomic(path, blob, n)) < 0) return snprintf(why, cap, "write %s: %s", path, strerror(-e)), e;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the files */
+
+/* Both files into plain: u32 length, bytes, for each. Its length, or < 0 (id->why). */
+static ssize_t pack(ident *id, char *why, size_t cap) {
+    size_t at = 0;
+    for (int i = 0; i < 2; i++) {
+        ssize_t n = read_bin(id->paths[i], plain + at + 4, ID_FILE_MAX);
+        if (n < 0) return snprintf(why, cap, "read %s: %s", id->paths[i], strerror((int)-n)), n;
+        put32(plain + at, (uint32_t)n);
+        at += 4 + (size_t)n;
+    }
+    return (ssize_t)at;
+}
+
+static int encrypt_files(const ident *id, size_t n, size_t *out_n) {
+    mbedtls_gcm_context g;
+    uint8_t *iv = enc + 4, *tag = enc + 4 + IV_LEN, *ct = enc + 4 + IV_LEN + TAG_LEN + 4;
+    if (getrandom(iv, IV_LEN, 0) != IV_LEN) return -EIO;
+    memcpy(enc, ENC_MAGIC, 4);
+    put32(enc + 4 + IV_LEN + TAG_LEN, (uint32_t)n);
+    mbedtls_gcm_init(&g);
+    int r = mbedtls_gcm_setkey(&g, MBEDTLS_CIPHER_ID_AES, id->key, 256);
+    if (r == 0) r = mbedtls_gcm_crypt_and_tag(&g, MBEDTLS_GCM_ENCRYPT, n, iv, IV_LEN, enc, 4, plain, ct, TAG_LEN, tag);
+    mbedtls_gcm_free(&g);
+    *out_n = (size_t)(ct - enc) + n;
+    return r ? -EIO : 0;
+}
+
+/* identity.enc (n bytes in enc) into plain; its length, or -EBADMSG (damaged, or not K's). */
+static ssize_t decrypt_files(const ident *id, size_t n) {
+    const size_t head = 4 + IV_LEN + TAG_LEN + 4;
+    if (n < head || memcmp(enc, ENC_MAGIC, 4)) return -EBADMSG;
+    uint32_t len = get32(enc + head - 4);
+    if (len != n - head || len > PLAIN_MAX) return -EBADMSG;
+    mbedtls_gcm_context g;
+    mbedtls_gcm_init(&g);
+    int r = mbedtls_gcm_setkey(&g, MBEDTLS_CIPHER_ID_AES, id->key, 256);
+    if (r == 0) r = mbedtls_gcm_auth_decrypt(&g, len, enc + 4, IV_LEN, enc, 4, enc + 4 + IV_LEN, TAG_LEN, enc + head, plain);
+    mbedtls_gcm_free(&g);
+    return r ? -EBADMSG : (ssize_t)len;
+}
+
+/* The decrypted files into ID_RUN, each bind-mounted over the path kiln.ini names. */
+static int put_in_place(ident *id, size_t n, char *why, size_t cap) {
+    size_t at = 0;
+    if (mkdir(ID_RUN, 0700) < 0 && errno != EEXIST) {
+        int e = -errno;
+        snprintf(why, cap, "mkdir " ID_RUN ": %s", strerror(-e));
+        return e;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (n - at < 4 || get32(plain + at) > n - at - 4) return snprintf(why, cap, "identity.enc: its contents do not parse"), -EBADMSG;
+        uint32_t len = get32(plain + at);
+        char path[64];
+        snprintf(path, sizeof path, ID_RUN "/%s", names[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        int e = fd < 0 ? -errno : util_write_all(fd, (const char *)plain + at + 4, len);
+        if (fd >= 0) close(fd);
+        if (e < 0) return snprintf(why, cap, "write %s: %s", path, strerror(-e)), e;
+        at += 4 + len;
+        /* The target must exist to be mounted over (an image without the file). */
+        if ((fd = open(id->paths[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0) close(fd);
+        if (mount(path, id->paths[i], NULL, MS_BIND, NULL) < 0) {
+            e = -errno;
+            snprintf(why, cap, "bind %s on %.120s: %s", path, id->paths[i], strerror(-e));
+            return e;
+        }
+    }
+    memset(plain, 0, sizeof plain);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ boot */
+
+static void enrol(ident *id, const dsk *d, const meas *m) {
+    char why[200];
+    size_t n = 0;
+    if (m->unverified) {
+        id->state = ID_PLAIN;
+        snprintf(id->why, sizeof id->why, "not sealed: the running slot did not verify");
+        logring_say("kiln: WARNING: identity: %s; it serves as the image has it", id->why);
+        return;
+    }
+    ssize_t pn = pack(id, why, sizeof why);
+    if (pn < 0 || getrandom(id->key, sizeof id->key, 0) != (ssize_t)sizeof id->key) {
+        id->state = ID_PLAIN;
+        snprintf(id->why, sizeof id->why, "not sealed: %s", pn < 0 ? why : "getrandom failed");
+        logring_say("kiln: WARNING: identity: %s", id->why);
+        return;
+    }
+    id->have_key = 1;
+    int e = encrypt_files(id, (size_t)pn, &n);
+    memset(plain, 0, sizeof plain);
+    /* sealed-<slot> before identity.enc: identity.enc is what says "enrolled". */
+    if (e < 0) {
+        snprintf(why, sizeof why, "encrypt: failed");
+    } else if (mkdir(ID_DIR, 0700) < 0 && errno != EEXIST) {
+        e = -errno;
+        snprintf(why, sizeof why, "mkdir " ID_DIR ": %s", strerror(-e));
+    } else if ((e = seal_to(id, d->slot, m->value, why, sizeof why)) == 0 &&
+               (e = write_atomic(ID_DIR "/identity.enc", enc, n)) < 0) {
+        snprintf(why, sizeof why, "write identity.enc: %s", strerror(-e));
+    }
+    if (e < 0) {
+        id->state = ID_PLAIN, id->have_key = 0;
+        snprintf(id->why, sizeof id->why, "not sealed: %s", why);
+        logring_say("kiln: WARNING: identity: %s", id->why);
+        return;
+    }
+    id->state = ID_ENROLLED;
+    logring_say("kiln: identity: %s and %s sealed to this TPM and slot %c's PCR %d (" ID_DIR "): another image or another box "
+                "cannot unseal them", id->paths[0], id->paths[1], 'a' + d->slot, MEAS_PCR);
+}
+
+static void unseal(ident *id, const dsk *d, const meas *m) {
+    char path[UTIL_PATH_MAX], why[200], rc[80];
+    uint8_t blob[2 * TPM_BLOB_PART + 8];
+    tpm_sealed s;
+    int me = d->slot;
+    slot_blob_path(path, sizeof path, me);
+    ssize_t n = read_bin(path, blob, sizeof blob);
+    if (n == -ENOENT) {
+        fail(id, "slot %c has no sealed identity: its image was not installed by this box (kiln-flash, or a swapped disk?)", 'a' + me);
+        return;
+    }
+    if (n < 0 || tpm_sealed_load(&s, blob, (size_t)n) < 0) {
+        fail(id, "%s: %s", path, n < 0 ? strerror((int)-n) : "not a sealed blob");
+        return;
+    }
+    tpm_dev t;
+    size_t kn = 0;
+    int e = tpm_open(&t, NULL);
+    if (e == 0) e = tpm_unseal(&t, &s, MEAS_PCR, id->key, sizeof id->key, &kn);
+    tpm_close(&t);
+    if (e == -EACCES) {
+        fail(id, "the sealed identity does NOT unseal for slot %c: PCR 15 is not the value it was sealed to (%s): not serving",
+             'a' + me, m->unverified ? "the running slot did not verify" : "this is not the image it was sealed for");
+        return;
+    }
+    if (e == -ENOKEY) {
+        fail(id, "the sealed identity does NOT load on this TPM (a disk from another box?): not serving");
+        return;
+    }
+    if (e < 0 || kn != sizeof id->key) {
+        fail(id, "unseal: %s: not serving", e == -EIO ? tpm_rc_text(t.rc, rc, sizeof rc) : e < 0 ? strerror(-e) : "wrong length");
+        return;
+    }
+    id->have_key = 1;
+    ssize_t en = read_bin(ID_DIR "/identity.enc", enc, ENC_MAX);
+    ssize_t pn = en < 0 ? en : decrypt_files(id, (size_t)en);
+    if (pn < 0) {
+        fail(id, "identity.enc: %s: not serving", pn == -EBADMSG ? "damaged, or not sealed with this key" : strerror((int)-pn));
+        return;
+    }
+    if ((e = put_in_place(id, (size_t)pn, why, sizeof why)) < 0) {
+        memset(plain, 0, sizeof plain);
+        fail(id, "%s: not serving", why);
+        return;
+    }
+    id->state = ID_UNSEALED;
+    logring_say("kiln: identity: unsealed for slot %c (PCR %d): %s and %s from " ID_DIR, 'a' + me, MEAS_PCR, id->paths[0], id->paths[1]);
+}
+
+void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_mode) {
+    memset(id, 0, sizeof *id);
+    struct stat st;
+    if (test_mode || !d->data_mounted || d->slot < 0) {
+        id->state = ID_OFF;
+        snprintf(id->why, sizeof id->why, test_mode ? "test mode" : "not booted from the A/B disk image");
+        return;
+    }
+    int enrolled = stat(ID_DIR "/identity.enc", &st) == 0;
+    if (m->state != MEAS_DONE) {
+        if (enrolled) {
+            fail(id, "this box's identity is sealed, and %s: not serving",
+                 m->state == MEAS_NO_TPM ? "there is no TPM (a disk from another box?)" : "the TPM did not measure this boot");
+            return;
+        }
+        id->state = ID_PLAIN;
+        snprintf(id->why, sizeof id->why, "not sealed (%s)", m->state == MEAS_NO_TPM ? "no TPM" : "the boot was not measured");
+        logring_note("kiln-init: identity: %s: the image's files serve", id->why);
+        return;
+    }
+    static const char *const keys[2] = {"key", "tokens_file"};
+    for (int i = 0; i < 2; i++) {
+        if (ini_get(ini, "net", keys[i], id->paths[i], sizeof id->paths[i]) < 0 || id->paths[i][0] != '/' ||
+            util_starts(id->paths[i], DISK_DATA_DIR "/")) {
+            if (enrolled) {
+                fail(id, "kiln.ini's [net] %s is not an absolute path outside " DISK_DATA_DIR ": not serving", keys[i]);
+                return;
+            }
+            id->state = ID_PLAIN;
+            snprintf(id->why, sizeof id->why, "not sealed: kiln.ini's [net] %s is not an absolute path outside " DISK_DATA_DIR, keys[i]);
+            logring_say("kiln: identity: %s", id->why);
+            return;
+        }
+    }
+    if (enrolled) unseal(id, d, m);
+    else enrol(id, d, m);
+}
+
+int id_seal_slot(ident *id, int slot, char *out, size_t cap) {
+    uint8_t digest[32], pcr[32];
+    char err[300], hex[65];
+    out[0] = 0;
+    if (!id->have_key || (id->state != ID_ENROLLED && id->state != ID_UNSEALED)) return 0;
+    int e = disk_manifest_digest(slot, digest, err, sizeof err);
+    if (e < 0) return snprintf(out, cap, "identity: slot %c's manifest: %s", 'a' + slot, err), e;
+    predict(digest, pcr);
+    if ((e = seal_to(id, slot, pcr, err, sizeof err)) < 0) return snprintf(out, cap, "identity: %s", err), e;
+    man_hex(pcr, 32, hex);
+    logring_say("kiln: identity: sealed for slot %c too: it unseals there when PCR 15 is %.16s...", 'a' + slot, hex);
+    return 0;
+}
+
+void id_describe(const ident *id, char *out, size_t cap) {
+    switch (id->state) {
+    case ID_ENROLLED: snprintf(out, cap, "identity: sealed to this TPM and slot (enrolled at this boot)"); break;
+    case ID_UNSEALED: snprintf(out, cap, "identity: unsealed (sealed to this TPM and this slot's PCR %d)", MEAS_PCR); break;
+    case ID_FAILED: snprintf(out, cap, "identity: FAILED: %s", id->why); break;
+    default: snprintf(out, cap, "identity: %s", id->why); break;
+    }
+}
