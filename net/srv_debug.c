@@ -101,15 +101,22 @@ static void window_close(srv *s, const char *who, const srv_debug_io *io) {
 
 /* ------------------------------------------------------------------ net */
 
-/* One file's first line, trimmed; "" when it cannot be read. */
-static void read_line(const char *path, char *out, size_t cap) {
+/* The start of a small file (sysfs, procfs), NUL-terminated; its length, 0 when it
+ * cannot be read. */
+static size_t read_text(const char *path, char *out, size_t cap) {
     out[0] = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return 0;
     ssize_t n = read(fd, out, cap - 1);
     close(fd);
-    if (n <= 0) { out[0] = 0; return; }
+    if (n <= 0) return 0;
     out[n] = 0;
+    return (size_t)n;
+}
+
+/* One file's first line; "" when it cannot be read. */
+static void read_line(const char *path, char *out, size_t cap) {
+    read_text(path, out, cap);
     out[strcspn(out, "\n")] = 0;
 }
 
@@ -242,13 +249,8 @@ static void nvidia_proc(void) {
         n++;
         char path[128];
         snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%.32s/information", e->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
         char info[2048];
-        ssize_t k = read(fd, info, sizeof info - 1);
-        close(fd);
-        if (k <= 0) continue;
-        info[k] = 0;
+        if (!read_text(path, info, sizeof info)) continue;
         for (char *line = strtok(info, "\n"); line; line = strtok(NULL, "\n"))
             body_add("gpu %s: %s\n", e->d_name, line);
     }

@@ -24,6 +24,7 @@
 
 #include "core/config.h"
 #include "net/net.h"
+#include "tests/net/net_args.h"
 #include "sched/loop.h"
 
 #define ECHO_BUF 65536
@@ -175,20 +176,10 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
-        if (!strcmp(a, "--driver")) {
-            if (!strcmp(v, "host")) cfg.driver = CFG_DRIVER_HOST;
-            else if (!strcmp(v, "tap")) cfg.driver = CFG_DRIVER_TAP;
-            else if (!strcmp(v, "packet")) cfg.driver = CFG_DRIVER_PACKET;
-            else usage();
-        } else if (!strcmp(a, "--ifname")) {
-            cfg.ifname = v;
-        } else if (!strcmp(a, "--address")) {
-            cfg.address = v;
-        } else if (!strcmp(a, "--gateway")) {
-            cfg.gateway = v;
-        } else if (!strcmp(a, "--mac")) {
-            cfg.mac = v;
-        } else if (!strcmp(a, "--port")) {
+        int took = net_args_take(&cfg, a, v);
+        if (took < 0) usage();
+        if (took) continue;
+        if (!strcmp(a, "--port")) {
             g_port = atoi(v);
         } else if (!strcmp(a, "--max-conns")) {
             cfg.max_conns = atoi(v);

@@ -33,6 +33,7 @@
 
 #include "core/config.h"
 #include "net/net.h"
+#include "tests/net/net_args.h"
 #include "sched/loop.h"
 
 #define MAX_EXPECT 32
@@ -341,20 +342,10 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (i + 1 >= argc) usage();
         char *v = argv[++i];
-        if (!strcmp(a, "--driver")) {
-            if (!strcmp(v, "host")) cfg.driver = CFG_DRIVER_HOST;
-            else if (!strcmp(v, "tap")) cfg.driver = CFG_DRIVER_TAP;
-            else if (!strcmp(v, "packet")) cfg.driver = CFG_DRIVER_PACKET;
-            else usage();
-        } else if (!strcmp(a, "--ifname")) {
-            cfg.ifname = v;
-        } else if (!strcmp(a, "--address")) {
-            cfg.address = v;
-        } else if (!strcmp(a, "--gateway")) {
-            cfg.gateway = v;
-        } else if (!strcmp(a, "--mac")) {
-            cfg.mac = v;
-        } else if (!strcmp(a, "--listen")) {
+        int took = net_args_take(&cfg, a, v);
+        if (took < 0) usage();
+        if (took) continue;
+        if (!strcmp(a, "--listen")) {
             listen_port = atoi(v);
         } else if (!strcmp(a, "--open")) {
             if (split_hostport(v, open_host, sizeof open_host, &g_open_port) < 0) usage();
