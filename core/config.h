@@ -46,6 +46,7 @@ typedef struct kiln_config {
         int max_batched_tokens;      /* tokens per step (prefill chunks + decodes) */
         int max_seq_len;             /* prompt + generated tokens per sequence */
         int prefix_caching;          /* 0/1 */
+        int fair_batch;              /* 0/1: an even share of each step per client */
         int kv_8bit;                 /* 0/1: the ladder's rung 2 may turn KV to 8 bits (CPU) */
         int max_queued_requests, max_queued_tokens; /* admission limits (waiting) */
         int default_max_tokens;      /* when a request names none */

@@ -82,6 +82,7 @@ struct engine {
     int *plan_need, *plan_share; /* [max_batch_size] their tokens left / granted */
     int fair_kv;               /* the last admission stopped, for want of KV blocks, at a
                                 * client with nothing running (fair_preempt's cue) */
+    int share_seqs, share_toks; /* this step's bound per client (fair_batch); 0: none */
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
@@ -535,6 +536,75 @@ static void shrink_running(engine *e) {
     for (eng_seq *v; running > e->max_batch && (v = victim(e)); running--) preempt(e, v);
 }
 
+/* Whether s counts as work of its client: running or waiting, and with `unpaused`, not
+ * paused (a slow reader's request asks nothing of the next step). */
+static int at_work(const eng_seq *s, int unpaused) {
+    return (s->state == SQ_RUN || s->state == SQ_WAIT) && s->req->client && !(unpaused && s->req->paused);
+}
+
+/* Distinct clients (not 0) with running or waiting sequences (unpaused ones only, with
+ * `unpaused`). */
+static int active_clients(const engine *e, int unpaused) {
+    int n = 0;
+    for (int i = 0; i < e->cfg.max_seqs; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if (!at_work(s, unpaused)) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = at_work(&e->seqs[j], unpaused) && e->seqs[j].req->client == s->req->client;
+        n += !seen;
+    }
+    return n;
+}
+
+/* fair_batch: while two or more clients have work, one step gives each at most the batch
+ * and the token budget over their number. A client that filled the batch alone would
+ * otherwise make every step of a newcomer's request cost a full batch: its 8 tokens took
+ * 4x their time on an idle box, however soon it was admitted. The sequences over the
+ * share keep their blocks and sit the step out (the longest-waiting go first: by_wait),
+ * so the tokens unused by a light client are left unused: a step the size of the light
+ * client's need is the point. */
+static void step_shares(engine *e) {
+    int n = e->cfg.fair_batch ? active_clients(e, 1) : 0;
+    e->share_seqs = e->share_toks = 0;
+    if (n < 2) return;
+    e->share_seqs = e->max_batch / n > 1 ? e->max_batch / n : 1;
+    e->share_toks = e->cfg.max_batched_tokens / n > 1 ? e->cfg.max_batched_tokens / n : 1;
+}
+
+/* Sequences and tokens of `client` in the step so far and in the first np planned
+ * prefills (their needs as capped by prefill_candidates). */
+static void client_step_use(const engine *e, int client, int np, int *seqs, int *toks) {
+    *seqs = *toks = 0;
+    for (int i = 0; i < e->b_n_seq; i++)
+        if (e->b_members[i]->req->client == client) ++*seqs, *toks += e->b_members[i]->in_step;
+    for (int i = 0; i < np; i++)
+        if (e->plan[i]->req->client == client) ++*seqs, *toks += e->plan_need[i];
+}
+
+/* Tokens s may still have in this step under its client's share (planned prefills
+ * 0..np-1 counted), at most `want`; `want` when no share applies, 0 when the share is
+ * spent. */
+static int share_room(const engine *e, const eng_seq *s, int np, int want) {
+    if (!e->share_seqs || !s->req->client) return want;
+    int seqs, toks;
+    client_step_use(e, s->req->client, np, &seqs, &toks);
+    if (seqs >= e->share_seqs || toks >= e->share_toks) return 0;
+    return want < e->share_toks - toks ? want : e->share_toks - toks;
+}
+
+/* c in the order the running decodes are served under a share: the longest since its
+ * last token first (ties: the given age order), so a client's sequences over its share
+ * take turns instead of the youngest waiting for the others to end. */
+static void by_wait(eng_seq **c, int n) {
+    for (int i = 1; i < n; i++) {
+        eng_seq *s = c[i];
+        int j = i;
+        for (; j > 0 && c[j - 1]->last_step > s->last_step; j--) c[j] = c[j - 1];
+        c[j] = s;
+    }
+}
+
 /* Running sequences of s's client (its share of the batch so far). */
 static int client_load(const engine *e, const eng_seq *s) {
     int n = 0;
@@ -614,7 +684,7 @@ static int prefill_candidates(engine *e, int slots, int tokens, int *n_run) {
         eng_seq *s = c[i];
         int left = s->n_toks - s->n_computed;
         if (s->req->paused || s->in_step || left <= 1) continue;
-        e->plan[np] = s, e->plan_need[np++] = left;
+        if ((left = share_room(e, s, np, left)) > 0) e->plan[np] = s, e->plan_need[np++] = left;
     }
     *n_run = np;
     n = collect(e, SQ_WAIT, c);
@@ -624,7 +694,9 @@ static int prefill_candidates(engine *e, int slots, int tokens, int *n_run) {
         eng_seq *s = c[i];
         c[i] = NULL;
         /* before admission: a prefix-cache hit may make it less (see top_up) */
-        e->plan[np] = s, e->plan_need[np++] = s->n_toks - s->n_computed;
+        int want = share_room(e, s, np, s->n_toks - s->n_computed);
+        if (want <= 0) continue; /* its client's share of this step is taken */
+        e->plan[np] = s, e->plan_need[np++] = want;
         add_load(c, load, n, s->req->client);
     }
     return np;
@@ -733,28 +805,12 @@ static void add_prefills(engine *e, int slots, int tokens) {
         }
         committed += more, spanning = 1;
     }
-    top_up(e, n, tokens);
+    if (!e->share_seqs) top_up(e, n, tokens); /* under a share the rest is left unused */
     for (int i = 0; i < n; i++) {
         eng_seq *s = e->plan[i];
         int chunk = s->in_step;
         if (chunk > 0) add_to_step(e, s, chunk, chunk == s->n_toks - s->n_computed);
     }
-}
-
-/* Distinct clients (not 0) with running or waiting sequences. */
-static int active_clients(const engine *e) {
-    int n = 0;
-    for (int i = 0; i < e->cfg.max_seqs; i++) {
-        const eng_seq *s = &e->seqs[i];
-        if ((s->state != SQ_RUN && s->state != SQ_WAIT) || !s->req->client) continue;
-        int seen = 0;
-        for (int j = 0; j < i && !seen; j++) {
-            const eng_seq *t = &e->seqs[j];
-            seen = (t->state == SQ_RUN || t->state == SQ_WAIT) && t->req->client == s->req->client;
-        }
-        n += !seen;
-    }
-    return n;
 }
 
 /* The running sequence the client holding the most running sequences gives up, or NULL
@@ -803,7 +859,7 @@ static void fair_preempt(engine *e) {
     }
     if (!starved) return;
     int cap = running < e->max_batch ? running : e->max_batch; /* what the pool or batch holds */
-    int share = cap / active_clients(e);
+    int share = cap / active_clients(e, 0);
     eng_seq *v = fair_victim(e, share > 1 ? share : 1);
     if (v) preempt(e, v);
 }
@@ -816,18 +872,25 @@ int eng_step_begin(engine *e) {
     if (e->kv8) kv8_pass(e);
     if (e->max_batch < e->cfg.max_batch_size) shrink_running(e);
     fair_preempt(e);
+    step_shares(e);
 
-    /* 1. running decodes (one token left to compute), oldest first */
-    int n = collect(e, SQ_RUN, c);
+    /* 1. running decodes (one token left to compute), oldest first; under a share, the
+     * longest waiting first, and those over their client's share hold their slot */
+    int n = collect(e, SQ_RUN, c), held = 0;
+    if (e->share_seqs) by_wait(c, n);
     for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
         eng_seq *s = c[i];
         if (s->state != SQ_RUN || s->req->paused || s->n_toks - s->n_computed != 1) continue;
+        if (!share_room(e, s, 0, 1)) {
+            held++;
+            continue;
+        }
         if (make_room(e, s, s->n_computed + 1, ROOM_PREEMPT) < 0) continue;
         add_to_step(e, s, 1, 1);
     }
     /* 2. running prefills' next chunks and 3. waiting sequences, sharing what is left */
-    if (e->b_n_seq < max_seq && e->b_n_tok < budget)
-        add_prefills(e, max_seq - e->b_n_seq, budget - e->b_n_tok);
+    if (e->b_n_seq + held < max_seq && e->b_n_tok < budget)
+        add_prefills(e, max_seq - e->b_n_seq - held, budget - e->b_n_tok);
     if (e->b_n_tok == 0) return 0;
     e->batch = (model_batch){e->b_n_tok, e->b_tokens, e->b_pos, (kv_seq *const *)e->b_seq,
                              e->b_n_logit, e->b_rows};

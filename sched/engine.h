@@ -45,6 +45,8 @@ typedef struct {
     int max_queued_requests; /* requests waiting or running */
     int max_queued_tokens;   /* prompt tokens of waiting sequences; 0: no limit */
     int prefix_caching;      /* reuse cached full blocks of identical prefixes */
+    int fair_batch;          /* while clients (not 0) share the engine, each step holds
+                              * at most an even share of sequences and tokens per client */
 } eng_config;
 
 enum eng_finish { EF_STOP = 0, EF_LENGTH, EF_CANCELLED, EF_ERROR };

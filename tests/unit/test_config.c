@@ -43,6 +43,7 @@ static void test_defaults(void) {
     CHECK(c.engine.max_batch_size == 32 && c.engine.max_batched_tokens == 512, "batch");
     CHECK(c.engine.max_seq_len == 4096 && c.engine.prefix_caching == 1, "seq/prefix");
     CHECK(c.engine.kv_8bit == 1, "kv_8bit on by default");
+    CHECK(c.engine.fair_batch == 1, "fair_batch on by default");
     CHECK(c.engine.max_queued_requests == 256 && c.engine.max_queued_tokens == 262144, "queue");
     CHECK(c.engine.default_max_tokens == 256 && c.engine.step_timeout_ms == 60000, "max tok");
     CHECK(c.sampling.temperature == 0.7 && c.sampling.top_p == 0.9 && c.sampling.top_k == 0, "samp");
@@ -74,6 +75,7 @@ static const char *full =
     "max_batched_tokens = 2048\n"
     "max_seq_len = 8192\n"
     "prefix_caching = off\n"
+    "fair_batch = off\n"
     "max_queued_requests = 1000\n"
     "max_queued_tokens = 1000000\n"
     "default_max_tokens = 1024\n"
@@ -111,6 +113,7 @@ static void test_every_key(void) {
     CHECK(c->engine.gpu_memory_utilization == 0.85, "util");
     CHECK(c->engine.max_batch_size == 64 && c->engine.max_batched_tokens == 2048, "batch");
     CHECK(c->engine.max_seq_len == 8192 && c->engine.prefix_caching == 0, "seq");
+    CHECK(c->engine.fair_batch == 0, "fair_batch off");
     CHECK(c->engine.max_queued_requests == 1000 && c->engine.max_queued_tokens == 1000000, "q");
     CHECK(c->engine.default_max_tokens == 1024 && c->engine.step_timeout_ms == 30000, "dmt");
     CHECK(c->sampling.temperature == 0 && c->sampling.top_p == 0.95 && c->sampling.top_k == 40, "s");

@@ -114,6 +114,8 @@ static void on_finish(void *ud, int64_t req, int sample, int reason, const eng_u
 
 /* ------------------------------------------------------------------ a rig */
 
+static int rig_fair; /* eng_config.fair_batch of the next rig_open */
+
 typedef struct {
     kv_pool kv;
     backend *be;
@@ -152,7 +154,7 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
     }
     eng_config ec = {.max_batch_size = batch, .max_batched_tokens = tokens,
                      .max_seq_len = max_seq_len, .max_seqs = max_seqs,
-                     .max_queued_requests = 1024, .prefix_caching = prefix};
+                     .max_queued_requests = 1024, .prefix_caching = prefix, .fair_batch = rig_fair};
     eng_callbacks cb = {on_token, on_finish};
     g->eng = eng_new(&ec, m, tok, &g->kv, g->be, &cb, err, sizeof err);
     if (!g->eng) fprintf(stderr, "eng_new: %s\n", err);
@@ -620,6 +622,65 @@ static void batch_share(const model *m, const tok_t *tok, int fake) {
     rig_close(&g);
 }
 
+/* fair_batch: client 1 fills a batch of 8 with long requests; while client 2's 8-token
+ * request runs, every step holds at most half the batch of client 1's sequences (the
+ * step a newcomer pays for is its share, not the whole batch), client 1's sequences
+ * take turns (none waits more than 2 steps between tokens), client 1 has the whole
+ * batch again once client 2 is done, and every request produces its solo tokens.
+ * Without fair_batch the same steps carry the whole batch. */
+static void step_share(const model *m, const tok_t *tok, int fair) {
+    enum { B = 8, OUT = 40, SHORT = 8 };
+    static prompt p[B + 1];
+    static req_result r[B + 1], alone[B + 1];
+    const char *kind = fair ? "step share" : "step share (fair_batch off)";
+    rig g;
+    rig_fair = fair;
+    int opened = rig_open(&g, m, tok, 128, 16, 256, B, 64, 0, 1);
+    rig_fair = 0;
+    if (opened < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i <= B; i++) {
+        make_prompt(&p[i], i < B ? 10 + i : 6, 900u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
+        submit_as(&g, &p[i], i < B ? OUT : SHORT, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: alone %d", kind, i);
+    }
+    for (int i = 0; i < B; i++) submit_as(&g, &p[i], OUT, 1, &r[i]);
+    for (int s = 0; s < 3; s++) /* all B prefilled and decoding */
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    int64_t t1 = steps_done(&g);
+    submit_as(&g, &p[B], SHORT, 2, &r[B]);
+    int widest = 0, after = 0, steps = 0;
+    while (!r[B].finished[0] && eng_step_begin(g.eng) == 1) {
+        eng_step_end(g.eng), steps++;
+        if (g.fake.last_seqs > widest) widest = g.fake.last_seqs;
+    }
+    if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng), after = g.fake.last_seqs;
+    CHECK(eng_run_sync(g.eng) == 0, "%s: run", kind);
+    int same = 0, fin = 0, gap = 0;
+    for (int i = 0; i <= B; i++) {
+        same += same_outputs(&r[i], &alone[i], 1);
+        fin += r[i].finished[0] == 1;
+        if (i < B && !r[i].usage[0].preemptions && r[i].usage[0].max_step_gap > gap)
+            gap = r[i].usage[0].max_step_gap;
+    }
+    CHECK(same == B + 1 && fin == B + 1, "%s: %d identical to alone, %d finished", kind, same, fin);
+    int64_t wait = r[B].usage[0].first_step - t1;
+    if (fair) {
+        CHECK(widest <= B / 2 + 1, "%s: a step held %d sequences while client 2 ran", kind, widest);
+        CHECK(wait <= 3 && steps <= SHORT + 3, "%s: client 2's first token %lld steps later, done in %d",
+              kind, (long long)wait, steps);
+        CHECK(gap <= 2, "%s: a sequence of client 1 waited %d steps between tokens", kind, gap);
+        CHECK(after == B - 1 || after == B, "%s: %d sequences in the step after, not the batch", kind, after);
+    } else {
+        CHECK(widest == B, "%s: the widest step held %d sequences, not the batch", kind, widest);
+    }
+    printf("%s: client 1 fills a batch of %d; while client 2's %d tokens ran (%d steps, first after "
+           "%lld) steps held at most %d sequences; then %d; client 1's longest gap %d steps\n", kind, B,
+           SHORT, steps, (long long)wait, widest, after, gap);
+    pool_ok(&g, "step share");
+    rig_close(&g);
+}
+
 /* The same when the KV pool, not the batch, is what client 1 fills: 4 requests hold
  * all 20 blocks (5 each) of a batch of 8; client 2's arrival does not fit, so at the
  * next step client 1's youngest gives way, once, and client 2's first token comes
@@ -727,6 +788,8 @@ int main(void) {
     prefill_share(&m, &tok, 1);
     batch_share(&m, &tok, 1);
     kv_share(&m, &tok);
+    step_share(&m, &tok, 1);
+    step_share(&m, &tok, 0);
     forks(&m, &tok, 0);
     prefill_share(&m, &tok, 0);
     if (!SLOW) batch_share(&m, &tok, 0);
