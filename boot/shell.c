@@ -151,7 +151,7 @@ static void cmd_gpu(kinit *k, sh_args *a) {
 
 /* debug ...: kilnd's DEBUG (docs/PROTOCOL.md) with the console's positional words */
 static void cmd_debug(kinit *k, sh_args *a) {
-    char cmd[256];
+    char cmd[384]; /* room for a host name's 253 characters */
     const char *sub = a->argc > 1 ? a->argv[1] : "status";
     int n = -1;
     if (a->argc <= 2 && (!strcmp(sub, "status") || !strcmp(sub, "close") || !strcmp(sub, "open") ||
@@ -162,7 +162,7 @@ static void cmd_debug(kinit *k, sh_args *a) {
     else if (a->argc == 3 && !strcmp(sub, "kmsg") && atoi(a->argv[2]) <= SH_DEBUG_KMSG_MAX)
         n = snprintf(cmd, sizeof cmd, "debug kmsg lines=%.8s", a->argv[2]);
     else if ((a->argc == 4 || a->argc == 5) && !strcmp(sub, "probe"))
-        n = snprintf(cmd, sizeof cmd, "debug probe host=%.40s port=%.8s%s%.8s", a->argv[2], a->argv[3],
+        n = snprintf(cmd, sizeof cmd, "debug probe host=%s port=%.8s%s%.8s", a->argv[2], a->argv[3],
                      a->argc == 5 ? " timeout_ms=" : "", a->argc == 5 ? a->argv[4] : "");
     if (n < 0 || (size_t)n >= sizeof cmd || strpbrk(cmd + 6, "\"")) {
         con_printf(&k->con, "usage: debug [open [MINUTES] | close | net | kmsg [LINES <= %d] | gpu | probe HOST PORT [TIMEOUT_MS]]",

@@ -105,6 +105,7 @@ static const cfg_key keys[] = {
     STR("net", "interface", net.interface, 0),
     STR("net", "address", net.address, F_REQ),
     STR("net", "gateway", net.gateway, 0),
+    STR("net", "dns", net.dns, 0),
     STR("net", "mac", net.mac, 0),
     STR("net", "hostname", net.hostname, 0),
     ENUM("log", "level", log.level, levels),
@@ -550,6 +551,19 @@ static void rule_prefix(const vctx *v, const char *sec, const char *a, const cha
     } while (0)
 
 /* a.b.c.d, with "/len" (0..32) when with_len; no leading zeros beyond "0". */
+static int ipv4_ok(const char *s, int with_len);
+
+/* "a.b.c.d" or "a.b.c.d,a.b.c.d": lwIP keeps two DNS servers. */
+static int dns_ok(const char *s) {
+    char one[CFG_STR_MAX + 1];
+    const char *comma = strchr(s, ',');
+    if (!comma) return ipv4_ok(s, 0);
+    size_t n = (size_t)(comma - s);
+    if (n >= sizeof one) return 0;
+    memcpy(one, s, n), one[n] = 0;
+    return ipv4_ok(one, 0) && !strchr(comma + 1, ',') && ipv4_ok(comma + 1, 0);
+}
+
 static int ipv4_ok(const char *s, int with_len) {
     for (int part = 0; part < 4; part++) {
         int v = 0, digits = 0;
@@ -630,6 +644,9 @@ static int validate(const kiln_config *c, const vctx *v) {
     if (c->net.gateway[0] && !ipv4_ok(c->net.gateway, 0))
         RULE("net", "gateway", "gateway", "[net] gateway = %.64s: must be empty or an IPv4 address",
              c->net.gateway);
+    if (c->net.dns[0] && !dns_ok(c->net.dns))
+        RULE("net", "dns", "dns", "[net] dns = %.64s: must be empty or one or two IPv4 addresses, "
+             "comma-separated", c->net.dns);
     if (c->net.mac[0] && !mac_ok(c->net.mac))
         RULE("net", "mac", "mac", "[net] mac = %.64s: must be empty or six hex bytes, "
              "e.g. 02:00:00:00:00:01", c->net.mac);

@@ -83,6 +83,7 @@ typedef struct kiln_config {
         char interface[CFG_STR_MAX + 1]; /* tap / packet: the device */
         char address[CFG_STR_MAX + 1];   /* tap / packet: "dhcp" or a.b.c.d/len */
         char gateway[CFG_STR_MAX + 1];   /* "" or a.b.c.d */
+        char dns[CFG_STR_MAX + 1];       /* "" or a.b.c.d[,a.b.c.d]: lwIP's DNS servers */
         char mac[CFG_STR_MAX + 1];       /* "" or aa:bb:cc:dd:ee:ff */
         char hostname[CFG_STR_MAX + 1];  /* the box's name (kiln-init, DHCP); "": the system's */
     } net;

@@ -216,8 +216,9 @@ int kd_serve(int argc, char **argv) {
     if (c.net.hostname[0]) snprintf(host, sizeof host, "%.63s", c.net.hostname);
     else if (gethostname(host, sizeof host) < 0) strcpy(host, "kiln");
     host[sizeof host - 1] = 0;
-    net_config nc = {c.net.driver, c.net.interface, c.net.address, c.net.gateway, c.net.mac, host,
-                     c.net.max_connections + 64};
+    net_config nc = {.driver = c.net.driver, .ifname = c.net.interface, .address = c.net.address,
+                     .gateway = c.net.gateway, .mac = c.net.mac, .hostname = host, .dns = c.net.dns,
+                     .max_conns = c.net.max_connections + 64};
     err[0] = 0;
     if (!(net = net_new(l, &nc, err, sizeof err))) { fprintf(stderr, "kilnd: network: %s\n", err); goto out; }
     if (err[0]) fprintf(stderr, "kilnd: warning: network: %s\n", err);

@@ -3,8 +3,10 @@
 #include "net/net.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/config.h"
 #include "net/netif.h"
@@ -85,4 +87,42 @@ int net_probe(net_stack *s, const char *ipv4, int port, int timeout_ms, net_prob
 
 void net_probe_cancel(net_stack *s, int id) {
     if (s && id > 0 && s->t->probe_cancel) s->t->probe_cancel(s, id);
+}
+
+/* A host name's text form: labels of letters, digits, '-' and '_' (SRV-style names and
+ * some internal zones use it) of 1..63 each, joined by single dots, one trailing dot
+ * allowed, the last label not all digits (no top-level domain is; "10.1.2" or "1.2.3.4.5"
+ * is a mistyped address, not a name to send to DNS), an IPv4 address as itself. What
+ * reaches a resolver from an admin's line is only this. */
+static int name_ok(const char *name) {
+    size_t n = strlen(name), label = 0;
+    int digits = 1; /* the current label is all digits so far */
+    struct in_addr in;
+    if (n == 0 || n > NET_NAME_MAX) return 0;
+    if (inet_pton(AF_INET, name, &in) == 1) return 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == '.') {
+            if (label == 0) return 0;
+            if (i == n - 1) break; /* the trailing dot: the label before it was the last */
+            label = 0, digits = 1;
+        } else if (isalnum(c) || c == '-' || c == '_') {
+            if (++label > 63) return 0;
+            digits &= isdigit(c) != 0;
+        } else {
+            return 0;
+        }
+    }
+    return !digits;
+}
+
+int net_resolve(net_stack *s, const char *name, int timeout_ms, net_resolve_fn fn, void *ud) {
+    if (!s || !name || !fn || timeout_ms <= 0 || timeout_ms > NET_PROBE_TIMEOUT_MAX_MS || !name_ok(name))
+        return -EINVAL;
+    if (!s->t->resolve) return -ENOTSUP;
+    return s->t->resolve(s, name, timeout_ms, fn, ud);
+}
+
+void net_resolve_cancel(net_stack *s, int id) {
+    if (s && id > 0 && s->t->resolve_cancel) s->t->resolve_cancel(s, id);
 }

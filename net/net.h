@@ -52,6 +52,7 @@ typedef struct {
     const char *mac;       /* "aa:bb:cc:dd:ee:ff", or "" (tap: random locally
                             * administered; packet: the interface's own) */
     const char *hostname;  /* sent with DHCP */
+    const char *dns;       /* lwIP: DNS servers, "a.b.c.d[,a.b.c.d]", or "" (DHCP's, if any) */
     int max_conns;         /* connections open at once over all listeners */
 } net_config;
 
@@ -97,7 +98,7 @@ int net_peer(const net_conn *c, char *buf, size_t cap);
  * ms: from net_probe to the outcome. */
 #define NET_PROBES_MAX 4 /* probes in flight per stack */
 typedef void (*net_probe_fn)(void *ud, int result, double ms);
-/* Starts one probe of ipv4:port ("a.b.c.d": no DNS, the image's stack has none), given
+/* Starts one probe of ipv4:port ("a.b.c.d": a name goes through net_resolve first), given
  * at most timeout_ms (1..NET_PROBE_TIMEOUT_MAX_MS). fn is called exactly once, from the
  * loop, never from inside net_probe. Returns a probe id > 0, or a negative errno and fn
  * is never called: -EINVAL (not a unicast IPv4 address: 0.0.0.0, multicast, broadcast,
@@ -110,6 +111,30 @@ int net_probe(net_stack *s, const char *ipv4, int port, int timeout_ms, net_prob
 /* Forgets a probe in flight: its fn is not called (for a caller that goes away first).
  * An id that is done, cancelled or unknown is ignored. net_free cancels every probe. */
 void net_probe_cancel(net_stack *s, int id);
+
+/* Name lookups for the same diagnostics: the IPv4 address of a host name. The host
+ * transport asks the system's resolver (getaddrinfo, /etc/hosts and resolv.conf) on a
+ * thread of its own, so the loop never waits on it; lwIP asks the DNS servers DHCP gave
+ * or net_config.dns names, over UDP. An IPv4 literal is its own answer.
+ *
+ * result: 0 with ipv4 set ("a.b.c.d"), or a negative errno:
+ *   -ENOENT        the name does not exist (NXDOMAIN), or has no IPv4 address
+ *   -ETIMEDOUT     no answer within timeout_ms
+ *   -ENETUNREACH   no DNS server to ask (lwIP: none configured, none from DHCP)
+ *   -EAGAIN        the resolver failed for now (SERVFAIL, an unreachable server)
+ * ms: from net_resolve to the outcome. */
+#define NET_RESOLVES_MAX 4   /* lookups in flight per stack */
+#define NET_NAME_MAX 253     /* a DNS name's longest text form */
+typedef void (*net_resolve_fn)(void *ud, int result, const char *ipv4, double ms);
+/* Starts one lookup of `name` (1..NET_NAME_MAX of letters, digits, '-', '.', '_'), given at
+ * most timeout_ms (1..NET_PROBE_TIMEOUT_MAX_MS). fn is called exactly once, from the
+ * loop, never from inside net_resolve. Returns an id > 0, or a negative errno and fn is
+ * never called: -EINVAL (a malformed name or timeout, no fn), -EBUSY (NET_RESOLVES_MAX in
+ * flight), -ENOMEM or another shortage. */
+int net_resolve(net_stack *s, const char *name, int timeout_ms, net_resolve_fn fn, void *ud);
+/* Forgets a lookup in flight: its fn is not called. Unknown or done ids are ignored;
+ * net_free cancels every lookup. */
+void net_resolve_cancel(net_stack *s, int id);
 
 /* The IPv4 address in use ("a.b.c.d", "" while DHCP has none); 0 or -ENOSPC. */
 int net_address(const net_stack *s, char *buf, size_t cap);

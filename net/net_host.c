@@ -15,10 +15,19 @@
  * A probe is a non-blocking connect watched for LOOP_WRITE (SO_ERROR then tells how it
  * ended) plus a timer for its timeout; a connect that ends at once (no route, an
  * "unreachable" route) is handed to the caller by a timer of 0 ms, so never from inside
- * net_probe. The socket is closed with RST as soon as the outcome is known. */
+ * net_probe. The socket is closed with RST as soon as the outcome is known.
+ *
+ * A lookup (net_resolve) runs getaddrinfo on a detached thread of its own, which may
+ * block for the resolver's whole timeout; the thread tells the loop through a pipe. The
+ * lookup's record is shared by the two and freed by whichever lets go last, so a cancel,
+ * a timeout or net_free never waits for the thread and never frees what it still uses. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +58,25 @@ typedef struct {
     void *ud;
 } host_probe;
 
+/* What a lookup's thread and the loop share; refs: one each, the last to drop frees. */
+typedef struct {
+    atomic_int refs;
+    int pipe[2];          /* the thread writes one byte when result and ipv4 are set */
+    int result;
+    char ipv4[INET_ADDRSTRLEN];
+    char name[NET_NAME_MAX + 1];
+} host_lookup;
+
+typedef struct {
+    host_stack *s;
+    int id;               /* 0: free */
+    host_lookup *lk;      /* NULL once the loop let go of it */
+    int64_t timer;
+    int64_t start_us;
+    net_resolve_fn fn;
+    void *ud;
+} host_resolve;
+
 typedef struct {
     host_stack *s;
     int fd;
@@ -71,6 +99,8 @@ struct host_stack {
     int64_t tick;        /* maintenance timer id, 0 when not running */
     host_probe probes[NET_PROBES_MAX];
     int probe_seq;       /* the last probe id given */
+    host_resolve lookups[NET_RESOLVES_MAX];
+    int lookup_seq;
     char scratch[16384]; /* where lingering input is discarded */
 };
 
@@ -383,12 +413,147 @@ static void host_probe_cancel(net_stack *bs, int id) {
     }
 }
 
+/* ---------------------------------------------------------------- lookups */
+
+static void lookup_unref(host_lookup *lk) {
+    if (atomic_fetch_sub(&lk->refs, 1) != 1) return;
+    close(lk->pipe[0]);
+    close(lk->pipe[1]);
+    free(lk);
+}
+
+static int gai_errno(int rc) {
+    switch (rc) {
+    case 0: return 0;
+    case EAI_NONAME:
+#ifdef EAI_NODATA
+    case EAI_NODATA:
+#endif
+#ifdef EAI_ADDRFAMILY
+    case EAI_ADDRFAMILY:
+#endif
+        return -ENOENT;
+    case EAI_AGAIN: case EAI_FAIL: return -EAGAIN;
+    case EAI_MEMORY: return -ENOMEM;
+    case EAI_SYSTEM: return errno ? -errno : -EAGAIN;
+    default: return -EINVAL;
+    }
+}
+
+static void *lookup_thread(void *arg) {
+    host_lookup *lk = arg;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(lk->name, NULL, &hints, &res);
+    lk->result = gai_errno(rc);
+    if (rc == 0 && res && res->ai_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)res->ai_addr;
+        inet_ntop(AF_INET, &in->sin_addr, lk->ipv4, sizeof lk->ipv4);
+    } else if (rc == 0) {
+        lk->result = -ENOENT;
+    }
+    if (res) freeaddrinfo(res);
+    char b = 1;
+    ssize_t w = write(lk->pipe[1], &b, 1); /* the pipe lives while this thread holds a ref */
+    (void)w;
+    lookup_unref(lk);
+    return NULL;
+}
+
+/* The loop lets go of r's lookup (the thread keeps its own ref) and frees the slot. */
+static void lookup_release(host_resolve *r) {
+    if (r->lk) {
+        loop_fd_del(r->s->l, r->lk->pipe[0], LOOP_READ);
+        lookup_unref(r->lk);
+        r->lk = NULL;
+    }
+    if (r->timer > 0) loop_timer_del(r->s->l, r->timer);
+    r->timer = 0;
+    r->id = 0;
+}
+
+/* Frees the slot, then calls fn (which may start, cancel, or net_free anything). */
+static void lookup_deliver(host_resolve *r, int result, const char *ipv4) {
+    char addr[INET_ADDRSTRLEN] = "";
+    if (ipv4) snprintf(addr, sizeof addr, "%s", ipv4);
+    net_resolve_fn fn = r->fn;
+    void *ud = r->ud;
+    double ms = (double)(loop_now_us() - r->start_us) / 1000.0;
+    lookup_release(r);
+    fn(ud, result, result == 0 ? addr : NULL, ms);
+}
+
+static void lookup_ev(loop_t *l, int fd, void *ud, int mask) {
+    (void)l, (void)fd, (void)mask;
+    host_resolve *r = ud;
+    char b;
+    if (read(r->lk->pipe[0], &b, 1) != 1) return; /* spurious: the thread is not done */
+    char ipv4[INET_ADDRSTRLEN];
+    memcpy(ipv4, r->lk->ipv4, sizeof ipv4);
+    lookup_deliver(r, r->lk->result, ipv4);
+}
+
+static int64_t lookup_timer(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    host_resolve *r = ud;
+    r->timer = 0; /* this timer ends here */
+    lookup_deliver(r, -ETIMEDOUT, NULL);
+    return LOOP_NOMORE;
+}
+
+static int host_resolve_start(net_stack *bs, const char *name, int timeout_ms, net_resolve_fn fn,
+                              void *ud) {
+    host_stack *s = (host_stack *)bs;
+    host_resolve *r = NULL;
+    for (int i = 0; i < NET_RESOLVES_MAX && !r; i++)
+        if (!s->lookups[i].id) r = &s->lookups[i];
+    if (!r) return -EBUSY;
+    host_lookup *lk = calloc(1, sizeof *lk); /* an admin's diagnostics: rare, not a hot path */
+    if (!lk) return -ENOMEM;
+    if (pipe2(lk->pipe, O_NONBLOCK | O_CLOEXEC) < 0) {
+        int e = -errno;
+        free(lk);
+        return e;
+    }
+    snprintf(lk->name, sizeof lk->name, "%s", name);
+    atomic_init(&lk->refs, 2);
+    *r = (host_resolve){.s = s, .lk = lk, .fn = fn, .ud = ud, .start_us = loop_now_us()};
+    int rc = loop_fd_add(s->l, lk->pipe[0], LOOP_READ, lookup_ev, r);
+    int64_t t = rc < 0 ? rc : loop_timer_add(s->l, timeout_ms, lookup_timer, r);
+    pthread_attr_t at;
+    pthread_t th;
+    if (t >= 0 && (rc = pthread_attr_init(&at)) == 0) {
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        rc = -pthread_create(&th, &at, lookup_thread, lk);
+        pthread_attr_destroy(&at);
+    } else if (t >= 0) {
+        rc = -rc;
+    }
+    if (t < 0 || rc < 0) { /* no thread holds a ref: drop both */
+        if (t > 0) loop_timer_del(s->l, t);
+        atomic_fetch_sub(&lk->refs, 1);
+        r->timer = 0;
+        lookup_release(r);
+        return t < 0 ? (int)t : rc;
+    }
+    r->timer = t;
+    r->id = net_probe_next_id(&s->lookup_seq);
+    return r->id;
+}
+
+static void host_resolve_cancel(net_stack *bs, int id) {
+    host_stack *s = (host_stack *)bs;
+    for (int i = 0; i < NET_RESOLVES_MAX; i++)
+        if (s->lookups[i].id == id) lookup_release(&s->lookups[i]);
+}
+
 /* ---------------------------------------------------------------- transport */
 
 static void host_free(net_stack *bs) {
     host_stack *s = (host_stack *)bs;
     for (int i = 0; i < NET_PROBES_MAX; i++)
         if (s->probes[i].id) host_probe_cancel(bs, s->probes[i].id);
+    for (int i = 0; i < NET_RESOLVES_MAX; i++)
+        if (s->lookups[i].id) lookup_release(&s->lookups[i]);
     while (s->conns) conn_reset_free(s->conns);
     for (int i = 0; i < s->nls; i++) {
         loop_fd_del(s->l, s->ls[i]->fd, LOOP_READ);
@@ -556,6 +721,8 @@ static const net_transport host_transport = {
     .open_conns = host_open_conns,
     .probe = host_probe_start,
     .probe_cancel = host_probe_cancel,
+    .resolve = host_resolve_start,
+    .resolve_cancel = host_resolve_cancel,
 };
 
 net_stack *net_host_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "lwip/dhcp.h"
+#include "lwip/dns.h"
 #include "lwip/etharp.h"
 #include "lwip/ethip6.h"
 #include "lwip/init.h"
@@ -216,6 +217,23 @@ typedef struct {
     void *ud;
 } lw_probe;
 
+/* A name lookup through lwIP's DNS client. lwIP has no way to cancel a query, so the
+ * found callback's argument is a token, never a pointer: the answer to a lookup that was
+ * cancelled or timed out (its slot perhaps reused since) or that belongs to an earlier
+ * stack finds no slot with its token and is dropped. How many queries are out at once is
+ * lwIP's own bound (DNS_TABLE_SIZE: ERR_MEM, -EBUSY to the caller). */
+typedef struct {
+    lw_stack *s;
+    int id;              /* 0: the caller let go (none, cancelled, told) */
+    uintptr_t token;     /* lwIP's callback argument for this lookup's query; 0: none */
+    int done, result;    /* the outcome, once known */
+    char ipv4[16];
+    int64_t timer;       /* the timeout, or the 0 ms delivery once done */
+    int64_t start_us, end_us;
+    net_resolve_fn fn;
+    void *ud;
+} lw_lookup;
+
 struct lw_stack {
     struct net_stack base;
     int active;
@@ -241,6 +259,8 @@ struct lw_stack {
     lw_conn *cb_conn;              /* whose user callback runs now; cleared if freed */
     lw_probe probes[NET_PROBES_MAX];
     int probe_seq;                 /* the last probe id given */
+    lw_lookup lookups[NET_RESOLVES_MAX];
+    int lookup_seq;
     char hostname[64];
 };
 
@@ -802,6 +822,92 @@ static int lwip_probe(net_stack *bs, uint32_t addr, int port, int timeout_ms, ne
     return p->id;
 }
 
+/* ---------------------------------------------------------------- lookups */
+
+static uintptr_t lookup_tokens; /* outlives the stack object: tokens are never reused */
+
+static int64_t lookup_timer(loop_t *l, int64_t id, void *ud) {
+    (void)l, (void)id;
+    lw_lookup *k = ud;
+    k->timer = 0;
+    if (!k->done) k->done = 1, k->result = -ETIMEDOUT, k->end_us = loop_now_us();
+    net_resolve_fn fn = k->fn;
+    void *fud = k->ud;
+    int result = k->result;
+    char ipv4[16];
+    memcpy(ipv4, k->ipv4, sizeof ipv4);
+    double ms = (double)(k->end_us - k->start_us) / 1000.0;
+    k->id = 0, k->token = 0; /* told: free; a late answer finds no slot */
+    fn(fud, result, result == 0 ? ipv4 : NULL, ms);
+    return LOOP_NOMORE;
+}
+
+/* Records the outcome and moves the timer to 0 ms (inside lwIP: no user code here). */
+static void lookup_settle(lw_lookup *k, const ip_addr_t *a) {
+    if (k->done || !k->id) return;
+    k->done = 1, k->end_us = loop_now_us();
+    if (a && IP_IS_V4(a)) {
+        ip4addr_ntoa_r(ip_2_ip4(a), k->ipv4, sizeof k->ipv4);
+        k->result = 0;
+    } else {
+        k->result = -ENOENT; /* lwIP says NULL for NXDOMAIN, a server error and no answer alike */
+    }
+    if (k->timer > 0) loop_timer_del(k->s->l, k->timer);
+    k->timer = loop_timer_add(k->s->l, 0, lookup_timer, k);
+    if (k->timer < 0) k->timer = 0, k->id = 0; /* no room to tell: dropped, never twice */
+}
+
+static void lookup_found(const char *name, const ip_addr_t *a, void *arg) {
+    (void)name;
+    lw_stack *s = &the_stack;
+    uintptr_t token = (uintptr_t)arg;
+    for (int i = 0; i < NET_RESOLVES_MAX && s->active; i++) {
+        lw_lookup *k = &s->lookups[i];
+        if (k->token != token) continue;
+        k->token = 0;
+        lookup_settle(k, a);
+    }
+}
+
+static int lwip_resolve(net_stack *bs, const char *name, int timeout_ms, net_resolve_fn fn, void *ud) {
+    lw_stack *s = (lw_stack *)bs;
+    lw_lookup *k = NULL;
+    for (int i = 0; i < NET_RESOLVES_MAX && !k; i++)
+        if (!s->lookups[i].id) k = &s->lookups[i];
+    if (!k) return -EBUSY;
+    *k = (lw_lookup){.s = s, .fn = fn, .ud = ud, .start_us = loop_now_us()};
+    uintptr_t token = ++lookup_tokens ? lookup_tokens : ++lookup_tokens;
+    ip_addr_t a;
+    int64_t delay = timeout_ms;
+    err_t e = dns_gethostbyname_addrtype(name, &a, lookup_found, (void *)token, LWIP_DNS_ADDRTYPE_IPV4);
+    if (e == ERR_OK) { /* a literal, or in lwIP's cache */
+        ip4addr_ntoa_r(ip_2_ip4(&a), k->ipv4, sizeof k->ipv4);
+        k->done = 1, k->result = 0;
+    } else if (e == ERR_INPROGRESS) {
+        k->token = token;
+    } else if (e == ERR_VAL) {
+        k->done = 1, k->result = -ENETUNREACH; /* no DNS server: none set, none from DHCP */
+    } else {
+        return e == ERR_MEM ? -EBUSY : -EINVAL; /* lwIP's table full; a name it refused */
+    }
+    if (k->done) k->end_us = loop_now_us(), delay = 0;
+    int64_t t = loop_timer_add(s->l, delay, lookup_timer, k);
+    if (t < 0) return (int)t; /* the slot stays free: a late answer finds no id */
+    k->timer = t;
+    k->id = net_probe_next_id(&s->lookup_seq);
+    return k->id;
+}
+
+static void lwip_resolve_cancel(net_stack *bs, int id) {
+    lw_stack *s = (lw_stack *)bs;
+    for (int i = 0; i < NET_RESOLVES_MAX; i++) {
+        lw_lookup *k = &s->lookups[i];
+        if (k->id != id) continue;
+        if (k->timer > 0) loop_timer_del(s->l, k->timer);
+        k->timer = 0, k->id = 0, k->token = 0; /* lwIP's late answer finds no slot */
+    }
+}
+
 /* ---------------------------------------------------------------- config parsing */
 
 static int parse_mac(const char *str, unsigned char mac[6]) {
@@ -821,6 +927,21 @@ static int parse_ip4(const char *str, ip4_addr_t *a) {
     if (inet_pton(AF_INET, str, &in) != 1) return -EINVAL;
     ip4_addr_set_u32(a, in.s_addr);
     return 0;
+}
+
+/* "" or "a.b.c.d[,a.b.c.d]" -> up to DNS_MAX_SERVERS addresses; their count or -EINVAL. */
+static int parse_dns(const char *str, ip4_addr_t *out) {
+    char buf[64];
+    int n = 0;
+    if (!str[0]) return 0;
+    if (strlen(str) >= sizeof buf) return -EINVAL;
+    snprintf(buf, sizeof buf, "%s", str);
+    for (char *p = buf, *next; p; p = next) {
+        if ((next = strchr(p, ','))) *next++ = 0;
+        if (n == DNS_MAX_SERVERS || parse_ip4(p, &out[n]) < 0) return -EINVAL;
+        n++;
+    }
+    return n;
 }
 
 /* "a.b.c.d/len" -> address and netmask. */
@@ -845,6 +966,8 @@ static void lwip_free(net_stack *bs) {
     lw_stack *s = (lw_stack *)bs;
     for (int i = 0; i < NET_PROBES_MAX; i++)
         if (s->probes[i].id) lwip_probe_cancel(bs, s->probes[i].id);
+    for (int i = 0; i < NET_RESOLVES_MAX; i++)
+        if (s->lookups[i].id) lwip_resolve_cancel(bs, s->lookups[i].id);
     while (s->conns) conn_abort_free(s->conns);
     for (int i = 0; i < s->nls; i++) {
         tcp_arg(s->ls[i].pcb, NULL);
@@ -1039,6 +1162,8 @@ static const net_transport lwip_transport = {
     .stats = lwip_counters,
     .probe = lwip_probe,
     .probe_cancel = lwip_probe_cancel,
+    .resolve = lwip_resolve,
+    .resolve_cancel = lwip_resolve_cancel,
 };
 
 net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errlen) {
@@ -1061,6 +1186,12 @@ net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errl
     }
     if (cfg->gateway && cfg->gateway[0] && parse_ip4(cfg->gateway, &gw) < 0) {
         snprintf(err, errlen, "net: gateway '%s': want a.b.c.d", cfg->gateway);
+        return NULL;
+    }
+    ip4_addr_t dns[DNS_MAX_SERVERS];
+    int n_dns = parse_dns(cfg->dns ? cfg->dns : "", dns);
+    if (n_dns < 0) {
+        snprintf(err, errlen, "net: dns '%s': want a.b.c.d[,a.b.c.d]", cfg->dns);
         return NULL;
     }
     unsigned char mac[6];
@@ -1128,6 +1259,10 @@ net_stack *net_lwip_new(loop_t *l, const net_config *cfg, char *err, size_t errl
     netif_set_default(&s->nif);
     netif_create_ip6_linklocal_address(&s->nif, 1);
     netif_set_ip6_autoconfig_enabled(&s->nif, 1);
+    for (int i = 0; i < DNS_MAX_SERVERS; i++) { /* DHCP may set its own later */
+        ip_addr_t d = IPADDR4_INIT(i < n_dns ? ip4_addr_get_u32(&dns[i]) : 0);
+        dns_setserver((u8_t)i, i < n_dns ? &d : NULL);
+    }
     netif_set_up(&s->nif);
     netif_set_link_up(&s->nif);
     if (dhcp && dhcp_start(&s->nif) != ERR_OK) {

@@ -40,6 +40,9 @@ typedef struct net_transport {
     int (*probe)(net_stack *s, uint32_t addr, int port, int timeout_ms, net_probe_fn fn,
                  void *ud);
     void (*probe_cancel)(net_stack *s, int id);
+    /* net_resolve with its arguments checked (NULL: -ENOTSUP) */
+    int (*resolve)(net_stack *s, const char *name, int timeout_ms, net_resolve_fn fn, void *ud);
+    void (*resolve_cancel)(net_stack *s, int id);
 } net_transport;
 
 /* The first member of every transport's stack and connection object. */

@@ -25,7 +25,7 @@
 
 static const char dbg_usage[] =
     "usage: DEBUG [open [minutes=1..60 | seconds=1..3600] | close | net | kmsg [lines=1..400] | gpu | "
-    "probe host=A.B.C.D port=1..65535 [timeout_ms=100..10000]]";
+    "probe host=A.B.C.D|NAME port=1..65535 [timeout_ms=100..10000]]";
 
 /* The answer being built (one at a time: the loop is one thread). */
 static struct {
@@ -276,65 +276,110 @@ static int diag_gpu(srv *s, const proto_line *l, const srv_debug_io *io) {
 
 /* ------------------------------------------------------------------ probe */
 
-/* The probes in flight, each with whom to answer. */
+/* The probes in flight, each with whom to answer. A host name is looked up first
+ * (net_resolve), then its address probed in the time left. */
 static struct dbg_probe {
     srv *s;
-    int id;                /* net_probe's; 0: a free slot */
+    int id;                /* net_probe's, or 0 */
+    int lookup;            /* net_resolve's while the name is looked up, or 0 */
     srv_debug_io io;
-    char host[16];
-    int port;
+    char host[NET_NAME_MAX + 1];
+    char addr[INET_ADDRSTRLEN]; /* what host is (itself when an address) */
+    int port, timeout_ms;
+    double dns_ms;         /* the lookup's time; < 0: none (host was an address) */
 } probes[DBG_PROBES];
 
-static void on_probe(void *ud, int result, double ms) {
-    struct dbg_probe *p = ud;
+static int probe_busy(const struct dbg_probe *p) { return p->id || p->lookup; }
+
+/* The answer line, then the request is done. */
+static void probe_answer(struct dbg_probe *p, const char *result, const char *msg, double ms) {
     srv *s = p->s;
     srv_debug_io io = p->io;
-    const char *what = result == 0 ? "connected" : result == -ECONNREFUSED ? "refused"
-                       : result == -ETIMEDOUT ? "timeout"
-                       : result == -EHOSTUNREACH || result == -ENETUNREACH ? "unreachable" : NULL;
-    char line[192];
-    if (what) snprintf(line, sizeof line, "DEBUG probe host=%s port=%d result=%s ms=%.1f", p->host, p->port, what, ms);
-    else snprintf(line, sizeof line, "DEBUG probe host=%s port=%d result=error ms=%.1f msg=\"%s\"", p->host,
-                  p->port, ms, strerror(-result));
-    srv_log(s, CFG_LOG_WARN, "debug: probe %s:%d: %s", p->host, p->port, what ? what : strerror(-result));
-    p->id = 0;
+    char line[512], dns[32] = "";
+    if (p->dns_ms >= 0) snprintf(dns, sizeof dns, " dns_ms=%.1f", p->dns_ms);
+    int n = snprintf(line, sizeof line, "DEBUG probe host=%s%s%s port=%d result=%s ms=%.1f%s", p->host,
+                     p->addr[0] ? " addr=" : "", p->addr, p->port, result, ms, dns);
+    if (msg && n > 0 && (size_t)n < sizeof line) snprintf(line + n, sizeof line - (size_t)n, " msg=\"%s\"", msg);
+    srv_log(s, CFG_LOG_WARN, "debug: probe %s:%d: %s%s%s", p->host, p->port, result, msg ? ": " : "", msg ? msg : "");
+    p->id = p->lookup = 0;
     io.line(io.ud, line);
     if (io.done) io.done(io.ud);
     srv_flush_dirty(s); /* not after a read or a step: nothing else would flush it now */
 }
 
-/* host=A.B.C.D port=N [timeout_ms=T]: 1 when started (the answer comes later), -1 when it
- * answered with an error. */
+static void on_probe(void *ud, int result, double ms) {
+    struct dbg_probe *p = ud;
+    const char *what = result == 0 ? "connected" : result == -ECONNREFUSED ? "refused"
+                       : result == -ETIMEDOUT ? "timeout"
+                       : result == -EHOSTUNREACH || result == -ENETUNREACH ? "unreachable" : NULL;
+    p->id = 0;
+    if (p->dns_ms >= 0) ms += p->dns_ms; /* the whole probe's time, the lookup's included */
+    probe_answer(p, what ? what : "error", what ? NULL : strerror(-result), ms);
+}
+
+static void on_resolved(void *ud, int result, const char *ipv4, double ms) {
+    struct dbg_probe *p = ud;
+    p->lookup = 0, p->dns_ms = ms;
+    if (result < 0) {
+        probe_answer(p, "unresolved", result == -ENOENT ? "no such name (or no answer)"
+                                      : result == -ENETUNREACH ? "no DNS server (none in [net] dns, none from DHCP)"
+                                      : strerror(-result), ms);
+        return;
+    }
+    snprintf(p->addr, sizeof p->addr, "%s", ipv4);
+    int left = p->timeout_ms - (int)ms;
+    int id = net_probe(p->s->env.net, p->addr, p->port, left > 100 ? left : 100, on_probe, p);
+    if (id <= 0) probe_answer(p, "error", strerror(-id), ms);
+    else p->id = id;
+}
+
+/* host=A.B.C.D|NAME port=N [timeout_ms=T]: 1 when started (the answer comes later), -1
+ * when it answered with an error. */
 static int diag_probe(srv *s, const proto_line *l, const srv_debug_io *io) {
     const proto_str *h = proto_get(l, "host"), *pt = proto_get(l, "port"), *t = proto_get(l, "timeout_ms");
     struct in_addr a;
     long port = pt ? small_num(pt, 1, 65535) : -1;
     long ms = t ? small_num(t, 100, DBG_PROBE_MAX_MS) : DBG_PROBE_DEFAULT_MS;
-    if (!h || h->len >= sizeof probes[0].host || inet_pton(AF_INET, h->s, &a) != 1 || port < 0 || ms < 0) {
+    if (!h || h->len == 0 || h->len >= sizeof probes[0].host || port < 0 || ms < 0) {
         io->err(io->ud, 400, "bad_request",
-                "DEBUG probe host=A.B.C.D port=1..65535 [timeout_ms=100..10000] (an IPv4 address: no DNS)");
+                "DEBUG probe host=A.B.C.D|NAME port=1..65535 [timeout_ms=100..10000]");
         return -1;
     }
     struct dbg_probe *p = NULL;
     for (int i = 0; i < DBG_PROBES && !p; i++)
-        if (!probes[i].id) p = &probes[i];
-    int id = p ? net_probe(s->env.net, h->s, (int)port, (int)ms, on_probe, p) : -EBUSY;
-    if (id <= 0) {
-        io->err(io->ud, id == -EBUSY ? 429 : 500, id == -EBUSY ? "too_many" : "internal",
-                id == -EBUSY ? "4 probes are in flight: wait for one" : strerror(-id));
+        if (!probe_busy(&probes[i])) p = &probes[i];
+    if (!p) {
+        io->err(io->ud, 429, "too_many", "4 probes are in flight: wait for one");
         return -1;
     }
-    p->s = s, p->id = id, p->io = *io, p->port = (int)port;
+    *p = (struct dbg_probe){.s = s, .io = *io, .port = (int)port, .timeout_ms = (int)ms, .dns_ms = -1};
     snprintf(p->host, sizeof p->host, "%s", h->s);
+    int literal = inet_pton(AF_INET, h->s, &a) == 1, id;
+    if (literal) {
+        snprintf(p->addr, sizeof p->addr, "%s", h->s);
+        if ((id = net_probe(s->env.net, h->s, (int)port, (int)ms, on_probe, p)) > 0) p->id = id;
+    } else if ((id = net_resolve(s->env.net, h->s, (int)ms, on_resolved, p)) > 0) {
+        p->lookup = id;
+    }
+    if (id <= 0) {
+        io->err(io->ud, id == -EBUSY ? 429 : id == -EINVAL ? 400 : 500,
+                id == -EBUSY ? "too_many" : id == -EINVAL ? "bad_request" : "internal",
+                id == -EBUSY ? "the stack's probes or lookups are all in flight: wait for one"
+                : id == -EINVAL ? "DEBUG probe: host is neither an IPv4 unicast address nor a host name"
+                                : strerror(-id));
+        return -1;
+    }
     return 1;
 }
 
 void srv_debug_forget(srv *s, void *ud) {
-    for (int i = 0; i < DBG_PROBES; i++)
-        if (probes[i].id && probes[i].s == s && probes[i].io.ud == ud) {
-            net_probe_cancel(s->env.net, probes[i].id);
-            probes[i].id = 0;
-        }
+    for (int i = 0; i < DBG_PROBES; i++) {
+        struct dbg_probe *p = &probes[i];
+        if (!probe_busy(p) || p->s != s || p->io.ud != ud) continue;
+        if (p->id) net_probe_cancel(s->env.net, p->id);
+        if (p->lookup) net_resolve_cancel(s->env.net, p->lookup);
+        p->id = p->lookup = 0;
+    }
 }
 
 /* ------------------------------------------------------------------ dispatch */

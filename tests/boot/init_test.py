@@ -211,7 +211,9 @@ def t_console(k):
     for typed, sent in (("debug", "debug status"), ("debug open 5", "debug open minutes=5"),
                         ("debug kmsg 20", "debug kmsg lines=20"), ("debug net", "debug net"),
                         ("debug probe 10.0.2.2 443", "debug probe host=10.0.2.2 port=443"),
-                        ("debug probe 10.0.2.2 443 500", "debug probe host=10.0.2.2 port=443 timeout_ms=500")):
+                        ("debug probe 10.0.2.2 443 500", "debug probe host=10.0.2.2 port=443 timeout_ms=500"),
+                        ("debug probe registry.example.internal 443",
+                         "debug probe host=registry.example.internal port=443")):
         k.send(typed)
         k.expect(r"  DEBUG fake " + re.escape(sent) + "\n", 3)
     k.send("debug kmsg 101")

@@ -46,12 +46,12 @@ MAXC=80 # the server's max_conns: above the 64 of the concurrency check
 
 TMP=$(mktemp -d /tmp/kiln-echo.XXXXXX)
 NS_H=kiln-h$$ NS_T=kiln-t$$ NS_A=kiln-a$$ NS_B=kiln-b$$
-SERVER_PID= DHCPD_PID= LISTEN_PID=
+SERVER_PID= DHCPD_PID= LISTEN_PID= DNSD_PID=
 failed=()
 
 cleanup() {
   local ns p
-  for p in $SERVER_PID $DHCPD_PID $LISTEN_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  for p in $SERVER_PID $DHCPD_PID $LISTEN_PID $DNSD_PID; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   for ns in "$NS_H" "$NS_T" "$NS_A" "$NS_B"; do
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
@@ -272,8 +272,38 @@ while True:
     pkt += bytes([53, 1, reply, 54, 4]) + socket.inet_aton(server)
     pkt += bytes([51, 4]) + struct.pack("!I", 3600)
     pkt += bytes([1, 4]) + socket.inet_aton("255.255.255.0")
-    pkt += bytes([3, 4]) + socket.inet_aton(server) + bytes([255])
+    pkt += bytes([3, 4]) + socket.inet_aton(server)
+    pkt += bytes([6, 4]) + socket.inet_aton(server) + bytes([255])  # DNS server: itself
     s.sendto(pkt, ("255.255.255.255", 68))
+EOF
+
+cat >"$TMP/dnsd.py" <<'EOF'
+"""dnsd.py ADDR NAME=IP...: a DNS server on ADDR:53 for lwIP's resolver: an A record
+for each NAME, NXDOMAIN for any other name, and no answer at all for names starting
+with "silent." (a server that does not answer)."""
+import socket, struct, sys
+addr, table = sys.argv[1], dict(a.split("=") for a in sys.argv[2:])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((addr, 53))
+print("ready", flush=True)
+while True:
+    q, peer = s.recvfrom(512)
+    if len(q) < 12:
+        continue
+    i, labels = 12, []
+    while i < len(q) and q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode("ascii", "replace"))
+        i += 1 + q[i]
+    name, end = ".".join(labels).lower(), i + 5  # the zero label, QTYPE, QCLASS
+    print("query", name, flush=True)
+    if name.startswith("silent."):
+        continue
+    ip = table.get(name)
+    flags = 0x8180 if ip else 0x8183  # a response, recursion: NOERROR or NXDOMAIN
+    r = q[:2] + struct.pack("!HHHHH", flags, 1, 1 if ip else 0, 0, 0) + q[12:end]
+    if ip:
+        r += struct.pack("!HHHIH", 0xC00C, 1, 1, 60, 4) + socket.inet_aton(ip)
+    s.sendto(r, peer)
 EOF
 
 cat >"$TMP/listen.py" <<'EOF'
@@ -444,7 +474,8 @@ if setup host ip netns add "$NS_H" && setup host ip -n "$NS_H" link set lo up; t
     probes host "$NS_H" --driver host --listen 7009 --open 127.0.0.1:7009 --silent 10.79.0.2:80 \
       --expect 127.0.0.1:7010:2000:ECONNREFUSED --expect 10.79.0.2:80:700:ETIMEDOUT \
       --expect 10.80.0.1:80:2000:EHOSTUNREACH --expect 10.99.0.1:80:2000:ENETUNREACH \
-      --expect 10.79.0.3:80:6000:EHOSTUNREACH
+      --expect 10.79.0.3:80:6000:EHOSTUNREACH \
+      --resolve localhost:3000:127.0.0.1 --resolve no-such-name.invalid:3000:ENOENT/EAGAIN/ETIMEDOUT
   fi
 fi
 
@@ -476,12 +507,30 @@ if setup tap ip netns add "$NS_T" && setup tap ip -n "$NS_T" link set lo up &&
   timeout 120 ip netns exec "$NS_T" python3 "$TMP/listen.py" 10.77.0.1 7008 >"$TMP/listen.log" 2>&1 &
   LISTEN_PID=$!
   for _ in $(seq 50); do grep -q ready "$TMP/listen.log" && break; sleep 0.1; done
+  # lwIP's DNS client against dnsd.py on the kernel's end: a name, NXDOMAIN, a server
+  # that never answers; with no server configured, no lookup at all; with DHCP, the
+  # server DHCP offers.
+  timeout 120 ip netns exec "$NS_T" python3 "$TMP/dnsd.py" 10.77.0.1 box.kiln.test=10.77.0.1 \
+    >"$TMP/dnsd.log" 2>&1 &
+  DNSD_PID=$!
+  for _ in $(seq 50); do grep -q ready "$TMP/dnsd.log" && break; sleep 0.1; done
   probes tap "$NS_T" --driver tap --ifname ktap0 --address 10.77.0.2/24 --gateway 10.77.0.1 \
     --open 10.77.0.1:7008 --silent 10.99.0.1:80 --einval 10.77.0.255 \
     --expect 10.77.0.1:7010:2000:ECONNREFUSED --expect 10.77.0.9:80:700:EHOSTUNREACH~ \
-    --expect 10.99.0.1:80:700:ETIMEDOUT
+    --expect 10.99.0.1:80:700:ETIMEDOUT --dns 10.77.0.1 \
+    --resolve box.kiln.test:3000:10.77.0.1 --resolve nope.kiln.test:3000:ENOENT \
+    --resolve silent.kiln.test:700:ETIMEDOUT --resolve 10.77.0.5:700:10.77.0.5
   probes tap-nogw "$NS_T" --driver tap --ifname ktap0 --address 10.77.0.2/24 \
-    --expect 10.99.0.1:80:700:ENETUNREACH
+    --expect 10.99.0.1:80:700:ENETUNREACH --resolve box.kiln.test:700:ENETUNREACH
+  timeout 60 ip netns exec "$NS_T" python3 "$TMP/dhcpd.py" ktap0 10.77.0.1 10.77.0.50 \
+    >"$TMP/dhcpd-dns.log" 2>&1 &
+  DHCPD_PID=$!
+  for _ in $(seq 50); do grep -q ready "$TMP/dhcpd-dns.log" && break; sleep 0.1; done
+  probes tap-dhcp-dns "$NS_T" --driver tap --ifname ktap0 --address dhcp --wait-address 10000 \
+    --resolve box.kiln.test:3000:10.77.0.1
+  kill "$DHCPD_PID" "$DNSD_PID" 2>/dev/null
+  wait "$DHCPD_PID" "$DNSD_PID" 2>/dev/null
+  DHCPD_PID= DNSD_PID=
   # DHCP with no server: no address yet, so no route even on the kernel's subnet
   probes tap-noaddr "$NS_T" --driver tap --ifname ktap0 --address dhcp \
     --expect 10.77.0.1:7008:700:ENETUNREACH

@@ -7,7 +7,7 @@
 #include "core/config.h"
 #include "net/net.h"
 
-/* --driver host|tap|packet, --ifname, --address, --gateway, --mac with its value v:
+/* --driver host|tap|packet, --ifname, --address, --gateway, --mac, --dns with its value v:
  * 1 taken, 0 not one of these, -1 a bad --driver. v must outlive cfg. */
 static inline int net_args_take(net_config *cfg, const char *flag, const char *v) {
     if (!strcmp(flag, "--driver")) {
@@ -23,6 +23,8 @@ static inline int net_args_take(net_config *cfg, const char *flag, const char *v
         cfg->gateway = v;
     } else if (!strcmp(flag, "--mac")) {
         cfg->mac = v;
+    } else if (!strcmp(flag, "--dns")) {
+        cfg->dns = v;
     } else {
         return 0;
     }

@@ -22,6 +22,12 @@
  *            also after the loop ran, and from inside another probe's callback); done,
  *            zero, negative and unknown ids are ignored
  *   free     net_free with NET_PROBES_MAX probes in flight: no callback, nothing leaked
+ * --resolve NAME:TIMEOUT_MS:WANT[/WANT]: one lookup (net_resolve) whose outcome must be
+ * one of WANT (an IPv4 address, ENOENT, ETIMEDOUT, ENETUNREACH, EAGAIN); with any, the
+ * lookups' fixed checks run too: bad names and arguments are -EINVAL at once, a
+ * cancelled lookup never calls back, NET_RESOLVES_MAX at once and one more is -EBUSY,
+ * net_free with lookups in flight calls none back. --dns A[,B]: lwIP's DNS servers.
+ * --wait-address MS: first wait (up to MS) for the stack to have an address (DHCP).
  * Every probe's callback must run exactly once, from the loop, never inside net_probe.
  * Prints "ok NAME ..." or "FAIL NAME ..." per check; exit 0 when all passed. */
 #include <errno.h>
@@ -46,6 +52,15 @@ typedef struct {
     int id, calls, result;
     double ms;
 } probe_t;
+
+typedef struct {
+    char name[NET_NAME_MAX + 2];
+    int timeout_ms;
+    char want[128];
+    int id, calls, result;
+    char addr[16];
+    double ms;
+} lookup_t;
 
 static loop_t *g_loop;
 static net_stack *g_net;
@@ -169,6 +184,118 @@ static void run_expects(probe_t *ps, int n) {
         forget(ps + b, m);
         for (int i = b; i < b + m; i++) judge(&ps[i]);
     }
+}
+
+/* ---------------------------------------------------------------- --resolve */
+
+static int g_in_resolve, g_sync_lookup;
+
+static void on_lookup(void *ud, int result, const char *ipv4, double ms) {
+    lookup_t *k = ud;
+    if (g_in_resolve) g_sync_lookup++;
+    k->calls++, k->result = result, k->ms = ms;
+    snprintf(k->addr, sizeof k->addr, "%s", result == 0 && ipv4 ? ipv4 : "");
+}
+
+static int resolve(lookup_t *k, const char *name, int timeout_ms) {
+    g_in_resolve = 1;
+    int id = net_resolve(g_net, name, timeout_ms, on_lookup, k);
+    g_in_resolve = 0;
+    k->id = id, k->calls = 0, k->result = 1, k->ms = -1, k->addr[0] = 0;
+    return id;
+}
+
+static void wait_lookups(lookup_t *ks, int n, int64_t max_ms) {
+    int64_t end = loop_now_ms() + max_ms;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < n; i++) left += ks[i].id > 0 && ks[i].calls == 0;
+        if (!left || loop_now_ms() >= end) return;
+        loop_run_once(g_loop, 20);
+    }
+}
+
+static void forget_lookups(lookup_t *ks, int n) {
+    for (int i = 0; i < n; i++)
+        if (ks[i].id > 0 && ks[i].calls == 0) net_resolve_cancel(g_net, ks[i].id);
+}
+
+static void judge_lookup(const lookup_t *k) {
+    if (k->id <= 0) {
+        report(0, k->name, "net_resolve returned %s", result_name(k->id));
+        return;
+    }
+    if (k->calls != 1) {
+        report(0, k->name, "called back %d times (want %s)", k->calls, k->want);
+        return;
+    }
+    const char *got = k->result == 0 ? k->addr : k->result == -ENOENT ? "ENOENT"
+                      : k->result == -EAGAIN ? "EAGAIN" : result_name(k->result);
+    int ok = want_has(k->want, got) != 0;
+    if (ok && k->result == -ETIMEDOUT) ok = k->ms >= k->timeout_ms - 1 && k->ms <= k->timeout_ms + SLACK_MS;
+    else if (ok) ok = k->ms >= 0 && k->ms < k->timeout_ms;
+    report(ok, k->name, "%s in %.2f ms (timeout %d ms, want %s)", got, k->ms, k->timeout_ms, k->want);
+}
+
+static void run_lookups(lookup_t *ks, int n) {
+    for (int b = 0; b < n; b += NET_RESOLVES_MAX) {
+        int m = n - b < NET_RESOLVES_MAX ? n - b : NET_RESOLVES_MAX, longest = 0;
+        for (int i = b; i < b + m; i++) {
+            resolve(&ks[i], ks[i].name, ks[i].timeout_ms);
+            if (ks[i].timeout_ms > longest) longest = ks[i].timeout_ms;
+        }
+        wait_lookups(ks + b, m, longest + SLACK_MS + 2000);
+        run_for(50); /* a second callback would come now */
+        forget_lookups(ks + b, m);
+        for (int i = b; i < b + m; i++) judge_lookup(&ks[i]);
+    }
+}
+
+/* Bad names and arguments: -EINVAL at once, nothing called back; a cancelled lookup
+ * never calls back; NET_RESOLVES_MAX at once, then -EBUSY (name: one that resolves). */
+static void check_lookups(const char *name) {
+    static char long_name[300], long_label[80];
+    memset(long_name, 'a', 254), long_name[254] = 0;
+    memset(long_label, 'b', 64), long_label[64] = 0;
+    const char *const bad[] = {"",       ".",          "a..b",    "a b",     "a/b",    "a\nb",
+                               "exa mple.com", "10.1.2", "1.2.3.4.5", "10.1.2.256", long_name, long_label};
+    lookup_t k;
+    int bad_n = 0;
+    char first[128] = "";
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = resolve(&k, bad[i], 1000);
+        if (rc > 0) net_resolve_cancel(g_net, rc);
+        if (rc != -EINVAL && !first[0]) snprintf(first, sizeof first, "'%.40s': %s", bad[i], result_name(rc));
+        bad_n += rc != -EINVAL;
+    }
+    int args[] = {resolve(&k, NULL, 1000), resolve(&k, name, 0), resolve(&k, name, NET_PROBE_TIMEOUT_MAX_MS + 1),
+                  net_resolve(g_net, name, 1000, NULL, &k), net_resolve(NULL, name, 1000, on_lookup, &k)};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
+        if (args[i] > 0) net_resolve_cancel(g_net, args[i]);
+        if (args[i] != -EINVAL && !first[0]) snprintf(first, sizeof first, "argument set %zu: %s", i, result_name(args[i]));
+        bad_n += args[i] != -EINVAL;
+    }
+    run_for(100);
+    report(!bad_n && k.calls == 0, "resolve-einval", "%zu bad calls, %d not EINVAL%s%s, %d called back",
+           sizeof bad / sizeof bad[0] + sizeof args / sizeof args[0], bad_n, first[0] ? ": " : "", first, k.calls);
+
+    lookup_t c, ks[NET_RESOLVES_MAX], extra;
+    resolve(&c, name, 2000);
+    net_resolve_cancel(g_net, c.id);
+    net_resolve_cancel(g_net, 0), net_resolve_cancel(g_net, -1), net_resolve_cancel(g_net, 0x7fffffff);
+    run_for(1500); /* long enough for an answer: none may be told */
+    int started = 0;
+    for (int i = 0; i < NET_RESOLVES_MAX; i++) started += resolve(&ks[i], name, 2000) > 0;
+    int over = resolve(&extra, name, 2000);
+    wait_lookups(ks, NET_RESOLVES_MAX, 4000);
+    run_for(50);
+    forget_lookups(ks, NET_RESOLVES_MAX);
+    int found = 0;
+    for (int i = 0; i < NET_RESOLVES_MAX; i++) found += ks[i].calls == 1 && ks[i].result == 0;
+    report(c.id > 0 && c.calls == 0 && started == NET_RESOLVES_MAX && over == -EBUSY && extra.calls == 0 &&
+           found == NET_RESOLVES_MAX, "resolve-busy",
+           "cancelled: %d calls; %d of %d started, one more: %s; %d found", c.calls, started, NET_RESOLVES_MAX,
+           result_name(over), found);
 }
 
 /* ---------------------------------------------------------------- fixed checks */
@@ -327,7 +454,8 @@ static void usage(void) {
     fprintf(stderr, "usage: net_probe --driver host|tap|packet [--ifname NAME] [--address A/len] "
                     "[--gateway G] [--mac M] [--listen PORT] [--open A:P] [--silent A:P] "
                     "[--einval A]... "
-                    "[--expect A:P:TIMEOUT_MS:WANT[/WANT]]...\n");
+                    "[--expect A:P:TIMEOUT_MS:WANT[/WANT]]... [--dns A[,B]] [--wait-address MS] "
+                    "[--resolve NAME:TIMEOUT_MS:WANT[/WANT]]...\n");
     exit(2);
 }
 
@@ -335,9 +463,11 @@ int main(int argc, char **argv) {
     net_config cfg = {.driver = CFG_DRIVER_HOST, .ifname = "", .address = "", .gateway = "",
                       .mac = "", .hostname = "kiln-probe", .max_conns = 16};
     static probe_t ex[MAX_EXPECT];
+    static lookup_t lk[MAX_EXPECT];
+    int nlk = 0;
     static char open_host[64], silent_host[64];
     char *einval[MAX_EXPECT];
-    int nex = 0, neinval = 0, listen_port = 0;
+    int nex = 0, neinval = 0, listen_port = 0, wait_addr_ms = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc) usage();
@@ -347,6 +477,8 @@ int main(int argc, char **argv) {
         if (took) continue;
         if (!strcmp(a, "--listen")) {
             listen_port = atoi(v);
+        } else if (!strcmp(a, "--wait-address")) {
+            wait_addr_ms = atoi(v);
         } else if (!strcmp(a, "--open")) {
             if (split_hostport(v, open_host, sizeof open_host, &g_open_port) < 0) usage();
             g_open_addr = open_host;
@@ -356,6 +488,16 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--einval")) {
             if (neinval == MAX_EXPECT) usage();
             einval[neinval++] = v;
+        } else if (!strcmp(a, "--resolve")) {
+            if (nlk == MAX_EXPECT) usage();
+            lookup_t *k = &lk[nlk++];
+            char *f[3], *save = NULL, *t = strtok_r(v, ":", &save);
+            int n = 0;
+            for (; t && n < 3; t = strtok_r(NULL, ":", &save)) f[n++] = t;
+            if (n != 3) usage();
+            snprintf(k->name, sizeof k->name, "%s", f[0]);
+            k->timeout_ms = atoi(f[1]);
+            snprintf(k->want, sizeof k->want, "%s", f[2]);
         } else if (!strcmp(a, "--expect")) {
             if (nex == MAX_EXPECT) usage();
             probe_t *p = &ex[nex++];
@@ -392,6 +534,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("     driver %s\n", net_driver_name(g_net));
+    if (wait_addr_ms) {
+        char addr[64] = "";
+        int64_t end = loop_now_ms() + wait_addr_ms;
+        while (loop_now_ms() < end && (net_address(g_net, addr, sizeof addr) < 0 || !addr[0]))
+            loop_run_once(g_loop, 20);
+        report(addr[0] != 0, "address", "%s", addr[0] ? addr : "none within the wait");
+    }
     if (g_open_addr) {
         /* A first probe to the open port, with room for a lost first ARP (lwIP asks
          * again after 1 s): a TAP's kernel side drops what it sends for up to a second
@@ -408,6 +557,14 @@ int main(int argc, char **argv) {
         check_cancel();
     }
     report(g_sync_cb == 0, "from-loop", "%d callbacks from inside net_probe", g_sync_cb);
+    const char *found = NULL; /* a name that resolves, for the fixed lookup checks */
+    if (nlk) {
+        run_lookups(lk, nlk);
+        for (int i = 0; i < nlk && !found; i++)
+            if (lk[i].result == 0) found = lk[i].name;
+        if (found) check_lookups(found);
+        report(g_sync_lookup == 0, "resolve-from-loop", "%d callbacks from inside net_resolve", g_sync_lookup);
+    }
 
     /* free: probes in flight when the stack goes; none may call back. */
     probe_t fl[NET_PROBES_MAX];
@@ -420,13 +577,17 @@ int main(int argc, char **argv) {
         if (!a) a = "10.255.255.1", port = 80;
         started += start(&fl[i], a, port, 2000, on_probe) > 0;
     }
+    lookup_t fk[NET_RESOLVES_MAX];
+    int looking = 0;
+    for (int i = 0; found && i < NET_RESOLVES_MAX; i++) looking += resolve(&fk[i], found, 2000) > 0;
     net_free(g_net);
     g_net = NULL;
-    run_for(300);
+    run_for(found ? 1500 : 300);
     int calls = 0;
     for (int i = 0; i < NET_PROBES_MAX; i++) calls += fl[i].calls;
-    report(started == NET_PROBES_MAX && calls == 0, "free",
-           "net_free with %d probes in flight: %d called back", started, calls);
+    for (int i = 0; i < looking; i++) calls += fk[i].calls;
+    report(started == NET_PROBES_MAX && calls == 0 && (!found || looking == NET_RESOLVES_MAX), "free",
+           "net_free with %d probes and %d lookups in flight: %d called back", started, looking, calls);
     loop_free(g_loop);
     printf("%s\n", g_failed ? "net_probe: FAILED" : "net_probe: all passed");
     return g_failed ? 1 : 0;

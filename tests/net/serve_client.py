@@ -337,7 +337,8 @@ def kilnd_logged(want, seconds=5):
 def debug_probe(a):
     """DEBUG probe from the box's own stack: to a port this test listens on (on host sockets
     127.0.0.1; over lwIP the TAP's kernel side, this client's own address), to one nobody
-    listens on, to an address nobody has, and one abandoned by its session."""
+    listens on, to an address nobody has, and one abandoned by its session; by name:
+    localhost through the system's resolver (host sockets), no DNS server (lwIP here)."""
     me = a.s.getsockname()[0]
     lis = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     lis.bind((me, 0))
@@ -346,15 +347,28 @@ def debug_probe(a):
     shut = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     shut.bind((me, 0))
     closed_port = shut.getsockname()[1]  # bound, not listening: the kernel answers RST
-    for bad in ("host=example.com port=80", "host=%s port=0" % me, "host=%s" % me,
-                "host=%s port=80 timeout_ms=50" % me, "host=1.2.3.4.5 port=80"):
+    for bad in ("host=bad..name port=80", "host=%s port=0" % me, "host=%s" % me,
+                "host=%s port=80 timeout_ms=50" % me, "host=1.2.3.4.5 port=80", "host=0.0.0.0 port=80",
+                "host=%s port=80" % ("a" * 254)):
         a.send("DEBUG probe " + bad)
         l = a.line()
-        check("DEBUG probe %s: 400" % bad, l.startswith("ERR - 400 bad_request"), l)
+        check("DEBUG probe %s: 400" % bad[:72], l.startswith("ERR - 400 bad_request"), l)
     a.send("DEBUG probe host=%s port=%d" % (me, port))
     l = a.line()
-    m = re.match(r"^DEBUG probe host=(\S+) port=(\d+) result=connected ms=([\d.]+)$", l)
-    check("DEBUG probe to a listening port: connected", m and m.group(1) == me and int(m.group(2)) == port, l)
+    m = re.match(r"^DEBUG probe host=(\S+) addr=(\S+) port=(\d+) result=connected ms=([\d.]+)$", l)
+    check("DEBUG probe to a listening port: connected", m and m.group(1) == me == m.group(2) and
+          int(m.group(3)) == port, l)
+    a.send("DEBUG probe host=localhost port=%d" % port)
+    l = a.line()
+    if A.lwip:  # serve.sh gives lwIP no DNS server, and its DHCP none either
+        check("DEBUG probe by name with no DNS server: unresolved, said why",
+              re.match(r"^DEBUG probe host=localhost port=%d result=unresolved ms=[\d.]+ dns_ms=[\d.]+ "
+                       r'msg="no DNS server' % port, l), l)
+    else:  # the system's resolver: /etc/hosts
+        m = re.match(r"^DEBUG probe host=localhost addr=(\S+) port=(\d+) result=connected ms=([\d.]+) "
+                     r"dns_ms=([\d.]+)$", l)
+        check("DEBUG probe by name: looked up, then connected", m and m.group(1) == me and
+              float(m.group(4)) <= float(m.group(3)), l)
     a.send("DEBUG probe host=%s port=%d" % (me, closed_port))
     l = a.line()
     check("DEBUG probe to a closed port: refused", re.match(r"^DEBUG probe .* result=refused ms=", l), l)

@@ -315,6 +315,11 @@ static void test_cross(void) {
     LOAD_FAILS("[net]\naddress = 10.0.0.256/24\n", "[net] address = 10.0.0.256/24");
     LOAD_FAILS("[net]\naddress = 10.0.0.1/33\n", "[net] address = 10.0.0.1/33");
     LOAD_FAILS("[net]\ngateway = 10.0.0\n", "[net] gateway = 10.0.0: must be empty or");
+    CHECK(load(&A, "[net]\ndns = 10.0.0.53\n") == 0 && !strcmp(A.net.dns, "10.0.0.53"), "dns: %s", err);
+    CHECK(load(&A, "[net]\ndns = 10.0.0.53,10.0.1.53\n") == 0, "two dns: %s", err);
+    LOAD_FAILS("[net]\ndns = 10.0.0.53,\n", "[net] dns = 10.0.0.53,: must be empty or one or two");
+    LOAD_FAILS("[net]\ndns = 1.1.1.1,2.2.2.2,3.3.3.3\n", "[net] dns = 1.1.1.1,2.2.2.2,3.3.3.3: must be");
+    LOAD_FAILS("[net]\ndns = resolver.lan\n", "[net] dns = resolver.lan: must be empty or");
     LOAD_FAILS("[net]\nmac = 02:00:00:00:00\n", "[net] mac = 02:00:00:00:00: must be empty or six");
     LOAD_FAILS("[net]\ndriver = tap\ninterface =\n", "[net] interface: must be set for driver = tap");
     CHECK(load(&A, "[net]\nhostname = kiln-07\n") == 0, "hostname: %s", err);

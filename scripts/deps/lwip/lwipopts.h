@@ -29,7 +29,7 @@
 #define MEM_ALIGNMENT               8
 #define MEM_SIZE                    (6 * 1024 * 1024) /* bytes: PBUF_RAM (tcp_write copies) */
 #define MEMP_NUM_PBUF               64     /* PBUF_ROM/REF */
-#define MEMP_NUM_UDP_PCB            4      /* DHCP, spare */
+#define MEMP_NUM_UDP_PCB            8      /* DHCP, DNS (up to 4 random source ports), spare */
 #define MEMP_NUM_TCP_PCB            160    /* connections, closing ones and TIME_WAIT */
 #define MEMP_NUM_TCP_PCB_LISTEN     8
 #define MEMP_NUM_TCP_SEG            4096   /* queued segments, all connections */
@@ -54,7 +54,7 @@
 #define LWIP_DHCP_DOES_ACD_CHECK    0
 #define LWIP_AUTOIP                 0
 #define LWIP_IGMP                   0
-#define LWIP_DNS                    0
+#define LWIP_DNS                    1      /* DEBUG probe host=NAME; servers from [net] dns or DHCP */
 
 /* ---- netif */
 #define LWIP_NETIF_HOSTNAME         1      /* sent in DHCP requests */
