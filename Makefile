@@ -207,6 +207,10 @@ kiln-init: $(BUILD)/musl/kiln-init
 # certificates and the model in a reproducible initramfs under build/image/.
 image: musl model $(BUILD)/musl/kiln-init
 	BUILD=$(BUILD) MODEL=$(MODEL) image/build.sh
+# image/gpu.sh: the same image plus NVIDIA's open kernel modules built for its kernel (from
+# Debian's nvidia-open-kernel-source) and the GSP firmware, under build/image-gpu/.
+image-gpu: image
+	BUILD=$(BUILD) MODEL=$(MODEL) image/gpu.sh
 qemu: image
 	qemu/run.sh
 test-qemu: image $(KILND)
