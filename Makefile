@@ -319,7 +319,7 @@ $(ALLOC_SHIM): tests/shim/alloc_count.c
 	@mkdir -p $(@D)
 	gcc -std=c11 -Wall -Wextra -Werror -O2 -fPIC -shared -pthread $< -o $@
 
-# GPU_IMAGE=0: without the GPU image (make image-gpu, ~3 min from nothing on 2 cores: the
+# GPU_IMAGE=0: without the GPU image (make image-gpu, 3-4.5 min from nothing on 2 cores: the
 # NVIDIA modules' compile) and its tests qemu/boot-gpu and image/reproducible-gpu.
 GPU_IMAGE ?= 1
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(BUILD)/asan/tests/net/net_probe $(FUZZ_BINS) $(IMG_TOOLS)
