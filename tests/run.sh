@@ -251,7 +251,8 @@ run "qemu/boot" python3 tests/qemu/boot_test.py --image-dir "$BUILD/image" \
 # kernel and the GSP firmware) under TCG, where QEMU has no NVIDIA device: kiln-init tries
 # the driver, whose init refuses with ENODEV (symbols resolved, vermagic matched; an unknown
 # symbol or version error fails), the console says "no NVIDIA GPU" and that the driver fits,
-# and the same GEN is served from the CPU (~40 s; the image itself ~3 min from nothing).
+# and the same GEN is served from the CPU; then an nvidia.ko with a changed vermagic: a clear
+# line, the CPU serves (~45 s both; the image itself 3-4.5 min from nothing).
 if [ "${GPU_IMAGE:-1}" != 0 ] && [ -f "$BUILD/image-gpu/initramfs.cpio.gz" ]; then
   run "qemu/boot-gpu" python3 tests/qemu/boot_test.py --gpu --image-dir "$BUILD/image-gpu" \
     --ref-kilnd "$BUILD/gnu/kilnd" --model "$MODEL" --log-dir "$log"

@@ -23,8 +23,10 @@ qemu/run.sh (kiln.test=1, free host ports, the serial console on QEMU's stdin/st
 tried although QEMU has no NVIDIA device, and the driver's init must refuse with ENODEV (its
 symbols resolved, its vermagic matched: an "Unknown symbol" or a version error is a failure),
 the console must say "no NVIDIA GPU" and that the driver fits the kernel, and kilnd serves the
-same GEN from the CPU. Boot 1 only, without the restart checks (kiln-init's, the same in both
-images).
+same GEN from the CPU; no restart checks nor bad-config boot (kiln-init's, the same in both
+images). Boot 2 is the same image with one byte of nvidia.ko's vermagic changed (overlaid as
+above): the kernel refuses it (ENOEXEC), the console names the module and says the image's
+driver does not load on this kernel, and the box still comes up on the CPU.
 
 Every wait is bounded; QEMU is killed by its pid in a finally block. Each check prints one
 line; the exit status is 0 only when all passed. Console transcripts: --log-dir.
@@ -384,10 +386,13 @@ def newc_entry(name, data, mode, ino):
     return hdr + data + b"\0" * (-len(data) % 4)
 
 
-def overlay_initrd(base, path, ini_text):
-    """base + zero padding to 4 bytes + an uncompressed cpio holding /etc/kiln/kiln.ini."""
+def overlay_initrd(base, path, ini_text=None, files=()):
+    """base + zero padding to 4 bytes + an uncompressed cpio holding /etc/kiln/kiln.ini
+    (ini_text) and/or other (name, bytes) files, each replacing the image's."""
     shutil.copyfile(base, path)
-    arch = newc_entry("etc/kiln/kiln.ini", ini_text.encode(), 0o100644, 1)
+    if ini_text is not None:
+        files = [("etc/kiln/kiln.ini", ini_text.encode())] + list(files)
+    arch = b"".join(newc_entry(name, data, 0o100644, i + 1) for i, (name, data) in enumerate(files))
     arch += newc_entry("TRAILER!!!", b"", 0, 0)
     with open(path, "ab") as f:
         f.write(b"\0" * (-os.path.getsize(base) % 4))
@@ -618,6 +623,35 @@ def boot_bad_config(g):
     poweroff(g, "bad config: `poweroff` ends QEMU with status 0")
 
 
+# ------------------------------------------------------------------ boot 2 of --gpu
+
+def bad_vermagic(ko):
+    """nvidia.ko with one byte of its vermagic changed ("SMP" -> "XMP"): the kernel refuses
+    it (ENOEXEC), as it would a module built for another kernel configuration."""
+    i = ko.find(b"vermagic=")
+    j = ko.find(b" SMP ", i)
+    if i < 0 or j < 0 or j > ko.find(b"\0", i):
+        raise ValueError("nvidia.ko: no 'vermagic=... SMP ...' in its .modinfo")
+    return ko[:j + 1] + b"X" + ko[j + 2:]
+
+
+def boot_bad_driver(g):
+    """A driver that does not fit the kernel: a clear line, no boot loop, the CPU serves."""
+    m = g.wait(r"kiln: ready in (\d+\.\d+) s", A.ready_timeout)
+    check("bad driver: the box still comes up (`kiln: ready`)", m is not None, "\n" + tail(g, 25))
+    if not m:
+        raise Abort()
+    check("bad driver: kiln-init's line names the module and the kernel's refusal",
+          re.search(r"kiln-init: module /lib/modules/[^/]+/extra/nvidia\.ko: finit_module: Exec format error",
+                    g.text()) is not None, "\n" + tail(g, 40))
+    out = g.cmd("gpu")
+    check("bad driver: console `gpu` says the image's driver does not load on this kernel, the CPU serves",
+          out is not None and re.search(r"gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\); the image's driver does "
+                                        r"not load on this kernel \(nvidia\.ko: Exec format error\): kilnd serves "
+                                        r"from the CPU", out), repr(out))
+    poweroff(g, "bad driver: `poweroff` ends QEMU with status 0")
+
+
 # ------------------------------------------------------------------ main
 
 def main():
@@ -636,6 +670,7 @@ def main():
     ap.add_argument("--restart-timeout", type=int, default=120)
     ap.add_argument("--poweroff-timeout", type=int, default=60)
     ap.add_argument("--skip-bad-config", action="store_true")
+    ap.add_argument("--skip-bad-driver", action="store_true", help="--gpu: without the boot with a broken nvidia.ko")
     ap.add_argument("--gpu", action="store_true",
                     help="the GPU image (default --image-dir build/image-gpu): its driver is tried and refuses (no GPU)")
     A = ap.parse_args()
@@ -681,6 +716,20 @@ def main():
             guests.append(g2)
             try:
                 boot_bad_config(g2)
+            except Abort:
+                pass
+            g2.kill()
+            say("boot 2 done")
+        if A.gpu and not A.skip_bad_driver:
+            ver = open(os.path.join(A.image_dir, "kernel.version")).read().strip()
+            name = "lib/modules/%s/extra/nvidia.ko" % ver
+            bad = os.path.join(tmp, "initramfs-bad-driver.cpio.gz")
+            overlay_initrd(A.initrd, bad, files=[(name, bad_vermagic(image_file(A.initrd, name)))])
+            say("boot 2: a driver that does not fit (one byte of nvidia.ko's vermagic changed)")
+            g2 = Guest("bad-driver", bad, os.path.join(A.log_dir, "qemu-boot-gpu-bad-driver.log"))
+            guests.append(g2)
+            try:
+                boot_bad_driver(g2)
             except Abort:
                 pass
             g2.kill()
