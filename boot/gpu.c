@@ -110,12 +110,39 @@ static int make_nodes(gpu_state *g, const char *root) {
     return made;
 }
 
+/* No GPU on the bus, but the image has the driver: load its modules anyway, up to the first
+ * that fails, as a check that they fit this kernel. Without a GPU the driver's own init says
+ * so (nvidia.ko: ENODEV, "No NVIDIA GPU found" in the kernel log), which proves its symbols
+ * resolved; a vermagic mismatch (ENOEXEC) or an unknown symbol (ENOENT) is a driver that
+ * would not come up with a GPU either, and the line says that instead. */
+static void check_driver(gpu_state *g, const char *list, const char *mod_dir) {
+    mod_result mr;
+    int r = mod_load_list_until_failure(list, mod_dir, &mr);
+    g->loaded = r == 0 ? mr.loaded : 0, g->failed = r == 0 ? mr.failed : 0;
+    char what[160];
+    if (r < 0)
+        snprintf(what, sizeof what, "cannot read the driver's module list (%s)", strerror(-r));
+    else if (mr.failed && mr.first_err == ENODEV)
+        snprintf(what, sizeof what, "the driver fits this kernel (%.60s: no device to drive)", mr.first_failed);
+    else if (mr.failed)
+        snprintf(what, sizeof what, "the image's driver does not load on this kernel (%.60s: %.40s)",
+                 mr.first_failed, strerror(mr.first_err));
+    else
+        snprintf(what, sizeof what, "the driver's %d modules loaded", mr.loaded);
+    snprintf(g->line, sizeof g->line, "no NVIDIA GPU on the PCI bus (%d devices); %s: kilnd serves from the CPU",
+             g->pci_seen, what);
+}
+
 void gpu_bring_up(gpu_state *g, const char *root, const char *mod_dir, int load) {
-    if (gpu_scan(root, g) < 0 || !g->n) return;
+    if (gpu_scan(root, g) < 0) return;
     char list[UTIL_PATH_MAX];
     util_join(list, sizeof list, root, "/etc/kiln/modules-gpu");
     struct stat st;
     g->driver = stat(list, &st) == 0;
+    if (!g->n) {
+        if (g->driver && load) check_driver(g, list, mod_dir);
+        return;
+    }
     if (!g->driver) {
         snprintf(g->line, sizeof g->line, "%d NVIDIA GPU(s) (%s, 10de:%04x), but this image carries no NVIDIA "
                  "driver (no /etc/kiln/modules-gpu): kilnd serves from the CPU",

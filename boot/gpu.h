@@ -9,8 +9,10 @@
  * majors in /proc/devices: /dev/nvidiactl and /dev/nvidiaN (nvidia-frontend), and
  * /dev/nvidia-uvm, /dev/nvidia-uvm-tools (nvidia-uvm). Nothing of it is fatal: every
  * outcome is one line (gpu_state.line) on the console and in `status`, and the box
- * serves from the CPU. Test mode scans ROOT's tree and never loads modules (the nodes are
- * made under ROOT/dev when ROOT/proc/devices is there). */
+ * serves from the CPU. With no GPU on the bus but the driver in the image, its modules are
+ * still loaded up to the first failure, as a check that they fit the kernel (without a GPU
+ * nvidia.ko refuses with ENODEV: its symbols resolved). Test mode scans ROOT's tree and
+ * never loads modules (the nodes are made under ROOT/dev when ROOT/proc/devices is there). */
 #ifndef KILN_BOOT_GPU_H
 #define KILN_BOOT_GPU_H
 

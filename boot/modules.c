@@ -43,7 +43,7 @@ static int load_one(const char *path) {
     return 0;
 }
 
-int mod_load_list(const char *list_path, const char *mod_dir, mod_result *res) {
+static int load_list(const char *list_path, const char *mod_dir, int stop, mod_result *res) {
     static char list[16384]; /* a few dozen paths */
     double t0 = util_now();
     memset(res, 0, sizeof *res);
@@ -59,12 +59,33 @@ int mod_load_list(const char *list_path, const char *mod_dir, mod_result *res) {
         char path[UTIL_PATH_MAX];
         if (snprintf(path, sizeof path, "%s/%s", mod_dir, name) >= (int)sizeof path) {
             logring_say("kiln-init: module path too long: %.80s", name);
-            res->failed++;
+            if (!res->failed++) {
+                res->first_err = ENAMETOOLONG;
+                snprintf(res->first_failed, sizeof res->first_failed, "%.40s...", name);
+            }
+            if (stop) break;
             continue;
         }
-        if (load_one(path) == 0) res->loaded++;
-        else res->failed++;
+        int r = load_one(path);
+        if (r == 0) {
+            res->loaded++;
+            continue;
+        }
+        if (!res->failed++) {
+            const char *base = strrchr(name, '/');
+            res->first_err = -r;
+            snprintf(res->first_failed, sizeof res->first_failed, "%s", base ? base + 1 : name);
+        }
+        if (stop) break;
     }
     res->secs = util_now() - t0;
     return 0;
+}
+
+int mod_load_list(const char *list_path, const char *mod_dir, mod_result *res) {
+    return load_list(list_path, mod_dir, 0, res);
+}
+
+int mod_load_list_until_failure(const char *list_path, const char *mod_dir, mod_result *res) {
+    return load_list(list_path, mod_dir, 1, res);
 }

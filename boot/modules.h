@@ -10,9 +10,13 @@
 typedef struct {
     int loaded;   /* modules now in the kernel */
     int failed;   /* modules that did not load */
+    int first_err;          /* errno of the first failure (0: none) */
+    char first_failed[96];  /* its file name ("nvidia.ko"), "" when none failed */
     double secs;  /* time taken */
 } mod_result;
 
 int mod_load_list(const char *list_path, const char *mod_dir, mod_result *res); /* 0, or -errno for the list */
+/* The same, stopping at the first module that fails (what comes after it depends on it). */
+int mod_load_list_until_failure(const char *list_path, const char *mod_dir, mod_result *res);
 
 #endif

@@ -38,6 +38,9 @@
 #   KILN_IMAGE_MODEL_DIR   where kiln.ini looks for the model (default /models, in the
 #                          initramfs); any other folder leaves the model out of the
 #                          initramfs (the disk image keeps it on its data partition)
+#   KILN_IMAGE_OVERLAY     a directory whose tree is laid over the initramfs root before it
+#                          is archived (image/gpu.sh: the NVIDIA modules, their list
+#                          /etc/kiln/modules-gpu, the GSP firmware); same modes and times
 #   SOURCE_DATE_EPOCH      mtime of every entry (default 0)
 #   GZIP_LEVEL             1..9 (default 9)
 set -euo pipefail
@@ -204,6 +207,11 @@ tokens_file = /etc/kiln/tokens.txt
 EOF
 if [ -n "${KILN_IMAGE_INI_EXTRA:-}" ]; then
   printf '%s\n' "$KILN_IMAGE_INI_EXTRA" >>"$R/etc/kiln/kiln.ini"
+fi
+
+if [ -n "${KILN_IMAGE_OVERLAY:-}" ]; then
+  [ -d "$KILN_IMAGE_OVERLAY" ] || die "KILN_IMAGE_OVERLAY=$KILN_IMAGE_OVERLAY is not a directory"
+  cp -R --no-preserve=all "$KILN_IMAGE_OVERLAY"/. "$R"/
 fi
 
 # Fixed modes and times: nothing of this machine (umask, clock) gets into the archive.

@@ -19,6 +19,15 @@ qemu/run.sh (kiln.test=1, free host ports, the serial console on QEMU's stdin/st
     - the console says what is wrong (the key's name, SAFE MODE) and still answers `status`
     - `poweroff`: QEMU ends with status 0
 
+--gpu: the GPU variant (`make image-gpu`, build/image-gpu/): the image's NVIDIA modules are
+tried although QEMU has no NVIDIA device, and the driver's init must refuse with ENODEV (its
+symbols resolved, its vermagic matched: an "Unknown symbol" or a version error is a failure),
+the console must say "no NVIDIA GPU" and that the driver fits the kernel, and kilnd serves the
+same GEN from the CPU; no restart checks nor bad-config boot (kiln-init's, the same in both
+images). Boot 2 is the same image with one byte of nvidia.ko's vermagic changed (overlaid as
+above): the kernel refuses it (ENOEXEC), the console names the module and says the image's
+driver does not load on this kernel, and the box still comes up on the CPU.
+
 Every wait is bounded; QEMU is killed by its pid in a finally block. Each check prints one
 line; the exit status is 0 only when all passed. Console transcripts: --log-dir.
 
@@ -377,10 +386,13 @@ def newc_entry(name, data, mode, ino):
     return hdr + data + b"\0" * (-len(data) % 4)
 
 
-def overlay_initrd(base, path, ini_text):
-    """base + zero padding to 4 bytes + an uncompressed cpio holding /etc/kiln/kiln.ini."""
+def overlay_initrd(base, path, ini_text=None, files=()):
+    """base + zero padding to 4 bytes + an uncompressed cpio holding /etc/kiln/kiln.ini
+    (ini_text) and/or other (name, bytes) files, each replacing the image's."""
     shutil.copyfile(base, path)
-    arch = newc_entry("etc/kiln/kiln.ini", ini_text.encode(), 0o100644, 1)
+    if ini_text is not None:
+        files = [("etc/kiln/kiln.ini", ini_text.encode())] + list(files)
+    arch = b"".join(newc_entry(name, data, 0o100644, i + 1) for i, (name, data) in enumerate(files))
     arch += newc_entry("TRAILER!!!", b"", 0, 0)
     with open(path, "ab") as f:
         f.write(b"\0" * (-os.path.getsize(base) % 4))
@@ -450,9 +462,21 @@ def debug_path(g, admin):
         body = read_body(c)
         check("DEBUG kmsg: the guest kernel's log", re.match(r"^# the last 10 of \d+ kernel log lines$", head)
               and len(body) == 10 and all(x.startswith("[") for x in body), repr([head] + body[:3]))
+        if A.gpu:
+            c.send("DEBUG kmsg lines=400")
+            head = c.line()
+            klog = "\n".join(read_body(c))
+            bad = [l for l in klog.splitlines() if re.search(r"Unknown symbol|disagrees about version|"
+                                                               r"version magic|nvidia.*(?:Invalid|Exec format)", l)]
+            check("GPU image, kernel log: the driver ran its init and found no GPU (NVRM: No NVIDIA GPU found)",
+                  "NVRM: No NVIDIA GPU found" in klog, "\n" + klog[-2000:])
+            check("GPU image, kernel log: no unknown symbol, no version mismatch", not bad, repr(bad))
+            for l in klog.splitlines():
+                if re.search(r"nvidia|NVRM", l, re.I):
+                    say("kernel log: " + l.strip())
         c.send("DEBUG gpu")
         body = read_body(c)
-        check("DEBUG gpu: the CPU backend, no NVIDIA driver in this image",
+        check("DEBUG gpu: the CPU backend, no NVIDIA driver %s" % ("loaded (no GPU)" if A.gpu else "in this image"),
               "backend=cpu" in body and "nvidia_driver=not loaded (no /proc/driver/nvidia)" in body, repr(body))
         c.send("DEBUG probe host=10.0.2.2 port=%d timeout_ms=5000" % lis.getsockname()[1])
         l = c.line()
@@ -534,6 +558,21 @@ def boot_main(g, ref_thread, ref):
     out = g.cmd("log 50")
     check("console `log` shows the boot", out is not None and "kiln: ready in" in out, repr(out))
     out = g.cmd("gpu")
+    if A.gpu:
+        check("console `gpu`: no NVIDIA GPU, the image's driver fits the kernel (nvidia.ko: no device), the CPU serves",
+              out is not None and re.search(r"gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\); the driver fits this "
+                                            r"kernel \(nvidia\.ko: no device to drive\): kilnd serves from the CPU", out),
+              repr(out))
+        check("GPU image, console: kiln-init tried nvidia.ko and the driver refused (No such device)",
+              re.search(r"kiln-init: module /lib/modules/[^/]+/extra/nvidia\.ko: finit_module: No such device", g.text())
+              is not None, "\n" + tail(g, 40))
+        check("GPU image, console: nvidia-uvm.ko not tried after nvidia.ko failed",
+              "nvidia-uvm.ko" not in g.text(), "\n" + tail(g, 40))
+        m = re.search(r"kiln: gpu: [^\n]*", g.text())
+        if m:
+            say("console: " + m.group(0))
+        poweroff(g, "`poweroff` ends QEMU with status 0 (within %d s)" % A.poweroff_timeout)
+        return
     check("console `gpu`: QEMU's PCI bus scanned, no NVIDIA GPU, the CPU serves",
           out is not None and re.search(r"gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\): kilnd serves from the CPU", out),
           repr(out))
@@ -584,6 +623,35 @@ def boot_bad_config(g):
     poweroff(g, "bad config: `poweroff` ends QEMU with status 0")
 
 
+# ------------------------------------------------------------------ boot 2 of --gpu
+
+def bad_vermagic(ko):
+    """nvidia.ko with one byte of its vermagic changed ("SMP" -> "XMP"): the kernel refuses
+    it (ENOEXEC), as it would a module built for another kernel configuration."""
+    i = ko.find(b"vermagic=")
+    j = ko.find(b" SMP ", i)
+    if i < 0 or j < 0 or j > ko.find(b"\0", i):
+        raise ValueError("nvidia.ko: no 'vermagic=... SMP ...' in its .modinfo")
+    return ko[:j + 1] + b"X" + ko[j + 2:]
+
+
+def boot_bad_driver(g):
+    """A driver that does not fit the kernel: a clear line, no boot loop, the CPU serves."""
+    m = g.wait(r"kiln: ready in (\d+\.\d+) s", A.ready_timeout)
+    check("bad driver: the box still comes up (`kiln: ready`)", m is not None, "\n" + tail(g, 25))
+    if not m:
+        raise Abort()
+    check("bad driver: kiln-init's line names the module and the kernel's refusal",
+          re.search(r"kiln-init: module /lib/modules/[^/]+/extra/nvidia\.ko: finit_module: Exec format error",
+                    g.text()) is not None, "\n" + tail(g, 40))
+    out = g.cmd("gpu")
+    check("bad driver: console `gpu` says the image's driver does not load on this kernel, the CPU serves",
+          out is not None and re.search(r"gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\); the image's driver does "
+                                        r"not load on this kernel \(nvidia\.ko: Exec format error\): kilnd serves "
+                                        r"from the CPU", out), repr(out))
+    poweroff(g, "bad driver: `poweroff` ends QEMU with status 0")
+
+
 # ------------------------------------------------------------------ main
 
 def main():
@@ -602,14 +670,21 @@ def main():
     ap.add_argument("--restart-timeout", type=int, default=120)
     ap.add_argument("--poweroff-timeout", type=int, default=60)
     ap.add_argument("--skip-bad-config", action="store_true")
+    ap.add_argument("--skip-bad-driver", action="store_true", help="--gpu: without the boot with a broken nvidia.ko")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU image (default --image-dir build/image-gpu): its driver is tried and refuses (no GPU)")
     A = ap.parse_args()
+    if A.gpu:
+        A.skip_bad_config = True
+        if A.image_dir == os.path.join(ROOT, "build", "image"):
+            A.image_dir = os.path.join(ROOT, "build", "image-gpu")
     A.kernel = os.path.join(A.image_dir, "vmlinuz")
     A.initrd = os.path.join(A.image_dir, "initramfs.cpio.gz")
     A.ca = os.path.join(A.image_dir, "tls", "ca.crt")
     A.tokens = os.path.join(A.image_dir, "tokens.txt")
     for f in (A.kernel, A.initrd, A.ca, A.tokens, A.ref_kilnd, A.model):
         if not os.path.exists(f):
-            print("boot_test: %s is missing (make image; make; make model)" % f, file=sys.stderr)
+            print("boot_test: %s is missing (make image%s; make; make model)" % (f, "-gpu" if A.gpu else ""), file=sys.stderr)
             return 2
     os.makedirs(A.log_dir, exist_ok=True)
 
@@ -621,8 +696,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kiln-boot-test-")
     guests = []
     try:
-        say("boot 1: %s (console: %s)" % (A.initrd, os.path.join(A.log_dir, "qemu-boot.log")))
-        g = Guest("boot", A.initrd, os.path.join(A.log_dir, "qemu-boot.log"))
+        log = os.path.join(A.log_dir, "qemu-boot-gpu.log" if A.gpu else "qemu-boot.log")
+        say("boot 1: %s (console: %s)" % (A.initrd, log))
+        g = Guest("boot", A.initrd, log)
         guests.append(g)
         try:
             boot_main(g, ref_thread, ref)
@@ -640,6 +716,20 @@ def main():
             guests.append(g2)
             try:
                 boot_bad_config(g2)
+            except Abort:
+                pass
+            g2.kill()
+            say("boot 2 done")
+        if A.gpu and not A.skip_bad_driver:
+            ver = open(os.path.join(A.image_dir, "kernel.version")).read().strip()
+            name = "lib/modules/%s/extra/nvidia.ko" % ver
+            bad = os.path.join(tmp, "initramfs-bad-driver.cpio.gz")
+            overlay_initrd(A.initrd, bad, files=[(name, bad_vermagic(image_file(A.initrd, name)))])
+            say("boot 2: a driver that does not fit (one byte of nvidia.ko's vermagic changed)")
+            g2 = Guest("bad-driver", bad, os.path.join(A.log_dir, "qemu-boot-gpu-bad-driver.log"))
+            guests.append(g2)
+            try:
+                boot_bad_driver(g2)
             except Abort:
                 pass
             g2.kill()

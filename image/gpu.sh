@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# gpu.sh: `make image-gpu` — the GPU variant of the appliance image: the image of `make image`
+# (same kernel, kiln-init, kilnd, config, model) plus NVIDIA's open kernel modules built here
+# for that kernel and the GSP firmware they load.
+#
+#   build/image-gpu/vmlinuz              the kernel of build/image/ (Debian's, as shipped)
+#   build/image-gpu/initramfs.cpio.gz    the initramfs of image/build.sh with, in addition,
+#       /lib/modules/<ver>/extra/nvidia{,-uvm}.ko   built from Debian's nvidia-open-kernel-source
+#       /etc/kiln/modules-gpu                        those modules in load order (kiln-init,
+#                                                    boot/gpu.c, loads them after the NIC's)
+#       /lib/firmware/nvidia/<driver>/gsp_*.bin      from Debian's firmware-nvidia-gsp, where
+#                                                    the driver's request_firmware() looks
+#
+# Which driver and why: NVIDIA 550.163.01, the open kernel modules (Debian trixie, contrib)
+# and the GSP firmware of the same version (trixie, non-free-firmware). 550 is the oldest
+# Debian-packaged branch whose supported-GPU list has the H200 (10de:2335); bookworm's 535
+# (535.261.03 open, 535.309.01 closed) stops at H100/GH200. It is built against the image's own
+# bookworm kernel (6.1.0-57), not trixie's 6.12: one kernel for the CPU and GPU images. That
+# kernel's pci_resize_resource() took a fourth argument in a stable update, which 550.163.01
+# predates: image/gpu/nvidia-550-pci-resize-exclude-bars.patch adds the conftest and the call
+# (it builds unchanged otherwise).
+#
+# How (nothing is installed on this machine; its /usr/src and /lib/modules are not read):
+#   1. the kernel's headers (linux-headers-<abi>-amd64, -common, linux-kbuild-<x.y>) of exactly
+#      the kernel package's version, apt-get download'ed by name=version with the machine's apt
+#      sources (image/build.sh fetched the kernel there), unpacked under build/gpu/headers/;
+#   2. the driver and firmware packages by name=version from suite trixie through a private apt
+#      configuration under build/gpu/apt/ (scripts/deps.sh's scheme: the Debian archive URI is
+#      read from this machine's apt sources at run time, never stored here), each .deb checked
+#      against the sha256 pinned below;
+#   3. Kbuild (gcc-12, the kernel's compiler) builds nvidia.ko and nvidia-uvm.ko (not modeset,
+#      drm or peermem: no display, no RDMA); paths are mapped to fixed names
+#      (-ffile-prefix-map) and debug sections stripped, so the bytes do not depend on the
+#      checkout's location;
+#   4. checks: each module's vermagic equals the kernel's (taken from a module of the kernel
+#      package), modpost reported no undefined symbol, and every module a driver module
+#      depends on is in the kernel package (those come along, in order);
+#   5. image/build.sh makes the initramfs with that tree laid over the root
+#      (KILN_IMAGE_OVERLAY), so every reproducibility rule of the plain image holds here too.
+#
+# Cached: the .debs stay in build/gpu/dl/ and the built modules in build/gpu/modules/<key>/
+# (key: driver version, kernel version, patches, this recipe); a second run only re-packs.
+# Environment: BUILD (build), KILN_IMAGE_GPU_DIR (the output directory, default
+# build/image-gpu), JOBS (module compile jobs, default nproc), KILN_GPU_FIRMWARE
+# (the gsp_*.bin files to carry, default "gsp_ga10x.bin gsp_tu10x.bin": Ampere/Ada/Hopper and
+# Turing), and image/build.sh's (MODEL, SOURCE_DATE_EPOCH, GZIP_LEVEL, ...).
+set -Eeuo pipefail
+trap 'echo "image-gpu: FAILED (line $LINENO: $BASH_COMMAND)" >&2' ERR
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PATH=$PATH:/usr/sbin:/sbin # modinfo
+BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+FIRMWARE=${KILN_GPU_FIRMWARE:-gsp_ga10x.bin gsp_tu10x.bin}
+unset MAKEFLAGS MFLAGS MAKELEVEL # Kbuild gets its own -j
+
+G=$BUILD/gpu
+IMG=$BUILD/image
+OUTD=${KILN_IMAGE_GPU_DIR:-$BUILD/image-gpu}
+case $OUTD in /*) ;; *) OUTD=$ROOT/$OUTD ;; esac
+APTDIR=$G/apt
+DL=$G/dl
+SUITE=trixie
+
+# ---------------------------------------------------------------- pins
+DRIVER=550.163.01
+declare -A VER SHA COMP
+VER[nvidia-open-kernel-source]=550.163.01-2
+SHA[nvidia-open-kernel-source]=8726fc25ee050f530e569b32cb4634d1f75585a11b5481de3dfd82b72abb0505
+COMP[nvidia-open-kernel-source]=contrib
+VER[firmware-nvidia-gsp]=550.163.01-2
+SHA[firmware-nvidia-gsp]=e07e243f33cf7066737e3f556f3325a5e57199a9549a93f2158eec3921ea0beb
+COMP[firmware-nvidia-gsp]=non-free-firmware
+PATCHES=(image/gpu/nvidia-550-pci-resize-exclude-bars.patch)
+NV_MODULES="nvidia nvidia-uvm"
+# Bump when the build recipe below changes, so cached modules are rebuilt.
+RECIPE=1
+
+T0=$(date +%s)
+say() { echo "image-gpu: $*" >&2; }
+die() { echo "image-gpu: error: $*" >&2; trap - ERR; exit 1; }
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+since() { echo "$(( $(date +%s) - $1 )) s"; }
+
+scripts/need.sh gcc-12 gcc-12 make make modinfo kmod dpkg-deb dpkg apt-get apt \
+  strip binutils xz xz-utils patch patch flock util-linux
+
+[ -f "$IMG/kernel/.from" ] && [ -f "$IMG/kernel.version" ] ||
+  die "no kernel under $IMG (run make image first)"
+KDEB=$(cat "$IMG/kernel/.from")                      # linux-image-6.1.0-57-amd64_6.1.192-3_amd64.deb
+KVER=$(cat "$IMG/kernel.version")                    # 6.1.0-57-amd64
+KPKGVER=$(dpkg-deb -f "$IMG/$KDEB" Version)          # 6.1.192-3
+KMOD=$IMG/kernel/lib/modules/$KVER
+mkdir -p "$G" "$DL" "$OUTD"
+exec 9>"$G/.lock"
+flock 9
+
+# ---------------------------------------------------------------- 1. the kernel's headers
+# apt-get download PKG=VER... into $DL with apt config $1 ("" = the machine's).
+download() {
+  local conf=$1; shift
+  local tmp
+  tmp=$(mktemp -d "$DL/dl.XXXXXX")
+  chmod 0777 "$tmp" # apt downloads as _apt
+  if ! (cd "$tmp" && env ${conf:+APT_CONFIG="$conf"} apt-get download "$@" >"$G/download.log" 2>&1); then
+    if [ -z "$conf" ]; then
+      apt-get update -qq >&2 || true
+      (cd "$tmp" && apt-get download "$@" >"$G/download.log" 2>&1) ||
+        { tail -n 20 "$G/download.log" >&2; rm -rf "$tmp"; die "apt-get download $* failed"; }
+    else
+      tail -n 20 "$G/download.log" >&2; rm -rf "$tmp"; die "apt-get download $* failed (apt config $conf)"
+    fi
+  fi
+  mv "$tmp"/*.deb "$DL"/ && rmdir "$tmp"
+}
+have_deb() { ls "$DL/${1}_${2/:/%3a}_"*.deb >/dev/null 2>&1; }
+deb_of() { ls "$DL/${1}_${2/:/%3a}_"*.deb | sed -n 1p; }
+
+HPKG=linux-headers-$KVER
+have_deb "$HPKG" "$KPKGVER" || { say "downloading $HPKG=$KPKGVER"; download "" "$HPKG=$KPKGVER"; }
+HDEPS=$(dpkg-deb -f "$(deb_of "$HPKG" "$KPKGVER")" Depends)
+COMMON=$(grep -o 'linux-headers-[^ ,]*-common' <<<"$HDEPS" | sed -n 1p)
+KBUILD=$(grep -o 'linux-kbuild-[0-9.]*' <<<"$HDEPS" | sed -n 1p)
+[ -n "$COMMON" ] && [ -n "$KBUILD" ] || die "$HPKG: cannot find its -common and kbuild packages in Depends: $HDEPS"
+for p in "$COMMON" "$KBUILD"; do
+  have_deb "$p" "$KPKGVER" || { say "downloading $p=$KPKGVER"; download "" "$p=$KPKGVER"; }
+done
+HDR=$G/headers/$KVER
+HKEY="$HPKG $COMMON $KBUILD $KPKGVER"
+if [ "$(cat "$HDR/.from" 2>/dev/null)" != "$HKEY" ]; then
+  say "unpacking the headers of $KVER ($KPKGVER)"
+  rm -rf "$HDR" && mkdir -p "$HDR"
+  for p in "$HPKG" "$COMMON" "$KBUILD"; do dpkg-deb -x "$(deb_of "$p" "$KPKGVER")" "$HDR"; done
+  # The -amd64 tree's one-line Makefile includes the -common tree by its installed path.
+  sed -i "s|^include /usr/src/|include $HDR/usr/src/|" "$HDR/usr/src/$HPKG/Makefile"
+  echo "$HKEY" >"$HDR/.from"
+fi
+SYSSRC=$HDR/usr/src/$COMMON
+SYSOUT=$HDR/usr/src/$HPKG
+[ -f "$SYSOUT/Module.symvers" ] && [ -f "$SYSOUT/.config" ] || die "$HPKG has no Module.symvers/.config"
+
+# ---------------------------------------------------------------- 2. driver and firmware
+# Write $APTDIR/{apt.conf,sources.list}: suite trixie, the components the pinned packages
+# are in, on every Debian archive URI (path ending in /debian) of this machine's sources.
+apt_setup() {
+  local sl sp f comps
+  comps=$(printf '%s\n' "${COMP[@]}" | LC_ALL=C sort -u | tr '\n' ' ')
+  eval "$(apt-config shell sl Dir::Etc::SourceList/f sp Dir::Etc::SourceParts/d)"
+  mkdir -p "$APTDIR/lists/partial" "$APTDIR/cache/archives/partial" "$APTDIR/state"
+  {
+    if [ -f "$sl" ]; then awk '{ sub(/#.*/, "") } $1 == "deb" { i = 2
+        if ($2 ~ /^\[/) { for (; i <= NF; i++) if ($i ~ /\]$/) { i++; break } }
+        print $i }' "$sl"; fi
+    for f in "$sp"/*.list; do [ -f "$f" ] && awk '{ sub(/#.*/, "") } $1 == "deb" { i = 2
+        if ($2 ~ /^\[/) { for (; i <= NF; i++) if ($i ~ /\]$/) { i++; break } }
+        print $i }' "$f"; done
+    for f in "$sp"/*.sources; do [ -f "$f" ] && awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' "$f"; done
+    true
+  } | awk -v suite="$SUITE" -v comps="$comps" '{ u = $1; sub(/\/+$/, "", u)
+        if (u !~ /^[a-z0-9+]+:\/\/?.*\/debian$/ || seen[u]++) next
+        print "deb " u " " suite " " comps }' >"$APTDIR/sources.list"
+  [ -s "$APTDIR/sources.list" ] || die "no Debian archive entry (a URI ending in /debian) in this machine's apt sources"
+  cat >"$APTDIR/apt.conf" <<EOF
+// Generated by image/gpu.sh: private apt state for the NVIDIA packages (suite $SUITE).
+Dir::Etc::SourceList "$APTDIR/sources.list";
+Dir::Etc::SourceParts "/dev/null";
+Dir::Etc::Preferences "/dev/null";
+Dir::Etc::PreferencesParts "/dev/null";
+Dir::State "$APTDIR/state";
+Dir::State::Lists "$APTDIR/lists";
+Dir::Cache "$APTDIR/cache";
+Dir::Cache::archives "$APTDIR/cache/archives";
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+APT::Sandbox::User "root";
+EOF
+}
+missing=()
+for p in "${!VER[@]}"; do
+  if have_deb "$p" "${VER[$p]}" && [ "$(sha256 "$(deb_of "$p" "${VER[$p]}")")" = "${SHA[$p]}" ]; then continue; fi
+  missing+=("$p=${VER[$p]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  t=$(date +%s)
+  apt_setup
+  say "apt-get update (private config, suite $SUITE: ${COMP[*]})"
+  env APT_CONFIG="$APTDIR/apt.conf" apt-get update >"$APTDIR/update.log" 2>&1 ||
+    { tail -n 20 "$APTDIR/update.log" >&2; die "apt-get update failed (private config $APTDIR/apt.conf)"; }
+  say "downloading ${missing[*]}"
+  download "$APTDIR/apt.conf" "${missing[@]}"
+  say "fetched in $(since "$t")"
+fi
+for p in "${!VER[@]}"; do
+  f=$(deb_of "$p" "${VER[$p]}")
+  got=$(sha256 "$f")
+  [ "$got" = "${SHA[$p]}" ] || { mv -f "$f" "$f.rejected"; die "$p: sha256 of $(basename "$f") is $got, pinned ${SHA[$p]}: rejected"; }
+done
+
+# ---------------------------------------------------------------- 3. the modules (cached)
+key=$( { echo "recipe $RECIPE driver ${VER[nvidia-open-kernel-source]} ${SHA[nvidia-open-kernel-source]}"
+         echo "kernel $HKEY modules $NV_MODULES"; cat "${PATCHES[@]}"; } | sha256sum | cut -c1-16)
+MODS=$G/modules/$key
+if [ ! -f "$MODS/.ok" ]; then
+  t=$(date +%s)
+  SRCX=$G/src
+  rm -rf "$SRCX" "$MODS" && mkdir -p "$SRCX"
+  say "unpacking nvidia-open-kernel-source ${VER[nvidia-open-kernel-source]}"
+  dpkg-deb --fsys-tarfile "$(deb_of nvidia-open-kernel-source "${VER[nvidia-open-kernel-source]}")" |
+    tar -xO ./usr/src/nvidia-open-kernel.tar.xz | tar -xJ -C "$SRCX" --no-same-owner
+  S=$SRCX/modules/nvidia-open-kernel
+  [ -f "$S/Kbuild" ] || die "nvidia-open-kernel-source: no modules/nvidia-open-kernel/Kbuild in its tarball"
+  for pf in "${PATCHES[@]}"; do
+    patch -d "$S" -p1 -s --no-backup-if-mismatch <"$pf" || die "$pf does not apply to ${VER[nvidia-open-kernel-source]}"
+  done
+  say "building $NV_MODULES for $KVER (Kbuild, -j$JOBS; log: ${G#"$ROOT"/}/modules.log)"
+  # CC: the compiler that built the kernel (CONFIG_CC_VERSION_TEXT); the headers' own
+  # .kernelvariables say gcc-12 too.
+  if ! make -C "$S" -j"$JOBS" modules SYSSRC="$SYSSRC" SYSOUT="$SYSOUT" CC=gcc-12 \
+         NV_KERNEL_MODULES="$NV_MODULES" \
+         KCFLAGS="-ffile-prefix-map=$S=/usr/src/nvidia-$DRIVER -ffile-prefix-map=$HDR/usr/src=/usr/src" \
+         >"$G/modules.log" 2>&1; then
+    grep -E ': (fatal )?error:|undefined!|\*\*\*' "$G/modules.log" | cut -c1-400 | head -n 30 >&2 || true
+    die "the module build failed (full log: $G/modules.log)"
+  fi
+  if grep -E 'WARNING: modpost: .*undefined!' "$G/modules.log" >&2; then
+    die "modpost: the modules use symbols $KVER does not export (above; log $G/modules.log)"
+  fi
+  mkdir -p "$MODS.tmp"
+  for m in $NV_MODULES; do
+    [ -f "$S/$m.ko" ] || die "the build made no $m.ko"
+    strip --strip-debug -o "$MODS.tmp/$m.ko" "$S/$m.ko"
+  done
+  cp "$G/modules.log" "$MODS.tmp/build.log"
+  touch "$MODS.tmp/.ok"
+  mv "$MODS.tmp" "$MODS"
+  say "modules built in $(since "$t")"
+fi
+
+# ---------------------------------------------------------------- 4. checks, load order
+# The kernel's vermagic, from a module of the kernel package itself.
+ref=$(cd "$KMOD" && find kernel -name '*.ko*' | LC_ALL=C sort | sed -n 1p)
+[ -n "$ref" ] || die "no module in $KMOD to read the kernel's vermagic from"
+KMAGIC=$(modinfo -F vermagic "$KMOD/$ref")
+for m in $NV_MODULES; do
+  got=$(modinfo -F vermagic "$MODS/$m.ko")
+  [ "$got" = "$KMAGIC" ] || die "$m.ko has vermagic '$got', the kernel $KVER '$KMAGIC': it would not load (headers of another kernel?)"
+done
+# Dependencies: the driver's own modules, or modules of the kernel package (taken along).
+declare -A PATH_OF=() STATE=()
+for m in $NV_MODULES; do PATH_OF[${m//-/_}]=extra/$m.ko; done
+while IFS= read -r rel; do
+  n=${rel##*/}; n=${n%%.ko*}; n=${n//-/_}
+  PATH_OF[$n]=${PATH_OF[$n]:-$rel}
+done < <(cd "$KMOD" && find kernel -name '*.ko' -o -name '*.ko.xz' -o -name '*.ko.zst' | LC_ALL=C sort)
+ORDER=()
+visit() {
+  local n=${1//-/_} f deps d
+  case "${STATE[$n]:-}" in 2) return ;; 1) die "module dependency cycle at $n" ;; esac
+  if [ -z "${PATH_OF[$n]:-}" ]; then
+    grep -qE "/(${n}|${n//_/-})\.ko\$" "$KMOD/modules.builtin" 2>/dev/null && { STATE[$n]=2; return; }
+    die "module $n (a dependency of the driver): neither a module nor built into $KVER"
+  fi
+  STATE[$n]=1
+  case ${PATH_OF[$n]} in extra/*) f=$MODS/${PATH_OF[$n]#extra/} ;; *) f=$KMOD/${PATH_OF[$n]} ;; esac
+  deps=$(modinfo -F depends "$f")
+  for d in $(tr ',' '\n' <<<"$deps" | LC_ALL=C sort); do visit "$d"; done
+  STATE[$n]=2
+  ORDER+=("${PATH_OF[$n]}")
+}
+for m in $NV_MODULES; do visit "$m"; done
+
+# ---------------------------------------------------------------- 5. the overlay, the image
+O=$G/overlay
+rm -rf "$O" && mkdir -p "$O/etc/kiln" "$O/lib/modules/$KVER" "$O/lib/firmware/nvidia/$DRIVER"
+: >"$O/etc/kiln/modules-gpu"
+for rel in "${ORDER[@]}"; do
+  mkdir -p "$O/lib/modules/$KVER/$(dirname "$rel")"
+  case $rel in extra/*) cp "$MODS/${rel#extra/}" "$O/lib/modules/$KVER/$rel" ;; *) cp "$KMOD/$rel" "$O/lib/modules/$KVER/$rel" ;; esac
+  echo "$rel" >>"$O/etc/kiln/modules-gpu"
+done
+FWX=$G/firmware/$DRIVER
+if [ "$(cat "$FWX/.from" 2>/dev/null)" != "${SHA[firmware-nvidia-gsp]}" ]; then
+  rm -rf "$FWX" && mkdir -p "$FWX"
+  dpkg-deb -x "$(deb_of firmware-nvidia-gsp "${VER[firmware-nvidia-gsp]}")" "$FWX"
+  echo "${SHA[firmware-nvidia-gsp]}" >"$FWX/.from"
+fi
+for fw in $FIRMWARE; do
+  src=
+  for d in usr/lib lib; do [ -f "$FWX/$d/firmware/nvidia/$DRIVER/$fw" ] && src=$FWX/$d/firmware/nvidia/$DRIVER/$fw && break; done
+  [ -n "$src" ] || die "firmware-nvidia-gsp ${VER[firmware-nvidia-gsp]} has no nvidia/$DRIVER/$fw"
+  cp "$src" "$O/lib/firmware/nvidia/$DRIVER/$fw"
+done
+cat >"$O/etc/kiln/gpu-driver" <<EOF
+driver=$DRIVER
+modules=nvidia-open-kernel-source ${VER[nvidia-open-kernel-source]}
+firmware=firmware-nvidia-gsp ${VER[firmware-nvidia-gsp]}
+kernel=$KVER
+vermagic=$KMAGIC
+EOF
+
+say "initramfs (image/build.sh with the overlay)"
+BUILD=$BUILD KILN_IMAGE_OUT="$OUTD/initramfs.cpio.gz" KILN_IMAGE_OVERLAY="$O" image/build.sh
+cp "$IMG/vmlinuz" "$OUTD/vmlinuz"
+echo "$KVER" >"$OUTD/kernel.version"
+# The client side of the image's TLS and tokens (the same files as in build/image/), for
+# tests/qemu/boot_test.py --gpu and qemu/run.sh users.
+mkdir -p "$OUTD/tls"
+cp "$IMG/tls/ca.crt" "$OUTD/tls/ca.crt"
+cp -p "$IMG/tokens.txt" "$OUTD/tokens.txt"
+(cd "$OUTD" && sha256sum vmlinuz initramfs.cpio.gz >SHA256SUMS)
+say "driver $DRIVER for $KVER: ${ORDER[*]}; firmware: $FIRMWARE"
+say "done in $(since "$T0"): $OUTD/{vmlinuz,initramfs.cpio.gz}"
