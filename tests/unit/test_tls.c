@@ -8,8 +8,10 @@
  * close_notify and EOF, plaintext garbage, mTLS (required, optional, wrong CA), the
  * SANs from `hosts`, bad server configurations, and tls_certs_create's keep / force /
  * fill-in rules and file modes; the key-exchange groups (X25519, P-256, P-384 only) and
- * no DHE suite; a TLS 1.3 KeyUpdate from the client, which mbedTLS 3.6 cannot process,
- * ending the session with an alert. */
+ * no DHE suite; TLS 1.3 KeyUpdate (kiln's mbedTLS patch): rounds of updates both ways
+ * with data between them, byte for byte, through a wide and a 7-byte pipe; requests
+ * while output waits making one update; the limit of updates in a row; malformed
+ * updates ending the session with the alert RFC 8446 names. */
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -598,60 +600,237 @@ static void test_groups(tls_server *s, const char *ca, int v12) {
 }
 
 /* mbedTLS's record writer (library/ssl_misc.h, not installed). The client below uses it
- * to send handshake messages after the handshake, which no public call can do. */
+ * to send handshake messages after the handshake that no public call sends (malformed
+ * ones among them). */
 int mbedtls_ssl_write_record(mbedtls_ssl_context *ssl, int force_flush);
 
-/* The client sends one handshake message under its current keys. */
-static int cli_send_hs(pair *p, unsigned char type, const unsigned char *body, size_t len) {
+/* The client sends msg (whole handshake messages, headers included) as one record under
+ * its current keys. */
+static int cli_send_record(pair *p, const unsigned char *msg, size_t len) {
     mbedtls_ssl_context *c = &p->ssl;
-    unsigned char *m = c->MBEDTLS_PRIVATE(out_msg);
-    m[0] = type;
-    m[1] = 0;
-    m[2] = (unsigned char)(len >> 8);
-    m[3] = (unsigned char)len;
-    memcpy(m + 4, body, len);
+    memcpy(c->MBEDTLS_PRIVATE(out_msg), msg, len);
     c->MBEDTLS_PRIVATE(out_msgtype) = MBEDTLS_SSL_MSG_HANDSHAKE;
-    c->MBEDTLS_PRIVATE(out_msglen) = 4 + len;
+    c->MBEDTLS_PRIVATE(out_msglen) = len;
     return mbedtls_ssl_write_record(c, 1);
 }
 
-/* After a TLS 1.3 handshake and some data the client sends handshake message `type`:
- * mbedTLS 3.6 processes none from a client, so the session fails, the client gets a
- * fatal unexpected_message alert, and the error says `why`. */
-static void post_handshake_msg(tls_server *s, unsigned char type, const unsigned char *body,
-                               size_t len, const char *why) {
+/* After a TLS 1.3 handshake and some data the client sends the handshake record `msg`,
+ * which the server must refuse: the session fails, the client gets a fatal alert
+ * `alert`, and the error says `why`. */
+static void refused_record(tls_server *s, const unsigned char *msg, size_t len,
+                           unsigned char alert, const char *why) {
     pair p;
     copts o = {0};
     CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
     hs_result h = handshake(&p);
     CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
           "handshake srv %d cli %d", h.srv, h.cli);
-    CHECK(transfer(&p, 5000, 4096) == 0, "data before message %u", type);
+    CHECK(transfer(&p, 5000, 4096) == 0, "data before %s", why);
     CHECK(tls_alerted(p.sv) == 0, "no alert while the session is up");
-    CHECK(cli_send_hs(&p, type, body, len) == 0, "client sends message %u", type);
+    CHECK(cli_send_record(&p, msg, len) == 0, "client sends %s", why);
     char b[64];
     ssize_t n = tls_read(p.sv, b, sizeof b);
-    CHECK(n == -EPROTO && strstr(tls_error(p.sv), why), "message %u: %zd '%s'", type, n,
+    CHECK(n == -EPROTO && strstr(tls_error(p.sv), why), "%s: %zd '%s'", why, n,
           tls_error(p.sv));
-    CHECK(tls_alerted(p.sv) == 1, "message %u: the alert went out", type);
+    CHECK(tls_alerted(p.sv) == 1, "%s: the alert went out", why);
     CHECK(tls_read(p.sv, b, sizeof b) == n, "failure sticks");
     unsigned char cb[64];
     int r = mbedtls_ssl_read(&p.ssl, cb, sizeof cb);
-    CHECK(r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE &&
-              p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE,
-          "message %u: the client reads %d (alert %u)", type, r,
-          p.ssl.MBEDTLS_PRIVATE(in_msg)[1]);
+    CHECK(r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE && p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == alert,
+          "%s: the client reads %d (alert %u, want %u)", why, r,
+          p.ssl.MBEDTLS_PRIVATE(in_msg)[1], alert);
     pair_close(&p);
 }
 
+/* Malformed KeyUpdates end the session with the alert RFC 8446 names; a message the
+ * server does not take (a NewSessionTicket from a client) too. */
 static void test_post_handshake(tls_server *s) {
-    static const unsigned char update_requested = 1, update_not_requested = 0;
-    post_handshake_msg(s, 24, &update_requested, 1,
-                       "client sent TLS 1.3 KeyUpdate, which this TLS library does not support");
-    post_handshake_msg(s, 24, &update_not_requested, 1, "KeyUpdate");
-    /* Another message is refused the same way, under mbedTLS's own words. */
-    static const unsigned char nst[] = {0, 0, 0, 0};
-    post_handshake_msg(s, MBEDTLS_SSL_HS_NEW_SESSION_TICKET, nst, sizeof nst, "unexpected");
+    static const unsigned char empty[] = {24, 0, 0, 0},
+                               two_bytes[] = {24, 0, 0, 2, 1, 0},
+                               value2[] = {24, 0, 0, 1, 2},
+                               value255[] = {24, 0, 0, 1, 255},
+                               not_last[] = {24, 0, 0, 1, 0, 24, 0, 0, 1, 0},
+                               nst[] = {MBEDTLS_SSL_HS_NEW_SESSION_TICKET, 0, 0, 4, 0, 0, 0, 0};
+    refused_record(s, empty, sizeof empty, MBEDTLS_SSL_ALERT_MSG_DECODE_ERROR, "not one byte");
+    refused_record(s, two_bytes, sizeof two_bytes, MBEDTLS_SSL_ALERT_MSG_DECODE_ERROR,
+                   "not one byte");
+    refused_record(s, value2, sizeof value2, MBEDTLS_SSL_ALERT_MSG_ILLEGAL_PARAMETER,
+                   "neither 0 nor 1");
+    refused_record(s, value255, sizeof value255, MBEDTLS_SSL_ALERT_MSG_ILLEGAL_PARAMETER,
+                   "neither 0 nor 1");
+    refused_record(s, not_last, sizeof not_last, MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE,
+                   "does not end its record");
+    refused_record(s, nst, sizeof nst, MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE, "unexpected");
+}
+
+/* ---------------------------------------------------------------- KeyUpdate */
+
+static unsigned srv_updates(pair *p, unsigned *ours) { return tls_key_updates(p->sv, ours); }
+static uint32_t cli_updates(pair *p, uint32_t *sent) {
+    uint32_t got = 0;
+    mbedtls_ssl_tls13_get_key_updates(&p->ssl, &got, sent);
+    return got;
+}
+
+/* Reads on the server until -EAGAIN; 0, or the failing result. */
+static ssize_t srv_drain(pair *p) {
+    char b[256];
+    ssize_t n;
+    while ((n = tls_read(p->sv, b, sizeof b)) > 0)
+        ;
+    return n == -EAGAIN ? 0 : n == 0 ? -1 : n;
+}
+
+/* `rounds` KeyUpdates from the client (kiln's mbedtls_ssl_tls13_send_key_update), two of
+ * three asking for the server's, each followed by `bytes` each way, checked byte for
+ * byte: every update is taken, every request answered by exactly one KeyUpdate of the
+ * server's, before its next data. Through a `cap`-byte pipe: at 7 bytes every KeyUpdate
+ * record (37 bytes) is written in pieces, so each side's queued KeyUpdate meets the
+ * caller's next write (and its WANT_WRITE retry). */
+static void key_update_rounds(tls_server *s, size_t cap, int rounds, size_t bytes) {
+    pair p;
+    copts o = {.cap = cap};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0 && !strcmp(tls_version(p.sv), "TLSv1.3"),
+          "handshake srv %d cli %d", h.srv, h.cli);
+    int requested = 0, bad_send = 0, bad_data = -1, queued = 0;
+    for (int i = 0; i < rounds && bad_data < 0; i++) {
+        int req = i % 3 != 0;
+        requested += req;
+        bad_send += mbedtls_ssl_tls13_send_key_update(&p.ssl, req) != 0;
+        queued += p.ssl.MBEDTLS_PRIVATE(key_update_queued); /* left for the next write */
+        if (transfer(&p, bytes, 1000) != 0)
+            bad_data = i;
+    }
+    CHECK(cap > 37 ? queued == 0 : queued == rounds, "%d-byte pipe: %d of %d KeyUpdates left queued",
+          (int)cap, queued, rounds);
+    CHECK(bad_send == 0 && bad_data < 0, "%d-byte pipe: %d sends failed, data failed in round %d",
+          (int)cap, bad_send, bad_data);
+    unsigned ours;
+    uint32_t cli_sent;
+    unsigned got = srv_updates(&p, &ours);
+    uint32_t cli_got = cli_updates(&p, &cli_sent);
+    CHECK(got == (unsigned)rounds && cli_sent == (uint32_t)rounds,
+          "%d-byte pipe: the server took %u of the client's %u KeyUpdates (want %d)", (int)cap,
+          got, (unsigned)cli_sent, rounds);
+    CHECK(ours == (unsigned)requested && cli_got == (uint32_t)requested,
+          "%d-byte pipe: %d requests, the server sent %u, the client took %u", (int)cap,
+          requested, ours, (unsigned)cli_got);
+    CHECK(tls_alerted(p.sv) == 0 && !strcmp(tls_error(p.sv), ""), "no failure: '%s'",
+          tls_error(p.sv));
+    pair_close(&p);
+}
+
+/* update_requested does not pile up output: while the server's output waits (the pipe
+ * full, a record half-sent), ten requests make one KeyUpdate of the server's, sent after
+ * the half-sent record (under the old keys) and before the next data. */
+static void test_key_update_backlog(tls_server *s) {
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "handshake srv %d cli %d", h.srv, h.cli);
+    static unsigned char big[20000], b[8192];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = pattern(i, 4);
+    size_t sent = 0;
+    ssize_t w;
+    while ((w = tls_write(p.sv, big + sent, sizeof big - sent)) > 0)
+        sent += (size_t)w;
+    CHECK(w == -EAGAIN && p.s2c.len == p.s2c.cap && sent < sizeof big,
+          "the server's output backs up: %zd, %zu sent", w, sent);
+    int bad = 0;
+    for (int i = 0; i < 10; i++)
+        bad += mbedtls_ssl_tls13_send_key_update(&p.ssl, 1) != 0;
+    CHECK(bad == 0 && srv_drain(&p) == 0, "ten requests: %d failed, read: %s", bad,
+          tls_error(p.sv));
+    unsigned ours, got = srv_updates(&p, &ours);
+    CHECK(got == 10 && ours == 0, "taken: %u, answered while output waits: %u", got, ours);
+    size_t rcv = 0;
+    int n;
+    for (int i = 0; i < 10000 && rcv < sizeof big; i++) {
+        if (sent < sizeof big && (w = tls_write(p.sv, big + sent, sizeof big - sent)) > 0)
+            sent += (size_t)w;
+        else if (sent < sizeof big && w != -EAGAIN)
+            break;
+        while ((n = mbedtls_ssl_read(&p.ssl, b, sizeof b)) > 0) {
+            for (int j = 0; j < n; j++)
+                bad += b[j] != pattern(rcv + (size_t)j, 4);
+            rcv += (size_t)n;
+        }
+        if (!want(n))
+            break;
+    }
+    CHECK(rcv == sizeof big && bad == 0, "the client got %zu of %zu bytes, %d bad (%s)", rcv,
+          sizeof big, bad, tls_error(p.sv));
+    got = srv_updates(&p, &ours);
+    CHECK(ours == 1 && cli_updates(&p, NULL) == 1, "one KeyUpdate for ten requests: %u sent, %u taken",
+          ours, (unsigned)cli_updates(&p, NULL));
+    CHECK(transfer(&p, 5000, 4096) == 0, "data after");
+    pair_close(&p);
+}
+
+/* A client may send MBEDTLS_SSL_TLS1_3_MAX_KEY_UPDATES_IN_A_ROW KeyUpdates with no data
+ * between them (each costs the server a key derivation); after data, as many again; one
+ * more in a row ends the session with unexpected_message. */
+static void test_key_update_limit(tls_server *s) {
+    enum { MAX = MBEDTLS_SSL_TLS1_3_MAX_KEY_UPDATES_IN_A_ROW };
+    pair p;
+    copts o = {0};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "handshake srv %d cli %d", h.srv, h.cli);
+    int bad = 0;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < MAX; i++) {
+            bad += mbedtls_ssl_tls13_send_key_update(&p.ssl, i & 1) != 0;
+            if (i % 16 == 15)
+                bad += srv_drain(&p) != 0;
+        }
+        bad += srv_drain(&p) != 0;
+        CHECK(!bad && srv_updates(&p, NULL) == (unsigned)(MAX * (round + 1)),
+              "%d in a row: %d failures, %u taken (%s)", MAX, bad, srv_updates(&p, NULL),
+              tls_error(p.sv));
+        CHECK(transfer(&p, 3000, 4096) == 0, "data after %d in a row", MAX);
+    }
+    for (int i = 0; i < MAX; i++) {
+        bad += mbedtls_ssl_tls13_send_key_update(&p.ssl, 0) != 0;
+        if (i % 16 == 15)
+            bad += srv_drain(&p) != 0;
+    }
+    bad += mbedtls_ssl_tls13_send_key_update(&p.ssl, 0) != 0;
+    char sb[64];
+    ssize_t n;
+    while ((n = tls_read(p.sv, sb, sizeof sb)) > 0)
+        ;
+    CHECK(!bad && n == -EPROTO && strstr(tls_error(p.sv), "in a row") && tls_alerted(p.sv),
+          "%d in a row: %zd '%s'", MAX + 1, n, tls_error(p.sv));
+    unsigned char cb[64];
+    int r;
+    while ((r = mbedtls_ssl_read(&p.ssl, cb, sizeof cb)) > 0)
+        ;
+    CHECK(r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE &&
+              p.ssl.MBEDTLS_PRIVATE(in_msg)[1] == MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE,
+          "the client reads %d", r);
+    pair_close(&p);
+}
+
+static void test_key_update(tls_server *s) {
+    key_update_rounds(s, 4096, 150, 3000);
+    key_update_rounds(s, 7, 30, 200);
+    test_key_update_backlog(s);
+    test_key_update_limit(s);
+    /* A TLS 1.2 session has no KeyUpdate: the call says so and changes nothing. */
+    pair p;
+    copts o = {.tls12 = 1};
+    CHECK(pair_open(&p, s, &o) == 0, "open: %s", err);
+    hs_result h = handshake(&p);
+    CHECK(h.srv == 1 && h.cli == 0, "TLS 1.2 handshake srv %d cli %d", h.srv, h.cli);
+    CHECK(mbedtls_ssl_tls13_send_key_update(&p.ssl, 1) == MBEDTLS_ERR_SSL_BAD_INPUT_DATA,
+          "no KeyUpdate in TLS 1.2");
+    CHECK(transfer(&p, 3000, 4096) == 0, "TLS 1.2 data after");
+    pair_close(&p);
 }
 
 /* A TLS 1.2 client asks to renegotiate while the server has a record half-sent. The
@@ -1103,6 +1282,7 @@ int main(void) {
         test_garbage(s);
         test_groups(s, NULL, 0);
         test_post_handshake(s);
+        test_key_update(s);
         tls_server_free(s);
     }
     test_mtls();
