@@ -816,11 +816,192 @@ static void test_key_update_limit(tls_server *s) {
     pair_close(&p);
 }
 
+/* Two mbedTLS endpoints (kiln's patch on both), for what kilnd's server never does:
+ * start a KeyUpdate itself, asking for the client's. */
+typedef struct {
+    ring *rx, *tx;
+} ends;
+static int end_send(void *ctx, const unsigned char *buf, size_t len) {
+    ssize_t n = ring_write(((ends *)ctx)->tx, buf, len);
+    return n == -EAGAIN ? MBEDTLS_ERR_SSL_WANT_WRITE : n < 0 ? MBEDTLS_ERR_SSL_INTERNAL_ERROR
+                                                               : (int)n;
+}
+static int end_recv(void *ctx, unsigned char *buf, size_t len) {
+    ssize_t n = ring_read(((ends *)ctx)->rx, buf, len);
+    return n == -EAGAIN ? MBEDTLS_ERR_SSL_WANT_READ : (int)n;
+}
+
+/* total bytes each way between two mbedTLS contexts over the pipes a and b, byte for
+ * byte (the same-length-after-WANT rule kept by each writer). 0 on success. */
+static int duplex(mbedtls_ssl_context *e[2], const ring *a, const ring *b, size_t total,
+                  unsigned seed) {
+    static unsigned char out[2][1 << 14], buf[20000];
+    if (total > sizeof out[0])
+        return -1;
+    for (size_t i = 0; i < total; i++)
+        out[0][i] = pattern(i, seed), out[1][i] = pattern(i, seed + 1);
+    size_t sent[2] = {0, 0}, got[2] = {0, 0}, pend[2] = {0, 0};
+    for (int idle = 0, round = 0; idle < 5 && round < 100000; round++) {
+        size_t before = sent[0] + sent[1] + got[0] + got[1] + a->moved + b->moved;
+        for (int k = 0; k < 2; k++) {
+            if (sent[k] < total) {
+                size_t n = pend[k] ? pend[k] : total - sent[k];
+                int r = mbedtls_ssl_write(e[k], out[k] + sent[k], n);
+                if (r > 0)
+                    sent[k] += (size_t)r, pend[k] = 0;
+                else if (want(r))
+                    pend[k] = n;
+                else
+                    return fprintf(stderr, "duplex: side %d write -0x%04x\n", k, (unsigned)-r), -2;
+            }
+            int r; /* side k reads what the other sent */
+            while ((r = mbedtls_ssl_read(e[k], buf, sizeof buf)) > 0) {
+                for (int i = 0; i < r; i++)
+                    if (buf[i] != out[!k][got[k] + (size_t)i])
+                        return fprintf(stderr, "duplex: side %d: bad byte at %zu\n", k, got[k] + (size_t)i), -3;
+                got[k] += (size_t)r;
+            }
+            if (!want(r))
+                return fprintf(stderr, "duplex: side %d read -0x%04x\n", k, (unsigned)-r), -4;
+        }
+        if (sent[0] == total && sent[1] == total && got[0] == total && got[1] == total)
+            return 0;
+        idle = before == sent[0] + sent[1] + got[0] + got[1] + a->moved + b->moved ? idle + 1 : 0;
+    }
+    fprintf(stderr, "duplex: stalled: sent %zu %zu, got %zu %zu\n", sent[0], sent[1], got[0], got[1]);
+    return -5;
+}
+
+/* Reads on c until WANT_*, checking the bytes against pattern(., seed) from *got on. */
+static int read_pattern(mbedtls_ssl_context *c, size_t *got, unsigned seed) {
+    static unsigned char b[4096];
+    int n;
+    while ((n = mbedtls_ssl_read(c, b, sizeof b)) > 0)
+        for (int i = 0; i < n; i++)
+            if (b[i] != pattern((*got)++, seed))
+                return -1;
+    return want(n) ? 0 : n;
+}
+
+/* The client owes the server an answer (its request came while the client's data was
+ * half-sent) and asks for an update of its own: two KeyUpdates, not one, the answer
+ * (update_not_requested) first, then the client's data. */
+static void key_update_owed_and_own(mbedtls_ssl_context *cs, mbedtls_ssl_context *ss) {
+    static unsigned char big[1600];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = pattern(i, 9);
+    uint32_t c_got0, c_sent0, s_got0, s_sent0, c_got, c_sent, s_got, s_sent;
+    mbedtls_ssl_tls13_get_key_updates(cs, &c_got0, &c_sent0);
+    mbedtls_ssl_tls13_get_key_updates(ss, &s_got0, &s_sent0);
+    int r = mbedtls_ssl_tls13_send_key_update(ss, 1);
+    int w = mbedtls_ssl_write(cs, big, 1500);
+    CHECK(r == 0 && want(w), "the server asks (%d), the client's data waits (%d)", r, w);
+    size_t s_rcv = 0, c_rcv = 0;
+    int bad = read_pattern(cs, &c_rcv, 0) != 0;
+    CHECK(cs->MBEDTLS_PRIVATE(key_update_pending) == 1, "an answer owed: %u",
+          cs->MBEDTLS_PRIVATE(key_update_pending));
+    CHECK(mbedtls_ssl_tls13_send_key_update(cs, 1) == 0 && cs->MBEDTLS_PRIVATE(key_update_pending) == 3,
+          "and one of the client's own due: %u", cs->MBEDTLS_PRIVATE(key_update_pending));
+    for (int i = 0; i < 10000 && w != 1500 && !bad; i++) { /* the half-sent record */
+        w = mbedtls_ssl_write(cs, big, 1500);
+        bad += read_pattern(ss, &s_rcv, 9) != 0 || (w < 0 && !want(w));
+    }
+    w = -1;
+    for (int i = 0; i < 10000 && w != 100 && !bad; i++) { /* two KeyUpdates, then these */
+        w = mbedtls_ssl_write(cs, big + 1500, 100);
+        bad += read_pattern(ss, &s_rcv, 9) != 0 || (w < 0 && !want(w));
+    }
+    for (int i = 0; i < 100 && s_rcv < 1600 && !bad; i++)
+        bad += read_pattern(ss, &s_rcv, 9) != 0;
+    CHECK(!bad && s_rcv == 1600, "the server got %zu of 1600 bytes (%d bad)", s_rcv, bad);
+    bad += read_pattern(cs, &c_rcv, 0) != 0; /* the server's answer: no data */
+    mbedtls_ssl_tls13_get_key_updates(cs, &c_got, &c_sent);
+    mbedtls_ssl_tls13_get_key_updates(ss, &s_got, &s_sent);
+    CHECK(!bad && c_sent - c_sent0 == 2 && s_got - s_got0 == 2,
+          "the client sent %u, the server took %u (want 2)", (unsigned)(c_sent - c_sent0),
+          (unsigned)(s_got - s_got0));
+    CHECK(s_sent - s_sent0 == 2 && c_got - c_got0 == 2 && ss->MBEDTLS_PRIVATE(key_update_pending) == 0,
+          "the server asked and answered: %u sent, %u taken (want 2), %u due",
+          (unsigned)(s_sent - s_sent0), (unsigned)(c_got - c_got0),
+          ss->MBEDTLS_PRIVATE(key_update_pending));
+}
+
+static void test_key_update_both_mbedtls(void) {
+    ring c2s = {.cap = 64}, s2c = {.cap = 64}; /* every record in pieces */
+    ends ce = {&s2c, &c2s}, se = {&c2s, &s2c};
+    mbedtls_ssl_config cc, sc;
+    mbedtls_ssl_context cs, ss;
+    mbedtls_x509_crt ca, crt;
+    mbedtls_pk_context key;
+    mbedtls_ssl_config_init(&cc), mbedtls_ssl_config_init(&sc);
+    mbedtls_ssl_init(&cs), mbedtls_ssl_init(&ss);
+    mbedtls_x509_crt_init(&ca), mbedtls_x509_crt_init(&crt);
+    mbedtls_pk_init(&key);
+    int r = mbedtls_ssl_config_defaults(&cc, MBEDTLS_SSL_IS_CLIENT, MBEDTLS_SSL_TRANSPORT_STREAM,
+                                        MBEDTLS_SSL_PRESET_DEFAULT);
+    if (!r)
+        r = mbedtls_ssl_config_defaults(&sc, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
+                                        MBEDTLS_SSL_PRESET_DEFAULT);
+    if (!r && !(r = mbedtls_x509_crt_parse_file(&ca, ca1)) &&
+        !(r = mbedtls_x509_crt_parse_file(&crt, crt1)) &&
+        !(r = mbedtls_pk_parse_keyfile(&key, key1, NULL, mbedtls_ctr_drbg_random, &drbg))) {
+        mbedtls_ssl_conf_rng(&cc, mbedtls_ctr_drbg_random, &drbg);
+        mbedtls_ssl_conf_rng(&sc, mbedtls_ctr_drbg_random, &drbg);
+        mbedtls_ssl_conf_ca_chain(&cc, &ca, NULL);
+        mbedtls_ssl_conf_authmode(&cc, MBEDTLS_SSL_VERIFY_REQUIRED);
+        mbedtls_ssl_conf_min_tls_version(&cc, MBEDTLS_SSL_VERSION_TLS1_3);
+        mbedtls_ssl_conf_min_tls_version(&sc, MBEDTLS_SSL_VERSION_TLS1_3);
+        r = mbedtls_ssl_conf_own_cert(&sc, &crt, &key);
+    }
+    if (!r && !(r = mbedtls_ssl_setup(&cs, &cc)) && !(r = mbedtls_ssl_setup(&ss, &sc)))
+        r = mbedtls_ssl_set_hostname(&cs, "localhost");
+    CHECK(r == 0, "two mbedTLS endpoints: -0x%04x", (unsigned)-r);
+    mbedtls_ssl_set_bio(&cs, &ce, end_send, end_recv, NULL);
+    mbedtls_ssl_set_bio(&ss, &se, end_send, end_recv, NULL);
+    int hc = 1, hs = 1; /* still to go */
+    for (int i = 0; i < 100000 && (hc || hs) && !r; i++) {
+        int rc = hc ? mbedtls_ssl_handshake(&cs) : 0;
+        int rs = hs ? mbedtls_ssl_handshake(&ss) : 0;
+        hc = hc && rc != 0, hs = hs && rs != 0;
+        r = rc && !want(rc) ? rc : rs && !want(rs) ? rs : 0;
+    }
+    CHECK(r == 0 && !hc && !hs, "handshake: -0x%04x, client %d server %d to go", (unsigned)-r, hc, hs);
+    mbedtls_ssl_context *e[2] = {&cs, &ss};
+    int bad_send = 0, bad_data = -1, asked[2] = {0, 0};
+    enum { ROUNDS = 60 };
+    for (int i = 0; i < ROUNDS && bad_data < 0 && r == 0; i++) {
+        int k = i & 1, req = (i & 2) == 0; /* each side in turn, every other one asking */
+        asked[k] += req;
+        bad_send += mbedtls_ssl_tls13_send_key_update(e[k], req) != 0;
+        /* The answer to a request goes before the answering side's next data: the
+         * second exchange has it, if the first did not. */
+        if (duplex(e, &c2s, &s2c, 1500, (unsigned)i) != 0 ||
+            duplex(e, &c2s, &s2c, 700, (unsigned)i + 1000) != 0)
+            bad_data = i;
+    }
+    CHECK(bad_send == 0 && bad_data < 0, "%d sends failed, data failed in round %d", bad_send, bad_data);
+    uint32_t c_got, c_sent, s_got, s_sent;
+    mbedtls_ssl_tls13_get_key_updates(&cs, &c_got, &c_sent);
+    mbedtls_ssl_tls13_get_key_updates(&ss, &s_got, &s_sent);
+    /* Each side started ROUNDS / 2 and answered each of the other's requests once. */
+    CHECK(c_got == s_sent && s_got == c_sent, "every KeyUpdate taken: client %u of %u, server %u of %u",
+          (unsigned)c_got, (unsigned)s_sent, (unsigned)s_got, (unsigned)c_sent);
+    CHECK(c_sent == ROUNDS / 2 + (uint32_t)asked[1] && s_sent == ROUNDS / 2 + (uint32_t)asked[0],
+          "both sides answered: client sent %u (%d asked of it), server %u (%d)", (unsigned)c_sent,
+          asked[1], (unsigned)s_sent, asked[0]);
+    key_update_owed_and_own(&cs, &ss);
+    mbedtls_ssl_free(&cs), mbedtls_ssl_free(&ss);
+    mbedtls_ssl_config_free(&cc), mbedtls_ssl_config_free(&sc);
+    mbedtls_x509_crt_free(&ca), mbedtls_x509_crt_free(&crt);
+    mbedtls_pk_free(&key);
+}
+
 static void test_key_update(tls_server *s) {
     key_update_rounds(s, 4096, 150, 3000);
     key_update_rounds(s, 7, 30, 200);
     test_key_update_backlog(s);
     test_key_update_limit(s);
+    test_key_update_both_mbedtls();
     /* A TLS 1.2 session has no KeyUpdate: the call says so and changes nothing. */
     pair p;
     copts o = {.tls12 = 1};
