@@ -62,8 +62,9 @@ $(eval $(call variant,asan,gcc,-O1 -g $(SAN),$(SAN),gnu))
 $(eval $(call variant,musl,musl-gcc,$(OPT) -Ibuild/musl/include,-static,musl))
 
 # The dependency libraries, built once per toolchain (scripts/deps.sh is cached; it
-# rebuilds lwIP when its configuration changes).
-$(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh scripts/deps/lwip/lwipopts.h scripts/deps/lwip/arch/cc.h
+# rebuilds lwIP when its configuration changes, mbedTLS when our patches to it do).
+$(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh scripts/deps/lwip/lwipopts.h scripts/deps/lwip/arch/cc.h \
+    $(wildcard scripts/deps/mbedtls/*.patch)
 	BUILD=$(BUILD) scripts/deps.sh
 	@touch $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok
 

@@ -111,6 +111,7 @@ struct srv_sess {
     int http_continued;    /* 100 Continue sent for the head at the front of `in` */
     int goaway;            /* GOAWAY sent (draining): closed once idle (the sweep) */
     int tok;               /* greeted: its token's entry in tokens[], else -1 */
+    unsigned key_updates;  /* the client's TLS 1.3 KeyUpdates logged so far */
     char peer[48];         /* "a.b.c.d:port", for the logs */
 };
 

@@ -495,6 +495,16 @@ static ssize_t bio_read(void *ctx, void *buf, size_t cap) { return net_read(ctx,
 
 static ssize_t bio_write(void *ctx, const void *buf, size_t len) { return net_write(ctx, buf, len); }
 
+/* The client's TLS 1.3 KeyUpdates (RFC 8446 §4.6.3) are handled inside TLS; the log says
+ * when some were, once per read that saw them (a client may send many in a row). */
+static void sess_key_updates(srv_sess *ss) {
+    unsigned ours, got = tls_key_updates(ss->tls, &ours);
+    if (got == ss->key_updates) return;
+    srv_log(ss->s, CFG_LOG_DEBUG, "session %d: TLS 1.3 KeyUpdate from the client: %u (%u in all, %u of ours in answer)",
+            ss->num, got - ss->key_updates, got, ours);
+    ss->key_updates = got;
+}
+
 /* Until -EAGAIN (decrypted bytes may wait inside TLS with nothing new below), within the
  * pass's budget: SRV_READ_SLICE bytes and SRV_READ_LINES lines (an update's data:
  * SRV_UPD_SLICE), then the next pass goes on (a timer: the transport's readable is an
@@ -510,6 +520,7 @@ static void sess_read(srv_sess *ss) {
         if ((ss->raw_left ? raw >= SRV_UPD_SLICE : lines >= SRV_READ_SLICE) && sess_resume_later(ss) == 0)
             return; /* others' turn */
         ssize_t n = tls_read(ss->tls, buf, sizeof buf);
+        sess_key_updates(ss);
         if (n == -EAGAIN) return;
         if (n <= 0) {
             if (n < 0) srv_log(ss->s, CFG_LOG_INFO, "session %d: %s", ss->num, tls_error(ss->tls));

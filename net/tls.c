@@ -21,14 +21,20 @@
  * flushes a queued record first). Without that look a refused renegotiation on TLS 1.2
  * could duplicate or drop application data.
  *
- * The read path has a gap mbedTLS 3.6 leaves: it cannot process a TLS 1.3 KeyUpdate.
- * tls_read names it (one more private field, in_msg, read in got_key_update), answers
- * with an alert, and fails the session; see refuse_unexpected. */
+ * TLS 1.3 KeyUpdate (RFC 8446 §4.6.3) is done inside mbedTLS, by kiln's patch to it
+ * (scripts/deps/mbedtls/keyupdate.patch; upstream 3.6 has no KeyUpdate code): a
+ * client's KeyUpdate is processed within mbedtls_ssl_read, and when it asks for ours,
+ * ours goes out before our next record of data. That KeyUpdate can be the record queued
+ * after WANT_WRITE; the patched mbedtls_ssl_write tells it from our data, and so does
+ * tls_write (the key_update_queued field, read in one helper). A malformed KeyUpdate
+ * fails the session with the alert mbedTLS sent; tls_read names it (in_msg, read in
+ * got_key_update). */
 #include "net/tls.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +57,9 @@
     !defined(MBEDTLS_SSL_PROTO_TLS1_3) || !defined(MBEDTLS_SSL_KEEP_PEER_CERTIFICATE)
 #error "mbedTLS must be built with the TLS server, TLS 1.2 + 1.3 and KEEP_PEER_CERTIFICATE"
 #endif
+#if !defined(MBEDTLS_SSL_TLS1_3_KEY_UPDATE_KILN)
+#error "mbedTLS without kiln's KeyUpdate patch (scripts/deps/mbedtls/keyupdate.patch, applied by scripts/deps.sh)"
+#endif
 #if !defined(MBEDTLS_ECP_HAVE_CURVE25519) || !defined(MBEDTLS_ECP_HAVE_SECP256R1) ||      \
     !defined(MBEDTLS_ECP_HAVE_SECP384R1)
 #error "mbedTLS must be built with X25519, P-256 and P-384 (tls_groups)"
@@ -60,10 +69,6 @@
  * still names them; net_sockets.c itself is not used. */
 #define TLS_ERR_RECV (-0x004C) /* MBEDTLS_ERR_NET_RECV_FAILED */
 #define TLS_ERR_SEND (-0x004E) /* MBEDTLS_ERR_NET_SEND_FAILED */
-
-/* The TLS 1.3 handshake message type KeyUpdate (RFC 8446 §4.6.3); mbedTLS 3.6 has no
- * name for it, since it has no code for it either (see refuse_unexpected). */
-#define TLS_HS_KEY_UPDATE 24
 
 #define TLS_MAX_SUITES 12
 #define TLS_CN_MAX 64 /* ub-common-name in RFC 5280 */
@@ -90,6 +95,7 @@ struct tls_conn {
     size_t nread;     /* bytes read from the stream so far */
     size_t nwritten;  /* bytes written to the stream so far */
     size_t wpending;  /* length given to the mbedtls_ssl_write that said WANT_WRITE */
+    int wpending_ku;  /* and what it left queued was our KeyUpdate, not those bytes */
     int cn_len;       /* verified client certificate's CN, -ENOENT without one */
     char cn[TLS_CN_MAX + 1];
     unsigned char head[16]; /* the first bytes, quoted when they are not TLS */
@@ -250,37 +256,54 @@ static int out_pending(const tls_conn *t) {
     return t->ssl.MBEDTLS_PRIVATE(out_left) != 0;
 }
 
-/* Whether the message mbedTLS just refused is a TLS 1.3 KeyUpdate. It is still in
+/* Whether the output mbedTLS holds is its own KeyUpdate rather than our data (the
+ * patch's key_update_queued, private like out_left). */
+static int ku_queued(const tls_conn *t) {
+    return out_pending(t) && t->ssl.MBEDTLS_PRIVATE(key_update_queued);
+}
+
+/* Whether the message mbedTLS just failed on is a TLS 1.3 KeyUpdate. It is still in
  * in_msg then (private in mbedTLS 3.6, like out_left: read here only). */
 static int got_key_update(const tls_conn *t) {
     const mbedtls_ssl_context *ssl = &t->ssl;
     return mbedtls_ssl_get_version_number(ssl) == MBEDTLS_SSL_VERSION_TLS1_3 &&
            ssl->MBEDTLS_PRIVATE(in_msgtype) == MBEDTLS_SSL_MSG_HANDSHAKE &&
            ssl->MBEDTLS_PRIVATE(in_msg) && ssl->MBEDTLS_PRIVATE(in_msglen) >= 1 &&
-           ssl->MBEDTLS_PRIVATE(in_msg)[0] == TLS_HS_KEY_UPDATE;
+           ssl->MBEDTLS_PRIVATE(in_msg)[0] == MBEDTLS_SSL_HS_KEY_UPDATE;
 }
 
-/* A message after the handshake that mbedTLS cannot take. mbedTLS 3.6 processes no
- * TLS 1.3 KeyUpdate: ssl_msg.c's ssl_tls13_handle_hs_message_post_handshake accepts
- * only a NewSessionTicket (and only as a client), and mbedtls_ssl_read returns
- * UNEXPECTED_MESSAGE for anything else without telling the peer. A client that sends
- * KeyUpdate (RFC 8446 §4.6.3 lets any peer, at any time) would then see its
- * connection vanish. We cannot go on either, since the client now encrypts under keys
- * mbedTLS never derives; so say so in the log and to the client (a fatal
+/* A KeyUpdate the patched mbedTLS refused: it has sent the fatal alert that says why
+ * (RFC 8446 §4.6.3, §5.1), flushing what was queued before it; on the stream unless
+ * something is still queued. The caller closes gracefully then (tls_alerted). */
+static int bad_key_update(tls_conn *t, int ret) {
+    const mbedtls_ssl_context *ssl = &t->ssl;
+    char many[96];
+    snprintf(many, sizeof many, "more than %d in a row with no data between (unexpected_message)",
+             MBEDTLS_SSL_TLS1_3_MAX_KEY_UPDATES_IN_A_ROW);
+    const char *why = ret == MBEDTLS_ERR_SSL_DECODE_ERROR ? "its body is not one byte (decode_error)"
+                      : ret == MBEDTLS_ERR_SSL_ILLEGAL_PARAMETER
+                          ? "request_update is neither 0 nor 1 (illegal_parameter)"
+                      : ssl->MBEDTLS_PRIVATE(in_msglen) > ssl->MBEDTLS_PRIVATE(in_hslen)
+                          ? "it does not end its record (unexpected_message)"
+                          : many;
+    t->alerted = !out_pending(t);
+    int code = fail(t, "read", ret);
+    fmt_err(t->err, sizeof t->err, "read: bad TLS 1.3 KeyUpdate from the client: %s; alert %s",
+            why, t->alerted ? "sent" : "not sent (output blocked)");
+    return code;
+}
+
+/* A message after the handshake that mbedTLS cannot take: as a server, a TLS 1.3
+ * NewSessionTicket or an unknown type (mbedtls_ssl_read returns UNEXPECTED_MESSAGE
+ * without telling the peer). Say so in the log and to the client (a fatal
  * unexpected_message alert), and let the caller close gracefully (tls_alerted). */
 static int refuse_unexpected(tls_conn *t, int ret) {
-    int key_update = got_key_update(t);
     int r = mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
                                            MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE);
     /* 0 with nothing left queued: the whole alert is on the stream. A record of ours
      * still half-sent makes mbedTLS flush it instead; then the peer learns nothing. */
     t->alerted = r == 0 && !out_pending(t);
-    int code = fail(t, "read", ret);
-    if (key_update)
-        fmt_err(t->err, sizeof t->err,
-                "read: client sent TLS 1.3 KeyUpdate, which this TLS library does not "
-                "support (mbedTLS 3.6); closed with an unexpected_message alert");
-    return code;
+    return fail(t, "read", ret);
 }
 
 /* ---------------------------------------------------------------- server */
@@ -672,6 +695,9 @@ ssize_t tls_read(tls_conn *t, void *buf, size_t cap) {
         if (r == MBEDTLS_ERR_SSL_RECEIVED_NEW_SESSION_TICKET ||
             r == MBEDTLS_ERR_SSL_RECEIVED_EARLY_DATA)
             continue;
+        if ((r == MBEDTLS_ERR_SSL_UNEXPECTED_MESSAGE || r == MBEDTLS_ERR_SSL_DECODE_ERROR ||
+             r == MBEDTLS_ERR_SSL_ILLEGAL_PARAMETER) && got_key_update(t))
+            return bad_key_update(t, r);
         if (r == MBEDTLS_ERR_SSL_UNEXPECTED_MESSAGE)
             return refuse_unexpected(t, r);
         return fail(t, "read", r);
@@ -697,8 +723,10 @@ ssize_t tls_write(tls_conn *t, const void *buf, size_t len) {
                     len, n);
             return -EINVAL;
         }
-        /* Another call (an alert's send) flushed our record already: it is taken. */
-        if (!out_pending(t)) {
+        /* Another call (an alert's send) flushed our record already: it is taken. Not
+         * when what was queued is mbedTLS's KeyUpdate: then ours was never written,
+         * and the write below writes it. */
+        if (!out_pending(t) && !t->wpending_ku) {
             t->wpending = 0;
             return (ssize_t)n;
         }
@@ -706,9 +734,9 @@ ssize_t tls_write(tls_conn *t, const void *buf, size_t len) {
         if (len == 0)
             return 0;
         if (out_pending(t)) {
-            /* Output not ours is queued (an alert). A write now would flush it and
-             * report our bytes as taken without sending them; a write of 0 bytes only
-             * flushes. */
+            /* Output not ours is queued (an alert, or mbedTLS's KeyUpdate). A write now
+             * could flush it and report our bytes as taken without sending them; a
+             * write of 0 bytes only flushes. */
             r = mbedtls_ssl_write(&t->ssl, buf, 0);
             if (r == MBEDTLS_ERR_SSL_WANT_WRITE || r == MBEDTLS_ERR_SSL_WANT_READ)
                 return -EAGAIN;
@@ -723,11 +751,13 @@ ssize_t tls_write(tls_conn *t, const void *buf, size_t len) {
     r = mbedtls_ssl_write(&t->ssl, buf, n);
     if (r > 0) {
         t->wpending = 0;
+        t->wpending_ku = 0;
         return r;
     }
     if (r == MBEDTLS_ERR_SSL_WANT_WRITE || r == MBEDTLS_ERR_SSL_WANT_READ ||
         r == MBEDTLS_ERR_SSL_ASYNC_IN_PROGRESS || r == MBEDTLS_ERR_SSL_CRYPTO_IN_PROGRESS) {
         t->wpending = n;
+        t->wpending_ku = ku_queued(t); /* our KeyUpdate went first and is not out yet */
         return -EAGAIN;
     }
     return fail(t, "write", r ? r : MBEDTLS_ERR_SSL_INTERNAL_ERROR);
@@ -780,6 +810,14 @@ const char *tls_error(const tls_conn *t) {
 
 int tls_alerted(const tls_conn *t) {
     return t->state < 0 && t->alerted;
+}
+
+unsigned tls_key_updates(const tls_conn *t, unsigned *sent) {
+    uint32_t rx = 0, tx = 0;
+    mbedtls_ssl_tls13_get_key_updates(&t->ssl, &rx, &tx);
+    if (sent)
+        *sent = tx;
+    return rx;
 }
 
 const char *tls_version(const tls_conn *t) {

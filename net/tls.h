@@ -72,9 +72,12 @@ int tls_close_notify(tls_conn *t);
 
 const char *tls_error(const tls_conn *t);      /* the last failure, one line */
 /* 1 when the session failed and told the peer why by a fatal alert now on the stream
- * (e.g. a TLS 1.3 KeyUpdate, which mbedTLS 3.6 cannot process): close gracefully
- * rather than reset, or the peer may never read the alert. */
+ * (e.g. a malformed TLS 1.3 KeyUpdate): close gracefully rather than reset, or the
+ * peer may never read the alert. */
 int tls_alerted(const tls_conn *t);
+/* TLS 1.3 KeyUpdates (RFC 8446 §4.6.3) so far: the count received from the client;
+ * *sent (if not NULL): ours, each the answer to a client's update_requested. */
+unsigned tls_key_updates(const tls_conn *t, unsigned *sent);
 const char *tls_version(const tls_conn *t);    /* "TLSv1.3", after the handshake */
 const char *tls_suite(const tls_conn *t);      /* the ciphersuite name */
 /* The application protocol ALPN agreed on ("http/1.1" or "kiln/1", the server's two),

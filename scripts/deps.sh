@@ -6,7 +6,8 @@
 #     repo) downloads the pinned source packages from suite trixie. The machine's own apt
 #     state is not touched.
 #  2. verify: each upstream orig tarball must match the sha256 pinned below.
-#  3. unpack the upstream tarball only (no Debian patches) into build/deps/src/<pkg>/.
+#  3. unpack the upstream tarball only (no Debian patches) into build/deps/src/<pkg>/, then
+#     apply our own patches to it (scripts/deps/<pkg>/, listed in PATCHES below).
 #  4. build static libraries per toolchain into build/<tc>/deps/{lib,include}:
 #     gnu (gcc) and musl (musl-gcc): libmbedtls.a libmbedx509.a libmbedcrypto.a liblwip.a
 #     libinih.a libyyjson.a; then build and run tests/deps/deps_smoke.c against them.
@@ -59,6 +60,19 @@ VER[yyjson]=0.10.0+ds-1
 ORIG[yyjson]=yyjson_0.10.0+ds.orig.tar.xz
 SHA[yyjson]=ae6fde69a193e10afab426ef13f113d6903446405f9db9ee98bfb572bd6c961a
 
+# Our own patches on top of a pinned tarball, applied in the order listed (patch -p1, no fuzz:
+# a patch that does not apply exactly stops the build). Like Debian's own patches, they
+# change the source we build, not what we fetch: the tarball still comes from the
+# registry by package name and is checked against its pin first.
+#  mbedtls: keyupdate.patch, TLS 1.3 KeyUpdate (RFC 8446 §4.6.3). mbedTLS 3.6 has no
+#    KeyUpdate code at all (upstream Mbed-TLS/mbedtls#10781 and #10881 are open), so a
+#    client that updates its keys, as any TLS 1.3 peer may at any time, loses its
+#    session. The patch is kiln's own, written against 3.6.6; drop it when upstream
+#    ships KeyUpdate. Its hash is part of the unpack marker and the build stamp, so a
+#    changed patch re-unpacks and rebuilds mbedTLS.
+declare -A PATCHES
+PATCHES[mbedtls]="scripts/deps/mbedtls/keyupdate.patch"
+
 # Bump when a build recipe below changes, so existing stamps no longer match.
 RECIPE=2
 # -fPIC: the client SDK links mbedTLS into a shared libkiln.so as well
@@ -87,7 +101,7 @@ run_logged() {
 }
 
 need sha256sum coreutils tar tar xz xz-utils bzip2 bzip2 gzip gzip awk mawk \
-     make make gcc gcc ar binutils cmake cmake
+     make make gcc gcc ar binutils cmake cmake patch patch
 
 # ---------------------------------------------------------------- private apt configuration
 # Print "URI SIGNED-BY" for every deb/deb-src entry of the machine's apt sources (one-line
@@ -191,11 +205,20 @@ fetch() {
 }
 
 # ---------------------------------------------------------------- fetch, verify, unpack
+declare -A PATCHID
+for p in "${!PATCHES[@]}"; do
+  for pf in ${PATCHES[$p]}; do [ -f "$pf" ] || die "$p: patch $pf is missing"; done
+  # shellcheck disable=SC2086 # a list of paths without spaces
+  PATCHID[$p]=$(cat ${PATCHES[$p]} | sha256sum | cut -c1-16)
+done
+# What an unpacked tree is made of: the tarball's sha256, plus the patches' hash.
+unpack_id() { printf '%s%s\n' "${SHA[$1]}" "${PATCHID[$1]:+ patches=${PATCHID[$1]}}"; }
+
 missing=()
 for p in "${PKGS[@]}"; do
   f=$DL/${ORIG[$p]}
-  if [ -f "$f" ] && [ "$(cat "$SRC/$p/.kiln-unpacked" 2>/dev/null)" = "${SHA[$p]}" ]; then
-    continue  # unpacked from this very tarball (checked when it was unpacked)
+  if [ -f "$f" ] && [ "$(cat "$SRC/$p/.kiln-unpacked" 2>/dev/null)" = "$(unpack_id "$p")" ]; then
+    continue  # unpacked from this very tarball (checked when it was unpacked), patched
   fi
   if [ -f "$f" ] && [ "$(sha256 "$f")" = "${SHA[$p]}" ]; then continue; fi
   missing+=("$p")
@@ -204,7 +227,7 @@ done
 
 for p in "${PKGS[@]}"; do
   f=$DL/${ORIG[$p]} d=$SRC/$p
-  [ "$(cat "$d/.kiln-unpacked" 2>/dev/null)" = "${SHA[$p]}" ] && continue
+  [ "$(cat "$d/.kiln-unpacked" 2>/dev/null)" = "$(unpack_id "$p")" ] && continue
   [ -f "$f" ] || die "$p ${VER[$p]}: apt-get source did not produce ${ORIG[$p]} (see $APTDIR/source.log)"
   got=$(sha256 "$f")
   if [ "$got" != "${SHA[$p]}" ]; then
@@ -214,7 +237,12 @@ for p in "${PKGS[@]}"; do
   log "unpack ${ORIG[$p]} (upstream, no Debian patches) -> ${d#"$ROOT"/}"
   rm -rf "$d" && mkdir -p "$d"
   tar -xf "$f" -C "$d" --strip-components=1 --no-same-owner
-  echo "${SHA[$p]}" >"$d/.kiln-unpacked"
+  for pf in ${PATCHES[$p]:-}; do
+    log "patch ${d#"$ROOT"/} with $pf"
+    run_logged "$DEPS/log/patch-$p-$(basename "$pf").log" "$pf (on $p ${VER[$p]})" \
+      patch -d "$d" -p1 --forward --batch --fuzz=0 -i "$ROOT/$pf"
+  done
+  unpack_id "$p" >"$d/.kiln-unpacked"
 done
 [ -f "$SRC/mbedtls/framework/CMakeLists.txt" ] || die "mbedtls: framework/ missing from the orig tarball"
 
@@ -316,7 +344,7 @@ for tc in $TOOLCHAINS; do
       lwip) key+=" config=$lwip_cfg_sha" ;;
       libinih) key+=" defs=$INIH_DEFS" ;;
       yyjson) key+=" defs=$YYJSON_DEFS" ;;
-      mbedtls) key+=" platform_memory=1" ;;
+      mbedtls) key+=" platform_memory=1 patches=${PATCHID[mbedtls]}" ;;
     esac
     files=()
     for l in ${LIBS[$p]}; do files+=("$out/lib/$l"); done

@@ -201,7 +201,9 @@ run "net/alloc-tap" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh tap all
 run "net/serve-mtls" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host mtls
 run "net/serve-limits" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host limits
 # TLS policy through openssl s_client: X25519, P-256, P-384 only (no FFDHE, no DHE suite),
-# and a TLS 1.3 KeyUpdate ending the session with an alert and a log line (mbedTLS 3.6).
+# and TLS 1.3 KeyUpdates from the client (kiln's mbedTLS patch) taken on the same session,
+# each "K" answered by one of kilnd's, logged at debug level. The KeyUpdate check also runs
+# in the "all" sets: net/serve-host, net/serve-tap and net/serve-tap-asan (lwIP, ASan).
 run "net/serve-tls-policy" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host tls
 run "net/serve-hung-step" env BUILD="$BUILD" MODEL="$MODEL" tests/net/serve.sh host fault
 # The degrade ladder: a small KV pool under 32 streams climbs 0 -> 1 -> 2 -> 3 (shed with

@@ -3,8 +3,8 @@
 #
 #   tests/net/serve.sh host|tap|packet [all|basic|mtls|limits|tls|sdk|openai|fault|ladder]
 #   (BUILD, MODEL, KILND, PY from the environment; limits: short handshake and idle timeouts, 4
-#   connections at most; tls: the key-exchange groups and suites offered, and a TLS 1.3
-#   KeyUpdate, through openssl s_client; sdk: the client SDKs' acceptance tests, tests/sdk/, instead of
+#   connections at most; tls: the key-exchange groups and suites offered, and TLS 1.3
+#   KeyUpdates from the client, through openssl s_client; sdk: the client SDKs' acceptance tests, tests/sdk/, instead of
 #   serve_client.py; openai: the OpenAI API through the official `openai` package
 #   (tests/net/openai_test.py, the venv's python), curl and raw sockets;
 #   fault: kilnd --faults, a step that never completes → ERR 503 restarting, exit 75;
@@ -106,6 +106,8 @@ SERVED=kiln-test/SmolLM2-135M:q4_1
 # abuse: a small prefill budget, so a prompt of the context's size spans 14 steps and a
 # short request behind it shows whether it waits for all of them
 [ "$CHECKS" = abuse ] && printf '[engine]\nmax_batched_tokens = 64\n' >>"$W/kiln.ini"
+# tls: kilnd's debug lines say when it processed a client's KeyUpdate
+[ "$CHECKS" = tls ] && printf '[log]\nlevel = debug\n' >>"$W/kiln.ini"
 [ "$CHECKS" = limits ] && printf 'handshake_timeout_ms = 1000\nidle_timeout_ms = 2000\nmax_connections = 4\n' >>"$W/kiln.ini"
 # a sanitizer build's memory use says nothing about the server's bounds
 case $KILND in *asan*) export KILN_NO_RSS=1 ;; esac
