@@ -246,7 +246,7 @@ $(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) 
 	@mkdir -p $(@D)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
 $(BUILD)/gnu/kiln-flash: image/kiln_flash.c $(IMG_SRCS) $(IMG_HDRS) $(BUILD)/keys/pubkey.h $(BUILD)/keys/sbcert.h | $(BUILD)/gnu/deps/.ok
-	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedx509 -lmbedcrypto
 IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test $(BUILD)/gnu/kiln-flash \
              $(BUILD)/gnu/tests/disk_tick_test
 image-tools: $(IMG_TOOLS)
