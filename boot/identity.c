@@ -23,10 +23,12 @@
 #define PLAIN_MAX (8 + 2 * ID_FILE_MAX)
 #define ENC_MAX (4 + IV_LEN + TAG_LEN + 4 + PLAIN_MAX)
 
-static const char *const names[2] = {"server.key", "tokens.txt"};
+/* The files sealed (paths[0], paths[1]), and the certificate, kept beside them in plain
+ * (public; renewing it needs no TPM): their names in ID_RUN, ID_PROV and ID_DIR. */
+static const char *const names[3] = {"server.key", "tokens.txt", "server.crt"};
 
 /* PID 1: the buffers are static, not on the stack; one boot at a time uses them. */
-static uint8_t plain[PLAIN_MAX], enc[ENC_MAX + 1];
+static uint8_t plain[PLAIN_MAX], enc[ENC_MAX + 1], cmp[2][ID_FILE_MAX + 1];
 
 /* ------------------------------------------------------------------ small helpers */
 
@@ -118,12 +120,13 @@ static int seal_to(const ident *id, int slot, const uint8_t pcr[32], char *why, 
 
 /* ------------------------------------------------------------------ the files */
 
-/* Both files into plain: u32 length, bytes, for each. Its length, or < 0 (id->why). */
-static ssize_t pack(ident *id, char *why, size_t cap) {
+/* The two files to seal (src: the key, the tokens) into plain: u32 length, bytes, for
+ * each. Its length, or < 0 (why). */
+static ssize_t pack(char src[2][UTIL_PATH_MAX], char *why, size_t cap) {
     size_t at = 0;
     for (int i = 0; i < 2; i++) {
-        ssize_t n = read_bin(id->paths[i], plain + at + 4, ID_FILE_MAX);
-        if (n < 0) return snprintf(why, cap, "read %s: %s", id->paths[i], strerror((int)-n)), n;
+        ssize_t n = read_bin(src[i], plain + at + 4, ID_FILE_MAX);
+        if (n < 0) return snprintf(why, cap, "read %.150s: %s", src[i], strerror((int)-n)), n;
         put32(plain + at, (uint32_t)n);
         at += 4 + (size_t)n;
     }
@@ -158,6 +161,19 @@ static ssize_t decrypt_files(const ident *id, size_t n) {
     return r ? -EBADMSG : (ssize_t)len;
 }
 
+/* src bind-mounted over dst, the path kiln.ini names (made first: a mount needs a target,
+ * and the image may not have the file). */
+static int bind_over(const char *src, const char *dst, char *why, size_t cap) {
+    int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    if (mount(src, dst, NULL, MS_BIND, NULL) < 0) {
+        int e = -errno;
+        snprintf(why, cap, "bind %.100s on %.100s: %s", src, dst, strerror(-e));
+        return e;
+    }
+    return 0;
+}
+
 /* The decrypted files into ID_RUN, each bind-mounted over the path kiln.ini names. */
 static int put_in_place(ident *id, size_t n, char *why, size_t cap) {
     size_t at = 0;
@@ -176,30 +192,123 @@ static int put_in_place(ident *id, size_t n, char *why, size_t cap) {
         if (fd >= 0) close(fd);
         if (e < 0) return snprintf(why, cap, "write %s: %s", path, strerror(-e)), e;
         at += 4 + len;
-        /* The target must exist to be mounted over (an image without the file). */
-        if ((fd = open(id->paths[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0600)) >= 0) close(fd);
-        if (mount(path, id->paths[i], NULL, MS_BIND, NULL) < 0) {
-            e = -errno;
-            snprintf(why, cap, "bind %s on %.120s: %s", path, id->paths[i], strerror(-e));
-            return e;
-        }
+        if ((e = bind_over(path, id->paths[i], why, cap)) < 0) return e;
     }
     memset(plain, 0, sizeof plain);
     return 0;
 }
 
+/* The certificate kept in ID_DIR (enrolled from a provisioned identity) over kiln.ini's
+ * cert; none there (enrolled from the image's files): the image's serves. */
+static int cert_in_place(const ident *id, char *why, size_t cap) {
+    struct stat st;
+    if (stat(ID_DIR "/server.crt", &st) < 0) return 0;
+    return bind_over(ID_DIR "/server.crt", id->paths[2], why, cap);
+}
+
+/* ------------------------------------------------------------------ the provisioned plaintext */
+
+/* Zeros over a file's bytes (in place: ext4 rewrites the same blocks), synced, then the
+ * name unlinked; the caller syncs the directory. Nothing of the plaintext is left to read
+ * on the partition. 0, or -errno. */
+static int wipe_file(const char *path) {
+    static const uint8_t zero[4096];
+    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return errno == ENOENT ? 0 : -errno;
+    struct stat st;
+    int e = fstat(fd, &st) < 0 ? -errno : 0;
+    for (off_t at = 0; e == 0 && at < st.st_size;) {
+        size_t n = st.st_size - at < (off_t)sizeof zero ? (size_t)(st.st_size - at) : sizeof zero;
+        ssize_t w = pwrite(fd, zero, n, at);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) e = w < 0 ? -errno : -EIO;
+        else at += w;
+    }
+    if (e == 0 && fsync(fd) < 0) e = -errno;
+    close(fd);
+    if (e == 0 && unlink(path) < 0) e = -errno;
+    return e;
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int e = fsync(fd) < 0 ? -errno : 0;
+    close(fd);
+    return e;
+}
+
+/* dir's three files wiped (wipe_file), dir synced, removed, its parent synced. 0, or -errno
+ * with what failed in why. */
+int id_wipe_dir(const char *dir, const char *parent, char *why, size_t cap) {
+    char path[UTIL_PATH_MAX];
+    int e = 0;
+    for (int i = 0; i < 3 && e == 0; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if ((e = wipe_file(path)) < 0) snprintf(why, cap, "overwrite and remove %s: %s", path, strerror(-e));
+    }
+    if (e == 0 && (e = fsync_dir(dir)) < 0) snprintf(why, cap, "fsync %s: %s", dir, strerror(-e));
+    if (e == 0 && rmdir(dir) < 0) e = -errno, snprintf(why, cap, "rmdir %s: %s (other files in it?)", dir, strerror(-e));
+    if (e == 0 && (e = fsync_dir(parent)) < 0) snprintf(why, cap, "fsync %s: %s", parent, strerror(-e));
+    return e;
+}
+
+static void destroy_provisioned(void) {
+    char why[200];
+    if (id_wipe_dir(ID_PROV, DISK_DATA_DIR, why, sizeof why) < 0)
+        logring_say("kiln: WARNING: identity: the provisioned plaintext is NOT all destroyed: %s", why);
+    else logring_say("kiln: identity: the provisioned plaintext (" ID_PROV ") overwritten, synced and removed");
+}
+
+/* 1 when the files at a and b hold the same bytes (both readable, at most ID_FILE_MAX). */
+static int same_file(const char *a, const char *b) {
+    ssize_t na = read_bin(a, cmp[0], ID_FILE_MAX), nb = read_bin(b, cmp[1], ID_FILE_MAX);
+    int same = na >= 0 && na == nb && !memcmp(cmp[0], cmp[1], (size_t)na);
+    memset(cmp, 0, sizeof cmp);
+    return same;
+}
+
+static void prov_paths(char out[3][UTIL_PATH_MAX]) {
+    for (int i = 0; i < 3; i++) snprintf(out[i], UTIL_PATH_MAX, ID_PROV "/%s", names[i]);
+}
+
+/* No TPM to seal to (or a slot that did not verify): the provisioned files serve as they
+ * are, from the data partition, and the console says that they are not sealed. */
+static void serve_provisioned_plain(ident *id, const char *reason) {
+    char src[3][UTIL_PATH_MAX], why[240];
+    prov_paths(src);
+    for (int i = 0; i < 3; i++)
+        if (bind_over(src[i], id->paths[i], why, sizeof why) < 0) {
+            fail(id, "the provisioned identity (" ID_PROV "): %s: not serving", why);
+            return;
+        }
+    id->state = ID_PLAIN;
+    snprintf(id->why, sizeof id->why, "NOT sealed (%s): the TLS key and tokens are in plaintext on the data partition (" ID_PROV ")",
+             reason);
+    logring_say("kiln: WARNING: identity: %s", id->why);
+}
+
 /* ------------------------------------------------------------------ boot */
 
-static void enrol(ident *id, const dsk *d, const meas *m) {
-    char why[200];
+/* Seals the key and the tokens (from the provisioned files when prov, else the image's) to
+ * this TPM and the running slot; a provisioned identity is then put in place from memory
+ * and its plaintext destroyed. */
+static void enrol(ident *id, const dsk *d, const meas *m, int prov) {
+    char why[240], src[3][UTIL_PATH_MAX];
     size_t n = 0;
+    if (prov) prov_paths(src);
+    else memcpy(src, id->paths, sizeof src);
     if (m->unverified) {
+        if (prov) {
+            serve_provisioned_plain(id, "the running slot did not verify");
+            return;
+        }
         id->state = ID_PLAIN;
         snprintf(id->why, sizeof id->why, "not sealed: the running slot did not verify");
         logring_say("kiln: WARNING: identity: %s; it serves as the image has it", id->why);
         return;
     }
-    ssize_t pn = pack(id, why, sizeof why);
+    ssize_t pn = pack(src, why, sizeof why);
     if (pn < 0 || getrandom(id->key, sizeof id->key, 0) != (ssize_t)sizeof id->key) {
         id->state = ID_PLAIN;
         snprintf(id->why, sizeof id->why, "not sealed: %s", pn < 0 ? why : "getrandom failed");
@@ -208,26 +317,51 @@ static void enrol(ident *id, const dsk *d, const meas *m) {
     }
     id->have_key = 1;
     int e = encrypt_files(id, (size_t)pn, &n);
-    memset(plain, 0, sizeof plain);
-    /* sealed-<slot> before identity.enc: identity.enc is what says "enrolled". */
+    ssize_t cn = 0;
+    /* sealed-<slot> before identity.enc: identity.enc is what says "enrolled"; the
+     * certificate before both, so an enrolled identity always has it. */
     if (e < 0) {
         snprintf(why, sizeof why, "encrypt: failed");
     } else if (mkdir(ID_DIR, 0700) < 0 && errno != EEXIST) {
         e = -errno;
         snprintf(why, sizeof why, "mkdir " ID_DIR ": %s", strerror(-e));
+    } else if (prov && ((cn = read_bin(src[2], cmp[0], ID_FILE_MAX)) < 0 ||
+                        (e = write_atomic(ID_DIR "/server.crt", cmp[0], (size_t)cn)) < 0)) {
+        e = cn < 0 ? (int)cn : e;
+        snprintf(why, sizeof why, "keep the certificate %.100s in " ID_DIR ": %s", src[2], strerror(-e));
     } else if ((e = seal_to(id, d->slot, m->value, why, sizeof why)) == 0 &&
                (e = write_atomic(ID_DIR "/identity.enc", enc, n)) < 0) {
         snprintf(why, sizeof why, "write identity.enc: %s", strerror(-e));
     }
     if (e < 0) {
-        id->state = ID_PLAIN, id->have_key = 0;
+        memset(plain, 0, sizeof plain);
+        id->have_key = 0;
+        if (prov) {
+            logring_say("kiln: WARNING: identity: sealing the provisioned identity failed: %s", why);
+            serve_provisioned_plain(id, "sealing it failed");
+            return;
+        }
+        id->state = ID_PLAIN;
         snprintf(id->why, sizeof id->why, "not sealed: %s", why);
         logring_say("kiln: WARNING: identity: %s", id->why);
         return;
     }
+    if (prov) {
+        /* Served from memory (plain, into ID_RUN), not from the files about to go. */
+        if ((e = put_in_place(id, (size_t)pn, why, sizeof why)) < 0 || (e = cert_in_place(id, why, sizeof why)) < 0) {
+            memset(plain, 0, sizeof plain);
+            fail(id, "%s: not serving", why);
+            return;
+        }
+        logring_say("kiln: identity: the provisioned TLS key and tokens (" ID_PROV ") sealed to this TPM and slot %c's PCR %d (" ID_DIR
+                    "): another image or another box cannot unseal them", 'a' + d->slot, MEAS_PCR);
+        destroy_provisioned();
+    } else {
+        memset(plain, 0, sizeof plain);
+        logring_say("kiln: identity: %s and %s sealed to this TPM and slot %c's PCR %d (" ID_DIR "): another image or another box "
+                    "cannot unseal them", id->paths[0], id->paths[1], 'a' + d->slot, MEAS_PCR);
+    }
     id->state = ID_ENROLLED;
-    logring_say("kiln: identity: %s and %s sealed to this TPM and slot %c's PCR %d (" ID_DIR "): another image or another box "
-                "cannot unseal them", id->paths[0], id->paths[1], 'a' + d->slot, MEAS_PCR);
 }
 
 static void unseal(ident *id, const dsk *d, const meas *m) {
@@ -270,13 +404,28 @@ static void unseal(ident *id, const dsk *d, const meas *m) {
         fail(id, "identity.enc: %s: not serving", pn == -EBADMSG ? "damaged, or not sealed with this key" : strerror((int)-pn));
         return;
     }
-    if ((e = put_in_place(id, (size_t)pn, why, sizeof why)) < 0) {
+    if ((e = put_in_place(id, (size_t)pn, why, sizeof why)) < 0 || (e = cert_in_place(id, why, sizeof why)) < 0) {
         memset(plain, 0, sizeof plain);
         fail(id, "%s: not serving", why);
         return;
     }
     id->state = ID_UNSEALED;
     logring_say("kiln: identity: unsealed for slot %c (PCR %d): %s and %s from " ID_DIR, 'a' + me, MEAS_PCR, id->paths[0], id->paths[1]);
+}
+
+/* Sealed and provisioned both: the same key and tokens (an enrolment cut short before it
+ * destroyed the plaintext) finish that enrolment; others wait for the console. */
+static void provisioned_too(const ident *id) {
+    char src[3][UTIL_PATH_MAX], run[2][UTIL_PATH_MAX];
+    prov_paths(src);
+    for (int i = 0; i < 2; i++) snprintf(run[i], UTIL_PATH_MAX, ID_RUN "/%s", names[i]);
+    if (id->state == ID_UNSEALED && same_file(src[0], run[0]) && same_file(src[1], run[1])) {
+        logring_say("kiln: identity: " ID_PROV " holds the sealed identity in plaintext (an enrolment cut short)");
+        destroy_provisioned();
+        return;
+    }
+    logring_say("kiln: WARNING: identity: another identity is provisioned in " ID_PROV " (plaintext, NOT sealed, not used): "
+                "the sealed one serves; a reboot never replaces it (docs/IMAGE.md)");
 }
 
 void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_mode) {
@@ -288,19 +437,9 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
         return;
     }
     int enrolled = stat(ID_DIR "/identity.enc", &st) == 0;
-    if (m->state != MEAS_DONE) {
-        if (enrolled) {
-            fail(id, "this box's identity is sealed, and %s: not serving",
-                 m->state == MEAS_NO_TPM ? "there is no TPM (a disk from another box?)" : "the TPM did not measure this boot");
-            return;
-        }
-        id->state = ID_PLAIN;
-        snprintf(id->why, sizeof id->why, "not sealed (%s)", m->state == MEAS_NO_TPM ? "no TPM" : "the boot was not measured");
-        logring_note("kiln-init: identity: %s: the image's files serve", id->why);
-        return;
-    }
-    static const char *const keys[2] = {"key", "tokens_file"};
-    for (int i = 0; i < 2; i++) {
+    int prov = stat(ID_PROV "/server.key", &st) == 0;
+    static const char *const keys[3] = {"key", "tokens_file", "cert"};
+    for (int i = 0; i < 3; i++) {
         if (ini_get(ini, "net", keys[i], id->paths[i], sizeof id->paths[i]) < 0 || id->paths[i][0] != '/' ||
             util_starts(id->paths[i], DISK_DATA_DIR "/")) {
             if (enrolled) {
@@ -313,8 +452,33 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
             return;
         }
     }
-    if (enrolled) unseal(id, d, m);
-    else enrol(id, d, m);
+    if (!enrolled && !prov && stat(id->paths[0], &st) < 0) {
+        fail(id, "no identity: none is sealed on this disk, none is provisioned (kiln-flash install --identity DIR, or kiln-flash "
+                 "identity DIR DISK) and the image has no %s: not serving", id->paths[0]);
+        return;
+    }
+    if (m->state != MEAS_DONE) {
+        const char *no = m->state == MEAS_NO_TPM ? "no TPM" : "the boot was not measured";
+        if (enrolled) {
+            fail(id, "this box's identity is sealed, and %s: not serving",
+                 m->state == MEAS_NO_TPM ? "there is no TPM (a disk from another box?)" : "the TPM did not measure this boot");
+            return;
+        }
+        if (prov) {
+            serve_provisioned_plain(id, no);
+            return;
+        }
+        id->state = ID_PLAIN;
+        snprintf(id->why, sizeof id->why, "not sealed (%s)", no);
+        logring_note("kiln-init: identity: %s: the image's files serve", id->why);
+        return;
+    }
+    if (enrolled) {
+        unseal(id, d, m);
+        if (prov) provisioned_too(id);
+    } else {
+        enrol(id, d, m, prov);
+    }
 }
 
 int id_seal_slot(ident *id, int slot, char *out, size_t cap) {
