@@ -258,8 +258,15 @@ image-tools: $(IMG_TOOLS)
 # image/disk.sh: the GPT disk image build/disk/kiln.img (ESP with systemd-boot and slot A's
 # UKI, slots A and B, the data partition) and the signed bundle build/disk/kiln-v1.kimg.
 # KILN_VERSION=N picks the version; KILN_BUNDLE_ONLY=1 makes only the bundle (an update).
+# Neither carries an identity (TLS key, tokens); the test disk build/disk/kiln-dev.img is
+# kiln.img installed by kiln-flash with the development identity (build/image's) on its
+# data partition, as an operator installs theirs (docs/IMAGE.md).
+DEV_ID := $(BUILD)/disk/dev-identity
 disk: musl model $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
 	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_SB_KEYS=$(KILN_SB_KEYS) image/disk.sh
+	rm -rf $(DEV_ID) $(BUILD)/disk/kiln-dev.img && mkdir -m 700 $(DEV_ID)
+	cp $(BUILD)/image/tls/server.key $(BUILD)/image/tls/server.crt $(BUILD)/image/tokens.txt $(DEV_ID)/
+	$(BUILD)/gnu/kiln-flash install $(BUILD)/disk/kiln.img $(BUILD)/disk/kiln-dev.img --identity $(DEV_ID)
 FORCE:
 # The disk's QEMU test (OVMF, TCG): also version 2 (good) and version 3 (a kilnd that never
 # becomes healthy: a bad key in its kiln.ini) as update bundles.
