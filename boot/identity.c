@@ -99,6 +99,35 @@ static void predict(const uint8_t digest[32], uint8_t pcr[32]) {
 
 /* ------------------------------------------------------------------ sealing K */
 
+/* Once K is out of the TPM (unsealed, or made and sealed at enrolment), PCR 15 is extended
+ * with SHA-256 of this text: it then has a value no sealed K was sealed to, so nothing
+ * later in this boot (kilnd, anything with /dev/tpmrm0) can unseal K again. Sealing K for
+ * another slot after an update still works: it predicts that slot's value from its
+ * manifest and does not need PCR 15 to hold it now. */
+#define ID_CAP_TEXT "kiln: identity: PCR 15 capped for this boot"
+
+static void cap_pcr(ident *id) {
+    uint8_t ev[32];
+    char rc[80], hex[65];
+    man_sha h;
+    man_sha_init(&h);
+    man_sha_update(&h, ID_CAP_TEXT, strlen(ID_CAP_TEXT));
+    man_sha_final(&h, ev);
+    tpm_dev t;
+    int e = tpm_open(&t, NULL);
+    if (e == 0 && (e = tpm_pcr_extend(&t, MEAS_PCR, ev)) == 0) e = tpm_pcr_read(&t, MEAS_PCR, id->cap_value);
+    tpm_close(&t);
+    if (e < 0) {
+        logring_say("kiln: WARNING: identity: PCR %d NOT capped after the unseal (%s): something else in this boot could unseal "
+                    "the identity again", MEAS_PCR, e == -EIO ? tpm_rc_text(t.rc, rc, sizeof rc) : strerror(-e));
+        return;
+    }
+    id->capped = 1;
+    man_hex(id->cap_value, 32, hex);
+    logring_say("kiln: identity: PCR %d capped after the unseal (pcr%d=%.16s...): nothing else in this boot can unseal it",
+                MEAS_PCR, MEAS_PCR, hex);
+}
+
 /* K sealed to PCR 15 = pcr, into ID_DIR/sealed-<slot>. */
 static int seal_to(const ident *id, int slot, const uint8_t pcr[32], char *why, size_t cap) {
     tpm_dev t;
@@ -362,6 +391,7 @@ static void enrol(ident *id, const dsk *d, const meas *m, int prov) {
                     "cannot unseal them", id->paths[0], id->paths[1], 'a' + d->slot, MEAS_PCR);
     }
     id->state = ID_ENROLLED;
+    cap_pcr(id);
 }
 
 static void unseal(ident *id, const dsk *d, const meas *m) {
@@ -411,6 +441,7 @@ static void unseal(ident *id, const dsk *d, const meas *m) {
     }
     id->state = ID_UNSEALED;
     logring_say("kiln: identity: unsealed for slot %c (PCR %d): %s and %s from " ID_DIR, 'a' + me, MEAS_PCR, id->paths[0], id->paths[1]);
+    cap_pcr(id);
 }
 
 /* Sealed and provisioned both: the same key and tokens (an enrolment cut short before it
@@ -425,7 +456,7 @@ static void provisioned_too(const ident *id) {
         return;
     }
     logring_say("kiln: WARNING: identity: another identity is provisioned in " ID_PROV " (plaintext, NOT sealed, not used): "
-                "the sealed one serves; a reboot never replaces it (docs/IMAGE.md)");
+                "console `identity enrol` seals it in place of the sealed one (a reboot never does)");
 }
 
 void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_mode) {
@@ -481,6 +512,32 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
     }
 }
 
+int id_enrol(ident *id, const dsk *d, const meas *m, char *out, size_t cap) {
+    struct stat st;
+    char path[UTIL_PATH_MAX];
+    if (id->state == ID_OFF) return snprintf(out, cap, "identity: refused: %s", id->why), -ENODEV;
+    if (m->state != MEAS_DONE) return snprintf(out, cap, "identity: refused: no TPM measured this boot: nothing to seal to"), -ENODEV;
+    if (m->unverified) return snprintf(out, cap, "identity: refused: the running slot did not verify: nothing to seal to"), -EPERM;
+    if (stat(ID_PROV "/server.key", &st) < 0)
+        return snprintf(out, cap, "identity: refused: nothing provisioned in " ID_PROV " (kiln-flash identity DIR DISK)"), -ENOENT;
+    for (int i = 0; i < 3; i++)
+        if (id->paths[i][0] != '/') return snprintf(out, cap, "identity: refused: kiln.ini's [net] paths are not usable (see `status`)"), -EINVAL;
+    /* The old identity's bind mounts go first: the new files go in under the same names,
+     * and a bind holds the inode it was made on. */
+    for (int i = 0; i < 3; i++)
+        if (umount2(id->paths[i], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+            logring_note("kiln-init: identity: umount %s: %s", id->paths[i], strerror(errno));
+    enrol(id, d, m, 1);
+    if (id->state != ID_ENROLLED) return snprintf(out, cap, "identity: NOT enrolled: %s", id->why), -EIO;
+    /* The other slot's blob seals the old K, which no longer opens identity.enc. */
+    slot_blob_path(path, sizeof path, !d->slot);
+    if (unlink(path) == 0) fsync_dir(ID_DIR);
+    snprintf(out, cap, "identity: the provisioned identity is sealed to this TPM and slot %c, its plaintext destroyed; slot %c "
+                       "unseals it once kiln-init makes it bootable again (an update, `slot %c`)",
+             'a' + d->slot, 'a' + !d->slot, 'a' + !d->slot);
+    return 0;
+}
+
 int id_seal_slot(ident *id, int slot, char *out, size_t cap) {
     uint8_t digest[32], pcr[32];
     char err[300], hex[65];
@@ -496,9 +553,15 @@ int id_seal_slot(ident *id, int slot, char *out, size_t cap) {
 }
 
 void id_describe(const ident *id, char *out, size_t cap) {
+    char capped[100] = "; PCR 15 NOT capped";
+    if (id->capped) {
+        char hex[65];
+        man_hex(id->cap_value, 32, hex);
+        snprintf(capped, sizeof capped, "; PCR %d capped: pcr%d=%s", MEAS_PCR, MEAS_PCR, hex);
+    }
     switch (id->state) {
-    case ID_ENROLLED: snprintf(out, cap, "identity: sealed to this TPM and slot (enrolled at this boot)"); break;
-    case ID_UNSEALED: snprintf(out, cap, "identity: unsealed (sealed to this TPM and this slot's PCR %d)", MEAS_PCR); break;
+    case ID_ENROLLED: snprintf(out, cap, "identity: sealed to this TPM and slot (enrolled at this boot%s)", capped); break;
+    case ID_UNSEALED: snprintf(out, cap, "identity: unsealed (sealed to this TPM and this slot's PCR %d%s)", MEAS_PCR, capped); break;
     case ID_FAILED: snprintf(out, cap, "identity: FAILED: %s", id->why); break;
     default: snprintf(out, cap, "identity: %s", id->why); break;
     }

@@ -44,6 +44,8 @@ typedef struct {
     int state;                        /* ID_* */
     int have_key;
     uint8_t key[32];                  /* K, kept to seal it for an updated slot */
+    int capped;                       /* PCR 15 extended past every sealed value (cap_pcr) */
+    uint8_t cap_value[32];            /* PCR 15 after that */
     char paths[3][UTIL_PATH_MAX];     /* the TLS server key, the tokens file, the certificate (kiln.ini) */
     char why[300];                    /* ID_FAILED: what the console says; ID_PLAIN, ID_OFF: why */
 } ident;
@@ -54,6 +56,10 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
 /* Seals K for slot (just verified) to the PCR 15 value its manifest gives. 0 (also when
  * there is no sealed identity to carry), or -errno with why in out. */
 int id_seal_slot(ident *id, int slot, char *out, size_t cap);
+/* The console's `identity enrol`: the provisioned identity sealed in place of the one this
+ * box has (or failed to unseal: a moved disk), as at a first boot; the other slot's sealed
+ * K goes (it is the old K). 0, or -errno; what happened in out either way. */
+int id_enrol(ident *id, const dsk *d, const meas *m, char *out, size_t cap);
 /* "identity: unsealed (...)" etc. for `status`. */
 void id_describe(const ident *id, char *out, size_t cap);
 /* dir's server.key, tokens.txt and server.crt overwritten with zeros, synced, unlinked;

@@ -46,6 +46,10 @@ SHA-256(32 zero bytes || SHA-256(manifest)): v1's on slot a, v2's once slot b ru
 different signed image, a different PCR), and in boot 6 (slot b does not verify) one more
 extend, SHA-256("kiln: the running slot did not verify").
 
+PCR 15 capped: once the identity is unsealed (or enrolled), kiln-init extends PCR 15 with a
+fixed separator; boots 1, 1b, 2 and 5 check `status`'s capped value against the extend
+computed here. Boot 1b's update seals for slot b after its cap, and boot 2 unseals there.
+
 Sealed identity (boot/identity.h): boot 1 (the disk's first with a TPM) seals the provisioned
 TLS key and tokens to the TPM and slot a and destroys their plaintext: after it the whole
 disk image holds no private key, no line of the key and no token (read here, QEMU ended),
@@ -53,6 +57,9 @@ and its data partition has no provision/ (debugfs); boot 1b unseals them and ser
 update seals them for slot b too (to v2's PCR 15, computed here); boot 2 (v2) unseals and
 serves. The same disk booted with another TPM (a moved disk): the console says the sealed
 identity does not load on this TPM, SAFE MODE, `restart` refused, kilnd never started.
+A copy of it re-provisioned (kiln-flash identity) and booted there again: the console says a
+new identity waits, `identity enrol` seals it to that TPM and starts kilnd, a GEN serves with
+the new tokens and certificate, and the disk then holds none of them in the clear.
 Boot 3 (v3, swapped in with kiln-flash: validly signed, a different manifest): it does not
 unseal, the console says so, SAFE MODE (its try ends). Boot 5 (the rollback to v2) unseals
 and serves a GEN with the provisioned tokens. Boot 6 (slot b's partition changed: it does
@@ -108,12 +115,12 @@ def debugfs(disk, req):
 PEM_KEY = re.compile(rb"PRIVATE KEY-----\r?\n[A-Za-z0-9+/]{16}")  # a key; mbedTLS's own header strings are not
 
 
-def secrets():
+def secrets(key_path=None, tokens_path=None):
     """What must never be readable on a disk or in an image (patterns): any PEM private key,
-    each line of the development key's body, each development token."""
-    key = open(A.key, "rb").read()
+    each line of the (development) key's body, each of its tokens."""
+    key = open(key_path or A.key, "rb").read()
     lines = [l for l in key.splitlines() if l.strip() and not l.startswith(b"-----")]
-    toks = [l.split()[1].encode() for l in open(A.tokens) if l.strip() and not l.startswith("#")]
+    toks = [l.split()[1].encode() for l in open(tokens_path or A.tokens) if l.strip() and not l.startswith("#")]
     return [PEM_KEY] + [re.compile(re.escape(n)) for n in lines + toks]
 
 
@@ -215,6 +222,49 @@ def no_plaintext_after_boot(disk, what):
           "%s\n%s" % (top, ident))
 
 
+def reenrol_moved(work, tmp, other):
+    """The moved disk (a copy), re-provisioned with a new identity (kiln-flash identity) and
+    booted in the box it moved to (other: that box's TPM): safe mode, the console says a new
+    identity waits; `identity enrol` seals it there and kilnd starts; a GEN authenticates
+    with the new tokens over the new certificate; afterwards the disk holds none of it."""
+    disk = os.path.join(tmp, "moved-disk.img")
+    shutil.copyfile(work, disk)
+    new = os.path.join(tmp, "new-identity")
+    rc, out = run([A.kilnd, "certs", "--dir", new, "--hosts", "10.0.2.15,127.0.0.1"])
+    toks = os.path.join(new, "tokens.txt")
+    with open(toks, "w") as f:
+        f.write("user user-%s\nadmin admin-%s\n" % (os.urandom(12).hex(), os.urandom(12).hex()))
+    rc, out = run([A.flash, "identity", new, disk])
+    check("moved disk, re-provisioned: kiln-flash identity writes the new identity onto the installed disk",
+          rc == 0 and "provision/" in out, out)
+    g = boot("moved-enrol", disk, A.log_dir, other)
+    old_ca, old_tokens = bt.A.ca, A.tokens
+    try:
+        m = g.wait(r"kiln: SAFE MODE: [^\n]*does NOT load on this TPM", A.ready_timeout)
+        m2 = g.wait(r"kiln: WARNING: identity: another identity is provisioned in /data/provision \(plaintext, NOT sealed, not used\)", 5)
+        check("moved disk, re-provisioned: SAFE MODE (the old identity does not load), and the console says a new one waits",
+              m is not None and m2 is not None, "\n" + tail(g, 25))
+        out = g.cmd("identity enrol", 120)
+        check("moved disk: console `identity enrol` seals the new identity to this TPM and slot b, and starts kilnd",
+              out is not None and "the provisioned identity is sealed to this TPM and slot b" in out and "starting kilnd" in out, repr(out))
+        ready(g, "moved disk, enrolled on the console")
+        bt.A.ca, A.tokens = os.path.join(new, "ca.crt"), toks
+        one_gen(g, "moved disk (the new tokens, the new certificate)", "m1")
+        out = g.cmd("status")
+        check("moved disk: `status` says identity: sealed (enrolled at this boot), PCR 15 capped",
+              out is not None and "identity: sealed to this TPM and slot (enrolled at this boot; PCR 15 capped" in out, repr(out))
+        bt.poweroff(g, "moved disk, enrolled: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    finally:
+        bt.A.ca, A.tokens = old_ca, old_tokens
+    g.kill()
+    found = scan(disk, secrets(os.path.join(new, "server.key"), toks))
+    check("moved disk, enrolled: the disk image holds no private key, no line of the new key, none of its tokens", not found,
+          str([n.pattern[:24] for n in found]))
+    os.unlink(disk)
+
+
 class Tpm:
     """swtpm as the box's TPM 2.0: the same state directory every boot (a box keeps its TPM
     when its slots change), a fresh swtpm process for each QEMU run (a power cycle: the PCRs
@@ -280,6 +330,17 @@ def extend(pcr, digest):
 
 
 UNVERIFIED = hashlib.sha256(b"kiln: the running slot did not verify").digest()
+CAP = hashlib.sha256(b"kiln: identity: PCR 15 capped for this boot").digest()
+
+
+def capped_is(g, what, pcr):
+    """Console `status`: once the identity is out of the TPM, PCR 15 was extended with the
+    cap separator (pcr: its value before), so nothing later in this boot can unseal it."""
+    out = g.cmd("status")
+    m = re.search(r"^identity: [^\n]*PCR 15 capped: pcr15=([0-9a-f]{64})", out or "", re.M)
+    want = extend(pcr, CAP).hex()
+    check("%s: PCR 15 capped after the unseal: `status` says pcr15=%s... (the separator's extend, computed here)" % (what, want[:16]),
+          m is not None and m.group(1) == want, "want %s\n%s" % (want, out))
 
 
 def measured_is(g, what, slot, digest, pcr):
@@ -446,10 +507,11 @@ def main():
     A.dev = os.path.join(b, "disk", "kiln-dev.img")
     A.uki2 = os.path.join(b, "disk", "uki-v2.efi")
     A.flash, A.kimage = os.path.join(b, "gnu", "kiln-flash"), os.path.join(b, "gnu", "kiln-image")
+    A.kilnd = os.path.join(b, "gnu", "kilnd")
     A.ca, A.tokens = os.path.join(b, "image", "tls", "ca.crt"), os.path.join(b, "image", "tokens.txt")
     A.key = os.path.join(b, "image", "tls", "server.key")
     A.log_dir = A.log_dir or os.path.join(b, "test-logs")
-    for f in (A.disk, A.dev, A.key, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
+    for f in (A.disk, A.dev, A.key, A.kilnd, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
         if not os.path.exists(f):
             print("disk_test: %s is missing (make test-disk builds it)" % f, file=sys.stderr)
             return 2
@@ -491,6 +553,7 @@ def main():
                   "\n" + tail(g, 25))
             m = g.wait(r"kiln: identity: the provisioned plaintext \(/data/provision\) overwritten, synced and removed", 5)
             check("boot 1: then it destroys the provisioned plaintext (overwritten, synced, removed)", m is not None, "\n" + tail(g, 25))
+            capped_is(g, "boot 1", pcr_v1)
             one_gen(g, "boot 1", "1")
             res, err, _ = net_update(g, os.path.join(tmp, "flip.kimg"))
             check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
@@ -522,6 +585,7 @@ def main():
             check("boot 1b: a later boot finds only the sealed form (nothing provisioned)", "/data/provision" not in g.text(),
                   "\n" + tail(g, 25))
             version_is(g, "boot 1b", "a", 1)
+            capped_is(g, "boot 1b", pcr_v1)
             one_gen(g, "boot 1b", "1b")
             res, err, seen = net_update(g, A.v2)
             check("boot 1b: the network update of v2: OK update done slot=b version=2 tries=3",
@@ -554,6 +618,7 @@ def main():
             version_is(g, "boot 2", "b", 2)
             check("boot 2: v2's manifest differs from v1's, so does its PCR 15", d_v2 != d_v1 and pcr_v2 != pcr_v1)
             measured_is(g, "boot 2", "b", d_v2, pcr_v2)
+            capped_is(g, "boot 2 (sealed for slot b after boot 1b's cap: the prediction does not need PCR 15)", pcr_v2)
             check("boot 2: the network-updated slot b unseals the identity (its GEN authenticated with it)",
                   "kiln: identity: unsealed for slot b (PCR 15)" in g.text(), "\n" + tail(g, 25))
             out = g.cmd("slot a", 120)
@@ -600,6 +665,7 @@ def main():
         except Abort:
             pass
         g.kill()
+        reenrol_moved(work, tmp, other)
 
         rc, out = run([A.flash, "update", A.v3, work, "--tries", "2"])
         check("kiln-flash update v3 (never healthy) into slot a, 2 tries", rc == 0 and "slot a" in out, out)
@@ -627,6 +693,7 @@ def main():
             ready(g, "boot 5 (rolled back to v2)")
             check("boot 5: after the update and the rollback the identity unseals for slot b",
                   "kiln: identity: unsealed for slot b (PCR 15)" in g.text(), "\n" + tail(g, 25))
+            capped_is(g, "boot 5", pcr_v2)
             one_gen(g, "boot 5 (the provisioned tokens, after updates, reboots and a rollback)", "5")
             bt.poweroff(g, "boot 5: `poweroff` ends QEMU with status 0")
         except Abort:
