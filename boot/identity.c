@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -15,7 +16,12 @@
 #include "boot/logring.h"
 #include "boot/tpm.h"
 #include "image/manifest.h"
+#include "mbedtls/ecp.h"
+#include "mbedtls/entropy.h"
 #include "mbedtls/gcm.h"
+#include "mbedtls/pk.h"
+#include "mbedtls/x509_crt.h"
+#include "psa/crypto.h"
 
 #define ENC_MAGIC "KID1"
 #define IV_LEN 12
@@ -297,8 +303,16 @@ static int same_file(const char *a, const char *b) {
     return same;
 }
 
+/* A key made on the box for a TPM to seal stays in tmpfs (ID_RUN/made.*): it never touches
+ * the data partition in plaintext. */
+static int key_in_run;
+
 static void prov_paths(char out[3][UTIL_PATH_MAX]) {
     for (int i = 0; i < 3; i++) snprintf(out[i], UTIL_PATH_MAX, ID_PROV "/%s", names[i]);
+    if (key_in_run) {
+        snprintf(out[0], UTIL_PATH_MAX, ID_RUN "/made.key");
+        snprintf(out[2], UTIL_PATH_MAX, ID_RUN "/made.crt");
+    }
 }
 
 /* No TPM to seal to (or a slot that did not verify): the provisioned files serve as they
@@ -315,6 +329,111 @@ static void serve_provisioned_plain(ident *id, const char *reason) {
     snprintf(id->why, sizeof id->why, "NOT sealed (%s): the TLS key and tokens are in plaintext on the data partition (" ID_PROV ")",
              reason);
     logring_say("kiln: WARNING: identity: %s", id->why);
+}
+
+/* ------------------------------------------------------------------ a key made on the box */
+
+/* Tokens were provisioned but no TLS key (kiln-flash --identity with tokens.txt alone): the
+ * box makes its own, so no one but this box ever held it. EC P-256 (what kilnd certs makes
+ * too) and a self-signed certificate for the address kiln.ini gives; clients pin it by the
+ * fingerprint the console prints. The validity is fixed and wide: a box may boot with its
+ * clock at 1970. */
+#define KG_PEM_MAX 4096
+
+static int kg_rng(void *ctx, unsigned char *buf, size_t n) {
+    (void)ctx;
+    for (size_t at = 0; at < n;) {
+        ssize_t r = getrandom(buf + at, n - at, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return MBEDTLS_ERR_ENTROPY_SOURCE_FAILED;
+        at += (size_t)r;
+    }
+    return 0;
+}
+
+static int write_file(const char *path, const void *buf, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    int e = util_write_all(fd, buf, n);
+    if (e == 0 && fsync(fd) < 0) e = -errno;
+    close(fd);
+    return e;
+}
+
+/* The key and its certificate, PEM, written as key_path and crt_path (0600); the
+ * certificate's SHA-256 (of its DER) as AA:BB:... into fp. 0, or < 0 with why. */
+static int keygen(const char *ini, const char *key_path, const char *crt_path, char *fp, size_t fpcap, char *why, size_t cap) {
+    static unsigned char kpem[KG_PEM_MAX], cpem[KG_PEM_MAX];
+    mbedtls_pk_context pk;
+    mbedtls_x509write_cert w;
+    mbedtls_x509_san_list san[2];
+    unsigned char serial[16], ip[4];
+    char addr[64] = "";
+    int r, nsan = 0;
+    mbedtls_pk_init(&pk);
+    mbedtls_x509write_crt_init(&w);
+    memset(san, 0, sizeof san);
+    /* The address kiln.ini gives ("10.0.2.15/24"), when it gives one, is the name clients use. */
+    if (ini_get(ini, "net", "address", addr, sizeof addr) == 0) {
+        addr[strcspn(addr, "/")] = 0;
+        if (inet_pton(AF_INET, addr, ip) == 1) {
+            san[nsan].node.type = MBEDTLS_X509_SAN_IP_ADDRESS;
+            san[nsan].node.san.unstructured_name.p = ip;
+            san[nsan].node.san.unstructured_name.len = sizeof ip;
+            nsan++;
+        }
+    }
+    san[nsan].node.type = MBEDTLS_X509_SAN_DNS_NAME;
+    san[nsan].node.san.unstructured_name.p = (unsigned char *)"kiln";
+    san[nsan].node.san.unstructured_name.len = 4;
+    if (nsan) san[0].next = &san[1];
+    if (psa_crypto_init() != PSA_SUCCESS) r = MBEDTLS_ERR_PK_BAD_INPUT_DATA;
+    else if ((r = mbedtls_pk_setup(&pk, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY))) == 0 &&
+             (r = mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(pk), kg_rng, NULL)) == 0 &&
+             (r = kg_rng(NULL, serial, sizeof serial)) == 0) {
+        serial[0] = (unsigned char)((serial[0] & 0x7f) | 0x01); /* a positive INTEGER of 16 bytes */
+        mbedtls_x509write_crt_set_version(&w, MBEDTLS_X509_CRT_VERSION_3);
+        mbedtls_x509write_crt_set_md_alg(&w, MBEDTLS_MD_SHA256);
+        mbedtls_x509write_crt_set_subject_key(&w, &pk);
+        mbedtls_x509write_crt_set_issuer_key(&w, &pk);
+        if ((r = mbedtls_x509write_crt_set_serial_raw(&w, serial, sizeof serial)) == 0 &&
+            (r = mbedtls_x509write_crt_set_subject_name(&w, "CN=kiln,O=kiln appliance")) == 0 &&
+            (r = mbedtls_x509write_crt_set_issuer_name(&w, "CN=kiln,O=kiln appliance")) == 0 &&
+            (r = mbedtls_x509write_crt_set_validity(&w, "20240101000000", "20991231235959")) == 0 &&
+            (r = mbedtls_x509write_crt_set_basic_constraints(&w, 0, -1)) == 0 &&
+            (r = mbedtls_x509write_crt_set_subject_key_identifier(&w)) == 0 &&
+            (r = mbedtls_x509write_crt_set_authority_key_identifier(&w)) == 0 &&
+            (r = mbedtls_x509write_crt_set_key_usage(&w, MBEDTLS_X509_KU_DIGITAL_SIGNATURE)) == 0 &&
+            (r = mbedtls_x509write_crt_set_subject_alternative_name(&w, san)) == 0 &&
+            (r = mbedtls_pk_write_key_pem(&pk, kpem, sizeof kpem)) == 0)
+            r = mbedtls_x509write_crt_pem(&w, cpem, sizeof cpem, kg_rng, NULL);
+    }
+    mbedtls_x509write_crt_free(&w);
+    mbedtls_pk_free(&pk);
+    if (r != 0) {
+        memset(kpem, 0, sizeof kpem);
+        return snprintf(why, cap, "mbedTLS: -0x%04x", (unsigned)-r), -EIO;
+    }
+    /* The fingerprint is of the DER inside the PEM kept (ECDSA is randomized: writing the
+     * DER again would sign again). */
+    mbedtls_x509_crt crt;
+    mbedtls_x509_crt_init(&crt);
+    uint8_t h[32];
+    r = mbedtls_x509_crt_parse(&crt, cpem, strlen((char *)cpem) + 1);
+    if (r == 0) {
+        man_sha s;
+        man_sha_init(&s);
+        man_sha_update(&s, crt.raw.p, crt.raw.len);
+        man_sha_final(&s, h);
+    }
+    mbedtls_x509_crt_free(&crt);
+    int e = r ? -EIO : write_file(key_path, kpem, strlen((char *)kpem));
+    if (e == 0) e = write_file(crt_path, cpem, strlen((char *)cpem));
+    memset(kpem, 0, sizeof kpem);
+    if (e < 0) return snprintf(why, cap, "write %.100s: %s", key_path, strerror(-e)), e;
+    size_t at = 0;
+    for (int i = 0; i < 32 && at + 3 < fpcap; i++) at += (size_t)snprintf(fp + at, fpcap - at, "%s%02X", i ? ":" : "", h[i]);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ boot */
@@ -382,8 +501,9 @@ static void enrol(ident *id, const dsk *d, const meas *m, int prov) {
             fail(id, "%s: not serving", why);
             return;
         }
-        logring_say("kiln: identity: the provisioned TLS key and tokens (" ID_PROV ") sealed to this TPM and slot %c's PCR %d (" ID_DIR
-                    "): another image or another box cannot unseal them", 'a' + d->slot, MEAS_PCR);
+        logring_say("kiln: identity: the %s TLS key and tokens (" ID_PROV ") sealed to this TPM and slot %c's PCR %d (" ID_DIR
+                    "): another image or another box cannot unseal them", key_in_run ? "made" : "provisioned", 'a' + d->slot, MEAS_PCR);
+        if (key_in_run) unlink(src[0]), unlink(src[2]), key_in_run = 0;
         destroy_provisioned();
     } else {
         memset(plain, 0, sizeof plain);
@@ -459,8 +579,29 @@ static void provisioned_too(const ident *id) {
                 "console `identity enrol` seals it in place of the sealed one (a reboot never does)");
 }
 
+/* Tokens provisioned, no key: make one (keygen), in tmpfs when the TPM will seal it, else
+ * beside the tokens on the data partition (it must survive a reboot; it is said to be
+ * NOT sealed like them). 0, or -1 (id failed). */
+static int make_key(ident *id, const meas *m, const char *ini) {
+    char key[UTIL_PATH_MAX], crt[UTIL_PATH_MAX], why[200];
+    int run = m->state == MEAS_DONE && !m->unverified;
+    if (run && mkdir(ID_RUN, 0700) < 0 && errno != EEXIST) run = 0;
+    snprintf(key, sizeof key, "%s/%s", run ? ID_RUN : ID_PROV, run ? "made.key" : "server.key");
+    snprintf(crt, sizeof crt, "%s/%s", run ? ID_RUN : ID_PROV, run ? "made.crt" : "server.crt");
+    if (keygen(ini, key, crt, id->fp, sizeof id->fp, why, sizeof why) < 0) {
+        fail(id, "no TLS key was provisioned, and making one failed: %s: not serving", why);
+        return -1;
+    }
+    if (!run) fsync_dir(ID_PROV);
+    key_in_run = run;
+    logring_say("kiln: identity: no TLS key was provisioned: made one on this box (EC P-256, a self-signed certificate): "
+                "SHA-256 fingerprint %s", id->fp);
+    return 0;
+}
+
 void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_mode) {
     memset(id, 0, sizeof *id);
+    snprintf(id->ini, sizeof id->ini, "%s", ini);
     struct stat st;
     if (test_mode || !d->data_mounted || d->slot < 0) {
         id->state = ID_OFF;
@@ -468,7 +609,7 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
         return;
     }
     int enrolled = stat(ID_DIR "/identity.enc", &st) == 0;
-    int prov = stat(ID_PROV "/server.key", &st) == 0;
+    int prov = stat(ID_PROV "/server.key", &st) == 0, prov_tokens = stat(ID_PROV "/tokens.txt", &st) == 0;
     static const char *const keys[3] = {"key", "tokens_file", "cert"};
     for (int i = 0; i < 3; i++) {
         if (ini_get(ini, "net", keys[i], id->paths[i], sizeof id->paths[i]) < 0 || id->paths[i][0] != '/' ||
@@ -482,6 +623,10 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
             logring_say("kiln: identity: %s", id->why);
             return;
         }
+    }
+    if (!enrolled && !prov && prov_tokens) {
+        if (make_key(id, m, ini) < 0) return;
+        prov = 1;
     }
     if (!enrolled && !prov && stat(id->paths[0], &st) < 0) {
         fail(id, "no identity: none is sealed on this disk, none is provisioned (kiln-flash install --identity DIR, or kiln-flash "
@@ -506,7 +651,7 @@ void id_boot(ident *id, const dsk *d, const meas *m, const char *ini, int test_m
     }
     if (enrolled) {
         unseal(id, d, m);
-        if (prov) provisioned_too(id);
+        if (prov || prov_tokens) provisioned_too(id);
     } else {
         enrol(id, d, m, prov);
     }
@@ -518,7 +663,8 @@ int id_enrol(ident *id, const dsk *d, const meas *m, char *out, size_t cap) {
     if (id->state == ID_OFF) return snprintf(out, cap, "identity: refused: %s", id->why), -ENODEV;
     if (m->state != MEAS_DONE) return snprintf(out, cap, "identity: refused: no TPM measured this boot: nothing to seal to"), -ENODEV;
     if (m->unverified) return snprintf(out, cap, "identity: refused: the running slot did not verify: nothing to seal to"), -EPERM;
-    if (stat(ID_PROV "/server.key", &st) < 0)
+    int key = stat(ID_PROV "/server.key", &st) == 0;
+    if (!key && stat(ID_PROV "/tokens.txt", &st) < 0)
         return snprintf(out, cap, "identity: refused: nothing provisioned in " ID_PROV " (kiln-flash identity DIR DISK)"), -ENOENT;
     for (int i = 0; i < 3; i++)
         if (id->paths[i][0] != '/') return snprintf(out, cap, "identity: refused: kiln.ini's [net] paths are not usable (see `status`)"), -EINVAL;
@@ -527,6 +673,7 @@ int id_enrol(ident *id, const dsk *d, const meas *m, char *out, size_t cap) {
     for (int i = 0; i < 3; i++)
         if (umount2(id->paths[i], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
             logring_note("kiln-init: identity: umount %s: %s", id->paths[i], strerror(errno));
+    if (!key && make_key(id, m, id->ini) < 0) return snprintf(out, cap, "identity: NOT enrolled: %s", id->why), -EIO;
     enrol(id, d, m, 1);
     if (id->state != ID_ENROLLED) return snprintf(out, cap, "identity: NOT enrolled: %s", id->why), -EIO;
     /* The other slot's blob seals the old K, which no longer opens identity.enc. */
@@ -560,7 +707,10 @@ void id_describe(const ident *id, char *out, size_t cap) {
         snprintf(capped, sizeof capped, "; PCR %d capped: pcr%d=%s", MEAS_PCR, MEAS_PCR, hex);
     }
     switch (id->state) {
-    case ID_ENROLLED: snprintf(out, cap, "identity: sealed to this TPM and slot (enrolled at this boot%s)", capped); break;
+    case ID_ENROLLED:
+        snprintf(out, cap, "identity: sealed to this TPM and slot (enrolled at this boot%s%s%s)", capped,
+                 id->fp[0] ? "; its TLS key made on the box, certificate sha256 " : "", id->fp);
+        break;
     case ID_UNSEALED: snprintf(out, cap, "identity: unsealed (sealed to this TPM and this slot's PCR %d%s)", MEAS_PCR, capped); break;
     case ID_FAILED: snprintf(out, cap, "identity: FAILED: %s", id->why); break;
     default: snprintf(out, cap, "identity: %s", id->why); break;

@@ -21,8 +21,9 @@
  * box in safe mode (`restart` cannot override it): it does not serve with an identity it
  * cannot prove. No TPM and nothing sealed: the provisioned files serve from the data
  * partition, and the console says they are NOT sealed. Nothing sealed, provisioned or in
- * the image: safe mode, "no identity". (An image that carries the files itself is
- * enrolled from them, as before.) */
+ * the image: safe mode, "no identity". Tokens provisioned without a key: the box makes its
+ * own key and a self-signed certificate (keygen, the fingerprint on the console), then
+ * as above. (An image that carries the files itself is enrolled from them, as before.) */
 #ifndef KILN_BOOT_IDENTITY_H
 #define KILN_BOOT_IDENTITY_H
 
@@ -48,6 +49,8 @@ typedef struct {
     uint8_t cap_value[32];            /* PCR 15 after that */
     char paths[3][UTIL_PATH_MAX];     /* the TLS server key, the tokens file, the certificate (kiln.ini) */
     char why[300];                    /* ID_FAILED: what the console says; ID_PLAIN, ID_OFF: why */
+    char fp[100];                     /* a key made at this boot: its certificate's SHA-256, AA:BB:... */
+    char ini[UTIL_PATH_MAX];          /* kiln.ini (a key made later, at `identity enrol`, names its address) */
 } ident;
 
 /* At boot, after meas_boot: enrols, or unseals and puts the files in place. ID_FAILED: the

@@ -5,6 +5,7 @@
  *                                               first install: the whole disk; with DIR's
  *                                               TLS key, certificate chain and tokens file
  *                                               on its data partition for the box to seal
+ *                                               (tokens alone: the box makes its key)
  *   kiln-flash identity DIR TARGET              DIR's identity onto an installed disk
  *   kiln-flash update BUNDLE TARGET [--tries N] the inactive slot, tried N times (default 3)
  *   kiln-flash status TARGET                    slots, versions, the ESP's boot entries
@@ -276,13 +277,16 @@ static int id_rng(void *ctx, unsigned char *buf, size_t n) {
 }
 
 /* DIR's three files into f, checked: sizes kiln-init takes, a private key that is the
- * certificate's (the box could not serve with another), a tokens file of text. */
+ * certificate's (the box could not serve with another), a tokens file of text. Neither
+ * key nor certificate (tokens.txt alone): the box makes its own key at its first boot. */
 static int id_read(const char *dir, ident_files *f, char *why, size_t cap) {
+    memset(f->n, 0, sizeof f->n);
     for (int i = 0; i < IDF_N; i++) {
         char path[4096];
         struct stat st;
         if (snprintf(path, sizeof path, "%s/%s", dir, id_names[i]) >= (int)sizeof path) return snprintf(why, cap, "%s: path too long", dir), -1;
         int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT && i != IDF_TOK) continue;
         if (fd < 0 || fstat(fd, &st) < 0) {
             snprintf(why, cap, "%.400s: %s (DIR holds server.key, server.crt, tokens.txt)", path, strerror(errno));
             if (fd >= 0) close(fd);
@@ -299,6 +303,9 @@ static int id_read(const char *dir, ident_files *f, char *why, size_t cap) {
         f->b[i][f->n[i]] = 0;
     }
     if (memchr(f->b[IDF_TOK], 0, f->n[IDF_TOK])) return snprintf(why, cap, "%s/tokens.txt: not text (a NUL byte)", dir), -1;
+    if (!f->n[IDF_KEY] != !f->n[IDF_CRT])
+        return snprintf(why, cap, "%s: server.key and server.crt go together (or neither: the box makes its own key)", dir), -1;
+    if (!f->n[IDF_KEY]) return 0;
     mbedtls_pk_context key;
     mbedtls_x509_crt crt;
     mbedtls_pk_init(&key);
@@ -350,13 +357,15 @@ static int id_write(const char *target, const part *data, const ident_files *f) 
     if (!c) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", cmds, strerror(errno)), 2);
     if (c) fprintf(c, "mkdir " ID_PROV_DIR "\nsif " ID_PROV_DIR " mode 040700\n");
     for (int i = 0; i < IDF_N && !rc; i++) {
+        /* an old provisioned file of this name goes, whether DIR has one or not */
+        fprintf(c, "rm " ID_PROV_DIR "/%s\n", id_names[i]);
+        if (!f->n[i]) continue;
         snprintf(paths[i], sizeof paths[i], "%s/%d", tmp, i);
         int fd = open(paths[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 || write(fd, f->b[i], f->n[i]) != (ssize_t)f->n[i]) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", paths[i], strerror(errno)), 2);
         if (fd >= 0) close(fd);
-        /* debugfs's write does not replace: rm first (an error when absent, ignored) */
-        fprintf(c, "rm " ID_PROV_DIR "/%s\nwrite %s " ID_PROV_DIR "/%s\nsif " ID_PROV_DIR "/%s mode 0100600\n", id_names[i], paths[i],
-                id_names[i], id_names[i]);
+        /* debugfs's write does not replace: the rm above (an error when absent, ignored) */
+        fprintf(c, "write %s " ID_PROV_DIR "/%s\nsif " ID_PROV_DIR "/%s mode 0100600\n", paths[i], id_names[i], id_names[i]);
     }
     if (c && fclose(c) != 0 && !rc) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", cmds, strerror(errno)), 2);
     char *w[] = {dbg, "-w", "-f", cmds, spec, NULL};
@@ -367,6 +376,7 @@ static int id_write(const char *target, const part *data, const ident_files *f) 
         size_t n = 0;
         snprintf(req, sizeof req, "cat " ID_PROV_DIR "/%s", id_names[i]);
         char *r[] = {dbg, "-R", req, spec, NULL};
+        /* an absent file reads back empty */
         if (run_q(r, back, sizeof back, 1, &n) < 0 || n != f->n[i] || memcmp(back, f->b[i], n))
             rc = (fprintf(stderr, "kiln-flash: the data partition's %s/%s reads back different\n", ID_PROV_DIR, id_names[i]), 2);
     }
@@ -455,12 +465,12 @@ static int cmd_install(const char *image, const char *target, const char *id_dir
     printf("kiln-flash: %s: installed version %u in slot a (%llu bytes written and read back)\n", target, (unsigned)m.version,
            (unsigned long long)isize);
     if (!id_dir) return 0;
-    int rc = id_write(target, find(&t, "kiln-data"), &idf);
+    int rc = id_write(target, find(&t, "kiln-data"), &idf), has_key = idf.n[IDF_KEY] != 0;
     memset(&idf, 0, sizeof idf);
     if (rc) return rc;
-    printf("kiln-flash: %s: the identity of %s (server.key, server.crt, tokens.txt) is on the data partition (" ID_PROV_DIR
+    printf("kiln-flash: %s: the identity of %s (%s) is on the data partition (" ID_PROV_DIR
            "/): the box seals it to its TPM at its first boot and destroys this plaintext\n",
-           target, id_dir);
+           target, id_dir, has_key ? "server.key, server.crt, tokens.txt" : "tokens.txt; the box makes its own TLS key");
     return 0;
 }
 

@@ -3,8 +3,10 @@
  * (a second hard link, made before, reads back as zeros of the same length: the blocks
  * were rewritten, not released), then unlinked, and the folder removed; a file that is
  * absent is not an error; a symlink in a file's place is not followed (what it points to
- * is untouched) and the wipe says so; an extra file keeps the folder and says so. The
- * folders are under /tmp. Built with ASan+UBSan; run by init_test.sh. */
+ * is untouched) and the wipe says so; an extra file keeps the folder and says so. And
+ * the key made on the box (keygen): its certificate's, naming kiln.ini's address, the
+ * fingerprint printed that of the certificate kept. The folders are under /tmp. Built
+ * with ASan+UBSan; run by init_test.sh. */
 #include "boot/identity.c"
 
 #include <stdlib.h>
@@ -112,6 +114,41 @@ int main(void) {
 
     /* no folder at all */
     CHECK(id_wipe_dir(prov, base, why, sizeof why) == -ENOENT, "no folder: -ENOENT");
+
+    /* keygen: a key that is its certificate's, the address kiln.ini gives as the
+     * certificate's IP name, the fingerprint of the certificate kept */
+    char ini[256], kp[256], cp[256], fp[100], why2[200];
+    snprintf(ini, sizeof ini, "%s/kiln.ini", base);
+    put(base, "kiln.ini", "[net]\naddress = 10.0.2.15/24\n");
+    snprintf(kp, sizeof kp, "%s/made.key", base);
+    snprintf(cp, sizeof cp, "%s/made.crt", base);
+    CHECK(keygen(ini, kp, cp, fp, sizeof fp, why2, sizeof why2) == 0, "keygen succeeds");
+    mbedtls_pk_context pk;
+    mbedtls_x509_crt crt;
+    mbedtls_pk_init(&pk);
+    mbedtls_x509_crt_init(&crt);
+    CHECK(mbedtls_pk_parse_keyfile(&pk, kp, NULL, kg_rng, NULL) == 0, "the key parses (PEM)");
+    CHECK(mbedtls_x509_crt_parse_file(&crt, cp) == 0, "the certificate parses (PEM)");
+    CHECK(mbedtls_pk_check_pair(&crt.pk, &pk, kg_rng, NULL) == 0, "the key is the certificate's");
+    uint8_t h[32];
+    char want[100];
+    man_sha sh;
+    man_sha_init(&sh);
+    man_sha_update(&sh, crt.raw.p, crt.raw.len);
+    man_sha_final(&sh, h);
+    size_t at = 0;
+    for (int i = 0; i < 32; i++) at += (size_t)snprintf(want + at, sizeof want - at, "%s%02X", i ? ":" : "", h[i]);
+    CHECK(!strcmp(fp, want) && strlen(fp) == 95, "the fingerprint is the certificate's SHA-256, AA:BB:...");
+    const unsigned char ip[4] = {10, 0, 2, 15};
+    int has_ip = 0;
+    for (const mbedtls_x509_sequence *q = &crt.subject_alt_names; q && q->buf.p; q = q->next)
+        if (q->buf.len == 4 && !memcmp(q->buf.p, ip, 4)) has_ip = 1;
+    CHECK(has_ip, "the certificate names 10.0.2.15 (kiln.ini's address)");
+    struct stat kst;
+    CHECK(stat(kp, &kst) == 0 && (kst.st_mode & 0777) == 0600, "the key is 0600");
+    mbedtls_pk_free(&pk);
+    mbedtls_x509_crt_free(&crt);
+    unlink(kp), unlink(cp), unlink(ini);
 
     for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s/%s", keep, names[i]);

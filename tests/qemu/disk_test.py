@@ -60,6 +60,9 @@ identity does not load on this TPM, SAFE MODE, `restart` refused, kilnd never st
 A copy of it re-provisioned (kiln-flash identity) and booted there again: the console says a
 new identity waits, `identity enrol` seals it to that TPM and starts kilnd, a GEN serves with
 the new tokens and certificate, and the disk then holds none of them in the clear.
+A new box provisioned with tokens alone makes its own TLS key at its first boot, prints its
+certificate's fingerprint (the served certificate has it), seals it, and serves a GEN to a
+client that pins that certificate; the disk keeps no private key and no token.
 Boot 3 (v3, swapped in with kiln-flash: validly signed, a different manifest): it does not
 unseal, the console says so, SAFE MODE (its try ends). Boot 5 (the rollback to v2) unseals
 and serves a GEN with the provisioned tokens. Boot 6 (slot b's partition changed: it does
@@ -262,6 +265,58 @@ def reenrol_moved(work, tmp, other):
     found = scan(disk, secrets(os.path.join(new, "server.key"), toks))
     check("moved disk, enrolled: the disk image holds no private key, no line of the new key, none of its tokens", not found,
           str([n.pattern[:24] for n in found]))
+    os.unlink(disk)
+
+
+def made_key(tmp):
+    """A box provisioned with tokens alone (kiln-flash --identity, no key): at its first boot
+    (a fresh TPM: a new box) it makes its own TLS key and a self-signed certificate and
+    prints the certificate's fingerprint; the certificate it serves has that fingerprint and
+    names its address; a GEN authenticates with the provisioned tokens, pinned to that
+    certificate; the key is sealed, and the disk then holds no private key and no token."""
+    import ssl
+    d = os.path.join(tmp, "tokens-only")
+    os.makedirs(d)
+    toks = os.path.join(d, "tokens.txt")
+    with open(toks, "w") as f:
+        f.write("user user-%s\nadmin admin-%s\n" % (os.urandom(12).hex(), os.urandom(12).hex()))
+    disk = os.path.join(tmp, "made-key.img")
+    rc, out = run([A.flash, "install", A.disk, disk, "--identity", d])
+    check("made key: kiln-flash install --identity with tokens.txt alone (the box makes its key)",
+          rc == 0 and "the box makes its own TLS key" in out, out)
+    state = os.path.join(tmp, "tpm-new-box")
+    os.makedirs(state)
+    g = boot("made-key", disk, A.log_dir, state)
+    old_ca, old_tokens, old_host = bt.A.ca, A.tokens, bt.HOSTNAME
+    try:
+        m = g.wait(r"kiln: identity: no TLS key was provisioned: made one on this box \(EC P-256, a self-signed certificate\): "
+                   r"SHA-256 fingerprint ([0-9A-F:]{95})", A.ready_timeout)
+        check("made key: no key provisioned: the box makes one and prints its certificate's fingerprint", m is not None,
+              "\n" + tail(g, 25))
+        ready(g, "made key")
+        check("made key: sealed to the TPM like a provisioned one",
+              "kiln: identity: the made TLS key and tokens (/data/provision) sealed to this TPM and slot a's PCR 15" in g.text(),
+              "\n" + tail(g, 25))
+        pem = ssl.get_server_certificate(("127.0.0.1", g.port))
+        fp = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest().upper()
+        fp = ":".join(fp[i:i + 2] for i in range(0, 64, 2))
+        check("made key: the certificate the box serves has the fingerprint its console printed",
+              m is not None and fp == m.group(1), "served %s" % fp)
+        crt = os.path.join(tmp, "made.crt")
+        with open(crt, "w") as f:
+            f.write(pem)
+        bt.A.ca, A.tokens, bt.HOSTNAME = crt, toks, "10.0.2.15"
+        one_gen(g, "made key (pinned to that certificate, for its address 10.0.2.15; the provisioned tokens)", "k1")
+        bt.poweroff(g, "made key: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    finally:
+        bt.A.ca, A.tokens, bt.HOSTNAME = old_ca, old_tokens, old_host
+    g.kill()
+    found = scan(disk, secrets(A.key, toks)[:1] + secrets(A.key, toks)[-2:])
+    top = debugfs(disk, "ls /")
+    check("made key: the disk holds no private key and none of the tokens; no provision/",
+          not found and "provision" not in top, str([n.pattern[:24] for n in found]) + top)
     os.unlink(disk)
 
 
@@ -666,6 +721,7 @@ def main():
             pass
         g.kill()
         reenrol_moved(work, tmp, other)
+        made_key(tmp)
 
         rc, out = run([A.flash, "update", A.v3, work, "--tries", "2"])
         check("kiln-flash update v3 (never healthy) into slot a, 2 tries", rc == 0 and "slot a" in out, out)
