@@ -200,6 +200,11 @@ $(BUILD)/gnu/tests/disk_tick_test: tests/boot/disk_tick_test.c $(BOOT_DEPS) | $(
 	@mkdir -p $(@D)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys $< boot/util.c boot/logring.c $(IMG_SRCS) image/authenticode.c \
 	  -o $@ -L$(BUILD)/gnu/deps/lib -lmbedx509 -lmbedcrypto
+# How a provisioned identity's plaintext is destroyed (boot/identity.c id_wipe_dir); init_test.sh runs it.
+$(BUILD)/gnu/tests/identity_test: tests/boot/identity_test.c $(BOOT_DEPS) | $(BUILD)/gnu/deps/.ok
+	@mkdir -p $(@D)
+	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys $< boot/tpm.c boot/ini.c boot/disk.c boot/util.c \
+	  boot/logring.c $(IMG_SRCS) image/authenticode.c -o $@ -L$(BUILD)/gnu/deps/lib -lmbedx509 -lmbedcrypto -linih
 kiln-init: $(BUILD)/musl/kiln-init
 
 # ---------------------------------------------------------------- the appliance image, QEMU
@@ -251,15 +256,22 @@ $(BUILD)/gnu/tests/image_test: tests/image/image_test.c $(IMG_SRCS) $(IMG_HDRS) 
 	@mkdir -p $(@D)
 	gcc $(BOOT_FLAGS) -O1 -g $(SAN) -I$(BUILD)/gnu/deps/include tests/image/image_test.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
 $(BUILD)/gnu/kiln-flash: image/kiln_flash.c $(IMG_SRCS) $(IMG_HDRS) $(BUILD)/keys/pubkey.h $(BUILD)/keys/sbcert.h | $(BUILD)/gnu/deps/.ok
-	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedcrypto
+	gcc $(BOOT_FLAGS) $(OPT) -I$(BUILD)/gnu/deps/include -I$(BUILD)/keys image/kiln_flash.c $(IMG_SRCS) -o $@ -L$(BUILD)/gnu/deps/lib -lmbedx509 -lmbedcrypto
 IMG_TOOLS := $(BUILD)/gnu/kiln-image $(BUILD)/gnu/tests/image_test $(BUILD)/gnu/kiln-flash \
-             $(BUILD)/gnu/tests/disk_tick_test
+             $(BUILD)/gnu/tests/disk_tick_test $(BUILD)/gnu/tests/identity_test
 image-tools: $(IMG_TOOLS)
 # image/disk.sh: the GPT disk image build/disk/kiln.img (ESP with systemd-boot and slot A's
 # UKI, slots A and B, the data partition) and the signed bundle build/disk/kiln-v1.kimg.
 # KILN_VERSION=N picks the version; KILN_BUNDLE_ONLY=1 makes only the bundle (an update).
+# Neither carries an identity (TLS key, tokens); the test disk build/disk/kiln-dev.img is
+# kiln.img installed by kiln-flash with the development identity (build/image's) on its
+# data partition, as an operator installs theirs (docs/IMAGE.md).
+DEV_ID := $(BUILD)/disk/dev-identity
 disk: musl model $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
 	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_SB_KEYS=$(KILN_SB_KEYS) image/disk.sh
+	rm -rf $(DEV_ID) $(BUILD)/disk/kiln-dev.img && mkdir -m 700 $(DEV_ID)
+	cp $(BUILD)/image/tls/server.key $(BUILD)/image/tls/server.crt $(BUILD)/image/tokens.txt $(DEV_ID)/
+	$(BUILD)/gnu/kiln-flash install $(BUILD)/disk/kiln.img $(BUILD)/disk/kiln-dev.img --identity $(DEV_ID)
 FORCE:
 # The disk's QEMU test (OVMF, TCG): also version 2 (good) and version 3 (a kilnd that never
 # becomes healthy: a bad key in its kiln.ini) as update bundles.

@@ -283,6 +283,29 @@ static void cmd_slot(kinit *k, sh_args *a) {
     con_printf(&k->con, "%s", msg);
 }
 
+/* `identity`: the identity's state; `identity enrol`: seal the provisioned one in place of
+ * this box's (a new key or tokens, or a moved disk whose sealed identity does not load
+ * here), then start kilnd with it: this boot's safe mode, if that was its cause, ends. */
+static void cmd_identity(kinit *k, sh_args *a) {
+    char msg[400], r[200];
+    if (a->argc == 1) {
+        id_describe(&k->id, msg, sizeof msg);
+        con_printf(&k->con, "%s", msg);
+        return;
+    }
+    if (a->argc != 2 || strcmp(a->argv[1], "enrol")) {
+        con_printf(&k->con, "usage: identity [enrol]");
+        return;
+    }
+    int e = id_enrol(&k->id, &k->disk, &k->meas, msg, sizeof msg);
+    logring_note("kiln-init: console identity enrol: %s", msg);
+    con_printf(&k->con, "kiln: %s", msg);
+    if (e < 0) return;
+    sup_unhold(&k->sup);
+    sup_restart(&k->sup, util_now(), r, sizeof r);
+    con_printf(&k->con, "kiln: %s", r);
+}
+
 static const sh_cmd commands[] = {
     {"help", "help", "this list", 0, cmd_help},
     {"status", "status", "kilnd's state, restarts, memory, interfaces, watchdog; then kilnd's own status", 0, cmd_status},
@@ -296,6 +319,8 @@ static const sh_cmd commands[] = {
     {"debug", "debug [open [MIN] | close | net | kmsg [N] | gpu | probe HOST PORT [MS]]",
      "diagnostics, logged, while a window of MIN minutes (default 15, at most 60) is open", 0, cmd_debug},
     {"version", "version", "the running slot and version, and the other slot's", 0, cmd_version},
+    {"identity", "identity [enrol]", "the TLS key and tokens: sealed, unsealed or not; `enrol`: seal the provisioned ones in their place",
+     0, cmd_identity},
     {"slot", "slot [a|b]", "which slot runs; `slot b`: verify slot b's signed image, boot it next (then `reboot`)", 0, cmd_slot},
     {"reboot", "reboot", "drain kilnd, then reboot", 0, cmd_reboot},
     {"poweroff", "poweroff", "drain kilnd, then power off", 0, cmd_poweroff},

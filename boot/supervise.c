@@ -510,6 +510,8 @@ void sup_hold(sup *s, const char *reason) {
     sup_enter_safe(s, reason);
 }
 
+void sup_unhold(sup *s) { s->hold[0] = 0; }
+
 int sup_test_signal(sup *s, int sig) {
     if (s->pid <= 0) return -ESRCH;
     return signal_kilnd(s, sig);

@@ -98,5 +98,6 @@ const char *sup_state_name(sup_state st);
 int sup_test_signal(sup *s, int sig);                       /* test-kill / test-hang */
 void sup_enter_safe(sup *s, const char *reason);            /* also ends a shutdown that failed */
 void sup_hold(sup *s, const char *reason);                  /* safe mode for this whole boot */
+void sup_unhold(sup *s);                                    /* its cause is gone (`identity enrol`): `restart` leaves safe mode again */
 
 #endif

@@ -3,8 +3,12 @@
 #
 #   build/image/vmlinuz            Debian's kernel (bookworm linux-image-6.1.*-amd64), as shipped
 #   build/image/initramfs.cpio.gz  cpio newc, gzip -n: kiln-init as PID 1, the static musl
-#                                  kilnd, its config, TLS material and tokens, the NIC and
-#                                  watchdog modules of that kernel, and the default model
+#                                  kilnd, its config, the NIC and watchdog modules of that
+#                                  kernel, the default model, and the DEVELOPMENT identity
+#                                  (TLS key and certificate, tokens): the development image
+#                                  that `make run` / qemu/boot boot without a disk. The disk's
+#                                  initramfs (image/disk.sh: KILN_IMAGE_IDENTITY=none) carries
+#                                  no identity: kiln-flash provisions one (docs/IMAGE.md)
 #
 # Same inputs, same bytes: every entry has mtime SOURCE_DATE_EPOCH (default 0), uid/gid 0,
 # a fixed mode, and the entries are sorted; cpio --reproducible numbers inodes itself and
@@ -18,6 +22,7 @@
 #   /bin/kilnd                     build/musl/kilnd (static musl)
 #   /etc/kiln/kiln.ini             the image's configuration (below)
 #   /etc/kiln/tls/{server.crt,server.key,ca.crt}, /etc/kiln/tokens.txt
+#                                  the development identity (KILN_IMAGE_IDENTITY=dev only)
 #   /etc/kiln/modules              modules to load, relative to /lib/modules/<ver>/, in
 #                                  dependency order (computed here with modinfo -F depends)
 #   /lib/modules/<ver>/...         those modules
@@ -41,6 +46,10 @@
 #   KILN_IMAGE_OVERLAY     a directory whose tree is laid over the initramfs root before it
 #                          is archived (image/gpu.sh: the NVIDIA modules, their list
 #                          /etc/kiln/modules-gpu, the GSP firmware); same modes and times
+#   KILN_IMAGE_IDENTITY    dev (default): the development TLS key, certificate and tokens
+#                          in /etc/kiln; none: no private key and no tokens file anywhere in
+#                          the archive (the disk's and the bundles' initramfs: the box gets
+#                          its identity from the data partition, kiln-flash --identity)
 #   SOURCE_DATE_EPOCH      mtime of every entry (default 0)
 #   GZIP_LEVEL             1..9 (default 9)
 set -euo pipefail
@@ -57,9 +66,11 @@ OUT=${KILN_IMAGE_OUT:-$D/initramfs.cpio.gz}
 EPOCH=${SOURCE_DATE_EPOCH:-0}
 LEVEL=${GZIP_LEVEL:-9}
 ROOTS=${KILN_MODULES:-virtio_pci virtio_net i6300esb}
+IDENTITY=${KILN_IMAGE_IDENTITY:-dev}
 
 say() { echo "image: $*" >&2; }
 die() { echo "image: error: $*" >&2; exit 1; }
+case $IDENTITY in dev | none) ;; *) die "KILN_IMAGE_IDENTITY is dev or none, not '$IDENTITY'" ;; esac
 
 scripts/need.sh cpio cpio modinfo kmod gzip gzip dpkg-deb dpkg apt-get apt strip binutils
 
@@ -145,6 +156,9 @@ visit() {
 for r in $ROOTS; do visit "$r"; done
 
 # ---------------------------------------------------------------- made once, then kept
+# The development identity: built into the development image (KILN_IMAGE_IDENTITY=dev),
+# and what `make disk` provisions onto its test disk (kiln-flash --identity); made even
+# for KILN_IMAGE_IDENTITY=none, which only keeps it out of the archive.
 if [ ! -f "$D/tls/server.crt" ] || [ ! -f "$D/tls/server.key" ] || [ ! -f "$D/tls/ca.crt" ]; then
   rm -rf "$D/tls"
   "$KILND" certs --dir "$D/tls" --hosts 10.0.2.15,127.0.0.1 >&2
@@ -174,8 +188,10 @@ cp "$KILND_MUSL" "$R/bin/kilnd"
 MODEL_FILE=$(basename "$MODEL")
 MODEL_DIR=${KILN_IMAGE_MODEL_DIR:-/models}
 [ "$MODEL_DIR" = /models ] && cp "$MODEL" "$R/models/$MODEL_FILE"
-cp "$D/tls/server.crt" "$D/tls/server.key" "$D/tls/ca.crt" "$R/etc/kiln/tls/"
-cp "$D/tokens.txt" "$R/etc/kiln/tokens.txt"
+if [ "$IDENTITY" = dev ]; then
+  cp "$D/tls/server.crt" "$D/tls/server.key" "$D/tls/ca.crt" "$R/etc/kiln/tls/"
+  cp "$D/tokens.txt" "$R/etc/kiln/tokens.txt"
+fi
 : >"$R/etc/kiln/modules"
 for rel in "${ORDER[@]}"; do
   mkdir -p "$R/lib/modules/$VER/$(dirname "$rel")"
@@ -201,6 +217,8 @@ address = 10.0.2.15/24
 gateway = 10.0.2.2
 listen = 0.0.0.0:8443
 metrics_port = 9100
+$( [ "$IDENTITY" = dev ] && echo "; the development identity, in this image" ||
+   echo "; not in this image: kiln-init puts the provisioned or sealed identity here (docs/IMAGE.md)" )
 cert = /etc/kiln/tls/server.crt
 key = /etc/kiln/tls/server.key
 tokens_file = /etc/kiln/tokens.txt
@@ -219,7 +237,7 @@ find "$R" -type d -exec chmod 0755 {} +
 find "$R" -type f -exec chmod 0644 {} +
 chmod 0755 "$R/sbin/init" "$R/bin/kilnd"
 chmod 1777 "$R/tmp"
-chmod 0600 "$R/etc/kiln/tls/server.key" "$R/etc/kiln/tokens.txt"
+[ "$IDENTITY" = none ] || chmod 0600 "$R/etc/kiln/tls/server.key" "$R/etc/kiln/tokens.txt"
 find "$R" -exec touch -h -d "@$EPOCH" {} +
 
 # ---------------------------------------------------------------- archive

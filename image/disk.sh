@@ -8,10 +8,16 @@
 #                              kiln-flash writes into a slot (docs/IMAGE.md)
 #   build/disk/uki-vN.efi      the UKI: systemd's stub + os-release + command line + Debian's
 #                              kernel + the disk's initramfs (no model: it is on the data
-#                              partition, /data/models), signed for Secure Boot with the db key
+#                              partition, /data/models; no identity: no TLS key, no tokens),
+#                              signed for Secure Boot with the db key
 #   build/disk/kiln-ovmf-vars.fd  (beside KILN_DISK_OUT) OVMF's variable store with the Secure Boot keys enrolled
 #                              and Secure Boot on (image/secureboot.sh vars); the keys'
 #                              .esl/.auth files for real firmware are in the key directory
+#
+# Nothing here carries the box's identity (TLS key, certificate, tokens): the operator's
+# goes onto the data partition when flashing (kiln-flash install ... --identity DIR) and
+# kiln-init seals it to the TPM at the first boot; `make disk` makes the test disk
+# build/disk/kiln-dev.img so, with the development identity (docs/IMAGE.md).
 #
 # Same inputs, same bytes: fixed GUIDs and volume ids, every time SOURCE_DATE_EPOCH (default
 # 0), sorted trees, deterministic ECDSA, RSA Authenticode signatures whose signing time
@@ -92,7 +98,7 @@ INITRD=$D/initramfs-v$VERSION.cpio.gz
 # partition (ext4) and the ESP (vfat, for blessing a slot), and efivarfs (which entry
 # systemd-boot booted).
 KILN_MODULES="virtio_pci virtio_net i6300esb virtio_blk ext4 crc32c_generic vfat nls_cp437 nls_ascii efivarfs" \
-KILN_IMAGE_OUT=$INITRD KILN_IMAGE_MODEL_DIR=/data/models \
+KILN_IMAGE_OUT=$INITRD KILN_IMAGE_MODEL_DIR=/data/models KILN_IMAGE_IDENTITY=none \
 KILN_IMAGE_INI_EXTRA="${KILN_IMAGE_INI_EXTRA:-}" BUILD=$BUILD MODEL=$MODEL image/build.sh
 # build.sh unpacked the kernel it used into BUILD/image/kernel.
 VMLINUZ=$(ls "$BUILD"/image/kernel/boot/vmlinuz-* 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)

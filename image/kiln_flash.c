@@ -1,7 +1,12 @@
 /* kiln-flash: puts kiln on a disk (a block device or a disk image file: the same code on a
  * file descriptor). docs/IMAGE.md.
  *
- *   kiln-flash install DISK_IMAGE TARGET        first install: the whole disk
+ *   kiln-flash install DISK_IMAGE TARGET [--identity DIR]
+ *                                               first install: the whole disk; with DIR's
+ *                                               TLS key, certificate chain and tokens file
+ *                                               on its data partition for the box to seal
+ *                                               (tokens alone: the box makes its key)
+ *   kiln-flash identity DIR TARGET              DIR's identity onto an installed disk
  *   kiln-flash update BUNDLE TARGET [--tries N] the inactive slot, tried N times (default 3)
  *   kiln-flash status TARGET                    slots, versions, the ESP's boot entries
  *
@@ -19,12 +24,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "image/bundle.h"
 #include "image/manifest.h"
+#include "mbedtls/pk.h"
+#include "mbedtls/x509_crt.h"
+#include "psa/crypto.h"
 #include "pubkey.h" /* BUILD/keys/pubkey.h: IMG_PUBKEY_BYTES */
 #include "sbcert.h" /* BUILD/keys/sbcert.h: IMG_SB_DB_CERT, the Secure Boot db certificate (PEM) */
 
@@ -34,7 +43,8 @@ static char err[512];
 #define SECTOR 512
 
 static int usage(void) {
-    fprintf(stderr, "usage: kiln-flash install DISK_IMAGE TARGET\n"
+    fprintf(stderr, "usage: kiln-flash install DISK_IMAGE TARGET [--identity DIR]\n"
+                    "       kiln-flash identity DIR TARGET   (DIR: server.key, server.crt, tokens.txt)\n"
                     "       kiln-flash update BUNDLE TARGET [--tries N]\n"
                     "       kiln-flash status TARGET\n");
     return 2;
@@ -118,8 +128,9 @@ static int open_target(const char *path, int flags, uint64_t *size) {
 
 /* ------------------------------------------------------------------ the ESP through mtools */
 
-/* argv's stdout into out; its stderr to ours, or to /dev/null when quiet. 0 when it exits 0. */
-static int run_q(char *const argv[], char *out, size_t cap, int quiet) {
+/* argv's stdout into out (its length into *got when got); its stderr to ours, or to
+ * /dev/null when quiet. 0 when it exits 0. */
+static int run_q(char *const argv[], char *out, size_t cap, int quiet, size_t *got) {
     int pfd[2];
     if (pipe(pfd) < 0) return -1;
     pid_t pid = fork();
@@ -148,12 +159,13 @@ static int run_q(char *const argv[], char *out, size_t cap, int quiet) {
         }
     }
     if (out) out[n] = 0;
+    if (got) *got = n;
     close(pfd[0]);
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
-static int run(char *const argv[], char *out, size_t cap) { return run_q(argv, out, cap, 0); }
+static int run(char *const argv[], char *out, size_t cap) { return run_q(argv, out, cap, 0, NULL); }
 
 /* ------------------------------------------------------------------ Secure Boot */
 
@@ -192,7 +204,7 @@ static int sb_check(int fd, uint64_t off, uint64_t size, char *why, size_t cap) 
         snprintf(why, cap, "cannot check the UKI's Secure Boot signature: no sbverify (apt-get install sbsigntool)");
         goto out;
     }
-    if (run_q(argv, o, sizeof o, 1) < 0) {
+    if (run_q(argv, o, sizeof o, 1, NULL) < 0) {
         snprintf(why, cap, "the UKI is not signed by the Secure Boot db key (sbverify --cert db.crt fails): the firmware would refuse it");
         goto out;
     }
@@ -235,6 +247,145 @@ static int esp_list(const char *spec, esp_state *s) {
 static int tries_left(const char *name) {
     const char *plus = strchr(name, '+');
     return plus ? atoi(plus + 1) : -1;
+}
+
+/* ------------------------------------------------------------------ the identity (--identity DIR) */
+
+/* The operator's identity goes onto the data partition (ext4), in ID_PROV_DIR, where kiln-init
+ * finds it at the next boot, seals it to the TPM and destroys the plaintext (docs/IMAGE.md,
+ * boot/identity.h). debugfs (e2fsprogs) writes it at the partition's offset, without mounting,
+ * as mtools does for the ESP. Only what the box needs goes there: no CA key, nothing else of DIR. */
+#define ID_PROV_DIR "provision"        /* /data/provision on the box */
+#define ID_FILE_MAX 16384              /* what kiln-init seals of each file (boot/identity.h) */
+enum { IDF_KEY, IDF_CRT, IDF_TOK, IDF_N };
+static const char *const id_names[IDF_N] = {"server.key", "server.crt", "tokens.txt"};
+
+typedef struct {
+    unsigned char b[IDF_N][ID_FILE_MAX + 2]; /* each file, NUL-terminated for mbedTLS's PEM parser */
+    size_t n[IDF_N];                         /* its length, bytes */
+} ident_files;
+
+static int id_rng(void *ctx, unsigned char *buf, size_t n) {
+    (void)ctx;
+    for (size_t at = 0; at < n;) {
+        ssize_t r = getrandom(buf + at, n - at, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        at += (size_t)r;
+    }
+    return 0;
+}
+
+/* DIR's three files into f, checked: sizes kiln-init takes, a private key that is the
+ * certificate's (the box could not serve with another), a tokens file of text. Neither
+ * key nor certificate (tokens.txt alone): the box makes its own key at its first boot. */
+static int id_read(const char *dir, ident_files *f, char *why, size_t cap) {
+    memset(f->n, 0, sizeof f->n);
+    for (int i = 0; i < IDF_N; i++) {
+        char path[4096];
+        struct stat st;
+        if (snprintf(path, sizeof path, "%s/%s", dir, id_names[i]) >= (int)sizeof path) return snprintf(why, cap, "%s: path too long", dir), -1;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT && i != IDF_TOK) continue;
+        if (fd < 0 || fstat(fd, &st) < 0) {
+            snprintf(why, cap, "%.400s: %s (DIR holds server.key, server.crt, tokens.txt)", path, strerror(errno));
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+        if (!S_ISREG(st.st_mode) || st.st_size < 1 || st.st_size > ID_FILE_MAX) {
+            close(fd);
+            return snprintf(why, cap, "%.400s: not a file of 1..%d bytes", path, ID_FILE_MAX), -1;
+        }
+        int e = pread_full(fd, f->b[i], (size_t)st.st_size, 0);
+        close(fd);
+        if (e < 0) return snprintf(why, cap, "read %.400s: %s", path, strerror(-e)), -1;
+        f->n[i] = (size_t)st.st_size;
+        f->b[i][f->n[i]] = 0;
+    }
+    if (memchr(f->b[IDF_TOK], 0, f->n[IDF_TOK])) return snprintf(why, cap, "%s/tokens.txt: not text (a NUL byte)", dir), -1;
+    if (!f->n[IDF_KEY] != !f->n[IDF_CRT])
+        return snprintf(why, cap, "%s: server.key and server.crt go together (or neither: the box makes its own key)", dir), -1;
+    if (!f->n[IDF_KEY]) return 0;
+    mbedtls_pk_context key;
+    mbedtls_x509_crt crt;
+    mbedtls_pk_init(&key);
+    mbedtls_x509_crt_init(&crt);
+    int rc = -1;
+    /* the PEM parsers want the terminating NUL counted; DER does not have one */
+    size_t kn = f->n[IDF_KEY] + (strstr((char *)f->b[IDF_KEY], "-----BEGIN") != NULL);
+    size_t cn = f->n[IDF_CRT] + (strstr((char *)f->b[IDF_CRT], "-----BEGIN") != NULL);
+    if (psa_crypto_init() != PSA_SUCCESS) snprintf(why, cap, "psa_crypto_init failed");
+    else if (mbedtls_pk_parse_key(&key, f->b[IDF_KEY], kn, NULL, 0, id_rng, NULL)) snprintf(why, cap, "%s/server.key: not a private key (PEM or DER)", dir);
+    else if (mbedtls_x509_crt_parse(&crt, f->b[IDF_CRT], cn)) snprintf(why, cap, "%s/server.crt: not a certificate chain (PEM or DER)", dir);
+    else if (mbedtls_pk_check_pair(&crt.pk, &key, id_rng, NULL)) snprintf(why, cap, "%s/server.key is not the key of server.crt's first certificate", dir);
+    else rc = 0;
+    mbedtls_pk_free(&key);
+    mbedtls_x509_crt_free(&crt);
+    return rc;
+}
+
+static int find_debugfs(char *out, size_t cap) {
+    static const char *const at[] = {"/sbin/debugfs", "/usr/sbin/debugfs"};
+    if (have_cmd("debugfs")) return snprintf(out, cap, "debugfs"), 0;
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+        if (access(at[i], X_OK) == 0) return snprintf(out, cap, "%s", at[i]), 0;
+    return -1;
+}
+
+/* Zeros over a temporary copy of a secret before it goes: /tmp may be a disk. */
+static void wipe_unlink(const char *path, size_t n) {
+    static const unsigned char zero[4096];
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    for (size_t at = 0; fd >= 0 && at < n; at += sizeof zero)
+        if (pwrite(fd, zero, n - at < sizeof zero ? n - at : sizeof zero, (off_t)at) < 0) break;
+    if (fd >= 0) fsync(fd), close(fd);
+    unlink(path);
+}
+
+/* f into ID_PROV_DIR of the ext4 data partition at data->off of target, then read back
+ * through debugfs and compared. Whatever was there before under those names is replaced. */
+static int id_write(const char *target, const part *data, const ident_files *f) {
+    char dbg[64], spec[4200], tmp[] = "/tmp/kiln-flash-id.XXXXXX", paths[IDF_N][64] = {{0}}, cmds[96];
+    static char back[ID_FILE_MAX + 2];
+    if (find_debugfs(dbg, sizeof dbg) < 0)
+        return fprintf(stderr, "kiln-flash: --identity needs debugfs (e2fsprogs) to write the data partition\n"), 2;
+    snprintf(spec, sizeof spec, "%s?offset=%llu", target, (unsigned long long)data->off);
+    if (!mkdtemp(tmp)) return fprintf(stderr, "kiln-flash: mkdtemp: %s\n", strerror(errno)), 2;
+    int rc = 0;
+    snprintf(cmds, sizeof cmds, "%s/cmds", tmp);
+    FILE *c = fopen(cmds, "w");
+    if (!c) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", cmds, strerror(errno)), 2);
+    if (c) fprintf(c, "mkdir " ID_PROV_DIR "\nsif " ID_PROV_DIR " mode 040700\n");
+    for (int i = 0; i < IDF_N && !rc; i++) {
+        /* an old provisioned file of this name goes, whether DIR has one or not */
+        fprintf(c, "rm " ID_PROV_DIR "/%s\n", id_names[i]);
+        if (!f->n[i]) continue;
+        snprintf(paths[i], sizeof paths[i], "%s/%d", tmp, i);
+        int fd = open(paths[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 || write(fd, f->b[i], f->n[i]) != (ssize_t)f->n[i]) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", paths[i], strerror(errno)), 2);
+        if (fd >= 0) close(fd);
+        /* debugfs's write does not replace: the rm above (an error when absent, ignored) */
+        fprintf(c, "write %s " ID_PROV_DIR "/%s\nsif " ID_PROV_DIR "/%s mode 0100600\n", paths[i], id_names[i], id_names[i]);
+    }
+    if (c && fclose(c) != 0 && !rc) rc = (fprintf(stderr, "kiln-flash: %s: %s\n", cmds, strerror(errno)), 2);
+    char *w[] = {dbg, "-w", "-f", cmds, spec, NULL};
+    if (!rc && run_q(w, NULL, 0, 1, NULL) < 0) rc = (fprintf(stderr, "kiln-flash: debugfs -w on the data partition failed\n"), 2);
+    /* debugfs exits 0 when one of its commands fails: what counts is what reads back */
+    for (int i = 0; i < IDF_N && !rc; i++) {
+        char req[96];
+        size_t n = 0;
+        snprintf(req, sizeof req, "cat " ID_PROV_DIR "/%s", id_names[i]);
+        char *r[] = {dbg, "-R", req, spec, NULL};
+        /* an absent file reads back empty */
+        if (run_q(r, back, sizeof back, 1, &n) < 0 || n != f->n[i] || memcmp(back, f->b[i], n))
+            rc = (fprintf(stderr, "kiln-flash: the data partition's %s/%s reads back different\n", ID_PROV_DIR, id_names[i]), 2);
+    }
+    memset(back, 0, sizeof back);
+    for (int i = 0; i < IDF_N; i++)
+        if (paths[i][0]) wipe_unlink(paths[i], f->n[i]);
+    unlink(cmds);
+    rmdir(tmp);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ commands */
@@ -280,7 +431,9 @@ static int copy_verified(int src, uint64_t soff, int dst, uint64_t doff, uint64_
     return rc;
 }
 
-static int cmd_install(const char *image, const char *target) {
+static ident_files idf; /* static: 48 KiB */
+
+static int cmd_install(const char *image, const char *target, const char *id_dir) {
     uint64_t isize, tsize;
     int in = open_target(image, O_RDONLY, &isize);
     if (in < 0) return 2;
@@ -296,6 +449,8 @@ static int cmd_install(const char *image, const char *target) {
     for (int i = 0; i < m.nparts; i++)
         if (!strcmp(m.parts[i].name, "uki") && sb_check(in, a->off + bun_part_offset(&m, i), m.parts[i].size, why, sizeof why))
             return fprintf(stderr, "kiln-flash: %s: REFUSED, nothing written: slot a: %s\n", image, why), 1;
+    if (id_dir && id_read(id_dir, &idf, why, sizeof why) < 0)
+        return fprintf(stderr, "kiln-flash: --identity: REFUSED, nothing written: %s\n", why), 1;
     int out = open(target, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (out < 0) return fprintf(stderr, "kiln-flash: open %s: %s\n", target, strerror(errno)), 2;
     off_t end = lseek(out, 0, SEEK_END);
@@ -309,6 +464,35 @@ static int cmd_install(const char *image, const char *target) {
     if (copy_verified(in, 0, out, 0, isize, target) < 0) return 2;
     printf("kiln-flash: %s: installed version %u in slot a (%llu bytes written and read back)\n", target, (unsigned)m.version,
            (unsigned long long)isize);
+    if (!id_dir) return 0;
+    int rc = id_write(target, find(&t, "kiln-data"), &idf), has_key = idf.n[IDF_KEY] != 0;
+    memset(&idf, 0, sizeof idf);
+    if (rc) return rc;
+    printf("kiln-flash: %s: the identity of %s (%s) is on the data partition (" ID_PROV_DIR
+           "/): the box seals it to its TPM at its first boot and destroys this plaintext\n",
+           target, id_dir, has_key ? "server.key, server.crt, tokens.txt" : "tokens.txt; the box makes its own TLS key");
+    return 0;
+}
+
+/* An installed disk's data partition gets a new identity (a re-provisioned or moved
+ * disk): kiln-init seals it at the next boot when none is sealed, or on the console's
+ * `identity enrol` (docs/IMAGE.md). */
+static int cmd_identity(const char *dir, const char *target) {
+    uint64_t size;
+    char why[640];
+    if (id_read(dir, &idf, why, sizeof why) < 0) return fprintf(stderr, "kiln-flash: REFUSED, nothing written: %s\n", why), 1;
+    int fd = open_target(target, O_RDONLY, &size);
+    if (fd < 0) return 2;
+    table t;
+    int e = read_gpt(fd, size, &t, target);
+    close(fd);
+    if (e < 0) return 2;
+    const part *data = find(&t, "kiln-data");
+    if (!data) return fprintf(stderr, "kiln-flash: %s: no kiln-data partition (not a kiln disk)\n", target), 2;
+    int rc = id_write(target, data, &idf);
+    memset(&idf, 0, sizeof idf);
+    if (rc) return rc;
+    printf("kiln-flash: %s: the identity of %s is on the data partition (" ID_PROV_DIR "/)\n", target, dir);
     return 0;
 }
 
@@ -392,7 +576,9 @@ static int cmd_update(const char *bundle, const char *target, int tries) {
 
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
-    if (!strcmp(argv[1], "install") && argc == 4) return cmd_install(argv[2], argv[3]);
+    if (!strcmp(argv[1], "install") && argc == 4) return cmd_install(argv[2], argv[3], NULL);
+    if (!strcmp(argv[1], "install") && argc == 6 && !strcmp(argv[4], "--identity")) return cmd_install(argv[2], argv[3], argv[5]);
+    if (!strcmp(argv[1], "identity") && argc == 4) return cmd_identity(argv[2], argv[3]);
     if (!strcmp(argv[1], "status") && argc == 3) return cmd_status(argv[2]);
     if (!strcmp(argv[1], "update") && (argc == 4 || argc == 6)) {
         int tries = 3;

@@ -203,6 +203,10 @@ def t_console(k):
     k.expect(r"\] kilnd: serving fake.gguf", 3)
     k.send("help")
     k.expect(r"test-hang-kilnd", 3)
+    k.send("identity")
+    k.expect(r"identity: test mode", 3)
+    k.send("identity enrol")  # nothing to seal to, or from, in test mode
+    k.expect(r"kiln: identity: refused: test mode", 3)
     k.send("frobnicate")
     k.expect(r"unknown command `frobnicate`", 3)
     k.send("log x")

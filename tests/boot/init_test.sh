@@ -6,8 +6,9 @@
 # the console commands, kill/hang/crash-loop/bad-config/exit-75 handling, safe mode, the
 # password, and shutdown by poweroff, SIGTERM and end of input. KILN_INIT defaults to
 # build/gnu/kiln-init (build it with ASan/UBSan for this test). The whole run is bounded.
-# First, with no scenario named, tests/disk_tick_test beside KILN_INIT (make builds it):
-# when a slot on trial is blessed.
+# First, with no scenario named, tests/disk_tick_test and tests/identity_test beside
+# KILN_INIT (make builds them): when a slot on trial is blessed; how a provisioned
+# identity's plaintext is destroyed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN=${1:-$ROOT/build/gnu/kiln-init}
@@ -19,6 +20,9 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 if [ $# -eq 0 ]; then
   T=$(dirname "$BIN")/tests/disk_tick_test
+  [ -x "$T" ] || { echo "init_test.sh: $T missing (make $T)" >&2; exit 1; }
+  timeout -k 5 60 "$T" || exit 1
+  T=$(dirname "$BIN")/tests/identity_test
   [ -x "$T" ] || { echo "init_test.sh: $T missing (make $T)" >&2; exit 1; }
   timeout -k 5 60 "$T" || exit 1
 fi

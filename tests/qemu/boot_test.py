@@ -128,6 +128,9 @@ def unquote(s):
 TOK_RE = re.compile(r'^TOK (\S+) ("(?:[^"\\]|\\.)*")')
 
 
+HOSTNAME = "localhost"  # the name Conn checks the box's certificate for
+
+
 class Conn:
     """One TLS connection to kilnd in the guest, through QEMU's forwarded port."""
 
@@ -135,8 +138,9 @@ class Conn:
         raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         ctx = ssl.create_default_context(cafile=A.ca)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        # The certificate names 10.0.2.15, 127.0.0.1 and localhost.
-        self.s = ctx.wrap_socket(raw, server_hostname="localhost")
+        # The certificate names 10.0.2.15, 127.0.0.1 and localhost (one made on the box: its
+        # address; disk_test sets HOSTNAME for it).
+        self.s = ctx.wrap_socket(raw, server_hostname=HOSTNAME)
         self.buf = b""
         self.send("HELLO kiln/1 token=" + token)
         self.hello = self.line()

@@ -2,10 +2,18 @@
 """disk_test.py: the A/B disk image under UEFI (OVMF, TCG): boot, update, bless, rollback,
 tamper (standard library only; the QEMU and protocol helpers are boot_test.py's).
 
-Builds nothing: `make test-disk` makes build/disk/kiln.img (version 1 in slot a), the signed
-bundles kiln-v2.kimg (good) and kiln-v3.kimg (a kilnd that never becomes healthy: a bad
-key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
+Builds nothing: `make test-disk` makes build/disk/kiln.img (version 1 in slot a; no
+identity), build/disk/kiln-dev.img (kiln.img installed by kiln-flash with the development
+identity on its data partition), the signed bundles kiln-v2.kimg (good) and kiln-v3.kimg (a
+kilnd that never becomes healthy: a bad key in its kiln.ini), and kiln-image / kiln-flash.
+On a copy of the test disk:
 
+  no identity in the image (no QEMU): the initramfs of v1, v2 and v3 (gunzipped, its cpio
+    names and bytes), their UKIs (which hold those initramfs) and bundles (which hold those
+    UKIs), and the whole of kiln.img hold no private key (PEM header), no line of the
+    development key and none of its tokens; kiln-dev.img's data partition holds them, in
+    provision/ (kiln-flash --identity), and kiln-flash refuses a key that is not the
+    certificate's
   tamper (no QEMU): a bundle with one flipped byte in its UKI, and one signed by another
     key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
     so is a disk image whose slot a was changed, for a first install (no target written)
@@ -23,28 +31,42 @@ key in its kiln.ini), and kiln-image / kiln-flash. On a copy of the disk image:
     (signature, hashes, its ESP entry) and makes it next, `slot b` back; a network update
     broken in the middle: slot a's entry went before its first byte, nothing activated
   kiln-flash update v3 --tries 2 → boots 3 and 4: version 3 on trial goes to safe mode and
-    reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK; slot a
-    (version 3) was changed on the disk (one flipped byte in its UKI): `slot a` refuses it,
-    nothing changed; slot b's partition (not its ESP entry) was changed too: it boots,
+    reboots; boot 5: systemd-boot is back on version 2 and the console says ROLLBACK, ready,
+    a GEN; boot 6: slot a (version 3) was changed on the disk (one flipped byte in its UKI):
+    `slot a` refuses it, nothing changed; slot b's partition (not its ESP entry) was changed
+    too: it boots,
     kiln-init's boot check warns that the running slot does not verify, and it stays in
     safe mode (its sealed identity does not unseal)
 
 Measured boot: every boot has a TPM 2.0 (swtpm, Debian package; one state directory for the
 whole test, one swtpm process per boot, ended by its pid). kiln-init extends PCR 15 with the
-SHA-256 of the running slot's manifest; boots 1, 2 and 5 check that the console's `status`
+SHA-256 of the running slot's manifest; boots 1, 2 and 6 check that the console's `status`
 says `measured: pcr15=<hex>` with the value computed here from the manifest's bytes,
 SHA-256(32 zero bytes || SHA-256(manifest)): v1's on slot a, v2's once slot b runs (a
-different signed image, a different PCR), and in boot 5 (slot b does not verify) one more
+different signed image, a different PCR), and in boot 6 (slot b does not verify) one more
 extend, SHA-256("kiln: the running slot did not verify").
 
-Sealed identity (boot/identity.h): boot 1 (the disk's first with a TPM) seals the TLS key
-and the tokens to the TPM and slot a; boot 1b unseals them and serves with them; the network
+PCR 15 capped: once the identity is unsealed (or enrolled), kiln-init extends PCR 15 with a
+fixed separator; boots 1, 1b, 2 and 5 check `status`'s capped value against the extend
+computed here. Boot 1b's update seals for slot b after its cap, and boot 2 unseals there.
+
+Sealed identity (boot/identity.h): boot 1 (the disk's first with a TPM) seals the provisioned
+TLS key and tokens to the TPM and slot a and destroys their plaintext: after it the whole
+disk image holds no private key, no line of the key and no token (read here, QEMU ended),
+and its data partition has no provision/ (debugfs); boot 1b unseals them and serves with them; the network
 update seals them for slot b too (to v2's PCR 15, computed here); boot 2 (v2) unseals and
 serves. The same disk booted with another TPM (a moved disk): the console says the sealed
 identity does not load on this TPM, SAFE MODE, `restart` refused, kilnd never started.
+A copy of it re-provisioned (kiln-flash identity) and booted there again: the console says a
+new identity waits, `identity enrol` seals it to that TPM and starts kilnd, a GEN serves with
+the new tokens and certificate, and the disk then holds none of them in the clear.
+A new box provisioned with tokens alone makes its own TLS key at its first boot, prints its
+certificate's fingerprint (the served certificate has it), seals it, and serves a GEN to a
+client that pins that certificate; the disk keeps no private key and no token.
 Boot 3 (v3, swapped in with kiln-flash: validly signed, a different manifest): it does not
-unseal, the console says so, SAFE MODE (its try ends). Boot 5 (slot b's partition changed:
-it does not verify): it does not unseal either, SAFE MODE: the box does not serve.
+unseal, the console says so, SAFE MODE (its try ends). Boot 5 (the rollback to v2) unseals
+and serves a GEN with the provisioned tokens. Boot 6 (slot b's partition changed: it does
+not verify): it does not unseal either, SAFE MODE: the box does not serve.
 
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
 in over the network on the main disk (and with kiln-flash on a copy), v3 with kiln-flash:
@@ -82,6 +104,220 @@ def sha(path):
 def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr
+
+
+DATA_OFF, DATA_LEN = 193 << 20, 160 << 20  # the data partition (image/disk.sh's layout)
+
+
+def debugfs(disk, req):
+    """debugfs -R req on the disk's data partition (ext4 at DATA_OFF): its output."""
+    tool = shutil.which("debugfs") or "/sbin/debugfs"
+    return run([tool, "-R", req, "%s?offset=%d" % (disk, DATA_OFF)])[1]
+
+
+PEM_KEY = re.compile(rb"PRIVATE KEY-----\r?\n[A-Za-z0-9+/]{16}")  # a key; mbedTLS's own header strings are not
+
+
+def secrets(key_path=None, tokens_path=None):
+    """What must never be readable on a disk or in an image (patterns): any PEM private key,
+    each line of the (development) key's body, each of its tokens."""
+    key = open(key_path or A.key, "rb").read()
+    lines = [l for l in key.splitlines() if l.strip() and not l.startswith(b"-----")]
+    toks = [l.split()[1].encode() for l in open(tokens_path or A.tokens) if l.strip() and not l.startswith("#")]
+    return [PEM_KEY] + [re.compile(re.escape(n)) for n in lines + toks]
+
+
+def hits(data, pats):
+    return [p.pattern[:24] for p in pats if p.search(data)]
+
+
+def scan(path, needles, off=0, length=None):
+    """The patterns found in path's bytes [off, off+length), read in chunks that overlap."""
+    found, keep = set(), 256
+    end = os.path.getsize(path) if length is None else off + length
+    with open(path, "rb") as f:
+        f.seek(off)
+        tail_ = b""
+        while off < end:
+            b = f.read(min(8 << 20, end - off))
+            if not b:
+                break
+            off += len(b)
+            buf = tail_ + b
+            found.update(n for n in needles if n.search(buf))
+            tail_ = buf[-keep:]
+    return found
+
+
+def cpio_names(data):
+    """The entry names of a cpio newc archive."""
+    names, at = [], 0
+    while at + 110 <= len(data) and data[at:at + 6] == b"070701":
+        size, nsize = int(data[at + 54:at + 62], 16), int(data[at + 94:at + 102], 16)
+        name = data[at + 110:at + 110 + nsize - 1].decode()
+        if name == "TRAILER!!!":
+            break
+        names.append(name)
+        at = (at + 110 + nsize + 3) & ~3
+        at = (at + size + 3) & ~3
+    return names
+
+
+def no_identity_in_image():
+    """The product (kiln.img, the bundles, their UKIs and initramfs) carries no identity; the
+    test disk carries the development one on its data partition only."""
+    import gzip
+    sec = secrets()
+    for v in (1, 2, 3):
+        d = os.path.join(A.build, "disk")
+        gz = open(os.path.join(d, "initramfs-v%d.cpio.gz" % v), "rb").read()
+        cpio = gzip.decompress(gz)
+        names = cpio_names(cpio)
+        bad = [n for n in names if n.endswith(("server.key", "tokens.txt", ".key"))]
+        check("no identity: v%d's initramfs (%d entries) has no key or tokens file" % (v, len(names)),
+              len(names) > 20 and not bad and "etc/kiln/kiln.ini" in names, str(bad or names[:5]))
+        check("no identity: v%d's initramfs bytes hold no private key, no line of the key, no token" % v,
+              not hits(cpio, sec), str(hits(cpio, sec)))
+        uki = open(os.path.join(d, "uki-v%d.efi" % v), "rb").read()
+        kimg = open(os.path.join(d, "kiln-v%d.kimg" % v), "rb").read()
+        check("no identity: v%d's UKI holds that initramfs, its bundle that UKI, and neither a secret in the clear" % v,
+              gz in uki and uki in kimg and not hits(uki, sec) and not hits(kimg, sec))
+    dev = gzip.decompress(open(os.path.join(A.build, "image", "initramfs.cpio.gz"), "rb").read())
+    check("the scan finds what it looks for: the development image (make run, qemu/boot) carries the key and tokens",
+          len(hits(dev, sec)) == len(sec), str(hits(dev, sec)))
+    found = scan(A.disk, sec)
+    check("no identity: the whole of kiln.img holds no private key, no line of the key, no token",
+          not found, str([n.pattern[:24] for n in found]))
+    found = scan(A.dev, sec, DATA_OFF, DATA_LEN)
+    out = debugfs(A.dev, "ls -l provision")
+    check("kiln-dev.img: kiln-flash --identity put the key and tokens on the data partition (provision/, mode 0600)",
+          len(found) == len(sec) and all(re.search(r"100600 .* %s\b" % n, out) for n in ("server.key", "server.crt", "tokens.txt")),
+          "%d of %d found\n%s" % (len(found), len(sec), out))
+
+
+def flash_identity_refusals(tmp):
+    """kiln-flash --identity checks the identity before it writes anything."""
+    bad = os.path.join(tmp, "bad-identity")
+    os.makedirs(bad)
+    tls = os.path.dirname(A.key)
+    shutil.copyfile(os.path.join(tls, "client.key"), os.path.join(bad, "server.key"))
+    shutil.copyfile(os.path.join(tls, "server.crt"), os.path.join(bad, "server.crt"))
+    shutil.copyfile(A.tokens, os.path.join(bad, "tokens.txt"))
+    target = os.path.join(tmp, "never.img")
+    rc, out = run([A.flash, "install", A.disk, target, "--identity", bad])
+    check("kiln-flash install --identity: a key that is not the certificate's is refused, nothing written",
+          rc == 1 and "not the key of server.crt" in out and not os.path.exists(target), out)
+    os.unlink(os.path.join(bad, "tokens.txt"))
+    rc, out = run([A.flash, "install", A.disk, target, "--identity", bad])
+    check("kiln-flash install --identity: a missing tokens.txt is refused, nothing written",
+          rc == 1 and "tokens.txt" in out and not os.path.exists(target), out)
+    shutil.rmtree(bad)
+
+
+def no_plaintext_after_boot(disk, what):
+    """After the box enrolled: the disk holds no secret in the clear, only the sealed form."""
+    found = scan(disk, secrets())
+    check("%s: the whole disk image holds no private key, no line of the key, no token (the plaintext was destroyed)" % what,
+          not found, str([n.pattern[:24] for n in found]))
+    top, ident = debugfs(disk, "ls /"), debugfs(disk, "ls identity")
+    check("%s: the data partition has no provision/; identity/ has identity.enc, sealed-a, server.crt" % what,
+          "provision" not in top and all(n in ident for n in ("identity.enc", "sealed-a", "server.crt")),
+          "%s\n%s" % (top, ident))
+
+
+def reenrol_moved(work, tmp, other):
+    """The moved disk (a copy), re-provisioned with a new identity (kiln-flash identity) and
+    booted in the box it moved to (other: that box's TPM): safe mode, the console says a new
+    identity waits; `identity enrol` seals it there and kilnd starts; a GEN authenticates
+    with the new tokens over the new certificate; afterwards the disk holds none of it."""
+    disk = os.path.join(tmp, "moved-disk.img")
+    shutil.copyfile(work, disk)
+    new = os.path.join(tmp, "new-identity")
+    rc, out = run([A.kilnd, "certs", "--dir", new, "--hosts", "10.0.2.15,127.0.0.1"])
+    toks = os.path.join(new, "tokens.txt")
+    with open(toks, "w") as f:
+        f.write("user user-%s\nadmin admin-%s\n" % (os.urandom(12).hex(), os.urandom(12).hex()))
+    rc, out = run([A.flash, "identity", new, disk])
+    check("moved disk, re-provisioned: kiln-flash identity writes the new identity onto the installed disk",
+          rc == 0 and "provision/" in out, out)
+    g = boot("moved-enrol", disk, A.log_dir, other)
+    old_ca, old_tokens = bt.A.ca, A.tokens
+    try:
+        m = g.wait(r"kiln: SAFE MODE: [^\n]*does NOT load on this TPM", A.ready_timeout)
+        m2 = g.wait(r"kiln: WARNING: identity: another identity is provisioned in /data/provision \(plaintext, NOT sealed, not used\)", 5)
+        check("moved disk, re-provisioned: SAFE MODE (the old identity does not load), and the console says a new one waits",
+              m is not None and m2 is not None, "\n" + tail(g, 25))
+        out = g.cmd("identity enrol", 120)
+        check("moved disk: console `identity enrol` seals the new identity to this TPM and slot b, and starts kilnd",
+              out is not None and "the provisioned identity is sealed to this TPM and slot b" in out and "starting kilnd" in out, repr(out))
+        ready(g, "moved disk, enrolled on the console")
+        bt.A.ca, A.tokens = os.path.join(new, "ca.crt"), toks
+        one_gen(g, "moved disk (the new tokens, the new certificate)", "m1")
+        out = g.cmd("status")
+        check("moved disk: `status` says identity: sealed (enrolled at this boot), PCR 15 capped",
+              out is not None and "identity: sealed to this TPM and slot (enrolled at this boot; PCR 15 capped" in out, repr(out))
+        bt.poweroff(g, "moved disk, enrolled: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    finally:
+        bt.A.ca, A.tokens = old_ca, old_tokens
+    g.kill()
+    found = scan(disk, secrets(os.path.join(new, "server.key"), toks))
+    check("moved disk, enrolled: the disk image holds no private key, no line of the new key, none of its tokens", not found,
+          str([n.pattern[:24] for n in found]))
+    os.unlink(disk)
+
+
+def made_key(tmp):
+    """A box provisioned with tokens alone (kiln-flash --identity, no key): at its first boot
+    (a fresh TPM: a new box) it makes its own TLS key and a self-signed certificate and
+    prints the certificate's fingerprint; the certificate it serves has that fingerprint and
+    names its address; a GEN authenticates with the provisioned tokens, pinned to that
+    certificate; the key is sealed, and the disk then holds no private key and no token."""
+    import ssl
+    d = os.path.join(tmp, "tokens-only")
+    os.makedirs(d)
+    toks = os.path.join(d, "tokens.txt")
+    with open(toks, "w") as f:
+        f.write("user user-%s\nadmin admin-%s\n" % (os.urandom(12).hex(), os.urandom(12).hex()))
+    disk = os.path.join(tmp, "made-key.img")
+    rc, out = run([A.flash, "install", A.disk, disk, "--identity", d])
+    check("made key: kiln-flash install --identity with tokens.txt alone (the box makes its key)",
+          rc == 0 and "the box makes its own TLS key" in out, out)
+    state = os.path.join(tmp, "tpm-new-box")
+    os.makedirs(state)
+    g = boot("made-key", disk, A.log_dir, state)
+    old_ca, old_tokens, old_host = bt.A.ca, A.tokens, bt.HOSTNAME
+    try:
+        m = g.wait(r"kiln: identity: no TLS key was provisioned: made one on this box \(EC P-256, a self-signed certificate\): "
+                   r"SHA-256 fingerprint ([0-9A-F:]{95})", A.ready_timeout)
+        check("made key: no key provisioned: the box makes one and prints its certificate's fingerprint", m is not None,
+              "\n" + tail(g, 25))
+        ready(g, "made key")
+        check("made key: sealed to the TPM like a provisioned one",
+              "kiln: identity: the made TLS key and tokens (/data/provision) sealed to this TPM and slot a's PCR 15" in g.text(),
+              "\n" + tail(g, 25))
+        pem = ssl.get_server_certificate(("127.0.0.1", g.port))
+        fp = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest().upper()
+        fp = ":".join(fp[i:i + 2] for i in range(0, 64, 2))
+        check("made key: the certificate the box serves has the fingerprint its console printed",
+              m is not None and fp == m.group(1), "served %s" % fp)
+        crt = os.path.join(tmp, "made.crt")
+        with open(crt, "w") as f:
+            f.write(pem)
+        bt.A.ca, A.tokens, bt.HOSTNAME = crt, toks, "10.0.2.15"
+        one_gen(g, "made key (pinned to that certificate, for its address 10.0.2.15; the provisioned tokens)", "k1")
+        bt.poweroff(g, "made key: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    finally:
+        bt.A.ca, A.tokens, bt.HOSTNAME = old_ca, old_tokens, old_host
+    g.kill()
+    found = scan(disk, secrets(A.key, toks)[:1] + secrets(A.key, toks)[-2:])
+    top = debugfs(disk, "ls /")
+    check("made key: the disk holds no private key and none of the tokens; no provision/",
+          not found and "provision" not in top, str([n.pattern[:24] for n in found]) + top)
+    os.unlink(disk)
 
 
 class Tpm:
@@ -149,6 +385,17 @@ def extend(pcr, digest):
 
 
 UNVERIFIED = hashlib.sha256(b"kiln: the running slot did not verify").digest()
+CAP = hashlib.sha256(b"kiln: identity: PCR 15 capped for this boot").digest()
+
+
+def capped_is(g, what, pcr):
+    """Console `status`: once the identity is out of the TPM, PCR 15 was extended with the
+    cap separator (pcr: its value before), so nothing later in this boot can unseal it."""
+    out = g.cmd("status")
+    m = re.search(r"^identity: [^\n]*PCR 15 capped: pcr15=([0-9a-f]{64})", out or "", re.M)
+    want = extend(pcr, CAP).hex()
+    check("%s: PCR 15 capped after the unseal: `status` says pcr15=%s... (the separator's extend, computed here)" % (what, want[:16]),
+          m is not None and m.group(1) == want, "want %s\n%s" % (want, out))
 
 
 def measured_is(g, what, slot, digest, pcr):
@@ -277,7 +524,7 @@ def flash_update(tmp):
     image file boots next, is not blessed before a GEN and is blessed after one. (The main
     disk takes v2 over the network below, so both ways of updating are proven.)"""
     disk = os.path.join(tmp, "flash-disk.img")
-    shutil.copyfile(A.disk, disk)
+    shutil.copyfile(A.dev, disk)
     rc, out = run([A.flash, "update", A.v2, disk])
     check("kiln-flash update v2 into the image file's slot b", rc == 0 and "slot b" in out, out)
     vars_before = os.environ["KILN_OVMF_VARS"]
@@ -312,11 +559,14 @@ def main():
     A = ap.parse_args()
     b = A.build
     A.disk, A.v2, A.v3 = (os.path.join(b, "disk", n) for n in ("kiln.img", "kiln-v2.kimg", "kiln-v3.kimg"))
+    A.dev = os.path.join(b, "disk", "kiln-dev.img")
     A.uki2 = os.path.join(b, "disk", "uki-v2.efi")
     A.flash, A.kimage = os.path.join(b, "gnu", "kiln-flash"), os.path.join(b, "gnu", "kiln-image")
+    A.kilnd = os.path.join(b, "gnu", "kilnd")
     A.ca, A.tokens = os.path.join(b, "image", "tls", "ca.crt"), os.path.join(b, "image", "tokens.txt")
+    A.key = os.path.join(b, "image", "tls", "server.key")
     A.log_dir = A.log_dir or os.path.join(b, "test-logs")
-    for f in (A.disk, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
+    for f in (A.disk, A.dev, A.key, A.kilnd, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
         if not os.path.exists(f):
             print("disk_test: %s is missing (make test-disk builds it)" % f, file=sys.stderr)
             return 2
@@ -333,10 +583,12 @@ def main():
     d_v1, d_v2 = manifest_sha(A.disk, 65 << 20), manifest_sha(A.v2)
     pcr_v1, pcr_v2 = extend(bytes(32), d_v1), extend(bytes(32), d_v2)
     work = os.path.join(tmp, "disk.img")
-    shutil.copyfile(A.disk, work)
+    shutil.copyfile(A.dev, work)
     os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "ovmf-vars.fd")
     guests = []
     try:
+        no_identity_in_image()
+        flash_identity_refusals(tmp)
         tamper(work, tmp)
         flash_update(tmp)
 
@@ -351,9 +603,12 @@ def main():
             check("boot 1: kiln-init measured the boot into the TPM at boot (its log line)",
                   m is not None and m.group(1) == pcr_v1.hex(), "want %s\n%s" % (pcr_v1.hex(), tail(g, 25)))
             measured_is(g, "boot 1", "a", d_v1, pcr_v1)
-            m = g.wait(r"kiln: identity: \S+server\.key and \S+tokens\.txt sealed to this TPM and slot a's PCR 15", 5)
-            check("boot 1: the first boot with a TPM seals the identity (TLS key, tokens) to it and slot a", m is not None,
+            m = g.wait(r"kiln: identity: the provisioned TLS key and tokens \(/data/provision\) sealed to this TPM and slot a's PCR 15", 5)
+            check("boot 1: the first boot with a TPM seals the provisioned identity (TLS key, tokens) to it and slot a", m is not None,
                   "\n" + tail(g, 25))
+            m = g.wait(r"kiln: identity: the provisioned plaintext \(/data/provision\) overwritten, synced and removed", 5)
+            check("boot 1: then it destroys the provisioned plaintext (overwritten, synced, removed)", m is not None, "\n" + tail(g, 25))
+            capped_is(g, "boot 1", pcr_v1)
             one_gen(g, "boot 1", "1")
             res, err, _ = net_update(g, os.path.join(tmp, "flip.kimg"))
             check("boot 1: a network update with a flipped byte in its UKI is refused (422, kiln-init's verification)",
@@ -375,13 +630,17 @@ def main():
         except Abort:
             pass
         g.kill()
+        no_plaintext_after_boot(work, "after boot 1")
 
         g = boot("v1-again", work, A.log_dir); guests.append(g)
         try:
             ready(g, "boot 1b (v1 after the broken transfer)")
             check("boot 1b: the identity is unsealed for slot a (and serves: the GEN below authenticates with it)",
                   g.wait(r"kiln: identity: unsealed for slot a \(PCR 15\)", 5) is not None, "\n" + tail(g, 25))
+            check("boot 1b: a later boot finds only the sealed form (nothing provisioned)", "/data/provision" not in g.text(),
+                  "\n" + tail(g, 25))
             version_is(g, "boot 1b", "a", 1)
+            capped_is(g, "boot 1b", pcr_v1)
             one_gen(g, "boot 1b", "1b")
             res, err, seen = net_update(g, A.v2)
             check("boot 1b: the network update of v2: OK update done slot=b version=2 tries=3",
@@ -414,6 +673,7 @@ def main():
             version_is(g, "boot 2", "b", 2)
             check("boot 2: v2's manifest differs from v1's, so does its PCR 15", d_v2 != d_v1 and pcr_v2 != pcr_v1)
             measured_is(g, "boot 2", "b", d_v2, pcr_v2)
+            capped_is(g, "boot 2 (sealed for slot b after boot 1b's cap: the prediction does not need PCR 15)", pcr_v2)
             check("boot 2: the network-updated slot b unseals the identity (its GEN authenticated with it)",
                   "kiln: identity: unsealed for slot b (PCR 15)" in g.text(), "\n" + tail(g, 25))
             out = g.cmd("slot a", 120)
@@ -460,6 +720,8 @@ def main():
         except Abort:
             pass
         g.kill()
+        reenrol_moved(work, tmp, other)
+        made_key(tmp)
 
         rc, out = run([A.flash, "update", A.v3, work, "--tries", "2"])
         check("kiln-flash update v3 (never healthy) into slot a, 2 tries", rc == 0 and "slot a" in out, out)
@@ -477,17 +739,6 @@ def main():
             rc = g.exited(120)
             check("boot %d: the reboot ends QEMU (-no-reboot)" % (2 + n), rc is not None, "still running")
             g.kill()
-        with open(work, "r+b") as f:  # slot a (v3) changed on the disk: one byte of its UKI
-            f.seek((65 << 20) + 4096 + 7000)
-            b = f.read(1)
-            f.seek((65 << 20) + 4096 + 7000)
-            f.write(bytes([b[0] ^ 0x04]))
-            # and slot b's partition (v2, what boot 5 runs), not its ESP entry: it boots, and
-            # kiln-init's check of the running slot at boot says it does not verify
-            f.seek((129 << 20) + 4096 + 9000)
-            b = f.read(1)
-            f.seek((129 << 20) + 4096 + 9000)
-            f.write(bytes([b[0] ^ 0x10]))
         g = boot("rollback", work, A.log_dir); guests.append(g)
         try:
             m = g.wait(r"kiln: ROLLBACK: ([^\n]*)\n", A.ready_timeout)
@@ -495,28 +746,50 @@ def main():
                   "\n" + tail(g, 25))
             if m:
                 say("boot 5: %s" % m.group(1))
-            m = g.wait(r"kiln: WARNING: the running slot b does NOT verify: [^\n]*`uki`", 5)
-            check("boot 5: slot b's partition changed: kiln-init warns on the console that the running slot does not verify",
+            ready(g, "boot 5 (rolled back to v2)")
+            check("boot 5: after the update and the rollback the identity unseals for slot b",
+                  "kiln: identity: unsealed for slot b (PCR 15)" in g.text(), "\n" + tail(g, 25))
+            capped_is(g, "boot 5", pcr_v2)
+            one_gen(g, "boot 5 (the provisioned tokens, after updates, reboots and a rollback)", "5")
+            bt.poweroff(g, "boot 5: `poweroff` ends QEMU with status 0")
+        except Abort:
+            pass
+        g.kill()
+        with open(work, "r+b") as f:  # slot a (v3) changed on the disk: one byte of its UKI
+            f.seek((65 << 20) + 4096 + 7000)
+            b = f.read(1)
+            f.seek((65 << 20) + 4096 + 7000)
+            f.write(bytes([b[0] ^ 0x04]))
+            # and slot b's partition (v2, what boot 6 runs), not its ESP entry: it boots, and
+            # kiln-init's check of the running slot at boot says it does not verify
+            f.seek((129 << 20) + 4096 + 9000)
+            b = f.read(1)
+            f.seek((129 << 20) + 4096 + 9000)
+            f.write(bytes([b[0] ^ 0x10]))
+        g = boot("tampered", work, A.log_dir); guests.append(g)
+        try:
+            m = g.wait(r"kiln: WARNING: the running slot b does NOT verify: [^\n]*`uki`", A.ready_timeout)
+            check("boot 6: slot b's partition changed: kiln-init warns on the console that the running slot does not verify",
                   m is not None, "\n" + tail(g, 25))
             # Its partition does not verify, so PCR 15 has the extra extend: the identity sealed for
             # slot b does not unseal, and the box does not serve (before the identity, it did).
             m = g.wait(r"kiln: SAFE MODE: ([^\n]*)\n", 30)
-            check("boot 5: slot b did not verify: its sealed identity does not unseal: the console says so, SAFE MODE",
+            check("boot 6: slot b did not verify: its sealed identity does not unseal: the console says so, SAFE MODE",
                   m is not None and "does NOT unseal for slot b" in m.group(1) and "the running slot did not verify" in m.group(1),
                   "\n" + tail(g, 25))
             if m:
-                say("boot 5: SAFE MODE: %s" % m.group(1))
-            version_is(g, "boot 5", "b", 2)
-            measured_is(g, "boot 5 (slot b does not verify: one more extend)", "b", d_v2, extend(pcr_v2, UNVERIFIED))
+                say("boot 6: SAFE MODE: %s" % m.group(1))
+            version_is(g, "boot 6", "b", 2)
+            measured_is(g, "boot 6 (slot b does not verify: one more extend)", "b", d_v2, extend(pcr_v2, UNVERIFIED))
             out = g.cmd("slot a", 120)
-            check("boot 5: `slot a` refuses the changed slot a (its UKI's hash)",
+            check("boot 6: `slot a` refuses the changed slot a (its UKI's hash)",
                   out is not None and "REFUSED: slot a does not verify, nothing changed" in out and "`uki`" in out, repr(out))
             if out:
-                say("boot 5: %s" % out.strip())
-            out = version_is(g, "boot 5", "b", 2)
-            check("boot 5: after the refusal slot a's entry is untouched (no tries left)",
+                say("boot 6: %s" % out.strip())
+            out = version_is(g, "boot 6", "b", 2)
+            check("boot 6: after the refusal slot a's entry is untouched (no tries left)",
                   out is not None and "kiln-a+0-2.efi" in out, repr(out))
-            bt.poweroff(g, "boot 5: `poweroff` ends QEMU with status 0")
+            bt.poweroff(g, "boot 6: `poweroff` ends QEMU with status 0")
         except Abort:
             pass
         g.kill()

@@ -3,8 +3,9 @@
 (OVMF's Secure Boot build, TCG; standard library only; the QEMU, boot and GEN helpers are
 boot_test.py's and disk_test.py's).
 
-Builds nothing: `make disk-test-inputs` makes build/disk/kiln.img (systemd-boot and the UKI
-signed with the db key of build/keys/secureboot), build/disk/kiln-ovmf-vars.fd (OVMF's
+Builds nothing: `make disk-test-inputs` makes build/disk/kiln-dev.img (kiln.img, systemd-boot
+and the UKI signed with the db key of build/keys/secureboot, with the development identity
+provisioned on its data partition by kiln-flash), build/disk/kiln-ovmf-vars.fd (OVMF's
 variable store with that PK, KEK and db enrolled, Secure Boot on), the v2 bundle, and
 kiln-image / kiln-flash. One copy of the disk; its ESP is edited between boots with
 mtools (the ESP starts at 1 MiB), each boot gets a fresh copy of the enrolled store, and
@@ -16,7 +17,8 @@ each boot is bounded:
     images; kiln-flash refuses, writing nothing, a bundle signed by the manifest key whose
     UKI is unsigned, or signed by another (fresh) db key
   boot 1: the signed disk boots to ready under OVMF_CODE_4M.secboot.fd, kiln-init says
-    Secure Boot is on, a GEN is served; the same two bundles as network updates are
+    Secure Boot is on; there is no TPM, so the provisioned identity serves unsealed and the
+    console says so plainly; a GEN is served; the same two bundles as network updates are
     refused by kiln-init (422), nothing activated; poweroff
   boots 2-4: slot a's UKI on the ESP with one byte flipped, signed by another key, and
     unsigned: systemd-boot's `Error loading \\EFI\\Linux\\kiln-a.efi: Access Denied` (the
@@ -160,7 +162,7 @@ def main():
     A = ap.parse_args()
     b = A.build
     d = os.path.join(b, "disk")
-    A.disk, A.vars, A.v2 = (os.path.join(d, n) for n in ("kiln.img", "kiln-ovmf-vars.fd", "kiln-v2.kimg"))
+    A.disk, A.vars, A.v2 = (os.path.join(d, n) for n in ("kiln-dev.img", "kiln-ovmf-vars.fd", "kiln-v2.kimg"))
     A.uki1, A.uki2 = os.path.join(d, "uki-v1.efi"), os.path.join(d, "uki-v2.efi")
     A.keys = os.path.join(b, "keys", "secureboot")
     A.signing_key = os.path.join(b, "keys", "signing.key")
@@ -197,6 +199,9 @@ def main():
             check("boot 1: kiln-init verified slot a too (the manifest key)",
                   g.wait(r"kiln: slot a \(version 1\) verified: signature, part hashes, its ESP entry", 5) is not None,
                   "\n" + tail(g, 25))
+            check("boot 1: no TPM: the console says plainly that the provisioned identity is NOT sealed",
+                  "kiln: WARNING: identity: NOT sealed (no TPM): the TLS key and tokens are in plaintext on the data "
+                  "partition (/data/provision)" in g.text(), "\n" + tail(g, 25))
             dt.one_gen(g, "boot 1", "sb1")
             for kimg, what in kimgs:  # kiln-init checks the Authenticode signature as kiln-flash does
                 res, err, _ = dt.net_update(g, kimg)
