@@ -3,6 +3,7 @@
 #include "core/model_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +46,9 @@ struct model_state {
     float *rope_swa; /* the same for the sliding-window layers' RoPE */
     float *tmp;    /* [T][d] an output before its post-norm (Gemma) */
     float *logits; /* [max_logits][n_vocab] */
+    int32_t *att_t0; /* [T + 1] the step's attention tiles: tile i is tokens
+                      * [att_t0[i], att_t0[i + 1]) (att_tiles) */
+    int n_att_tiles;
     uint8_t *xq[MAX_XQ]; /* quantized activations, one per dot type in use */
     int xq_type[MAX_XQ];
     size_t xq_stride;    /* bytes per token row in xq */
@@ -303,9 +307,10 @@ model_state *model_state_new(const model *m, int max_tokens, int max_logits, int
     if (c->swa_rope) s->rope_swa = state_alloc(T * c->rope_dim * sizeof(float));
     if (c->post_norms) s->tmp = state_alloc(T * c->d_model * sizeof(float));
     s->logits = state_alloc((size_t)max_logits * c->n_vocab * sizeof(float));
+    s->att_t0 = state_alloc((T + 1) * sizeof(int32_t));
     /* Largest dot-type row: Q8_K is 292 bytes per 256, Q8_0/1 36 per 32, F32 4 per 1. */
     s->xq_stride = (widest * 4 + 63) & ~(size_t)63;
-    int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits &&
+    int ok = s->x && s->xb && s->q && s->k && s->v && s->hb && s->rope && s->logits && s->att_t0 &&
              (!c->swa_rope || s->rope_swa) && (!c->post_norms || s->tmp) &&
              pack_weights(s, m) == 0;
     if (c->n_expert) {
@@ -356,7 +361,7 @@ int model_state_set_exact(model_state *s, const model *m, int on) {
 void model_state_free(model_state *s) {
     if (!s) return;
     free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->hb);
-    free(s->rope), free(s->rope_swa), free(s->tmp), free(s->logits);
+    free(s->rope), free(s->rope_swa), free(s->tmp), free(s->logits), free(s->att_t0);
     for (int i = 0; i < MAX_XQ; i++) free(s->xq[i]);
     free(s->layers);
     free(s->experts);
@@ -660,61 +665,105 @@ typedef struct {
     model_state *s;
     const kv_pool *kv;
     int layer;
-    int heads; /* KV heads per task: all of a token's, or 1 when there are few tokens */
+    int heads; /* KV heads per task: all of a token's (decode steps with many tokens), or 1 */
 } att_job;
 
-/* KV heads one task walks together (more: one per task). att_heads' frame holds that
- * many queries and states, ~260 KB: compute threads get 4 MiB stacks (threads.c,
- * backend_cpu.c), musl's default of 128 KB would not do. */
+/* Query states one task holds: ATT_MAX_KV_HEADS heads of one token, or ATT_TILE tokens
+ * of one head. att_run's frame holds that many queries and states, ~530 KB: compute
+ * threads get 4 MiB stacks (threads.c, backend_cpu.c), musl's default of 128 KB would
+ * not do. */
 #define ATT_MAX_KV_HEADS 8
+#define ATT_TILE 16
+#define ATT_MAX_STATES 16
 
-/* The query heads of one token that share each of its KV heads [h0, h0 + nh), against
- * the sequence's positions [0, pos], block by block through the page table (online
- * softmax in core/cpu/attn). A block's K rows of all heads of a layer lie side by side (V's
- * too: mm/kv.h), so walking the heads inside the block loop reads one run of memory
- * instead of nh scattered ones: a decode step's KV is far larger than the caches, and
- * the hardware prefetcher follows runs. Every head's arithmetic is the same either way. */
-static void att_heads(const att_job *j, int t, int h0, int nh) {
+/* The step's tokens in attention tiles (s->att_t0): runs of tokens of one sequence at
+ * consecutive positions (a prompt chunk), a token alone otherwise (a decode). A run is
+ * cut into tiles of at most ATT_TILE tokens, fewer when the step is small, so there are
+ * about four tasks (tile x KV head) a thread: a 14-token chunk beside a decode was 3
+ * tasks of 14 tokens for 2 threads, one waiting out the other's. Their count. */
+static int att_tiles(model_state *s, const model_batch *b, const model_config *c, int threads) {
+    int tile = b->n_tokens * c->n_kv_heads / (4 * threads);
+    tile = tile < 1 ? 1 : tile > ATT_TILE ? ATT_TILE : tile;
+    int n = 0;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (t == 0 || b->seq[t] != b->seq[t - 1] || b->pos[t] != b->pos[t - 1] + 1 ||
+            t - s->att_t0[n - 1] >= tile)
+            s->att_t0[n++] = t;
+    s->att_t0[n] = b->n_tokens;
+    return s->n_att_tiles = n;
+}
+
+/* Tokens [t0, t0 + nt) of one sequence at consecutive positions, each with the query
+ * heads that share each of its KV heads [h0, h0 + nh) (nt * nh ≤ ATT_MAX_STATES),
+ * against the sequence's positions up to the token's own, block by block through the
+ * page table (online softmax in core/cpu/attn). The block loop is outermost: a prompt
+ * chunk's tokens fold each block in while it is in cache, where a token at a time would
+ * read the whole context from memory once per token (32 tokens at position 900 read 32x
+ * the KV they need). A block's K rows of all heads of a layer lie side by side (V's
+ * too: mm/kv.h), so a decode's heads walked inside the block loop read one run of memory
+ * instead of nh scattered ones. Each (token, head) state sees the same blocks, in the
+ * same order and with the same counts, whatever the tiling: the arithmetic of a token
+ * does not depend on its batch. */
+static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
     const model_config *c = &j->m->cfg;
     const kv_pool *kv = j->kv;
     int hd = c->head_dim, bs = kv->cfg.block_size, g = c->n_heads / c->n_kv_heads;
-    const kv_seq *sq = j->b->seq[t];
-    int n_pos = j->b->pos[t] + 1;
-    /* a sliding-window layer sees the last swa_window positions, this one included */
-    int first = j->m->w.layers[j->layer].swa && n_pos > c->swa_window ? n_pos - c->swa_window : 0;
-    float q[ATT_MAX_KV_HEADS][ATTN_MAX_GROUP * ATTN_MAX_DIM];
-    attn_state st[ATT_MAX_KV_HEADS];
+    const kv_seq *sq = j->b->seq[t0];
+    int swa = j->m->w.layers[j->layer].swa;
+    float q[ATT_MAX_STATES][ATTN_MAX_GROUP * ATTN_MAX_DIM];
+    attn_state st[ATT_MAX_STATES];
+    int first[ATT_TILE], n_pos[ATT_TILE], lo = INT_MAX, hi = 0;
     float scale = c->attn_scale;
-    for (int h = 0; h < nh; h++) {
-        const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd;
-        for (int i = 0; i < g * hd; i++) q[h][i] = qsrc[i] * scale;
-        attn_init(&st[h], g, hd);
-        attn_set_softcap(&st[h], c->attn_softcap);
-    }
-    for (int p0 = first / bs * bs; p0 < n_pos; p0 += bs) {
-        int32_t blk = sq->blocks[p0 / bs];
-        int skip = first > p0 ? first - p0 : 0; /* rows of this block before the window */
-        int n = (n_pos - p0 < bs ? n_pos - p0 : bs) - skip;
-        size_t at = (size_t)skip * hd;
+    for (int i = 0; i < nt; i++) {
+        int t = t0 + i;
+        n_pos[i] = j->b->pos[t] + 1;
+        /* a sliding-window layer sees the last swa_window positions, this one included */
+        first[i] = swa && n_pos[i] > c->swa_window ? n_pos[i] - c->swa_window : 0;
+        lo = first[i] / bs * bs < lo ? first[i] / bs * bs : lo;
+        hi = n_pos[i] > hi ? n_pos[i] : hi;
         for (int h = 0; h < nh; h++) {
-            int kvh = h0 + h;
-            if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
-                attn_block_q8(&st[h], q[h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + at,
-                              kv_q8_scale(kv, blk, j->layer, 0, kvh), kv_q8_slab(kv, blk, j->layer, 1, kvh) + at,
-                              kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
-            else
-                attn_block(&st[h], q[h], kv_k(kv, blk, j->layer, kvh) + at, kv_v(kv, blk, j->layer, kvh) + at, n);
+            const float *qsrc = j->s->q + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd;
+            float *qd = q[i * nh + h];
+            for (int e = 0; e < g * hd; e++) qd[e] = qsrc[e] * scale;
+            attn_init(&st[i * nh + h], g, hd);
+            attn_set_softcap(&st[i * nh + h], c->attn_softcap);
         }
     }
-    for (int h = 0; h < nh; h++)
-        attn_finish(&st[h], j->s->xb + (size_t)t * c->n_heads * hd + (size_t)(h0 + h) * g * hd, (size_t)hd);
+    for (int p0 = lo; p0 < hi; p0 += bs) {
+        int32_t blk = sq->blocks[p0 / bs];
+        for (int i = 0; i < nt; i++) {
+            if (p0 < first[i] / bs * bs || p0 >= n_pos[i]) continue; /* outside its range */
+            int skip = first[i] > p0 ? first[i] - p0 : 0; /* rows of this block before the window */
+            int n = (n_pos[i] - p0 < bs ? n_pos[i] - p0 : bs) - skip;
+            size_t at = (size_t)skip * hd;
+            for (int h = 0; h < nh; h++) {
+                int kvh = h0 + h;
+                attn_state *sh = &st[i * nh + h];
+                if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
+                    attn_block_q8(sh, q[i * nh + h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + at,
+                                  kv_q8_scale(kv, blk, j->layer, 0, kvh),
+                                  kv_q8_slab(kv, blk, j->layer, 1, kvh) + at,
+                                  kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
+                else
+                    attn_block(sh, q[i * nh + h], kv_k(kv, blk, j->layer, kvh) + at,
+                               kv_v(kv, blk, j->layer, kvh) + at, n);
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < nh; h++)
+            attn_finish(&st[i * nh + h],
+                        j->s->xb + (size_t)(t0 + i) * c->n_heads * hd + (size_t)(h0 + h) * g * hd,
+                        (size_t)hd);
 }
 
+/* Task i: tile i / per_tile, its KV heads' group i % per_tile. */
 static void att_task(void *ctx, int task, int n_tasks) {
     (void)n_tasks;
     const att_job *j = ctx;
-    int per_tok = j->m->cfg.n_kv_heads / j->heads;
-    att_heads(j, task / per_tok, task % per_tok * j->heads, j->heads);
+    const int32_t *t0 = j->s->att_t0;
+    int per_tile = j->m->cfg.n_kv_heads / j->heads, tile = task / per_tile;
+    att_run(j, t0[tile], t0[tile + 1] - t0[tile], task % per_tile * j->heads, j->heads);
 }
 
 typedef struct {
@@ -980,6 +1029,7 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         for (size_t i = 0; i < (size_t)T * d; i++) s->x[i] *= c->embd_scale;
     rope_table(c, b, c->rope_freq, c->rope_mscale, s->rope);
     if (c->swa_rope) rope_table(c, b, c->rope_freq_swa, 1.0f, s->rope_swa);
+    int n_tiles = att_tiles(s, b, c, tp ? thr_pool_size(tp) : 1);
 
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &s->layers[l];
@@ -993,11 +1043,13 @@ const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool
         rope_store_job rj = {c, L, s, kv, b, l};
         per_token(tp, T, rope_store_range, &rj);
         /* attention over the paged cache, output into xb, then x += Wo·xb */
-        /* a task per token when there are enough to share among the threads (a decode
-         * batch, a prompt chunk), else one per token and KV head (a lone decode) */
-        int whole = c->n_kv_heads <= ATT_MAX_KV_HEADS && T >= 4 * (tp ? thr_pool_size(tp) : 1);
+        /* a decode batch with enough tokens to share among the threads: a task per
+         * token (all its heads); else a task per tile (a prompt chunk's tokens, or a
+         * lone decode) and KV head */
+        int whole = n_tiles == T && c->n_kv_heads <= ATT_MAX_KV_HEADS &&
+                    T >= 4 * (tp ? thr_pool_size(tp) : 1);
         att_job aj = {m, b, s, kv, l, whole ? c->n_kv_heads : 1};
-        int n_att = T * (c->n_kv_heads / aj.heads);
+        int n_att = n_tiles * (c->n_kv_heads / aj.heads);
         if (tp) thr_run(tp, att_task, &aj, n_att);
         else for (int i = 0; i < n_att; i++) att_task(&aj, i, n_att);
         residual_matmul(c, s, tp, s->xb, qd, T, &L->wo, L->attn_post_norm);
