@@ -205,6 +205,9 @@ int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
  * reused, and s->n_committed to the blocks attached. Counts stats.prefix_queries
  * (n_tokens) and stats.prefix_hits. Never allocates. */
 int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
+/* The tokens kv_seq_match would reuse for these tokens now, changing nothing (no
+ * refcount, no LRU move, no stats): what a waiting prompt will really need computed. */
+int kv_prefix_hits(const kv_pool *p, const int32_t *tokens, int n_tokens);
 
 /* [block_size][head_dim] f16 slabs of one (block, layer, head) of an f16 block. */
 static inline uint16_t *kv_k(const kv_pool *p, int32_t block, int layer, int head) {

@@ -139,12 +139,14 @@ int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
     return added;
 }
 
-int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
-    assert(s && s->in_use);
-    if (!p->cfg.prefix_cache) return 0;
-    if (n_tokens < 0 || s->n_blocks != 0) return -EINVAL;
+/* The indexed blocks that begin tokens[0, n_tokens), in order, up to the first miss,
+ * at most (n_tokens - 1) / block_size (the last token is left to compute) and
+ * max_blocks_per_seq of them: their count; each one's block and key into blocks/keys
+ * when given. */
+static int walk_prefix(const kv_pool *p, const int32_t *tokens, int n_tokens, int32_t *blocks,
+                       uint64_t *keys) {
     int bs = p->cfg.block_size;
-    int max = n_tokens > 0 ? (n_tokens - 1) / bs : 0; /* leave the last token to compute */
+    int max = n_tokens > 0 ? (n_tokens - 1) / bs : 0;
     if (max > p->cfg.max_blocks_per_seq) max = p->cfg.max_blocks_per_seq;
     uint64_t parent = KV_KEY_SEED;
     int i = 0;
@@ -153,11 +155,24 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
         uint64_t key = kv_block_key(parent, t, bs);
         int32_t b = kv_index_find(p, key, parent, t);
         if (b < 0) break;
-        if (p->refcount[b]++ == 0) kv_lru_unlink(p, b); /* revived from the cache */
-        s->blocks[i] = b;
-        s->keys[i] = key;
+        if (blocks) blocks[i] = b, keys[i] = key;
         parent = key;
     }
+    return i;
+}
+
+int kv_prefix_hits(const kv_pool *p, const int32_t *tokens, int n_tokens) {
+    if (!p->cfg.prefix_cache || n_tokens < 0) return 0;
+    return walk_prefix(p, tokens, n_tokens, NULL, NULL) * p->cfg.block_size;
+}
+
+int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
+    assert(s && s->in_use);
+    if (!p->cfg.prefix_cache) return 0;
+    if (n_tokens < 0 || s->n_blocks != 0) return -EINVAL;
+    int bs = p->cfg.block_size, i = walk_prefix(p, tokens, n_tokens, s->blocks, s->keys);
+    for (int j = 0; j < i; j++)
+        if (p->refcount[s->blocks[j]]++ == 0) kv_lru_unlink(p, s->blocks[j]); /* revived from the cache */
     s->n_blocks = s->n_committed = i;
     s->n_tokens = i * bs;
     p->stats.prefix_queries += (uint64_t)n_tokens;

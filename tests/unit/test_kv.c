@@ -626,6 +626,12 @@ static void test_prefix_prompt(void) {
     CHECK(kv_cached_blocks(&p) == 32 && kv_free_blocks(&p) == 80, "released: 32 cached, all free");
     check_pool(&p, "cached");
 
+    /* What a match would reuse, asked first, changes nothing. */
+    CHECK(kv_prefix_hits(&p, t, 532) == 512 && kv_prefix_hits(&p, t, 512) == 496 &&
+              kv_prefix_hits(&p, t + 1, 532) == 0 && kv_prefix_hits(&p, t, 0) == 0,
+          "peek: %d", kv_prefix_hits(&p, t, 532));
+    CHECK(kv_cached_blocks(&p) == 32 && p.stats.prefix_queries == 512 && p.stats.prefix_hits == 0,
+          "a peek moves no block and counts nothing");
     /* Request 2: the same 512 tokens + 20: all 32 blocks reused, data intact. */
     kv_seq *b = kv_seq_new(&p);
     CHECK(kv_seq_match(&p, b, t, 532) == 512, "512 + 20 reuses 512");
