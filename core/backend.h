@@ -30,6 +30,9 @@ typedef struct {
     /* [n_logits][n_vocab] of the last completed step, valid until the next submit. */
     const float *(*logits)(backend *be);
     void (*destroy)(backend *be);
+    /* Milliseconds the last completed step computed (the scheduler's cost model), or
+     * NULL: the scheduler times submit to completion itself. */
+    double (*step_ms)(backend *be);
 } backend_ops;
 
 struct backend {

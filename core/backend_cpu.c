@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/backend.h"
@@ -28,8 +29,15 @@ typedef struct {
     int stop;
     int efd;
     const float *logits;
+    double step_ms;             /* the last step's compute time */
     char step_err[256];
 } cpu_backend;
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 static void *leader_main(void *arg) {
     cpu_backend *c = arg;
@@ -40,9 +48,12 @@ static void *leader_main(void *arg) {
         const model_batch *b = c->pending;
         c->pending = NULL;
         pthread_mutex_unlock(&c->mu);
+        double t0 = mono_ms();
         const float *lg = model_forward(c->m, c->state, c->kv, c->pool, b, c->step_err,
                                         sizeof c->step_err);
+        double t1 = mono_ms();
         pthread_mutex_lock(&c->mu);
+        c->step_ms = t1 - t0;
         c->logits = lg;
         c->result = lg ? 1 : -EINVAL;
         c->finished = 1;
@@ -102,6 +113,9 @@ static int cpu_wait(backend *be) {
 
 static int cpu_event_fd(backend *be) { return ((cpu_backend *)be)->efd; }
 static const float *cpu_logits(backend *be) { return ((cpu_backend *)be)->logits; }
+/* Read after poll or wait reaped the step (under the mutex): the leader writes it
+ * before the next submit only. */
+static double cpu_step_ms(backend *be) { return ((cpu_backend *)be)->step_ms; }
 
 static void cpu_destroy(backend *be) {
     cpu_backend *c = (cpu_backend *)be;
@@ -121,7 +135,7 @@ static void cpu_destroy(backend *be) {
 }
 
 static const backend_ops cpu_ops = {"cpu", cpu_submit, cpu_poll, cpu_wait, cpu_event_fd,
-                                    cpu_logits, cpu_destroy};
+                                    cpu_logits, cpu_destroy, cpu_step_ms};
 
 backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *cfg, char *err,
                          size_t errlen) {

@@ -542,7 +542,8 @@ static void cuda_destroy(backend *be) {
 }
 
 static const backend_ops cuda_ops = {"cuda", cuda_submit, cuda_poll, cuda_wait, cuda_event_fd,
-                                     cuda_logits, cuda_destroy};
+                                     cuda_logits, cuda_destroy,
+                                     NULL /* step_ms: the scheduler times the step */};
 
 /* ---------------------------------------------------------------- start-up */
 
