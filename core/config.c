@@ -67,6 +67,7 @@ static const cfg_key keys[] = {
     INT("engine", "max_seq_len", engine.max_seq_len, 16, 1048576, 0, 1),
     {"engine", "prefix_caching", T_BOOL, 0, OFF(engine.prefix_caching), 0, 0, 0, 0, 0, NULL},
     {"engine", "fair_batch", T_BOOL, 0, OFF(engine.fair_batch), 0, 0, 0, 0, 0, NULL},
+    INT("engine", "itl_target_ms", engine.itl_target_ms, 0, 60000, 0, 1),
     {"engine", "kv_8bit", T_BOOL, 0, OFF(engine.kv_8bit), 0, 0, 0, 0, 0, NULL},
     INT("engine", "max_queued_requests", engine.max_queued_requests, 1, 65536, 0, 1),
     INT("engine", "max_queued_tokens", engine.max_queued_tokens, 1, 16777216, 0, 1),

@@ -47,6 +47,9 @@ typedef struct kiln_config {
         int max_seq_len;             /* prompt + generated tokens per sequence */
         int prefix_caching;          /* 0/1 */
         int fair_batch;              /* 0/1: an even share of each step per client */
+        int itl_target_ms;           /* under fair_batch, the time target of a step a
+                                      * client waits on for a token (0: 2x the balanced
+                                      * step) */
         int kv_8bit;                 /* 0/1: the ladder's rung 2 may turn KV to 8 bits (CPU) */
         int max_queued_requests, max_queued_tokens; /* admission limits (waiting) */
         int default_max_tokens;      /* when a request names none */

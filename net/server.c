@@ -543,7 +543,8 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
                      .max_queued_requests = c->engine.max_queued_requests,
                      .max_queued_tokens = c->engine.max_queued_tokens,
                      .prefix_caching = c->engine.prefix_caching,
-                     .fair_batch = c->engine.fair_batch};
+                     .fair_batch = c->engine.fair_batch,
+                     .itl_target_ms = c->engine.itl_target_ms};
     eng_callbacks cb = {gen_on_token, gen_on_finish};
     if (!(s->eng = eng_new(&ec, env->m, env->tok, env->kv, env->be, &cb, err, errlen))) goto fail;
     drive_hooks dh = {.idle = on_idle, .log = on_drive_log, .ladder_tick = on_ladder_tick, .ud = s};

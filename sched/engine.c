@@ -1,6 +1,8 @@
 /* engine: request lifecycle, continuous batching, chunked prefill, preemption. */
 #include "sched/engine.h"
 
+#include "sched/cost.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -83,6 +85,11 @@ struct engine {
     int fair_kv;               /* the last admission stopped, for want of KV blocks, at a
                                 * client with nothing running (fair_preempt's cue) */
     int share_seqs, share_toks; /* this step's bound per client (fair_batch); 0: none */
+    cost_model cost;           /* what steps cost (itl_target_ms) */
+    int itl_cap;               /* this step's prefills are cut for a client waiting on it */
+    int itl_client;            /* that client, or -1: several (itl_plan) */
+    double itl_ms;             /* what the cut prefills may still add to the step (ms) */
+    double t_submit;           /* when the step in flight was submitted (s) */
     int b_n_tok, b_n_seq, b_n_logit;
     model_batch batch;
     float *scratch;            /* [n_vocab] logits the sampler may modify */
@@ -114,6 +121,7 @@ engine *eng_new(const eng_config *cfg, const model *m, const tok_t *tok, kv_pool
     e->cfg = *cfg, e->m = m, e->tok = tok, e->kv = kv, e->be = be, e->cb = *cb;
     e->max_batch = cfg->max_batch_size;
     e->next_id = 1;
+    cost_init(&e->cost);
     size_t ms = (size_t)cfg->max_seqs, bt = (size_t)cfg->max_batched_tokens;
     e->seqs = calloc(ms, sizeof *e->seqs);
     e->tok_slab = malloc(ms * (size_t)cfg->max_seq_len * sizeof(int32_t));
@@ -672,6 +680,115 @@ static void share_prefill(const int *need, int *share, int n, int budget) {
     }
 }
 
+/* The positions of the step's tokens, summed: the keys its attention reads. */
+static double step_positions(const engine *e) {
+    double pos = 0;
+    for (int t = 0; t < e->b_n_tok; t++) pos += e->b_pos[t];
+    return pos;
+}
+
+/* A client waiting on this step for a token: one of its sequences decodes in it, or a
+ * prompt of its own that its share takes whole waits (its first token); what a waiting
+ * prompt needs is counted after the prefix cache, as admission will find it, for at
+ * most *peeks more of them (the hashing is bounded per step). */
+#define ITL_PEEKS 8
+static int wants_token(const engine *e, const eng_seq *s, int *peeks) {
+    if (s->state == SQ_RUN && s->in_step == 1 && s->n_toks - s->n_computed == 1) return 1;
+    if (!(s->state == SQ_WAIT || (s->state == SQ_RUN && !s->in_step)) || s->req->paused) return 0;
+    int need = s->n_toks - s->n_computed;
+    if (need > e->share_toks && s->state == SQ_WAIT && e->cfg.prefix_caching && *peeks > 0)
+        --*peeks, need -= kv_prefix_hits(e->kv, s->toks, s->n_toks);
+    return need <= e->share_toks;
+}
+
+/* itl_target_ms: under a share, once the step holds its decodes, the prefills of clients
+ * other than those waiting on the step for a token (wants_token) may add to it the
+ * target (or ITL_FACTOR x the predicted step so far) less the predicted step so far.
+ * e->itl_client is the one client waiting, or -1 when several are (every prefill is then
+ * another's); nothing is cut when none waits, under no share, or before the cost model
+ * has seen enough steps. */
+#define ITL_FACTOR 2
+static void itl_plan(engine *e) {
+    e->itl_cap = 0;
+    if (!e->share_seqs || e->cfg.itl_target_ms < 0 || !cost_ready(&e->cost)) return;
+    int who = -2, peeks = ITL_PEEKS; /* no one yet */
+    for (int i = 0; i < e->cfg.max_seqs && who != -1; i++) {
+        const eng_seq *s = &e->seqs[i];
+        if (s->state == SQ_FREE || !wants_token(e, s, &peeks)) continue;
+        who = who == -2 || who == s->req->client ? s->req->client : -1;
+    }
+    if (who == -2) return;
+    e->itl_cap = 1, e->itl_client = who;
+    /* a step of the decodes alone, or the least step (one token) when there are none */
+    double base = e->b_n_tok ? cost_step(&e->cost, e->b_n_tok, step_positions(e))
+                             : cost_step(&e->cost, 1, 0);
+    e->itl_ms = (e->cfg.itl_target_ms > 0 ? e->cfg.itl_target_ms : ITL_FACTOR * base) - base;
+}
+
+/* Sequences of `client` in the step so far. */
+static int client_in_step(const engine *e, int client) {
+    int k = 0;
+    for (int i = 0; i < e->b_n_seq; i++) k += e->b_members[i]->req->client == client;
+    return k;
+}
+
+/* The balanced step under a latency target: each client (0 aside) with decodes ready
+ * among c[0..n) puts in at most as many as the one with the fewest (within its share),
+ * so the step every one of them waits on is first one where none outweighs another;
+ * itl_plan's target is taken from it, and the rest of each client's decodes go in only
+ * within it (itl_fits). With two or more such clients, the fewest; else no limit. A box
+ * of equal clients loses nothing; a client with 32 streams beside one with 1 no longer
+ * makes that one's every step cost 16 of its own. */
+static int balanced_decodes(const engine *e, eng_seq **c, int n) {
+    if (!e->share_seqs || e->cfg.itl_target_ms < 0 || !cost_ready(&e->cost)) return INT_MAX;
+    int least = INT_MAX, clients = 0;
+    for (int i = 0; i < n; i++) {
+        const eng_seq *s = c[i];
+        if (!s->req->client || s->req->paused || s->n_toks - s->n_computed != 1) continue;
+        int seen = 0, k = 0;
+        for (int j = 0; j < n; j++) {
+            const eng_seq *o = c[j];
+            if (o->req->client != s->req->client || o->req->paused || o->n_toks - o->n_computed != 1)
+                continue;
+            seen |= j < i;
+            k++;
+        }
+        if (seen) continue; /* its client was counted at its first sequence */
+        clients++;
+        k = k < e->share_seqs ? k : e->share_seqs;
+        least = k < least ? k : least;
+    }
+    return clients >= 2 ? least : INT_MAX;
+}
+
+/* One more decode past the balanced step: 1 when the latency target still has room
+ * for it (charged), or when no target applies. */
+static int itl_fits(engine *e, const eng_seq *s) {
+    if (!e->itl_cap) return 1;
+    double more = cost_tokens(&e->cost, s->n_computed, 1);
+    if (more > e->itl_ms) return 0;
+    e->itl_ms -= more;
+    return 1;
+}
+
+/* The most of `want` prefill tokens s may have in this step (planned prefills 0..np-1
+ * counted): all of them unless itl_plan cuts the prefills of clients other than the
+ * waiting one; then what the target still leaves (charged to it), but for the client's
+ * first tokens in the step at least an eighth of its share, so its prompts advance
+ * whatever the others do. A client with nothing running is not cut: its first request
+ * is what fairness is for (a newcomer beside a full batch). */
+static int itl_room(engine *e, const eng_seq *s, int np, int want) {
+    if (!e->itl_cap || !s->req->client || want <= 0 ||
+        (e->itl_client != -1 && e->itl_client == s->req->client) || client_load(e, s) == 0)
+        return want;
+    int seqs, toks, k = cost_chunk(&e->cost, s->n_computed, want, e->itl_ms);
+    client_step_use(e, s->req->client, np, &seqs, &toks);
+    int least = toks > 0 ? 0 : e->share_toks / 8 > 1 ? e->share_toks / 8 : 1;
+    if (k < least) k = least < want ? least : want;
+    e->itl_ms -= cost_tokens(&e->cost, s->n_computed, k);
+    return k;
+}
+
 /* This step's prefill candidates into e->plan (tokens left in e->plan_need): the running
  * prefills, oldest first, then the waiting sequences in admission order (fewest-running
  * client, then oldest), at most `slots` and no more than `tokens` (one token each at
@@ -684,7 +801,8 @@ static int prefill_candidates(engine *e, int slots, int tokens, int *n_run) {
         eng_seq *s = c[i];
         int left = s->n_toks - s->n_computed;
         if (s->req->paused || s->in_step || left <= 1) continue;
-        if ((left = share_room(e, s, np, left)) > 0) e->plan[np] = s, e->plan_need[np++] = left;
+        if ((left = itl_room(e, s, np, share_room(e, s, np, left))) > 0)
+            e->plan[np] = s, e->plan_need[np++] = left;
     }
     *n_run = np;
     n = collect(e, SQ_WAIT, c);
@@ -694,7 +812,7 @@ static int prefill_candidates(engine *e, int slots, int tokens, int *n_run) {
         eng_seq *s = c[i];
         c[i] = NULL;
         /* before admission: a prefix-cache hit may make it less (see top_up) */
-        int want = share_room(e, s, np, s->n_toks - s->n_computed);
+        int want = itl_room(e, s, np, share_room(e, s, np, s->n_toks - s->n_computed));
         if (want <= 0) continue; /* its client's share of this step is taken */
         e->plan[np] = s, e->plan_need[np++] = want;
         add_load(c, load, n, s->req->client);
@@ -875,20 +993,28 @@ int eng_step_begin(engine *e) {
     step_shares(e);
 
     /* 1. running decodes (one token left to compute), oldest first; under a share, the
-     * longest waiting first, and those over their client's share hold their slot */
+     * longest waiting first, and those over their client's share hold their slot; under
+     * a latency target, a client's decodes past the balanced step go only within it */
     int n = collect(e, SQ_RUN, c), held = 0;
     if (e->share_seqs) by_wait(c, n);
-    for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
-        eng_seq *s = c[i];
-        if (s->state != SQ_RUN || s->req->paused || s->n_toks - s->n_computed != 1) continue;
-        if (!share_room(e, s, 0, 1)) {
-            held++;
-            continue;
+    int m = balanced_decodes(e, c, n);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) itl_plan(e); /* the target, from the balanced step */
+        for (int i = 0; i < n && e->b_n_seq < max_seq && e->b_n_tok < budget; i++) {
+            eng_seq *s = c[i];
+            if (s->in_step || s->state != SQ_RUN || s->req->paused || s->n_toks - s->n_computed != 1)
+                continue;
+            if (!share_room(e, s, 0, 1) || (pass == 1 && !itl_fits(e, s))) {
+                held += pass; /* counted once, in the second pass */
+                continue;
+            }
+            if (pass == 0 && s->req->client && client_in_step(e, s->req->client) >= m) continue;
+            if (make_room(e, s, s->n_computed + 1, ROOM_PREEMPT) < 0) continue;
+            add_to_step(e, s, 1, 1);
         }
-        if (make_room(e, s, s->n_computed + 1, ROOM_PREEMPT) < 0) continue;
-        add_to_step(e, s, 1, 1);
     }
-    /* 2. running prefills' next chunks and 3. waiting sequences, sharing what is left */
+    /* 2. running prefills' next chunks and 3. waiting sequences, sharing what is left
+     * (and what the latency target leaves) */
     if (e->b_n_seq + held < max_seq && e->b_n_tok < budget)
         add_prefills(e, max_seq - e->b_n_seq - held, budget - e->b_n_tok);
     if (e->b_n_tok == 0) return 0;
@@ -900,6 +1026,7 @@ int eng_step_begin(engine *e) {
         return r;
     }
     e->busy = 1;
+    e->t_submit = now_s();
     return 1;
 }
 
@@ -967,12 +1094,20 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
         finish_seq(e, s, EF_LENGTH, NULL);
 }
 
+/* The step just done, for the cost model: its compute time as the backend measured it,
+ * else from submit to now (which includes the loop's delay in noticing). */
+static void observe_cost(engine *e) {
+    double ms = e->be->ops->step_ms ? e->be->ops->step_ms(e->be) : (now_s() - e->t_submit) * 1e3;
+    cost_observe(&e->cost, e->b_n_tok, step_positions(e), ms);
+}
+
 int eng_step_end(engine *e) {
     if (!e->busy) return 0;
     int r = e->be->ops->wait(e->be);
     e->busy = 0;
     e->step++;
     e->stats.steps++;
+    if (r > 0) observe_cost(e);
     const float *lg = r > 0 ? e->be->ops->logits(e->be) : NULL;
     const int nv = e->m->cfg.n_vocab;
     for (int i = 0; i < e->b_n_seq; i++) {

@@ -47,6 +47,16 @@ typedef struct {
     int prefix_caching;      /* reuse cached full blocks of identical prefixes */
     int fair_batch;          /* while clients (not 0) share the engine, each step holds
                               * at most an even share of sequences and tokens per client */
+    int itl_target_ms;       /* under fair_batch, a step some client waits on for a
+                              * token (a decode, or a prompt its share takes whole) is
+                              * first built balanced (each client's decodes no more than
+                              * the fewest any has), then takes more decodes and other
+                              * clients' prefill only while its predicted time
+                              * (sched/cost.h) stays within this many ms, so a long
+                              * prompt or a wide client beside a stream stretch its
+                              * inter-token time boundedly (Sarathi-Serve's budget from
+                              * a latency target); 0: 2x the predicted balanced step;
+                              * negative: no target */
 } eng_config;
 
 enum eng_finish { EF_STOP = 0, EF_LENGTH, EF_CANCELLED, EF_ERROR };

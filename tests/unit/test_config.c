@@ -44,6 +44,7 @@ static void test_defaults(void) {
     CHECK(c.engine.max_seq_len == 4096 && c.engine.prefix_caching == 1, "seq/prefix");
     CHECK(c.engine.kv_8bit == 1, "kv_8bit on by default");
     CHECK(c.engine.fair_batch == 1, "fair_batch on by default");
+    CHECK(c.engine.itl_target_ms == 0, "itl_target_ms: 4x the decode step by default");
     CHECK(c.engine.max_queued_requests == 256 && c.engine.max_queued_tokens == 262144, "queue");
     CHECK(c.engine.default_max_tokens == 256 && c.engine.step_timeout_ms == 60000, "max tok");
     CHECK(c.sampling.temperature == 0.7 && c.sampling.top_p == 0.9 && c.sampling.top_k == 0, "samp");
@@ -76,6 +77,7 @@ static const char *full =
     "max_seq_len = 8192\n"
     "prefix_caching = off\n"
     "fair_batch = off\n"
+    "itl_target_ms = 25\n"
     "max_queued_requests = 1000\n"
     "max_queued_tokens = 1000000\n"
     "default_max_tokens = 1024\n"
@@ -114,6 +116,7 @@ static void test_every_key(void) {
     CHECK(c->engine.max_batch_size == 64 && c->engine.max_batched_tokens == 2048, "batch");
     CHECK(c->engine.max_seq_len == 8192 && c->engine.prefix_caching == 0, "seq");
     CHECK(c->engine.fair_batch == 0, "fair_batch off");
+    CHECK(c->engine.itl_target_ms == 25, "itl_target_ms");
     CHECK(c->engine.max_queued_requests == 1000 && c->engine.max_queued_tokens == 1000000, "q");
     CHECK(c->engine.default_max_tokens == 1024 && c->engine.step_timeout_ms == 30000, "dmt");
     CHECK(c->sampling.temperature == 0 && c->sampling.top_p == 0.95 && c->sampling.top_k == 40, "s");
@@ -163,6 +166,7 @@ static const bound bounds[] = {
     {"engine", "max_seq_len", {"16", "1048576"}, {"15", "1048577"}, "16..1048576"},
     {"engine", "prefix_caching", {"true", "false", "yes", "no", "on", "off", "1", "0"}, {"", "2", "y", "enabled", "truee"}, "true|false|yes|no|on|off|1|0"},
     {"engine", "kv_8bit", {"true", "false", "on", "off"}, {"", "2", "8"}, "true|false|yes|no|on|off|1|0"},
+    {"engine", "itl_target_ms", {"0", "1", "60000"}, {"-1", "60001", "1.5"}, "0..60000"},
     {"engine", "max_queued_requests", {"1", "65536"}, {"0", "65537"}, "1..65536"},
     {"engine", "max_queued_tokens", {"1", "16777216"}, {"0", "16777217"}, "1..16777216"},
     {"engine", "default_max_tokens", {"1", "1048576"}, {"0", "1048577"}, "1..1048576"},

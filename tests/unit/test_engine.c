@@ -10,6 +10,7 @@
  * 512-token prefix, and the stall bound of a 2,000-token prompt arriving among 16
  * decoding streams, counted in steps. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,13 @@ typedef struct {
     int fail_next;  /* the next step fails (a device error) */
     float *logits; /* [max_logits][n_vocab] */
     int last_seqs;  /* sequences in the last step */
+    int last_tokens; /* tokens in the last step */
+    double last_ms;  /* what the last step "took": FAKE_MS */
 } fake_backend;
+
+/* The fake's step time: 2 ms a step, 0.5 a token, 1 per thousand keys read (a CPU's
+ * shape, and cost.h's model exactly). */
+#define FAKE_MS(tokens, positions) (2.0 + 0.5 * (tokens) + 1.0 * (positions) * 1e-3)
 
 static uint64_t mix(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -57,7 +64,11 @@ static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int pos) {
 static int fake_submit(backend *be, const model_batch *b) {
     fake_backend *f = (fake_backend *)be;
     f->last_seqs = 0;
+    double pos = 0;
     for (int t = 0; t < b->n_tokens; t++) f->last_seqs += t == 0 || b->seq[t] != b->seq[t - 1];
+    for (int t = 0; t < b->n_tokens; t++) pos += b->pos[t];
+    f->last_tokens = b->n_tokens;
+    f->last_ms = FAKE_MS(b->n_tokens, pos);
     for (int t = 0; t < b->n_tokens; t++) /* "write the KV": the token id */
         *fake_slot(f->kv, b->seq[t], b->pos[t]) = (uint16_t)b->tokens[t];
     for (int i = 0; i < b->n_logits; i++) { /* "attend": hash the whole context */
@@ -83,8 +94,9 @@ static int fake_wait(backend *be) {
 static int fake_fd(backend *be) { (void)be; return -1; }
 static const float *fake_logits(backend *be) { return ((fake_backend *)be)->logits; }
 static void fake_destroy(backend *be) { (void)be; }
+static double fake_step_ms(backend *be) { return ((fake_backend *)be)->last_ms; }
 static const backend_ops fake_ops = {"fake", fake_submit, fake_wait, fake_wait, fake_fd,
-                                     fake_logits, fake_destroy};
+                                     fake_logits, fake_destroy, fake_step_ms};
 
 /* ------------------------------------------------------------------ results */
 
@@ -115,6 +127,7 @@ static void on_finish(void *ud, int64_t req, int sample, int reason, const eng_u
 /* ------------------------------------------------------------------ a rig */
 
 static int rig_fair; /* eng_config.fair_batch of the next rig_open */
+static int rig_itl;  /* its itl_target_ms (0: the default, 4x the step without the prefill) */
 
 typedef struct {
     kv_pool kv;
@@ -154,7 +167,8 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
     }
     eng_config ec = {.max_batch_size = batch, .max_batched_tokens = tokens,
                      .max_seq_len = max_seq_len, .max_seqs = max_seqs,
-                     .max_queued_requests = 1024, .prefix_caching = prefix, .fair_batch = rig_fair};
+                     .max_queued_requests = 1024, .prefix_caching = prefix, .fair_batch = rig_fair,
+                     .itl_target_ms = rig_itl};
     eng_callbacks cb = {on_token, on_finish};
     g->eng = eng_new(&ec, m, tok, &g->kv, g->be, &cb, err, sizeof err);
     if (!g->eng) fprintf(stderr, "eng_new: %s\n", err);
@@ -681,6 +695,177 @@ static void step_share(const model *m, const tok_t *tok, int fair) {
     rig_close(&g);
 }
 
+/* itl_target_ms: client 1 decodes a short request; client 2 sends a 200-token prompt.
+ * Its share of a step (32 of 64 tokens) deep in its prompt would make each of client
+ * 1's steps cost several times a decode's; with the target (the default: 2x the step
+ * without the prefill, predicted by the cost model the steps taught), every step that
+ * carries both takes at most that (but the first: client 2 had nothing running), the prompt still advancing by at least an eighth of
+ * its share (the prompt's last chunk is what is left); with a target of 3 ms, at most
+ * 3 ms; with none, the whole share. Every
+ * output equals its solo run: chunking changes no token. */
+static void itl_share(const model *m, const tok_t *tok, int target) {
+    enum { OUT = 64, LONG = 200, SHARE = 32 };
+    static prompt p[2];
+    static req_result r[2], alone[2];
+    char kind[64];
+    snprintf(kind, sizeof kind, "itl target %d", target);
+    rig g;
+    rig_fair = 1, rig_itl = target;
+    int opened = rig_open(&g, m, tok, 128, 16, 256, 8, 2 * SHARE, 0, 1);
+    rig_fair = 0, rig_itl = 0;
+    if (opened < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i < 2; i++) {
+        make_prompt(&p[i], i ? LONG : 8, 700u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
+        submit_as(&g, &p[i], i ? 4 : OUT, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: alone %d", kind, i);
+    }
+    submit_as(&g, &p[0], OUT, 1, &r[0]);
+    for (int s = 0; s < 12; s++) /* client 1 decoding, the cost model taught */
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    submit_as(&g, &p[1], 4, 2, &r[1]);
+    int mixed = 0, over = 0, widest = 0, narrowest = INT_MAX, first = 0;
+    double worst = 0;
+    while (!r[1].n_out[0] && !r[0].finished[0] && eng_step_begin(g.eng) == 1) {
+        eng_step_end(g.eng);
+        int chunk = g.fake.last_tokens - 1; /* client 1's decode is the other token */
+        if (chunk < 1) continue;
+        if (!first) { /* client 2 had nothing running: its first chunk is not cut */
+            first = chunk;
+            continue;
+        }
+        int dec_pos = p[0].n + r[0].n_out[0] - 2; /* the decode's position (its token is out) */
+        double alone_ms = FAKE_MS(1, dec_pos), lim = target > 0 ? target : 2 * alone_ms;
+        double ratio = g.fake.last_ms / alone_ms;
+        mixed++;
+        worst = ratio > worst ? ratio : worst;
+        over += g.fake.last_ms > lim * 1.02 && chunk > SHARE / 8;
+        widest = chunk > widest ? chunk : widest;
+        if (!r[1].n_out[0]) narrowest = chunk < narrowest ? chunk : narrowest; /* not the rest */
+    }
+    CHECK(eng_run_sync(g.eng) == 0, "%s: run", kind);
+    CHECK(same_outputs(&r[0], &alone[0], 1) && same_outputs(&r[1], &alone[1], 1) &&
+          r[0].finished[0] == 1 && r[1].finished[0] == 1, "%s: outputs equal their solo runs", kind);
+    CHECK(r[1].n_out[0] == 4 && mixed >= LONG / SHARE - 1, "%s: %d steps carried both, the prompt done",
+          kind, mixed);
+    CHECK(first == SHARE, "%s: the newcomer's first chunk %d, not its share %d", kind, first, SHARE);
+    if (target < 0) {
+        CHECK(widest == SHARE && narrowest == SHARE, "%s: chunks of %d..%d tokens, not the share %d",
+              kind, narrowest, widest, SHARE);
+    } else {
+        CHECK(over == 0, "%s: %d steps beside client 1's decode took more than the target", kind, over);
+        CHECK(widest < SHARE && narrowest >= SHARE / 8, "%s: chunks of %d..%d tokens (share %d, floor %d)",
+              kind, narrowest, widest, SHARE, SHARE / 8);
+    }
+    printf("%s: a %d-token prompt beside another client's decode in %d steps of %d..%d tokens, "
+           "at most %.1fx the decode's step\n", kind, LONG, mixed, narrowest, widest, worst);
+    pool_ok(&g, kind);
+    rig_close(&g);
+}
+
+/* itl_target_ms and decodes: client 1 runs 32 streams in a batch of 32 (its share
+ * beside another client: 16), client 2 one. Every step client 2 decodes in first takes
+ * one of each (the balanced step), then client 1's others only while the step stays
+ * within 2x that; without a target, client 1's whole share. Client 1's streams take
+ * turns (none waits long), and every output equals its solo run. */
+static void decode_balance(const model *m, const tok_t *tok, int target) {
+    enum { B = 32, OUT = 40, SHORT = 12 };
+    static prompt p[B + 1];
+    static req_result r[B + 1], alone[B + 1];
+    char kind[64];
+    snprintf(kind, sizeof kind, "decode balance, target %d", target);
+    rig g;
+    rig_fair = 1, rig_itl = target;
+    int opened = rig_open(&g, m, tok, 256, 64, 256, B, 64, 0, 1);
+    rig_fair = 0, rig_itl = 0;
+    if (opened < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i <= B; i++) {
+        make_prompt(&p[i], 6 + i % 5, 500u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
+        submit_as(&g, &p[i], i < B ? OUT : SHORT, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: alone %d", kind, i);
+    }
+    for (int i = 0; i < B; i++) submit_as(&g, &p[i], OUT, 1, &r[i]);
+    for (int s = 0; s < 3; s++)
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    submit_as(&g, &p[B], SHORT, 2, &r[B]);
+    int widest = 0, over = 0, steps = 0;
+    while (!r[B].finished[0] && eng_step_begin(g.eng) == 1) {
+        int before = r[B].n_out[0];
+        eng_step_end(g.eng);
+        if (!before || r[B].n_out[0] == before) continue; /* the steps client 2 decoded in */
+        steps++;
+        int heavy = g.fake.last_seqs - 1;
+        widest = heavy > widest ? heavy : widest;
+        /* the balanced step, one of each: at most this (client 1's streams are at most
+         * 10 + OUT deep) */
+        double balanced = FAKE_MS(2, p[B].n + r[B].n_out[0] + 10 + OUT);
+        over += g.fake.last_ms > 2 * balanced;
+    }
+    CHECK(eng_run_sync(g.eng) == 0, "%s: run", kind);
+    int same = 0, gap = 0;
+    for (int i = 0; i <= B; i++) {
+        same += same_outputs(&r[i], &alone[i], 1);
+        if (i < B && !r[i].usage[0].preemptions && r[i].usage[0].max_step_gap > gap)
+            gap = r[i].usage[0].max_step_gap;
+    }
+    CHECK(same == B + 1, "%s: %d of %d identical to alone", kind, same, B + 1);
+    CHECK(steps >= SHORT - 2, "%s: client 2 decoded in %d steps", kind, steps);
+    if (target < 0) {
+        CHECK(widest == B / 2, "%s: client 1 had up to %d sequences in a step, not its share %d", kind,
+              widest, B / 2);
+    } else {
+        CHECK(over == 0 && widest < B / 2 && widest >= 1, "%s: client 1 had up to %d in a step, %d steps "
+              "over 2x the balanced one", kind, widest, over);
+        CHECK(gap <= B / widest + 2, "%s: a stream of client 1 waited %d steps", kind, gap);
+    }
+    printf("%s: beside one stream, a client of %d held up to %d sequences a step; its streams' "
+           "longest gap %d steps\n", kind, B, widest, gap);
+    pool_ok(&g, kind);
+    rig_close(&g);
+}
+
+/* itl_target_ms and a first token: client 1's 240-token prompt prefills alone (the whole
+ * budget a step); client 2's 8-token prompt arrives. The step that prefills it also
+ * carries a chunk of client 1's, cut to what 2x the least step leaves (without a target:
+ * the share, 32); client 2's first token comes from that step. */
+static void itl_first(const model *m, const tok_t *tok, int target) {
+    enum { LONG = 240, SHARE = 32 };
+    static prompt p[2];
+    static req_result r[2], alone[2];
+    char kind[64];
+    snprintf(kind, sizeof kind, "itl first token, target %d", target);
+    rig g;
+    rig_fair = 1, rig_itl = target;
+    int opened = rig_open(&g, m, tok, 128, 16, 256, 8, 2 * SHARE, 0, 1);
+    rig_fair = 0, rig_itl = 0;
+    if (opened < 0) { CHECK(0, "rig"); return; }
+    for (int i = 0; i < 2; i++) { /* also what teaches the cost model */
+        make_prompt(&p[i], i ? 8 : LONG, 600u + (uint32_t)i);
+        memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
+        submit_as(&g, &p[i], 2, 0, &alone[i]);
+        CHECK(eng_run_sync(g.eng) == 0, "%s: alone %d", kind, i);
+    }
+    submit_as(&g, &p[0], 2, 1, &r[0]);
+    for (int s = 0; s < 2; s++)
+        if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+    int64_t t1 = steps_done(&g);
+    submit_as(&g, &p[1], 2, 2, &r[1]);
+    int other = -1;
+    if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng), other = g.fake.last_tokens - p[1].n;
+    CHECK(eng_run_sync(g.eng) == 0, "%s: run", kind);
+    CHECK(same_outputs(&r[0], &alone[0], 1) && same_outputs(&r[1], &alone[1], 1),
+          "%s: outputs equal their solo runs", kind);
+    CHECK(r[1].usage[0].first_step == t1 + 1, "%s: client 2's first token in step %lld after it came",
+          kind, (long long)(r[1].usage[0].first_step - t1));
+    if (target < 0) CHECK(other == SHARE, "%s: client 1 had %d tokens in that step, not %d", kind, other, SHARE);
+    else CHECK(other >= SHARE / 8 && other < SHARE / 2, "%s: client 1 had %d tokens in that step", kind, other);
+    printf("%s: an 8-token prompt beside a long one: its first token in the next step, which "
+           "held %d of the long one's tokens\n", kind, other);
+    pool_ok(&g, kind);
+    rig_close(&g);
+}
+
 /* The same when the KV pool, not the batch, is what client 1 fills: 4 requests hold
  * all 20 blocks (5 each) of a batch of 8; client 2's arrival does not fit, so at the
  * next step client 1's youngest gives way, once, and client 2's first token comes
@@ -790,6 +975,13 @@ int main(void) {
     kv_share(&m, &tok);
     step_share(&m, &tok, 1);
     step_share(&m, &tok, 0);
+    itl_share(&m, &tok, 0);
+    itl_share(&m, &tok, 3);
+    itl_share(&m, &tok, -1);
+    itl_first(&m, &tok, 0);
+    itl_first(&m, &tok, -1);
+    decode_balance(&m, &tok, 0);
+    decode_balance(&m, &tok, -1);
     forks(&m, &tok, 0);
     prefill_share(&m, &tok, 0);
     if (!SLOW) batch_share(&m, &tok, 0);
