@@ -6,10 +6,7 @@ Run by tests/net/serve.sh host abuse (host sockets; kilnd's own or its ASan buil
 attack a well-behaved client, meanwhile, connects, says HELLO and generates 8 tokens (the
 probe), and /healthz on the metrics port is asked every 100 ms. Each attack passes when:
   - the probe's time stays within 2x its unloaded time + 100 ms (the median of 3 unloaded
-    probes first; the attack's worst of its probes); for the attacks that share the
-    engine's steps with the probe (a full batch, long prefills) its time to the first
-    token, as each of its 8 steps then costs more however fair the scheduling (the whole
-    probe's time is printed),
+    probes first; the attack's worst of its probes),
   - every /healthz probe is answered 200,
   - the loop's longest pass (kiln_event_loop_pass_max_seconds) stays under 100 ms.
 The attacks: a TLS connection sending empty lines without pause (before and after HELLO),
@@ -100,14 +97,12 @@ def loop_max_s():
     return metric(body, "kiln_event_loop_pass_max_seconds")
 
 
-def judge(w, base, engine=False, first=False):
+def judge(w, base, engine=False):
     """engine: the attack shares the engine's steps with the probe (a full batch, long
-    prefills). fair_batch gives the probe's connection an even share of each step, so
-    with a full batch its 8 tokens are judged as any other attack's. first: the bound is
-    on the time to its first token (base[1]) instead: behind back-to-back long prefills
-    each of the probe's steps still carries the other connection's share of the prefill
-    budget (32 of the 64 tokens here), which on 2 cores costs about as much as the whole
-    idle probe. Under a sanitizer (--sanitized) one such step alone is past any bound:
+    prefills). fair_batch gives the probe's connection an even share of each step, and
+    itl_target_ms cuts the other connection's prefill chunk in a step the probe waits
+    on, so its 8 tokens are judged as any other attack's. Under a sanitizer
+    (--sanitized) one such step alone is past any bound:
     those two are run for their memory checks, and their times printed, not judged. The other attacks are
     judged under a sanitizer too, with room for its 2-3x cost on every byte the attacker
     sends (a CI run measured a flood's probe past 2x + 100 ms; starvation shows as seconds,
@@ -115,14 +110,14 @@ def judge(w, base, engine=False, first=False):
     if engine and sc.A.sanitized:
         bound = float("inf")
     elif sc.A.sanitized:
-        bound = 3 * base[first] + 0.3
+        bound = 3 * base[0] + 0.3
     else:
-        bound = 2 * base[first] + 0.1
+        bound = 2 * base[0] + 0.1
     loop_bound = 0.25 if sc.A.sanitized else 0.1
-    times = [p for p in (w.first if first else w.probes) if isinstance(p, float)]
+    times = [p for p in w.probes if isinstance(p, float)]
     bad = [p for p in w.probes if not isinstance(p, float)]
     worst = max(times) if times else None
-    what = "its first token" if first else "8 tokens"
+    what = "8 tokens"
     rule = ("no time bound under a sanitizer" if bound == float("inf")
             else "within %s (%.2f s)" % ("3x + 300 ms" if sc.A.sanitized else "2x + 100 ms", bound))
     check("%s: the probe connects, greets and gets %s, %s" % (w.name, what, rule),
@@ -285,7 +280,7 @@ def attack_long_prompt(base):
         time.sleep(ATTACK_S)
     stop.set()
     t.join(timeout=60)
-    judge(w, base, engine=True, first=True)
+    judge(w, base, engine=True)
 
 
 def pipelined_health():
