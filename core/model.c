@@ -193,6 +193,13 @@ static void pack_parallel(model_state *s, const model *m) {
     }
 }
 
+/* AMX's own tiles run Q4_1 (and Q8_0 with KILN_AMX=all) from the row-major layout: a
+ * matrix they take is not on the slow path, though it has no packed copy. */
+static int amx_runs(uint32_t type) {
+    int a = isa_level() == ISA_AVX512 ? isa_amx() : ISA_AMX_OFF;
+    return (a >= ISA_AMX_Q4_1 && type == QT_Q4_1) || (a == ISA_AMX_ALL && type == QT_Q8_0);
+}
+
 int model_unpacked_note(const model *m, char *buf, size_t n) {
     int count[QT_COUNT] = {0}, total = 0, slow = 0;
     model_mat *mats[LAYER_MATS_MAX];
@@ -204,7 +211,7 @@ int model_unpacked_note(const model *m, char *buf, size_t n) {
             const model_mat *w = mats[i];
             if (!w->data) continue;
             total++;
-            if (qp_wanted(w->type) && qp_bytes(w->type, w->n_in, w->n_out)) continue;
+            if ((qp_wanted(w->type) && qp_bytes(w->type, w->n_in, w->n_out)) || amx_runs(w->type)) continue;
             slow++;
             if (w->type < QT_COUNT) count[w->type]++;
         }
