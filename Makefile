@@ -245,8 +245,11 @@ image: musl model $(BUILD)/musl/kiln-init
 	BUILD=$(BUILD) MODEL=$(MODEL) image/build.sh
 # image/gpu.sh: the same image plus NVIDIA's open kernel modules built for its kernel (from
 # Debian's nvidia-open-kernel-source) and the GSP firmware, under build/image-gpu/.
-image-gpu: image
-	BUILD=$(BUILD) MODEL=$(MODEL) image/gpu.sh
+# With the CUDA toolkit's headers here (nvcc), the image also carries the glibc CUDA kilnd
+# of `make cuda-img`, libcuda of the same driver and the glibc it needs (docs/IMAGE.md).
+HAVE_NVCC := $(if $(wildcard $(NVCC)),1)
+image-gpu: image $(if $(HAVE_NVCC),$(CUDA_IMG)/kilnd)
+	BUILD=$(BUILD) MODEL=$(MODEL) $(if $(HAVE_NVCC),KILND_CUDA=$(CUDA_IMG)/kilnd) image/gpu.sh
 qemu: image
 	qemu/run.sh
 test-qemu: image $(KILND)

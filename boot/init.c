@@ -395,6 +395,13 @@ int main(int argc, char **argv) {
     /* The data partition's configuration, when there is one, survives reboots and updates. */
     struct stat st;
     int data_ini = !k->test_mode && k->disk.data_mounted && stat(DISK_CONFIG, &st) == 0;
+    /* The GPU image's CUDA kilnd when it has one (and backend is not cpu), else the CPU one. */
+    if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") == 0) {
+        char pick[UTIL_PATH_MAX], why[96];
+        gpu_pick_kilnd(k->root, k->ini, pick, sizeof pick, why, sizeof why);
+        if (k->test_mode) logring_say("kiln: kilnd: %s (test mode runs --kilnd)", why);
+        else if (util_join(kilnd, sizeof kilnd, k->root, pick) == 0) logring_say("kiln: kilnd: %s", why);
+    }
     if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") < 0 ||
         util_join(k->pass_file, sizeof k->pass_file, k->root, "/etc/kiln/console.pass") < 0 ||
         util_join(sock, sizeof sock, k->root, "/run/kiln/ctl.sock") < 0 ||

@@ -26,7 +26,8 @@ class Fail(Exception):
 class Init:
     """One kiln-init in test mode with a fresh ROOT."""
 
-    def __init__(self, files=None, model="fake.gguf", cmdline="kiln.test=1"):
+    def __init__(self, files=None, model="fake.gguf", cmdline="kiln.test=1", backend=None):
+        backend = f"backend = {backend}   ; the compute backend\n" if backend else ""
         self.root = tempfile.mkdtemp(prefix="kiln-init-test.")
         for d in ("etc/kiln", "models", "fake", "dev"):
             os.makedirs(os.path.join(self.root, d))
@@ -34,7 +35,7 @@ class Init:
         open(self.path("dev/watchdog"), "w").close()  # pets append a byte each
         with open(self.ini, "w") as f:
             f.write(f"; kiln.ini for init_test\n[model]\npath = {self.root}/models/{model}   ; the model\n\n"
-                    "[engine]\nthreads = 0\nmax_batch_size = 8\n\n[net]\ndriver = packet\n")
+                    f"[engine]\n{backend}threads = 0\nmax_batch_size = 8\n\n[net]\ndriver = packet\n")
         for name, text in (files or {}).items():
             os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
             with open(self.path(name), "w") as f:
@@ -467,6 +468,26 @@ def t_gpu_none(k):
     k.expect(r"gpu: no NVIDIA GPU on the PCI bus \(1 devices\): kilnd serves from the CPU\n", 3)
 
 
+def t_kilnd_pick(k):
+    """The GPU image's CUDA kilnd and its loader in ROOT: chosen for backend = auto."""
+    k.expect(r"kiln: kilnd: the CUDA kilnd \(glibc\), backend = auto \(test mode runs --kilnd\)", 5)
+    k.expect(READY, 10)
+
+
+def t_kilnd_pick_cpu(k):
+    """backend = cpu in kiln.ini: the static musl kilnd even in the GPU image."""
+    k.expect(r"kiln: kilnd: the CPU kilnd \(static musl\): backend = cpu \(test mode", 5)
+    k.expect(READY, 10)
+
+
+def t_kilnd_pick_none(k):
+    """No CUDA kilnd (the plain image): the CPU one, and why."""
+    k.expect(r"kiln: kilnd: the CPU kilnd \(static musl\): this image has no CUDA kilnd", 5)
+    k.expect(READY, 10)
+
+
+CUDA_KILND = {"bin/kilnd-cuda": "", "lib64/ld-linux-x86-64.so.2": ""}
+
 SCENARIOS = [
     ("console commands", t_console, {}, {}),
     ("test-kill-kilnd restarts", t_kill, {}, {}),
@@ -485,6 +506,9 @@ SCENARIOS = [
     ("gpu: an NVIDIA GPU, no driver in the image", t_gpu_no_driver, PCI, {}),
     ("gpu: the driver's view", t_gpu_driver, {**PCI, **NVIDIA}, {}),
     ("gpu: none on the bus", t_gpu_none, {k: v for k, v in PCI.items() if "0000:00:00.0" in k}, {}),
+    ("kilnd: the CUDA one in a GPU image", t_kilnd_pick, CUDA_KILND, {}),
+    ("kilnd: backend = cpu picks the CPU one", t_kilnd_pick_cpu, CUDA_KILND, {"backend": "cpu"}),
+    ("kilnd: the CPU one without a CUDA kilnd", t_kilnd_pick_none, {}, {}),
 ]
 
 
@@ -497,7 +521,8 @@ def main(argv):
         if only and not any(o in name for o in only):
             continue
         t = time.monotonic()
-        k = Init(files=files, model=opts.get("model", "fake.gguf"), cmdline=opts.get("cmdline", "kiln.test=1"))
+        k = Init(files=files, model=opts.get("model", "fake.gguf"), cmdline=opts.get("cmdline", "kiln.test=1"),
+                 backend=opts.get("backend"))
         try:
             fn(k)
             if opts.get("finish", "poweroff"):
