@@ -416,5 +416,6 @@ soak-heavy: tools model $(KILND)
 
 clean:
 	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz $(BUILD)/cuda
+	rm -f $(BUILD)/cuda-img/kilnd $(BUILD)/cuda-img/fatbin.o $(BUILD)/cuda-img/kernels.fatbin
 distclean:
 	rm -rf $(BUILD) models
