@@ -131,6 +131,36 @@ $(BUILD)/cuda/gpu_%: $(BUILD)/cuda/obj/tests/gpu/gpu_%.o $(CUDA_OBJS) $(BUILD)/c
 	gcc $(OPT) $^ -o $@ -ldl -lm -pthread
 -include $(shell find $(BUILD)/cuda/obj -name '*.d' 2>/dev/null)
 cuda: $(BUILD)/cuda/kilnd $(GPU_PROGS)
+
+# The GPU image's CUDA kilnd ($(BUILD)/cuda-img/kilnd): the objects above with the kernels
+# built for the image's driver instead. The driver (image/gpu/driver.env) fixes the CUDA level
+# (image/gpu/cuda_level.sh: 550 -> CUDA 12.4, PTX ISA 8.4, SASS up to sm_90); the kernels are
+# compiled by that CUDA's NVRTC and packed by its nvFatbin (PyPI wheels, pinned in
+# image/gpu/cuda-wheels.txt, installed here by pip when missing), and scripts/cuda_fatbin.py
+# fails the build when the fatbin's PTX or SASS is above that level. sm_90a is left out:
+# its SASS runs on sm_90 only and 90a code is not portable to later chips, so the compute_90
+# PTX covers what comes after Hopper.
+GPU_DRIVER    := $(shell sed -n 's/^NVIDIA_DRIVER=//p' image/gpu/driver.env)
+GPU_LEVEL     := $(shell image/gpu/cuda_level.sh $(GPU_DRIVER))
+GPU_SASS      := 80,86,89,90
+GPU_PTX       := 90
+CUDA_IMG      := $(BUILD)/cuda-img
+$(CUDA_IMG)/wheels/.ok: image/gpu/cuda-wheels.txt | $(BUILD)/venv/.ok
+	rm -rf $(@D) && mkdir -p $(@D)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+	  --only-binary :all: --target $(@D) -r $<
+	@touch $@
+$(CUDA_IMG)/kernels.fatbin: cuda/kernels.cu core/cpu/qtypes.h scripts/cuda_fatbin.py image/gpu/driver.env \
+    image/gpu/cuda_level.sh $(CUDA_IMG)/wheels/.ok
+	@test -n "$(GPU_LEVEL)" || { echo "no CUDA level for driver '$(GPU_DRIVER)' (image/gpu/driver.env)"; exit 1; }
+	python3 scripts/cuda_fatbin.py --wheels $(CUDA_IMG)/wheels --src $< -I . --sass $(GPU_SASS) --ptx $(GPU_PTX) \
+	  --cuda $(word 1,$(GPU_LEVEL)) --max-ptx $(word 2,$(GPU_LEVEL)) --max-sm $(word 3,$(GPU_LEVEL)) -o $@
+$(CUDA_IMG)/fatbin.o: cuda/fatbin.S $(CUDA_IMG)/kernels.fatbin
+	gcc -c -DFATBIN='"$(CUDA_IMG)/kernels.fatbin"' $< -o $@
+$(CUDA_IMG)/kilnd: $(gnu_KILND_OBJS) $(filter-out $(BUILD)/cuda/obj/fatbin.o,$(CUDA_OBJS)) $(CUDA_IMG)/fatbin.o $(BUILD)/gnu/libkilnd.a
+	gcc $(OPT) $^ -o $@ -L$(BUILD)/gnu/deps/lib $(DEP_LIBS) -ldl -lm -pthread
+cuda-img: $(CUDA_IMG)/kilnd
+.PHONY: cuda-img
 gpu-progs: $(GPU_PROGS)
 # On a machine with a GPU (the device tool): tests/gpu/run.sh builds, tests, benchmarks.
 test-gpu: model
@@ -215,8 +245,11 @@ image: musl model $(BUILD)/musl/kiln-init
 	BUILD=$(BUILD) MODEL=$(MODEL) image/build.sh
 # image/gpu.sh: the same image plus NVIDIA's open kernel modules built for its kernel (from
 # Debian's nvidia-open-kernel-source) and the GSP firmware, under build/image-gpu/.
-image-gpu: image
-	BUILD=$(BUILD) MODEL=$(MODEL) image/gpu.sh
+# With the CUDA toolkit's headers here (nvcc), the image also carries the glibc CUDA kilnd
+# of `make cuda-img`, libcuda of the same driver and the glibc it needs (docs/IMAGE.md).
+HAVE_NVCC := $(if $(wildcard $(NVCC)),1)
+image-gpu: image $(if $(HAVE_NVCC),$(CUDA_IMG)/kilnd)
+	BUILD=$(BUILD) MODEL=$(MODEL) $(if $(HAVE_NVCC),KILND_CUDA=$(CUDA_IMG)/kilnd) image/gpu.sh
 qemu: image
 	qemu/run.sh
 test-qemu: image $(KILND)
@@ -338,7 +371,7 @@ GPU_IMAGE ?= 1
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(BUILD)/asan/tests/net/net_probe $(FUZZ_BINS) $(IMG_TOOLS)
 	$(MAKE) musl image disk-test-inputs $(if $(filter 0,$(GPU_IMAGE)),,image-gpu)
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
-	if [ -x "$(NVCC)" ]; then $(MAKE) cuda; else echo "make test: no nvcc: the CUDA build is skipped"; fi
+	if [ -x "$(NVCC)" ]; then $(MAKE) cuda cuda-img; else echo "make test: no nvcc: the CUDA build is skipped"; fi
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) T="$(T)" GPU_IMAGE=$(GPU_IMAGE) tests/run.sh
 
 # The unit tests alone, plain and under ASan+UBSan: run.sh's unit/* and asan/* entries
@@ -383,5 +416,6 @@ soak-heavy: tools model $(KILND)
 
 clean:
 	rm -rf $(BUILD)/gnu $(BUILD)/asan $(BUILD)/musl/obj $(BUILD)/fuzz $(BUILD)/cuda
+	rm -f $(BUILD)/cuda-img/kilnd $(BUILD)/cuda-img/fatbin.o $(BUILD)/cuda-img/kernels.fatbin
 distclean:
 	rm -rf $(BUILD) models

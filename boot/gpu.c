@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
+#include "boot/ini.h"
 #include "boot/modules.h"
 #include "boot/util.h"
 
@@ -205,4 +206,19 @@ size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap)
             at = put(buf, cap, at, "gpu %s: %s\n", g->dev[i].bus, util_trim(l));
     }
     return at;
+}
+
+int gpu_pick_kilnd(const char *root, const char *ini, char *out, size_t cap, char *why, size_t wcap) {
+    char backend[16] = "auto", cuda[UTIL_PATH_MAX], loader[UTIL_PATH_MAX];
+    /* kilnd's own default when the key is absent; an invalid value is check-config's to refuse */
+    if (ini_get(ini, "engine", "backend", backend, sizeof backend) < 0) snprintf(backend, sizeof backend, "auto");
+    struct stat st;
+    int have = util_join(cuda, sizeof cuda, root, GPU_KILND_CUDA) == 0 && stat(cuda, &st) == 0 && S_ISREG(st.st_mode) &&
+               util_join(loader, sizeof loader, root, GPU_KILND_LOADER) == 0 && stat(loader, &st) == 0;
+    int use = have && strcmp(backend, "cpu") != 0;
+    snprintf(out, cap, "%s", use ? GPU_KILND_CUDA : GPU_KILND_CPU);
+    if (use) snprintf(why, wcap, "the CUDA kilnd (glibc), backend = %.15s", backend);
+    else if (have) snprintf(why, wcap, "the CPU kilnd (static musl): backend = cpu");
+    else snprintf(why, wcap, "the CPU kilnd (static musl): this image has no CUDA kilnd");
+    return use;
 }

@@ -46,4 +46,14 @@ void gpu_bring_up(gpu_state *g, const char *root, const char *mod_dir, int load)
  * line. The bytes written (< cap). */
 size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap);
 
+/* Which kilnd to run (ROOT-relative path into out): the GPU image's glibc CUDA kilnd,
+ * GPU_KILND_CUDA, when the image has it and its loader (GPU_KILND_LOADER) and kiln.ini's
+ * [engine] backend is not `cpu` (auto or cuda: it serves from the GPU when there is one,
+ * else from the CPU and says so); otherwise the static musl GPU_KILND_CPU. why gets the
+ * reason in a few words. 1 when the CUDA kilnd was chosen, 0 otherwise. */
+#define GPU_KILND_CPU "/bin/kilnd"
+#define GPU_KILND_CUDA "/bin/kilnd-cuda"
+#define GPU_KILND_LOADER "/lib64/ld-linux-x86-64.so.2"
+int gpu_pick_kilnd(const char *root, const char *ini, char *out, size_t cap, char *why, size_t wcap);
+
 #endif

@@ -270,15 +270,16 @@ static void net_tick(kinit *k, double now) {
 
 static void usage(void) {
     fprintf(stderr, "usage: kiln-init                (as PID 1 on the box)\n"
-                    "       kiln-init --test ROOT --kilnd PATH [--cmdline \"kiln.test=1 ...\"]\n");
+                    "       kiln-init --test ROOT --kilnd PATH [--kilnd-fallback PATH] [--cmdline \"kiln.test=1 ...\"]\n");
 }
 
-static int parse_test_args(kinit *k, int argc, char **argv, char *kilnd, size_t cap) {
+static int parse_test_args(kinit *k, int argc, char **argv, char *kilnd, char *fallback, size_t cap) {
     for (int i = 1; i < argc; i += 2) { /* flag value pairs */
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return -1;
         if (!strcmp(argv[i], "--test")) snprintf(k->root, sizeof k->root, "%s", v);
         else if (!strcmp(argv[i], "--kilnd")) snprintf(kilnd, cap, "%s", v);
+        else if (!strcmp(argv[i], "--kilnd-fallback")) snprintf(fallback, cap, "%s", v);
         else if (!strcmp(argv[i], "--cmdline")) snprintf(k->cmdline, sizeof k->cmdline, "%s", v);
         else return -1;
     }
@@ -286,6 +287,7 @@ static int parse_test_args(kinit *k, int argc, char **argv, char *kilnd, size_t 
     /* kilnd runs in the config's folder: a relative path would not name it there. */
     char abs[PATH_MAX];
     if (kilnd[0] != '/' && realpath(kilnd, abs) && strlen(abs) < cap) strcpy(kilnd, abs);
+    if (fallback[0] && fallback[0] != '/' && realpath(fallback, abs) && strlen(abs) < cap) strcpy(fallback, abs);
     return 0;
 }
 
@@ -371,14 +373,14 @@ static void loop(kinit *k) {
 
 int main(int argc, char **argv) {
     kinit *k = &K;
-    char kilnd[UTIL_PATH_MAX] = "/bin/kilnd", path[UTIL_PATH_MAX], sock[UTIL_PATH_MAX];
+    char kilnd[UTIL_PATH_MAX] = GPU_KILND_CPU, fallback[UTIL_PATH_MAX] = "", path[UTIL_PATH_MAX], sock[UTIL_PATH_MAX];
     k->t0 = util_now();
     k->sfd = -1;
     k->con.in_fd = k->con.out_fd = -1;
     /* As PID 1 the arguments are whatever the kernel did not understand on its command
      * line: never ours, and never a reason to exit (that would panic the kernel). */
     k->test_mode = getpid() != 1;
-    if (k->test_mode && parse_test_args(k, argc, argv, kilnd, sizeof kilnd) < 0) {
+    if (k->test_mode && parse_test_args(k, argc, argv, kilnd, fallback, sizeof kilnd) < 0) {
         fprintf(stderr, "kiln-init: not PID 1: only --test runs here (PID 1 mounts, loads modules, powers off)\n");
         usage();
         return 2;
@@ -395,6 +397,18 @@ int main(int argc, char **argv) {
     /* The data partition's configuration, when there is one, survives reboots and updates. */
     struct stat st;
     int data_ini = !k->test_mode && k->disk.data_mounted && stat(DISK_CONFIG, &st) == 0;
+    /* The GPU image's CUDA kilnd when it has one (and backend is not cpu), else the CPU one. */
+    if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") == 0) {
+        char pick[UTIL_PATH_MAX], why[96];
+        gpu_pick_kilnd(k->root, k->ini, pick, sizeof pick, why, sizeof why);
+        if (k->test_mode) logring_say("kiln: kilnd: %s (test mode runs --kilnd)", why);
+        else if (util_join(kilnd, sizeof kilnd, k->root, pick) == 0) {
+            logring_say("kiln: kilnd: %s", why);
+            /* a CUDA kilnd that cannot run at all (its loader or a library broken, a crash
+             * loop in the driver) gives way to the CPU one instead of safe mode */
+            if (strcmp(pick, GPU_KILND_CPU) != 0) util_join(fallback, sizeof fallback, k->root, GPU_KILND_CPU);
+        }
+    }
     if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") < 0 ||
         util_join(k->pass_file, sizeof k->pass_file, k->root, "/etc/kiln/console.pass") < 0 ||
         util_join(sock, sizeof sock, k->root, "/run/kiln/ctl.sock") < 0 ||
@@ -406,6 +420,7 @@ int main(int argc, char **argv) {
         if (k->test_mode) return 2;
         sup_enter_safe(&k->sup, "internal error: paths too long");
     }
+    if (fallback[0]) sup_set_fallback(&k->sup, fallback);
     /* The sealed identity in place (or refused) before kilnd can start with it. */
     id_boot(&k->id, &k->disk, &k->meas, k->ini, k->test_mode);
     if (k->id.state == ID_FAILED) sup_hold(&k->sup, k->id.why);

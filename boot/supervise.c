@@ -169,10 +169,29 @@ static int too_many(double *ring, unsigned n, unsigned *i, double t, double wind
     return t - oldest <= window;
 }
 
+void sup_set_fallback(sup *s, const char *kilnd) {
+    if (strlen(kilnd) < sizeof s->fallback) strcpy(s->fallback, kilnd);
+}
+
+/* The fallback takes kilnd's place (once): 1 when it did, and its check starts at once. */
+static int fall_back(sup *s, double now, const char *why) {
+    if (!s->fallback[0] || !strcmp(s->fallback, s->kilnd)) return 0;
+    logring_say("kiln: %s cannot serve (%s): running %s instead", s->kilnd, why, s->fallback);
+    strcpy(s->kilnd, s->fallback); /* same size */
+    s->fallback[0] = 0;
+    forget_history(s);
+    start_check(s, now);
+    return 1;
+}
+
 /* kilnd ended (or never started) without being asked to: back off, or give up. */
 static void crashed(sup *s, double now, const char *why) {
     s->crashes++;
     if (too_many(s->crash_t, SUP_CRASH_LIMIT, &s->crash_i, now, SUP_CRASH_WINDOW_S)) {
+        char what[200];
+        snprintf(what, sizeof what, "crash loop: %d failures within %.0f s; last: %.120s", SUP_CRASH_LIMIT,
+                 SUP_CRASH_WINDOW_S, why);
+        if (fall_back(s, now, what)) return;
         enter_safe(s, "crash loop: %d failures within %.0f s; last: %s%s%.120s", SUP_CRASH_LIMIT, SUP_CRASH_WINDOW_S,
                    why, s->last_line[0] ? "; its last line: " : "", s->last_line);
         return;
@@ -267,6 +286,12 @@ static void check_exited(sup *s, int status, double now) {
     }
     char how[96];
     util_exit_text(status, how, sizeof how);
+    int ran = WIFEXITED(status) && WEXITSTATUS(status) != 126 && WEXITSTATUS(status) != 127;
+    if (!ran) {
+        char what[200];
+        snprintf(what, sizeof what, "its config check %.60s%s%.100s", how, s->check_msg[0] ? ": " : "", s->check_msg);
+        if (fall_back(s, now, what)) return;
+    }
     if (s->check_msg[0]) enter_safe(s, "config check failed: %s", s->check_msg);
     else enter_safe(s, "config check failed (%s, no message)", how);
 }

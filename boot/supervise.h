@@ -42,6 +42,8 @@ enum { SUP_THEN_CRASH, SUP_THEN_RESTART, SUP_THEN_HALT }; /* what a STOPPING kil
 typedef struct {
     /* set up once */
     char kilnd[UTIL_PATH_MAX];   /* the binary */
+    char fallback[UTIL_PATH_MAX]; /* run instead, once, when kilnd cannot run at all ("" none):
+                                   * the GPU image's CPU kilnd behind its CUDA one (below) */
     char config[UTIL_PATH_MAX];  /* kiln.ini */
     char sock[108];              /* the control socket path */
     char workdir[UTIL_PATH_MAX]; /* kilnd's cwd: the config's folder, for relative paths */
@@ -96,6 +98,11 @@ int sup_healthy(const sup *s);
 void sup_describe(const sup *s, double now, char *buf, size_t cap); /* lines for `status` */
 const char *sup_state_name(sup_state st);
 int sup_test_signal(sup *s, int sig);                       /* test-kill / test-hang */
+/* The fallback kilnd (set after sup_init): when kilnd's config check dies without saying
+ * why (a signal, or exit 126/127: it could not be executed, e.g. a missing library) or kilnd
+ * crash-loops, the fallback takes its place once, with a fresh history, instead of safe
+ * mode. A check that fails with a message is the config's fault: safe mode as before. */
+void sup_set_fallback(sup *s, const char *kilnd);
 void sup_enter_safe(sup *s, const char *reason);            /* also ends a shutdown that failed */
 void sup_hold(sup *s, const char *reason);                  /* safe mode for this whole boot */
 void sup_unhold(sup *s);                                    /* its cause is gone (`identity enrol`): `restart` leaves safe mode again */

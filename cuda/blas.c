@@ -8,6 +8,8 @@
 
 #include <cublas_api.h>
 
+#include "cuda/cu.h"
+
 struct blas {
     void *lib;
     cublasHandle_t h;
@@ -23,9 +25,15 @@ blas *blas_open(CUstream stream, char *err, size_t errlen) {
         snprintf(err, errlen, "cublas: out of memory");
         return NULL;
     }
-    b->lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    /* The cuBLAS the driver runs: a CUDA 12 driver (the GPU image's 550) only cuBLAS 12;
+     * a CUDA 13 one either, 13 first. The few entry points used here (create, destroy,
+     * set stream, GemmEx) have the same ABI in both. */
+    static const char *const names[] = {"libcublas.so.13", "libcublas.so.12"};
+    const cu_api *cu = cu_load(NULL, 0);
+    int first = cu && cu->driver_version < 13000 ? 1 : 0;
+    for (int i = first; i < 2 && !b->lib; i++) b->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!b->lib) {
-        snprintf(err, errlen, "cublas: libcublas.so.13 not found (%s)", dlerror());
+        snprintf(err, errlen, "cublas: %s not found (%s)", first ? names[1] : "libcublas.so.13 or .12", dlerror());
         free(b);
         return NULL;
     }

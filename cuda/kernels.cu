@@ -11,7 +11,18 @@
  * neighbours, as on the CPU. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#ifdef __CUDACC_RTC__
+/* NVRTC (the GPU image's CUDA 12.4 build, scripts/cuda_fatbin.py) has no C library
+ * headers; these widths hold on every CUDA target (char 8, short 16, int 32 bits). */
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+#define INFINITY __int_as_float(0x7f800000) /* math.h's, the float +inf */
+#else
 #include <stdint.h>
+#endif
 
 #include "core/cpu/qtypes.h" /* QT_*: the type numbers, the CPU side's own definition */
 

@@ -45,7 +45,9 @@
 #                          initramfs (the disk image keeps it on its data partition)
 #   KILN_IMAGE_OVERLAY     a directory whose tree is laid over the initramfs root before it
 #                          is archived (image/gpu.sh: the NVIDIA modules, their list
-#                          /etc/kiln/modules-gpu, the GSP firmware); same modes and times
+#                          /etc/kiln/modules-gpu, the GSP firmware, the CUDA kilnd and its
+#                          libraries); same times, modes 0644/0755 (its executables 0755),
+#                          symbolic links kept
 #   KILN_IMAGE_IDENTITY    dev (default): the development TLS key, certificate and tokens
 #                          in /etc/kiln; none: no private key and no tokens file anywhere in
 #                          the archive (the disk's and the bundles' initramfs: the box gets
@@ -236,6 +238,10 @@ fi
 find "$R" -type d -exec chmod 0755 {} +
 find "$R" -type f -exec chmod 0644 {} +
 chmod 0755 "$R/sbin/init" "$R/bin/kilnd"
+# The overlay's programs (image/gpu.sh: the CUDA kilnd and its loader) stay executable.
+if [ -n "${KILN_IMAGE_OVERLAY:-}" ]; then
+  (cd "$KILN_IMAGE_OVERLAY" && find . -type f -perm -u+x -printf '%P\n') | while IFS= read -r f; do chmod 0755 "$R/$f"; done
+fi
 chmod 1777 "$R/tmp"
 [ "$IDENTITY" = none ] || chmod 0600 "$R/etc/kiln/tls/server.key" "$R/etc/kiln/tokens.txt"
 find "$R" -exec touch -h -d "@$EPOCH" {} +

@@ -10,6 +10,19 @@
 #                                                    boot/gpu.c, loads them after the NIC's)
 #       /lib/firmware/nvidia/<driver>/gsp_*.bin      from Debian's firmware-nvidia-gsp, where
 #                                                    the driver's request_firmware() looks
+#       /bin/kilnd-cuda                              the glibc CUDA kilnd (KILND_CUDA, make
+#                                                    cuda-img: kernels for this driver's CUDA)
+#       /lib64/ld-linux-x86-64.so.2 -> the loader   its program interpreter, and the glibc
+#       /lib/x86_64-linux-gnu/{ld-linux-x86-64.so.2,libc.so.6,...}  libraries it and libcuda
+#                                                    need (the machine's libc6, by version)
+#       /usr/lib/x86_64-linux-gnu/libcuda.so.1, libnvidia-ptxjitcompiler.so.1
+#                                                    the driver's user-space half (libcuda1,
+#                                                    libnvidia-ptxjitcompiler1 of the same
+#                                                    version); both directories are the
+#                                                    loader's built-in search path
+#   kiln-init runs /bin/kilnd-cuda instead of /bin/kilnd when it is there (boot/gpu.c).
+#   Without KILND_CUDA (no CUDA toolkit on this machine: make cuda-img needs cuda.h) the
+#   image carries no CUDA userland and says so (/etc/kiln/gpu-driver cuda_kilnd=none).
 #
 # Which driver and why: NVIDIA 550.163.01, the open kernel modules (Debian trixie, contrib)
 # and the GSP firmware of the same version (trixie, non-free-firmware). 550 is the oldest
@@ -40,7 +53,7 @@
 #
 # Cached: the .debs stay in build/gpu/dl/ and the built modules in build/gpu/modules/<key>/
 # (key: driver version, kernel version, patches, this recipe); a second run only re-packs.
-# Environment: BUILD (build), KILN_IMAGE_GPU_DIR (the output directory, default
+# Environment: BUILD (build), KILND_CUDA (the CUDA kilnd; unset: none), KILN_IMAGE_GPU_DIR (the output directory, default
 # build/image-gpu), JOBS (module compile jobs, default nproc), KILN_GPU_FIRMWARE
 # (the gsp_*.bin files to carry, default "gsp_ga10x.bin gsp_tu10x.bin": Ampere/Ada/Hopper and
 # Turing), and image/build.sh's (MODEL, SOURCE_DATE_EPOCH, GZIP_LEVEL, ...).
@@ -64,7 +77,10 @@ DL=$G/dl
 SUITE=trixie
 
 # ---------------------------------------------------------------- pins
-DRIVER=550.163.01
+# The driver version is written once, in image/gpu/driver.env (the Makefile derives the
+# kernels' CUDA level from it); every driver package below must be of that version.
+. image/gpu/driver.env
+DRIVER=$NVIDIA_DRIVER
 declare -A VER SHA COMP
 VER[nvidia-open-kernel-source]=550.163.01-2
 SHA[nvidia-open-kernel-source]=8726fc25ee050f530e569b32cb4634d1f75585a11b5481de3dfd82b72abb0505
@@ -72,6 +88,18 @@ COMP[nvidia-open-kernel-source]=contrib
 VER[firmware-nvidia-gsp]=550.163.01-2
 SHA[firmware-nvidia-gsp]=e07e243f33cf7066737e3f556f3325a5e57199a9549a93f2158eec3921ea0beb
 COMP[firmware-nvidia-gsp]=non-free-firmware
+# The driver's user-space half for the CUDA kilnd (dlopen("libcuda.so.1")); libcuda JITs
+# PTX through the PTX compiler library. Not libnvidia-pkcs11-openssl3, which libcuda1's
+# package depends on: libcuda dlopens it (and OpenSSL) only in confidential-computing mode.
+VER[libcuda1]=550.163.01-2
+SHA[libcuda1]=8feff97aac61d6f27ded96a3c25b9e68025a680476e6072ff7eaf10623509135
+COMP[libcuda1]=non-free
+VER[libnvidia-ptxjitcompiler1]=550.163.01-2
+SHA[libnvidia-ptxjitcompiler1]=73ce8da87e13d0cd5a7f5ec3e0b5822f91fe1cc72977542cd9a8354c25d810f4
+COMP[libnvidia-ptxjitcompiler1]=non-free
+for p in "${!VER[@]}"; do
+  [[ ${VER[$p]} == "$DRIVER"-* ]] || { echo "image-gpu: error: $p ${VER[$p]} is not of driver $DRIVER (image/gpu/driver.env)" >&2; exit 1; }
+done
 PATCHES=(image/gpu/nvidia-550-pci-resize-exclude-bars.patch)
 NV_MODULES="nvidia nvidia-uvm"
 # Bump when the build recipe below changes, so cached modules are rebuilt.
@@ -84,7 +112,7 @@ sha256() { sha256sum "$1" | cut -d' ' -f1; }
 since() { echo "$(( $(date +%s) - $1 )) s"; }
 
 scripts/need.sh gcc-12 gcc-12 make make modinfo kmod dpkg-deb dpkg apt-get apt \
-  strip binutils xz xz-utils patch patch flock util-linux
+  strip binutils readelf binutils xz xz-utils patch patch flock util-linux
 
 [ -f "$IMG/kernel/.from" ] && [ -f "$IMG/kernel.version" ] ||
   die "no kernel under $IMG (run make image first)"
@@ -265,12 +293,92 @@ for fw in $FIRMWARE; do
   [ -n "$src" ] || die "firmware-nvidia-gsp ${VER[firmware-nvidia-gsp]} has no nvidia/$DRIVER/$fw"
   cp "$src" "$O/lib/firmware/nvidia/$DRIVER/$fw"
 done
+# ---------------------------------------------------------------- 6. the CUDA userland
+# The glibc CUDA kilnd, its loader and libraries, libcuda. The glibc is the libc6 package
+# of exactly this machine's version (the one the kilnd was linked against here), fetched
+# by name=version from this machine's Debian archive like the kernel headers (apt checks
+# it against the archive's signed index; cached in build/gpu/dl), not copied from this
+# machine's /lib: the image must not depend on what else was installed or changed here.
+CUDA_LINE="cuda_kilnd=none"
+if [ -n "${KILND_CUDA:-}" ]; then
+  [ -x "$KILND_CUDA" ] || die "KILND_CUDA=$KILND_CUDA is not an executable"
+  LIBC_VER=$(dpkg-query -W -f='${Version}' libc6) || die "no libc6 installed here?"
+  have_deb libc6 "$LIBC_VER" || { say "downloading libc6=$LIBC_VER (the loader and libraries of the CUDA kilnd)"; download "" "libc6=$LIBC_VER"; }
+  GL=$G/libc6/$LIBC_VER
+  if [ ! -f "$GL/.ok" ]; then
+    rm -rf "$GL" && mkdir -p "$GL"
+    dpkg-deb -x "$(deb_of libc6 "$LIBC_VER")" "$GL"
+    touch "$GL/.ok"
+  fi
+  NVX=$G/libcuda/$DRIVER
+  if [ "$(cat "$NVX/.from" 2>/dev/null)" != "${SHA[libcuda1]} ${SHA[libnvidia-ptxjitcompiler1]}" ]; then
+    rm -rf "$NVX" && mkdir -p "$NVX"
+    for p in libcuda1 libnvidia-ptxjitcompiler1; do dpkg-deb -x "$(deb_of "$p" "${VER[$p]}")" "$NVX"; done
+    echo "${SHA[libcuda1]} ${SHA[libnvidia-ptxjitcompiler1]}" >"$NVX/.from"
+  fi
+  MA=x86_64-linux-gnu
+  SLIB=$O/lib/$MA ULIB=$O/usr/lib/$MA
+  mkdir -p "$O/bin" "$O/lib64" "$SLIB" "$ULIB"
+  strip --strip-debug -o "$O/bin/kilnd-cuda" "$KILND_CUDA"
+  chmod 0755 "$O/bin/kilnd-cuda"
+  # libcuda and the PTX compiler under their sonames (Debian keeps them in nvidia/current/
+  # behind update-alternatives links; the image has one driver, so no alternatives).
+  for lib in libcuda libnvidia-ptxjitcompiler; do
+    f=$NVX/usr/lib/$MA/nvidia/current/$lib.so.$DRIVER
+    [ -f "$f" ] || die "${lib}: no $lib.so.$DRIVER in its package"
+    cp "$f" "$ULIB/$lib.so.$DRIVER"
+    ln -s "$lib.so.$DRIVER" "$ULIB/$lib.so.1"
+  done
+  # The loader: the kilnd's PT_INTERP names /lib64/ld-linux-x86-64.so.2.
+  interp=$(readelf -l "$KILND_CUDA" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+  [ "$interp" = /lib64/ld-linux-x86-64.so.2 ] || die "$KILND_CUDA asks for the loader '$interp', not /lib64/ld-linux-x86-64.so.2"
+  cp "$GL/lib/$MA/ld-linux-x86-64.so.2" "$SLIB/"
+  chmod 0755 "$SLIB/ld-linux-x86-64.so.2"
+  ln -s ../lib/$MA/ld-linux-x86-64.so.2 "$O/lib64/ld-linux-x86-64.so.2"
+  # Every library the kilnd, libcuda and the PTX compiler name (DT_NEEDED), and theirs,
+  # from libc6; anything else is an error here, not a failed start on the box.
+  need_of() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+  queue=("$O/bin/kilnd-cuda" "$ULIB/libcuda.so.$DRIVER" "$ULIB/libnvidia-ptxjitcompiler.so.$DRIVER")
+  declare -A GOT=()
+  while [ ${#queue[@]} -gt 0 ]; do
+    f=${queue[0]}; queue=("${queue[@]:1}")
+    for n in $(need_of "$f"); do
+      [ -n "${GOT[$n]:-}" ] && continue
+      GOT[$n]=1
+      if [ -e "$SLIB/$n" ] || [ -e "$ULIB/$n" ]; then continue; fi
+      [ -f "$GL/lib/$MA/$n" ] || die "$(basename "$f") needs $n, which libc6 $LIBC_VER does not have"
+      cp "$GL/lib/$MA/$n" "$SLIB/$n"
+      queue+=("$SLIB/$n")
+    done
+  done
+  # The check the box would make: the image's own loader resolves all of it inside the
+  # image's tree (its built-in search path holds both directories; no ld.so.cache).
+  LDSO=$SLIB/ld-linux-x86-64.so.2
+  sp=$("$LDSO" --help | sed -n '/^Shared library search path:/,/^$/p')
+  for d in /lib/$MA /usr/lib/$MA; do
+    grep -q "^  $d (system search path)" <<<"$sp" || die "the loader of libc6 $LIBC_VER does not search $d by itself: $sp"
+  done
+  for f in "$O/bin/kilnd-cuda" "$ULIB/libcuda.so.1" "$ULIB/libnvidia-ptxjitcompiler.so.1"; do
+    out=$("$LDSO" --library-path "$SLIB:$ULIB" --list "$f") || die "the image's loader cannot load $(basename "$f"): $out"
+    bad=$(O=$O awk '$2 == "=>" && index($3, ENVIRON["O"]) != 1 {print}' <<<"$out")
+    [ -z "$bad" ] || die "$(basename "$f") resolves outside the image's tree: $bad"
+  done
+  CUDA_LINE="cuda_kilnd=/bin/kilnd-cuda
+libcuda=libcuda1 ${VER[libcuda1]}, libnvidia-ptxjitcompiler1 ${VER[libnvidia-ptxjitcompiler1]}
+glibc=libc6 $LIBC_VER: $(cd "$SLIB" && ls | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')
+cuda_level=$(image/gpu/cuda_level.sh "$DRIVER")"
+  say "CUDA kilnd: $(basename "$KILND_CUDA") + libcuda $DRIVER + libc6 $LIBC_VER ($(du -skL "$O/bin/kilnd-cuda" "$SLIB" "$ULIB" | awk '{s += $1} END {print s}') KiB)"
+else
+  say "no KILND_CUDA: the image carries no CUDA userland (make cuda-img needs the CUDA toolkit's headers)"
+fi
+
 cat >"$O/etc/kiln/gpu-driver" <<EOF
 driver=$DRIVER
 modules=nvidia-open-kernel-source ${VER[nvidia-open-kernel-source]}
 firmware=firmware-nvidia-gsp ${VER[firmware-nvidia-gsp]}
 kernel=$KVER
 vermagic=$KMAGIC
+$CUDA_LINE
 EOF
 
 say "initramfs (image/build.sh with the overlay)"

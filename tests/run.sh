@@ -162,6 +162,16 @@ if [ -x "$BUILD/cuda/kilnd" ]; then
 else
   skip_entry "cuda/no-gpu-fallback" "no $BUILD/cuda/kilnd (make cuda: needs nvcc)"
 fi
+# The GPU image's CUDA kilnd (make cuda-img: kernels by CUDA 12.4's NVRTC for driver 550):
+# its fatbin's level agrees with the pinned driver and the build check refuses what would
+# not; and it too falls back to the CPU with the same tokens when there is no GPU.
+if [ -x "$BUILD/cuda-img/kilnd" ]; then
+  run "cuda/fatbin-level" tests/gpu/fatbin_level.sh "$BUILD"
+  run "cuda/img-no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda-img/kilnd" "$MODEL"
+else
+  skip_entry "cuda/fatbin-level" "no $BUILD/cuda-img/kilnd (make cuda-img: needs nvcc)"
+  skip_entry "cuda/img-no-gpu-fallback" "no $BUILD/cuda-img/kilnd (make cuda-img: needs nvcc)"
+fi
 
 # The network: the transports alone (an echo server over host sockets, lwIP on a TAP
 # device in a namespace, lwIP over AF_PACKET on a veth pair), then `kilnd serve` end to

@@ -26,7 +26,8 @@ class Fail(Exception):
 class Init:
     """One kiln-init in test mode with a fresh ROOT."""
 
-    def __init__(self, files=None, model="fake.gguf", cmdline="kiln.test=1"):
+    def __init__(self, files=None, model="fake.gguf", cmdline="kiln.test=1", backend=None, kilnd=None):
+        backend = f"backend = {backend}   ; the compute backend\n" if backend else ""
         self.root = tempfile.mkdtemp(prefix="kiln-init-test.")
         for d in ("etc/kiln", "models", "fake", "dev"):
             os.makedirs(os.path.join(self.root, d))
@@ -34,7 +35,7 @@ class Init:
         open(self.path("dev/watchdog"), "w").close()  # pets append a byte each
         with open(self.ini, "w") as f:
             f.write(f"; kiln.ini for init_test\n[model]\npath = {self.root}/models/{model}   ; the model\n\n"
-                    "[engine]\nthreads = 0\nmax_batch_size = 8\n\n[net]\ndriver = packet\n")
+                    f"[engine]\n{backend}threads = 0\nmax_batch_size = 8\n\n[net]\ndriver = packet\n")
         for name, text in (files or {}).items():
             os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
             with open(self.path(name), "w") as f:
@@ -43,7 +44,13 @@ class Init:
         self.pos = 0
         self.lock = threading.Condition()
         self.t0 = time.monotonic()
-        self.p = subprocess.Popen([BIN, "--test", self.root, "--kilnd", FAKE, "--cmdline", cmdline],
+        # kilnd: a program in ROOT to run first, with the fake kilnd as its fallback (the GPU
+        # image's CUDA kilnd and the CPU one behind it)
+        args = ["--kilnd", FAKE]
+        if kilnd:
+            os.chmod(self.path(kilnd), 0o755)
+            args = ["--kilnd", self.path(kilnd), "--kilnd-fallback", FAKE]
+        self.p = subprocess.Popen([BIN, "--test", self.root] + args + ["--cmdline", cmdline],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         self.reader = threading.Thread(target=self.read, daemon=True)
@@ -467,6 +474,46 @@ def t_gpu_none(k):
     k.expect(r"gpu: no NVIDIA GPU on the PCI bus \(1 devices\): kilnd serves from the CPU\n", 3)
 
 
+def t_kilnd_pick(k):
+    """The GPU image's CUDA kilnd and its loader in ROOT: chosen for backend = auto."""
+    k.expect(r"kiln: kilnd: the CUDA kilnd \(glibc\), backend = auto \(test mode runs --kilnd\)", 5)
+    k.expect(READY, 10)
+
+
+def t_kilnd_pick_cpu(k):
+    """backend = cpu in kiln.ini: the static musl kilnd even in the GPU image."""
+    k.expect(r"kiln: kilnd: the CPU kilnd \(static musl\): backend = cpu \(test mode", 5)
+    k.expect(READY, 10)
+
+
+def t_kilnd_pick_none(k):
+    """No CUDA kilnd (the plain image): the CPU one, and why."""
+    k.expect(r"kiln: kilnd: the CPU kilnd \(static musl\): this image has no CUDA kilnd", 5)
+    k.expect(READY, 10)
+
+
+CUDA_KILND = {"bin/kilnd-cuda": "", "lib64/ld-linux-x86-64.so.2": ""}
+
+
+def t_fallback_exec(k):
+    """A kilnd that cannot be executed (its interpreter is missing, as a CUDA kilnd whose
+    loader is gone): the fallback (the CPU kilnd) serves instead of safe mode."""
+    k.expect(r"kiln: \S+/bin/kilnd-cuda cannot serve \(its config check exit status 127[^\n]*\): "
+             r"running \S+fake_kilnd\.py instead", 10)
+    k.expect(READY, 10)
+    k.send("status")
+    k.expect(r"kilnd: running", 3)
+
+
+def t_fallback_crash(k):
+    """A kilnd whose config check passes but which dies at every start (a driver crash):
+    after the crash loop the fallback serves, not safe mode."""
+    k.expect(r"kiln: \S+/bin/kilnd-cuda cannot serve \(crash loop: 5 failures within 60 s; last: [^\n]*\): "
+             r"running \S+fake_kilnd\.py instead", 40)
+    k.expect(READY, 10)
+    if "SAFE MODE" in k.out:
+        raise Fail("safe mode entered although a fallback was there")
+
 SCENARIOS = [
     ("console commands", t_console, {}, {}),
     ("test-kill-kilnd restarts", t_kill, {}, {}),
@@ -485,6 +532,14 @@ SCENARIOS = [
     ("gpu: an NVIDIA GPU, no driver in the image", t_gpu_no_driver, PCI, {}),
     ("gpu: the driver's view", t_gpu_driver, {**PCI, **NVIDIA}, {}),
     ("gpu: none on the bus", t_gpu_none, {k: v for k, v in PCI.items() if "0000:00:00.0" in k}, {}),
+    ("kilnd: the CUDA one in a GPU image", t_kilnd_pick, CUDA_KILND, {}),
+    ("kilnd: backend = cpu picks the CPU one", t_kilnd_pick_cpu, CUDA_KILND, {"backend": "cpu"}),
+    ("kilnd: the CPU one without a CUDA kilnd", t_kilnd_pick_none, {}, {}),
+    ("kilnd: one that cannot execute gives way to the fallback", t_fallback_exec,
+     {"bin/kilnd-cuda": "#!/nonexistent/ld-linux-x86-64.so.2\n"}, {"kilnd": "bin/kilnd-cuda"}),
+    ("kilnd: a crash loop gives way to the fallback", t_fallback_crash,
+     {"bin/kilnd-cuda": "#!/bin/sh\n[ \"$1\" = check-config ] && exit 0\necho 'libcuda: segfault (test)'\nexit 139\n"},
+     {"kilnd": "bin/kilnd-cuda"}),
 ]
 
 
@@ -497,7 +552,8 @@ def main(argv):
         if only and not any(o in name for o in only):
             continue
         t = time.monotonic()
-        k = Init(files=files, model=opts.get("model", "fake.gguf"), cmdline=opts.get("cmdline", "kiln.test=1"))
+        k = Init(files=files, model=opts.get("model", "fake.gguf"), cmdline=opts.get("cmdline", "kiln.test=1"),
+                 backend=opts.get("backend"), kilnd=opts.get("kilnd"))
         try:
             fn(k)
             if opts.get("finish", "poweroff"):

@@ -3,7 +3,9 @@
 # runs once more into a temporary directory (its modules come from the cache under
 # BUILD/gpu/modules/: this checks the packing; a build from an empty BUILD/gpu, compile
 # included, gave the same bytes too, docs/IMAGE.md): the initramfs must have the sha256 of
-# the one make image-gpu made, BUILD/image-gpu/initramfs.cpio.gz.
+# the one make image-gpu made, BUILD/image-gpu/initramfs.cpio.gz. With the CUDA kilnd in
+# it: its glibc and libcuda from the cached .debs, the kilnd as built (its fatbin: NVRTC and
+# nvFatbin gave the same bytes twice, docs/IMAGE.md).
 #   tests/image/repro_gpu_test.sh [BUILD] [MODEL]
 set -euo pipefail
 BUILD=${1:-build}
@@ -14,7 +16,10 @@ T=$(mktemp -d /tmp/kiln-repro-gpu.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 want=$(sha256sum <"$BUILD/image-gpu/initramfs.cpio.gz" | cut -d' ' -f1)
 t0=$(date +%s.%N)
-if ! KILN_IMAGE_GPU_DIR="$T/out" BUILD="$BUILD" MODEL="$MODEL" image/gpu.sh >"$T/log" 2>&1; then
+# The CUDA kilnd goes in when make image-gpu had one to put in (make cuda-img: nvcc here).
+cuda=
+[ -x "$BUILD/cuda-img/kilnd" ] && cuda=$BUILD/cuda-img/kilnd
+if ! KILN_IMAGE_GPU_DIR="$T/out" BUILD="$BUILD" MODEL="$MODEL" KILND_CUDA="$cuda" image/gpu.sh >"$T/log" 2>&1; then
   echo "FAIL image/gpu.sh:"; tail -n 20 "$T/log"; exit 1
 fi
 got=$(sha256sum <"$T/out/initramfs.cpio.gz" | cut -d' ' -f1)

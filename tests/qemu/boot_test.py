@@ -23,8 +23,11 @@ qemu/run.sh (kiln.test=1, free host ports, the serial console on QEMU's stdin/st
 tried although QEMU has no NVIDIA device, and the driver's init must refuse with ENODEV (its
 symbols resolved, its vermagic matched: an "Unknown symbol" or a version error is a failure),
 the console must say "no NVIDIA GPU" and that the driver fits the kernel, and kilnd serves the
-same GEN from the CPU; no restart checks nor bad-config boot (kiln-init's, the same in both
-images). Boot 2 is the same image with one byte of nvidia.ko's vermagic changed (overlaid as
+same GEN from the CPU. When the image carries the glibc CUDA kilnd (/etc/kiln/gpu-driver
+cuda_kilnd=), kiln-init must run it, and it must load the image's libcuda, find no CUDA
+device and say it serves from the CPU (its log, `status`, `stats`, /metrics
+kiln_backend_info fallback="1"): the GEN above is then its. No restart checks nor
+bad-config boot (kiln-init's, the same in both images). Boot 2 is the same image with one byte of nvidia.ko's vermagic changed (overlaid as
 above): the kernel refuses it (ENOEXEC), the console names the module and says the image's
 driver does not load on this kernel, and the box still comes up on the CPU.
 
@@ -499,6 +502,41 @@ def debug_path(g, admin):
     check("console `debug close`", out is not None and "DEBUG window=closed" in out, repr(out))
 
 
+def gpu_userland(g):
+    """The GPU image's CUDA userland under TCG: kiln-init runs the glibc CUDA kilnd (its
+    loader, glibc and libcuda in the image), which loads libcuda, finds no CUDA device (no
+    GPU, nvidia.ko refused) and serves from the CPU, saying so in its log, the console's
+    `status` and `stats` and /metrics. The GEN compared with the host above came from it."""
+    info = image_file(A.initrd, "etc/kiln/gpu-driver").decode()
+    if "cuda_kilnd=/bin/kilnd-cuda" not in info:
+        check("GPU image without a CUDA kilnd (built without the CUDA toolkit): kiln-init runs the CPU one and says why",
+              "kiln: kilnd: the CPU kilnd (static musl): this image has no CUDA kilnd" in g.text(), "\n" + tail(g, 40))
+        return
+    say("image: " + "; ".join(l for l in info.splitlines() if l.split("=")[0] in ("cuda_kilnd", "libcuda", "cuda_level")))
+    check("GPU image: kiln-init runs the glibc CUDA kilnd (backend = auto)",
+          "kiln: kilnd: the CUDA kilnd (glibc), backend = auto" in g.text(), "\n" + tail(g, 40))
+    out = g.cmd("log 200")
+    m = re.search(r"no GPU \(no CUDA device \(.*\)\): using the CPU", out or "")
+    check("GPU image: the CUDA kilnd loaded libcuda (the image's loader found it), found no CUDA device and "
+          "serves from the CPU", m is not None, repr(out))
+    if m:
+        say("kilnd: " + m.group(0))
+    check("GPU image: libcuda was found (not 'libcuda.so.1 not found')",
+          out is not None and "libcuda.so.1 not found" not in out, repr(out))
+    out = g.cmd("status")
+    check("GPU image, console `status`: kilnd reports backend=cpu", out is not None and
+          re.search(r"^\s*backend=cpu$", out, re.M) is not None, repr(out))
+    out = g.cmd("stats")
+    check("GPU image, console `stats`: backend=cpu", out is not None and " backend=cpu" in out, repr(out))
+    try:
+        code, body = http_get(g.mport, "/metrics")
+        m = re.search(r'^kiln_backend_info\{backend="cpu",simd="[a-z0-9]+",fallback="1"\} 1$', body, re.M)
+        check("GPU image, /metrics: kiln_backend_info{backend=\"cpu\",...,fallback=\"1\"} (auto fell back)",
+              code == 200 and m is not None, "\n".join(l for l in body.splitlines() if "backend" in l))
+    except OSError as e:
+        check("GPU image, /metrics", False, str(e))
+
+
 def boot_main(g, ref_thread, ref):
     m = g.wait(r"kiln: ready in (\d+\.\d+) s[^\n]*?(?:kernel uptime (\d+\.\d+) s)?\n", A.ready_timeout)
     if not check("boot: console shows `kiln: ready in X.XX s` within %d s" % A.ready_timeout, m is not None,
@@ -575,6 +613,7 @@ def boot_main(g, ref_thread, ref):
         m = re.search(r"kiln: gpu: [^\n]*", g.text())
         if m:
             say("console: " + m.group(0))
+        gpu_userland(g)
         poweroff(g, "`poweroff` ends QEMU with status 0 (within %d s)" % A.poweroff_timeout)
         return
     check("console `gpu`: QEMU's PCI bus scanned, no NVIDIA GPU, the CPU serves",
