@@ -3,6 +3,7 @@
 #include "sched/cost.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Each step weighs this much of the one after it: the fit is over about the last
  * 1 / (1 - λ) = 50 steps. */
@@ -12,7 +13,7 @@
  * rather than noise's quotient. */
 #define COST_RIDGE 0.5
 
-void cost_init(cost_model *m) { *m = (cost_model){{{0}}, {0}, 0, {0}, 0}; }
+void cost_init(cost_model *m) { memset(m, 0, sizeof *m); }
 
 /* Solves the normal equations restricted to the features in `mask` (the others 0),
  * with the ridge toward the last fit, by Gaussian elimination with partial pivoting;
@@ -74,7 +75,10 @@ static void refit(cost_model *m) {
     for (int i = 0; i < COST_N; i++) m->w[i] = fit[i];
 }
 
-void cost_observe(cost_model *m, int tokens, double positions, double ms) {
+/* The moving average's weight of a new decode-only step. */
+#define COST_WIDE_NEW 0.25
+
+void cost_observe(cost_model *m, int tokens, double positions, double ms, int decodes) {
     if (!(ms >= 0) || !isfinite(ms) || tokens <= 0 || !(positions >= 0)) return;
     /* relative errors: each step weighs 1/t², so a 4 ms decode is fit as closely as a
      * 60 ms prefill chunk (plain least squares lets the long steps set the fixed cost,
@@ -88,12 +92,23 @@ void cost_observe(cost_model *m, int tokens, double positions, double ms) {
     m->tt = COST_LAMBDA * m->tt + ms * u * ms * u;
     m->n++;
     refit(m);
+    if (decodes && tokens <= COST_WIDE) {
+        int k = tokens;
+        m->wide_ms[k] = m->wide_at[k] ? m->wide_ms[k] + COST_WIDE_NEW * (ms - m->wide_ms[k]) : ms;
+        m->wide_at[k] = m->n;
+    }
 }
 
 int cost_ready(const cost_model *m) { return m->n >= COST_MIN_STEPS; }
 
 double cost_step(const cost_model *m, int tokens, double positions) {
     return m->w[0] + m->w[1] * tokens + m->w[2] * positions * 1e-3;
+}
+
+double cost_decodes(const cost_model *m, int tokens, double positions) {
+    if (tokens >= 1 && tokens <= COST_WIDE && m->wide_at[tokens] && m->n - m->wide_at[tokens] < COST_RECENT)
+        return m->wide_ms[tokens];
+    return cost_step(m, tokens, positions);
 }
 
 /* k·b + c·(k·pos + k(k-1)/2)/1000: increasing in k, so cost_chunk bisects. */

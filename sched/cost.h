@@ -21,6 +21,13 @@
 
 #define COST_N 3         /* 1, tokens, thousands of positions */
 #define COST_MIN_STEPS 8 /* steps observed before a prediction is trusted */
+/* Decode-only steps are also remembered by their width (1..COST_WIDE sequences), as
+ * measured: on a loaded machine the smallest steps cost more than the line through all
+ * the others says (a one-token step measured 3-5 ms where the fit said 8), and the
+ * latency target is taken from them. A measurement older than COST_RECENT steps is not
+ * used. */
+#define COST_WIDE 64
+#define COST_RECENT 2000
 
 typedef struct {
     double S[COST_N][COST_N]; /* Σ weight·x·xᵀ */
@@ -28,15 +35,21 @@ typedef struct {
     double tt;                /* Σ weight·t² */
     double w[COST_N];         /* the fit: a, b, c (each ≥ 0) */
     int n;                    /* steps observed */
+    double wide_ms[COST_WIDE + 1]; /* decode-only steps of k sequences: a moving average */
+    int wide_at[COST_WIDE + 1];    /* n when last seen; 0: never */
 } cost_model;
 
 void cost_init(cost_model *m);
-/* One step: its tokens, the sum of their positions, what it took. */
-void cost_observe(cost_model *m, int tokens, double positions, double ms);
+/* One step: its tokens, the sum of their positions, what it took, and whether every
+ * token was a sequence's decode. */
+void cost_observe(cost_model *m, int tokens, double positions, double ms, int decodes);
 /* 1 once enough steps were seen to trust a prediction. */
 int cost_ready(const cost_model *m);
 /* The predicted time of a step (ms, ≥ 0). */
 double cost_step(const cost_model *m, int tokens, double positions);
+/* The same for a step of `tokens` decodes alone: what such steps took lately when one
+ * was measured in the last COST_RECENT steps, else the prediction. */
+double cost_decodes(const cost_model *m, int tokens, double positions);
 /* What k tokens of a sequence, at its positions pos .. pos+k-1, add to a step (ms; 0
  * for k = 0). */
 double cost_tokens(const cost_model *m, int pos, int k);

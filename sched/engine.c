@@ -720,8 +720,8 @@ static void itl_plan(engine *e) {
     if (who == -2) return;
     e->itl_cap = 1, e->itl_client = who;
     /* a step of the decodes alone, or the least step (one token) when there are none */
-    double base = e->b_n_tok ? cost_step(&e->cost, e->b_n_tok, step_positions(e))
-                             : cost_step(&e->cost, 1, 0);
+    double base = e->b_n_tok ? cost_decodes(&e->cost, e->b_n_tok, step_positions(e))
+                             : cost_decodes(&e->cost, 1, 0);
     e->itl_ms = (e->cfg.itl_target_ms > 0 ? e->cfg.itl_target_ms : ITL_FACTOR * base) - base;
 }
 
@@ -1098,7 +1098,7 @@ static void advance(engine *e, eng_seq *s, const float *logits) {
  * else from submit to now (which includes the loop's delay in noticing). */
 static void observe_cost(engine *e) {
     double ms = e->be->ops->step_ms ? e->be->ops->step_ms(e->be) : (now_s() - e->t_submit) * 1e3;
-    cost_observe(&e->cost, e->b_n_tok, step_positions(e), ms);
+    cost_observe(&e->cost, e->b_n_tok, step_positions(e), ms, e->b_n_tok == e->b_n_seq);
 }
 
 int eng_step_end(engine *e) {

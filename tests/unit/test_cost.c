@@ -37,7 +37,7 @@ static void feed(cost_model *m, machine k, int from, int to, double noise) {
         int t;
         double p;
         step_mix(i, &t, &p);
-        cost_observe(m, t, p, truth(k, t, p) * (1 - noise + 2 * noise * unif()));
+        cost_observe(m, t, p, truth(k, t, p) * (1 - noise + 2 * noise * unif()), 0);
     }
 }
 
@@ -90,7 +90,7 @@ static void identical_steps(void) {
     cost_model m;
     cost_init(&m);
     feed(&m, M, 0, 60, 0);
-    for (int i = 0; i < 5000; i++) cost_observe(&m, 1, 100, truth(M, 1, 100));
+    for (int i = 0; i < 5000; i++) cost_observe(&m, 1, 100, truth(M, 1, 100), 0);
     double want = truth(M, 33, 32 * 400);
     CHECK(fabs(cost_step(&m, 33, 32 * 400) - want) < 0.1 * want, "a chunk after them: %g, want %g",
           cost_step(&m, 33, 32 * 400), want);
@@ -108,7 +108,7 @@ static void never_negative(void) {
         int t;
         double p;
         step_mix(i, &t, &p);
-        cost_observe(&m, t, p, 50.0 / t + 10 * unif()); /* more tokens, less time */
+        cost_observe(&m, t, p, 50.0 / t + 10 * unif(), 0); /* more tokens, less time */
         for (int j = 0; j < COST_N; j++) neg += m.w[j] < 0 || !isfinite(m.w[j]);
     }
     CHECK(neg == 0, "%d negative or infinite coefficients", neg);
@@ -118,21 +118,44 @@ static void never_negative(void) {
 static void readiness(void) {
     cost_model m;
     cost_init(&m);
-    for (int i = 0; i < COST_MIN_STEPS - 1; i++) cost_observe(&m, 1 + i, 10.0 * i, 1.0 + i);
+    for (int i = 0; i < COST_MIN_STEPS - 1; i++) cost_observe(&m, 1 + i, 10.0 * i, 1.0 + i, 0);
     CHECK(!cost_ready(&m), "not ready before %d steps", COST_MIN_STEPS);
-    cost_observe(&m, 3, 30, NAN);
-    cost_observe(&m, 3, 30, INFINITY);
-    cost_observe(&m, 0, 0, 5.0);
-    cost_observe(&m, 2, 0, -1.0);
-    cost_observe(&m, 2, -5, 1.0);
+    cost_observe(&m, 3, 30, NAN, 0);
+    cost_observe(&m, 3, 30, INFINITY, 0);
+    cost_observe(&m, 0, 0, 5.0, 0);
+    cost_observe(&m, 2, 0, -1.0, 0);
+    cost_observe(&m, 2, -5, 1.0, 0);
     CHECK(m.n == COST_MIN_STEPS - 1, "NaN, infinite, empty and negative steps are not observed (%d)", m.n);
-    cost_observe(&m, 2, 0, 1.0);
+    cost_observe(&m, 2, 0, 1.0, 0);
     CHECK(cost_ready(&m), "ready at %d", COST_MIN_STEPS);
     cost_model z;
     cost_init(&z);
-    for (int i = 0; i < 50; i++) cost_observe(&z, 1 + i % 7, 100.0 * i, 3.0); /* free tokens */
+    for (int i = 0; i < 50; i++) cost_observe(&z, 1 + i % 7, 100.0 * i, 3.0, 0); /* free tokens */
     CHECK(cost_chunk(&z, 500, 64, 0.5) == 64, "tokens that cost nothing: no chunk is cut (%d)",
           cost_chunk(&z, 500, 64, 0.5));
+}
+
+/* Decode-only steps as measured: the smallest steps of a loaded machine cost more than
+ * the line through the rest (here 4 ms where the fit says about 2.4); cost_decodes
+ * gives what they took, for widths seen lately, and the fit otherwise (a width never
+ * seen, or not for COST_RECENT steps). */
+static void decodes_as_measured(void) {
+    cost_model m;
+    cost_init(&m);
+    feed(&m, M, 0, 60, 0);
+    for (int i = 0; i < 5; i++) {
+        cost_observe(&m, 1, 40, 4.0, 1);
+        feed(&m, M, 60 + 10 * i, 70 + 10 * i, 0);
+    }
+    CHECK(fabs(cost_decodes(&m, 1, 40) - 4.0) < 1e-9, "one decode: %g, as measured", cost_decodes(&m, 1, 40));
+    CHECK(fabs(cost_decodes(&m, 3, 120) - cost_step(&m, 3, 120)) < 1e-9, "three, never seen alone: the fit");
+    cost_observe(&m, 1, 41, 6.0, 1);
+    CHECK(fabs(cost_decodes(&m, 1, 41) - 4.5) < 1e-9, "a moving average: %g", cost_decodes(&m, 1, 41));
+    cost_observe(&m, 1, 41, 3.0, 0); /* a one-token prefill chunk: not a decode */
+    CHECK(fabs(cost_decodes(&m, 1, 41) - 4.5) < 1e-9, "steps not all decodes are not counted");
+    feed(&m, M, 200, 200 + COST_RECENT, 0);
+    CHECK(fabs(cost_decodes(&m, 1, 40) - cost_step(&m, 1, 40)) < 1e-9, "stale after %d steps: the fit",
+          COST_RECENT);
 }
 
 static void chunk_is_largest(void) {
@@ -161,6 +184,7 @@ int main(void) {
     identical_steps();
     never_negative();
     readiness();
+    decodes_as_measured();
     chunk_is_largest();
     return check_done("test_cost");
 }
