@@ -14,6 +14,12 @@ int prompt_chat_kind(const gguf_file *f, int cfg_template) {
     return chat_detect(f);
 }
 
+const char *prompt_chat_warning(int chat_kind) {
+    if (chat_kind != CHAT_UNKNOWN) return NULL;
+    return "the model's chat template is not one kiln knows: chat requests (GEN chat=1, "
+           "/v1/chat/completions) get an error until [model] chat_template names one";
+}
+
 int prompt_init(prompt_builder *pb, const tok_t *tok, int chat_kind, size_t max_input) {
     memset(pb, 0, sizeof *pb);
     if (max_input > (size_t)INT32_MAX / 2) return -ENOMEM;

@@ -53,6 +53,10 @@ typedef struct {
 /* The template kind for [model] chat_template (CFG_TEMPLATE_*): the configured one, or
  * with `auto` the one the GGUF's tokenizer.chat_template names. */
 int prompt_chat_kind(const gguf_file *f, int cfg_template);
+/* The line to warn the operator with when chat_kind is no template kiln knows (the
+ * model's template unrecognised, and [model] chat_template not set): chat requests then
+ * get an error. NULL for a known kind. */
+const char *prompt_chat_warning(int chat_kind);
 /* Scratch for prompts whose system and user texts (or messages: their contents and
  * roles, plus PROMPT_MSG_OVERHEAD each) add up to max_input bytes. 0 or -ENOMEM. */
 #define PROMPT_MSG_OVERHEAD 64 /* bytes a template adds around one more message, at most */

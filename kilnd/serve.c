@@ -25,6 +25,7 @@
 #include "core/config.h"
 #include "core/cpu/isa.h"
 #include "core/model.h"
+#include "core/prompt.h"
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "mm/pool.h"
@@ -295,6 +296,8 @@ int kd_check_config(int argc, char **argv) {
         return 1;
     }
     tok_free(&tok);
+    const char *chat_note = prompt_chat_warning(prompt_chat_kind(&m.gguf, c.model.chat_template));
+    if (chat_note) fprintf(stderr, "kilnd: warning: %s\n", chat_note);
     kv_config kc = {0};
     model_kv_shape(&m, &kc);
     kc.block_size = c.engine.block_size;

@@ -524,6 +524,7 @@ srv *srv_new(const srv_env *env, char *err, size_t errlen) {
     s->metrics_text = malloc(SRV_METRICS_CAP);
     s->met = met_new(96);
     int chat_kind = prompt_chat_kind(&env->m->gguf, c->model.chat_template);
+    if (prompt_chat_warning(chat_kind)) srv_log(s, CFG_LOG_WARN, "%s", prompt_chat_warning(chat_kind));
     /* a GEN's system + prompt come in at most two lines, its conversation in one line plus
      * PROMPT_MSG_OVERHEAD per message; an OpenAI body's messages render to at most twice
      * the body (a template's markup per turn is at most twice the JSON around it:

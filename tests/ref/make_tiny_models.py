@@ -310,14 +310,14 @@ def llama3_rope_factors(head_dim, base, factor, low_freq_factor, high_freq_facto
 def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, biases, rng,
           meta=None, qk_norm=False, rope_freqs=None, pre="gpt2", extra_tensors=None,
           experts=None, post_norms=False, fused=False, rope_long_short=None, tok_edit=None,
-          bos=None, general=None):
+          bos=None, general=None, chat_template=None):
     """experts: dict(n=, ffn=) for a mixture-of-experts FFN (an F32 router and 3-D
     gate/up/down tensors of types t["gate"], t["up"], t["down"]) instead of the dense
     one; the expert counts go in meta.  fused (Phi-3): q/k/v in one attn_qkv tensor of
     type t["q"], gate and up rows in one ffn_up of type t["up"].  rope_long_short:
     (long, short) LongRoPE factor vectors.  tok_edit(vocab, types, merges) -> the same
-    three, bos (an id) and general ({key: u32} under "general.") bend the header for the
-    loader's strictness tests."""
+    three, bos (an id), general ({key: u32} under "general.") and chat_template (a
+    string) bend the header for the loader's strictness tests."""
     d, L, H, Hkv, hd, ffn = (cfg[k] for k in ("d", "layers", "heads", "kv_heads", "head_dim", "ffn"))
     vocab, ttypes, merges = make_vocab()
     w = gguf.GGUFWriter(path, arch)
@@ -340,6 +340,8 @@ def build(path, arch, cfg, types_for_layer, embd_type, out_type, norm_kinds, bia
     if tok_edit:
         vocab, ttypes, merges = tok_edit(list(vocab), list(ttypes), list(merges))
     _add_tokenizer(w, vocab, ttypes, merges, pre, bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def norm(n):  # norm weights around 1
         return 1.0 + 0.2 * rng.standard_normal(n)

@@ -65,6 +65,8 @@ CASES = [
     # absurd headers (issue 24's single-field mutations of a GGUF)
     ("rms epsilon -1", dict(cfg=dict(CFG, eps=-1.0)), "layer_norm_rms_epsilon -1 is not in (0, 1)"),
     ("rope dimension 0", dict(cfg=dict(CFG, rope_dim=0)), "rope_dim 0"),
+    ("rope base NaN", dict(cfg=dict(CFG, rope_base=float("nan"))), "rope.freq_base' is not finite"),
+    ("rope base -5", dict(cfg=dict(CFG, rope_base=-5.0)), "rope.freq_base -5 must be above 1"),
     ("vocab_size off", dict(meta={"vocab_size": 7}), "vocab_size 7 differs from token_embd.weight's 512 rows"),
     ("file_type 999", dict(general={"file_type": 999}), "general.file_type is not a known file type"),
     ("bos out of range", dict(bos=512), "a special token id outside the vocabulary: tokenizer.ggml.bos_token_id"),
@@ -116,6 +118,21 @@ def main():
         base = os.path.join(td, "base.gguf")
         write(base)
         check("the base file loads", base, None, 0)
+        # a chat template kiln cannot render: the model loads and serves plain prompts,
+        # check-config warns, and a chat request gets a clear error, not a guess
+        junk = os.path.join(td, "junk-template.gguf")
+        write(junk, chat_template="{% for m in messages %}<<{{ m.content }}>>{% endfor %}")
+        rc, out = run([a.kilnd, "check-config", "--model", junk])
+        ok = "chat template is not one kiln knows" in out and "model:" not in out
+        rc2, out2 = run([a.kilnd, "generate", "--model", junk, "--chat", "--prompt", "hi", "--max-tokens", "1"])
+        ok2 = rc2 != 0 and "template" in out2
+        rc3, _ = run([a.kilnd, "generate", "--model", junk, "--prompt-ids", "1,2,3", "--max-tokens", "1"])
+        for tag, good, o in (("an unknown chat template: check-config warns", ok, out),
+                             ("an unknown chat template: a chat request fails, saying why", ok2, out2),
+                             ("an unknown chat template: plain prompts still run", rc3 == 0, "")):
+            passed += good
+            failed += not good
+            print(f"{'PASS' if good else 'FAIL'} {tag}; {o.strip().splitlines()[-1][:160] if o.strip() else ''}")
     print(f"strict load: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
