@@ -695,14 +695,25 @@ static void step_share(const model *m, const tok_t *tok, int fair) {
     rig_close(&g);
 }
 
+/* A fake-backend rig with fair_batch and itl_target_ms = target (sequences of up to 256
+ * tokens, no prefix cache); -1 (said) when it cannot be made. */
+static int fair_rig(rig *g, const model *m, const tok_t *tok, int n_blocks, int max_seqs, int batch,
+                    int tokens, int target) {
+    rig_fair = 1, rig_itl = target;
+    int r = rig_open(g, m, tok, n_blocks, max_seqs, 256, batch, tokens, 0, 1);
+    rig_fair = 0, rig_itl = 0;
+    if (r < 0) CHECK(0, "rig");
+    return r;
+}
+
 /* itl_target_ms: client 1 decodes a short request; client 2 sends a 200-token prompt.
  * Its share of a step (32 of 64 tokens) deep in its prompt would make each of client
  * 1's steps cost several times a decode's; with the target (the default: 2x the step
  * without the prefill, predicted by the cost model the steps taught), every step that
- * carries both takes at most that (but the first: client 2 had nothing running), the prompt still advancing by at least an eighth of
- * its share (the prompt's last chunk is what is left); with a target of 3 ms, at most
- * 3 ms; with none, the whole share. Every
- * output equals its solo run: chunking changes no token. */
+ * carries both takes at most that (but the first: client 2 had nothing running), the
+ * prompt still advancing by at least an eighth of its share (its last chunk is what is
+ * left); with a target of 3 ms, at most 3 ms; with none, the whole share. Every output
+ * equals its solo run: chunking changes no token. */
 static void itl_share(const model *m, const tok_t *tok, int target) {
     enum { OUT = 64, LONG = 200, SHARE = 32 };
     static prompt p[2];
@@ -710,10 +721,7 @@ static void itl_share(const model *m, const tok_t *tok, int target) {
     char kind[64];
     snprintf(kind, sizeof kind, "itl target %d", target);
     rig g;
-    rig_fair = 1, rig_itl = target;
-    int opened = rig_open(&g, m, tok, 128, 16, 256, 8, 2 * SHARE, 0, 1);
-    rig_fair = 0, rig_itl = 0;
-    if (opened < 0) { CHECK(0, "rig"); return; }
+    if (fair_rig(&g, m, tok, 128, 16, 8, 2 * SHARE, target) < 0) return;
     for (int i = 0; i < 2; i++) {
         make_prompt(&p[i], i ? LONG : 8, 700u + (uint32_t)i);
         memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
@@ -775,10 +783,7 @@ static void decode_balance(const model *m, const tok_t *tok, int target) {
     char kind[64];
     snprintf(kind, sizeof kind, "decode balance, target %d", target);
     rig g;
-    rig_fair = 1, rig_itl = target;
-    int opened = rig_open(&g, m, tok, 256, 64, 256, B, 64, 0, 1);
-    rig_fair = 0, rig_itl = 0;
-    if (opened < 0) { CHECK(0, "rig"); return; }
+    if (fair_rig(&g, m, tok, 256, 64, B, 64, target) < 0) return;
     for (int i = 0; i <= B; i++) {
         make_prompt(&p[i], 6 + i % 5, 500u + (uint32_t)i);
         memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
@@ -836,10 +841,7 @@ static void itl_first(const model *m, const tok_t *tok, int target) {
     char kind[64];
     snprintf(kind, sizeof kind, "itl first token, target %d", target);
     rig g;
-    rig_fair = 1, rig_itl = target;
-    int opened = rig_open(&g, m, tok, 128, 16, 256, 8, 2 * SHARE, 0, 1);
-    rig_fair = 0, rig_itl = 0;
-    if (opened < 0) { CHECK(0, "rig"); return; }
+    if (fair_rig(&g, m, tok, 128, 16, 8, 2 * SHARE, target) < 0) return;
     for (int i = 0; i < 2; i++) { /* also what teaches the cost model */
         make_prompt(&p[i], i ? 8 : LONG, 600u + (uint32_t)i);
         memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
