@@ -418,8 +418,9 @@ QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
 
 /* Per dispatch slot (isa.h). Q8_0 has no AVX2 kernel (qpack.h); AMX, where in force,
- * has its own tiles over the row-major layout, so it wants no packed copy of its types.
- * The K-quants have no AMX tiles: their AVX-512 kernels run in the AMX slots. */
+ * has its own tiles over the row-major layout for Q4_1 (and Q8_0), so it wants no packed
+ * copy of those. The K-quants' AMX tiles run on the packed layout in both AMX slots:
+ * they give the AVX-512 kernels' bits, so unlike Q4_1's they change no result. */
 static const qp_path paths[ISA_SLOTS] = {
     [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q50_tile_ref, q51_tile_ref, f16_tile_ref,
                      bf16_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
@@ -432,8 +433,12 @@ static const qp_path paths[ISA_SLOTS] = {
      qp_q51_tile_avx512, qp_f16_tile_avx512, qp_bf16_tile_avx512, qp_q4k_tile_avx512,              \
      qp_q5k_tile_avx512, qp_q6k_tile_avx512}
     [ISA_AVX512] = {QP_AVX512_TILES, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_Q4_1] = {QP_AVX512_TILES, {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-    [ISA_SLOT_AMX_ALL] = {QP_AVX512_TILES, {0, 0, 1, 1, 1, 1, 1, 1, 1, 1}},
+#define QP_AMX_TILES                                                                               \
+    {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q50_tile_avx512,               \
+     qp_q51_tile_avx512, qp_f16_tile_avx512, qp_bf16_tile_avx512, qp_q4k_tile_amx,                 \
+     qp_q5k_tile_amx, qp_q6k_tile_amx}
+    [ISA_SLOT_AMX_Q4_1] = {QP_AMX_TILES, {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+    [ISA_SLOT_AMX_ALL] = {QP_AMX_TILES, {0, 0, 1, 1, 1, 1, 1, 1, 1, 1}},
 #endif
 };
 

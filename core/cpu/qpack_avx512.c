@@ -230,14 +230,6 @@ QP_INLINE const uint8_t *qk_x(const uint8_t *x, size_t xs, int c, int64_t b) {
     return x + c * xs + b * sizeof(blk_q8_k);
 }
 
-/* Bit `bit` of each byte of v moved to bit 4 (the 5th bit of a Q5_K value): a 16-bit
- * shift never brings a neighbour byte's bit there for shifts of at most 4. */
-QP_INLINE __m512i q5_bit4(__m512i v, const int bit) {
-    const __m512i m10 = _mm512_set1_epi8(0x10);
-    v = bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : bit > 4 ? _mm512_srli_epi16(v, bit - 4) : v;
-    return _mm512_and_si512(v, m10);
-}
-
 /* Q4_K, and Q5_K (q5) with its 5th bits or-ed in from qh. */
 QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, const uint8_t *x,
                           size_t xs, __m512 acc[QK_MAXC]) {

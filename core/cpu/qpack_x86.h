@@ -1,7 +1,8 @@
 /* qpack_x86.h: what the x86 packed kernels (qpack_avx2.c, qpack_avx512.c) share: the
  * prefetch ahead of the weights, and the per-column table of Q8_0 activation blocks
  * that the Q8_0, Q4_0 and Q5_0 tiles take their weights' bias back off with. AVX2
- * instructions only, so both files can include it. */
+ * instructions only, so both files can include it, but for the Q5_K bit helper the
+ * AVX-512 files (qpack_avx512.c, qpack_amx_avx512.c) share. */
 #ifndef KILN_QPACK_X86_H
 #define KILN_QPACK_X86_H
 
@@ -63,5 +64,15 @@ static inline void qp_xtab_fill(qp_xtab *t, int bias, int C, int64_t nb, const u
             t->dx[c][b] = _cvtsh_ss(xb->d);
         }
 }
+
+#ifdef __AVX512BW__
+/* Bit `bit` of each byte of v moved to bit 4 (the 5th bit of a Q5_K value): a 16-bit
+ * shift never brings a neighbour byte's bit there for shifts of at most 4. */
+static inline __attribute__((always_inline)) __m512i q5_bit4(__m512i v, const int bit) {
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    v = bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : bit > 4 ? _mm512_srli_epi16(v, bit - 4) : v;
+    return _mm512_and_si512(v, m10);
+}
+#endif
 
 #endif

@@ -1,7 +1,7 @@
 /* quant_amx: AVX-512 plus AMX-INT8 tiles: Q4_1 x Q8_1 (the default model's layers) and
  * Q8_0 x Q8_0 (its tied output matrix: the logits), for dot, rows and tile alike. Named
  * *_avx512.c so the build gives it the AVX-512 flags; the tile instructions are inline
- * asm (below), which gcc and clang (the fuzz build) both take without AMX flags.
+ * asm (core/cpu/amx_x86.h), which gcc and clang both take without AMX flags.
  *
  * Why AMX: in a batched step the 512-bit VNNI tile spends ~4 vector ops per (row,
  * column, block pair) on int->float conversion, scale and accumulation. One tdpbsud
@@ -18,6 +18,7 @@
  * Tiles: A = 16 tokens x 32 int8 (the Q8_1 blocks' qs, loaded in place with the row
  * stride), B = the 16 weight rows in VNNI order (B[j][4n+t] = weight n, element
  * 4j+t: gathered and unpacked here), C = 16 tokens x 16 rows of int32. */
+#include "core/cpu/amx_x86.h"
 #include "core/cpu/quant_kern.h"
 
 #include <immintrin.h>
@@ -33,17 +34,7 @@ static inline size_t amx_wb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q4_
 static inline size_t amx_xb(const int k) { return k == AMX_Q4_1 ? sizeof(blk_q8_1) : sizeof(blk_q8_0); }
 static inline size_t amx_xq(const int k) { return k == AMX_Q4_1 ? 4 : 2; } /* qs offset */
 
-/* Tile instructions (t: a tile number literal, pasted into the instruction). Loads and
- * stores clobber memory so the compiler keeps C reads after tilestored. */
-#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
-#define AMX_LOAD(t, base, stride) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(base), "r"((long)(stride)) : "memory")
-#define AMX_STORE(t, base, stride) \
-    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(base), "r"((long)(stride)) : "memory")
-#define AMX_DPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-#define AMX_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-
-/* palette 1: tiles 0/3 C (mt x 16 int32), 1/4 A (mt x 32 bytes), 2/5 B (8 x 64 bytes). */
+/* The configurations of core/cpu/amx_x86.h, loaded per thread when they change. */
 typedef struct {
     uint8_t palette, start;
     uint8_t pad[14];
@@ -51,23 +42,27 @@ typedef struct {
     uint8_t rows[16];
 } amx_cfg;
 
-/* Tile configuration is per thread; reload it only when the token count changes. */
-static _Thread_local int amx_mt;
+static _Thread_local int amx_loaded; /* layout * 32 + mt */
 
-static void amx_config(int mt) {
-    if (amx_mt == mt) return;
+void amx_config(int layout, int mt) {
+    if (amx_loaded == layout * 32 + mt) return;
     amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 6; t += 3) {
-        c.rows[t] = (uint8_t)mt, c.colsb[t] = 64;
-        c.rows[t + 1] = (uint8_t)mt, c.colsb[t + 1] = 32;
-        c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
+    if (layout == AMX_CFG_BLOCK) {
+        for (int t = 0; t < 6; t += 3) {
+            c.rows[t] = (uint8_t)mt, c.colsb[t] = 64;
+            c.rows[t + 1] = (uint8_t)mt, c.colsb[t + 1] = 32;
+            c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
+        }
+    } else {
+        for (int t = 0; t < 5; t++) c.rows[t] = (uint8_t)mt, c.colsb[t] = 64;
+        for (int t = 5; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
     }
     /* the whole struct as operand: with gcc 12's _tile_loadconfig the stores to rows
      * and colsb were dropped (it did not see the 64 bytes read) */
     __asm__ volatile("ldtilecfg %0" : : "m"(c) : "memory");
-    amx_mt = mt;
+    amx_loaded = layout * 32 + mt;
 }
 
 /* ---------------------------------------------------------------- B tiles */
@@ -174,7 +169,7 @@ amx_cols(const int kind, const uint8_t (*B)[512], const float (*wd)[16],
 #pragma GCC unroll 16
     for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
         s[c] = first || c >= mt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
-    amx_config(mt);
+    amx_config(AMX_CFG_BLOCK, mt);
     const size_t xb = amx_xb(kind);
     amx_xscales(kind, x + (size_t)b0 * xb, xs, mt, kb, xd, xsum);
     int b = 0;

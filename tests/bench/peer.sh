@@ -13,21 +13,29 @@ PEER=$BUILD/peer
 REQ=tests/bench/requirements.txt
 PIN=$(sed -n 's/^llama-cpp-python==\([^ ]*\).*/\1/p' "$REQ")
 TOOLS="llama-bench llama-batched-bench llama-quantize llama-server"
-STAMP=$PEER/bin/.built-$PIN
+# the recipe's version is in the stamp, so a peer cached by an older recipe is rebuilt
+STAMP=$PEER/bin/.built-$PIN-noamx
 
 if [ -f "$STAMP" ]; then echo "$PEER/bin"; exit 0; fi
 
 scripts/need.sh python3 python3 gcc gcc g++ g++ cmake cmake make make >&2
 sdist=$(BUILD=$BUILD scripts/llama_sdist.sh)
 
-rm -rf "$PEER/src" "$PEER/x"
+rm -rf "$PEER/src" "$PEER/x" "$PEER/bin"
 mkdir -p "$PEER/x"
 tar -xzf "$sdist" -C "$PEER/x"
 mv "$PEER/x"/llama_cpp_python-"$PIN"/vendor/llama.cpp "$PEER/src"
 rm -rf "$PEER/x"
 
 echo "peer: building $TOOLS (cmake, native ISA; minutes)" >&2
+# Without ggml's AMX backend (its code is compiled only where __AMX_INT8__ is defined,
+# which -march=native does on a CPU with AMX): on the Intel build VMs with AMX-INT8 its
+# matmul crashes on the first Q4_K_M prompt (SIGSEGV in ggml_backend_amx_mul_mat, the
+# open llama.cpp issue #20824), so the peer is llama.cpp's fastest build that runs here:
+# native AVX-512 VNNI with its CPU repacking. A no-op on a CPU without AMX.
+noamx="-U__AMX_INT8__ -U__AMX_TILE__"
 cmake -S "$PEER/src" -B "$PEER/cmake" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >&2
 # shellcheck disable=SC2086
 cmake --build "$PEER/cmake" -j "$(nproc)" --target $TOOLS >&2

@@ -190,8 +190,8 @@ static void bench(uint32_t T, int64_t n, int CH) {
         for (int k = 0; k < 4; k++)
             if (t[k + 1] - t[k] < best[k]) best[k] = t[k + 1] - t[k];
     }
-    printf("bench L%d %s n=%-5lld decode: row-major %6.1f  packed %6.1f ns/row (%.2fx)   "
-           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", isa_level(),
+    printf("bench L%d%s %s n=%-5lld decode: row-major %6.1f  packed %6.1f ns/row (%.2fx)   "
+           "%d columns: row-major %5.2f  packed %5.2f ns/row/col (%.2fx)\n", isa_level(), isa_amx() ? "+amx" : "",
            quant_traits_of(T)->name, (long long)n,
            best[0] / rows, best[1] / rows, best[0] / best[1], NCB, best[2] / MROWS / NCB,
            best[3] / MROWS / NCB, best[2] / best[3]);
@@ -200,12 +200,14 @@ static void bench(uint32_t T, int64_t n, int CH) {
 
 int main(void) {
     test_bytes();
-    int max = isa_max();
+    int max = isa_max(), amx0 = isa_amx();
     SKIP_SIMD_ABOVE("qpack", max);
     int64_t ns[] = {32, 64, 96, 576, 1536}, nks[] = {256, 512, 1536, 2048};
     int nrs[] = {1, 16, 40, 64};
-    for (int level = ISA_SCALAR; level <= max; level++) {
-        isa_set(level);
+    /* one level past AVX-512 where the CPU has AMX: the K-quants' AMX tiles */
+    for (int level = ISA_SCALAR; level <= max + (isa_amx_max() ? 1 : 0); level++) {
+        isa_set(level > max ? max : level);
+        isa_set_amx(level > ISA_AVX512 ? ISA_AMX_Q4_1 : ISA_AMX_OFF);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
             for (size_t j = 0; j < sizeof nrs / sizeof nrs[0]; j++) {
                 test_shape(QT_Q4_1, ns[i], nrs[j], level, level == ISA_SCALAR);
@@ -224,10 +226,12 @@ int main(void) {
             }
     }
     isa_set(max);
+    isa_set_amx(amx0);
     const char *b = getenv("QPACK_BENCH");
     if (b && *b == '1') {
-        for (int level = ISA_AVX2; level <= max; level++) {
-            isa_set(level);
+        for (int level = ISA_AVX2; level <= max + (isa_amx_max() ? 1 : 0); level++) {
+            isa_set(level > max ? max : level);
+            isa_set_amx(level > ISA_AVX512 ? ISA_AMX_Q4_1 : ISA_AMX_OFF);
             bench(QT_Q4_1, 576, 16);
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
@@ -240,6 +244,7 @@ int main(void) {
             bench(QT_Q6_K, 2048, 64);
         }
         isa_set(max);
+        isa_set_amx(amx0);
     }
     return check_done("qpack");
 }

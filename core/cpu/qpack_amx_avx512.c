@@ -1,0 +1,237 @@
+/* qpack_amx: the packed K-quant tiles (Q4_K, Q5_K and Q6_K x Q8_K, layouts and
+ * arithmetic in qpack.h) with AMX-INT8, for steps of several tokens; fewer go to the
+ * AVX-512 kernels, which build nothing.
+ *
+ * Why: the AVX-512 tile spends a vpdpbusd per 4 elements of 16 rows and one token, and a
+ * prompt's matrices are most of a prefill. One tile product does 64 elements of 16 rows
+ * for 16 tokens.
+ *
+ * The sub-block scales go into B, so each super-block is a few products over its whole
+ * 256 elements instead of one per sub-block with a vector multiply by the scale after
+ * each. A scale times a weight does not fit a byte, so the scale is split into digits
+ * that do, one B "plane" per digit:
+ *   Q4_K, Q5_K  sc = s0 + 8 s1 (s0, s1 in 0..7: q s <= 31 * 7 = 217, unsigned)
+ *               sumq = P0 + 8 P1, and a third plane of the mins (mn_j in each of
+ *               sub-block j's bytes) gives summ = sum of mn_j x (sub-block j's x sum)
+ *   Q6_K        sc = s0 + 4 s1 + 16 s2 + 64 s3 (s0..s2 in 0..3, s3 in -2..1 from the
+ *               arithmetic shift), weights q = u - 32 signed: |q s| <= 96
+ *               sumq = P0 + 4 P1 + 16 P2 + 64 P3
+ * where Pk = sum over the super-block of (digit k of the element's sub-block scale x
+ * weight) x activation, exact in the tile's int32. These are the integers qpack.h
+ * defines (sum_j sc_j x sub-block dot, and for Q6_K the dot of u - 32 is the
+ * reference's i - 32 bsums), then the same FMAs in the same order per super-block: the
+ * reference's bits, and the AVX-512 kernels', so a token's result does not depend on
+ * whether its step took this path (batch invariance).
+ *
+ * B planes are built once per 16-row group and super-block (VNNI order: dword r of
+ * tile row k = row r's elements 4k..4k+3, which is how the packed chunks already lie)
+ * and serve every group of 16 tokens; A tiles are the Q8_K rows' qs, loaded in place. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "core/cpu/amx_x86.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/qpack_x86.h"
+#include "core/cpu/quant_kern.h"
+
+#define QA_INLINE static inline __attribute__((always_inline))
+#define QA_UNROLL _Pragma("GCC unroll 16")
+/* Tokens from which the tiles pay for building B (fewer: the AVX-512 kernels), measured
+ * in cache on an AMX Xeon: Q6_K's planes cost twice Q4_K's to build. */
+#define QA_MIN_NC_K45 6
+#define QA_MIN_NC_Q6K 12
+
+enum { QA_Q4K, QA_Q5K, QA_Q6K };
+
+QA_INLINE size_t qa_gblk(const int kind) {
+    return kind == QA_Q6K ? QP_Q6K_GBLK : kind == QA_Q5K ? QP_Q5K_GBLK : QP_Q4K_GBLK;
+}
+
+/* Per dword lane r, v's lane in both 16-bit halves: a per-row factor for vpmullw. */
+QA_INLINE __m512i qa_pair16(__m512i v) {
+    return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
+}
+
+/* Bytes w (each < 32) times the per-row factor f (< 8, qa_pair16): a product below 256
+ * never carries into its neighbour byte, so one 16-bit multiply does both. */
+QA_INLINE __m512i qa_mul_u8(__m512i w, __m512i f) { return _mm512_mullo_epi16(w, f); }
+
+/* Signed bytes w times a signed per-row factor f: the low byte of a 16-bit product is
+ * exact mod 256 whatever the high one holds; the high byte is, from a word whose low
+ * byte is zero. */
+QA_INLINE __m512i qa_mul_s8(__m512i w, __m512i f) {
+    __m512i lo = _mm512_mullo_epi16(w, f);
+    __m512i hi = _mm512_mullo_epi16(_mm512_and_si512(w, _mm512_set1_epi16((short)0xFF00)), f);
+    return _mm512_mask_blend_epi8((__mmask64)0xAAAAAAAAAAAAAAAAull, lo, hi);
+}
+
+/* Q4_K, Q5_K planes of one group-block: B + 4096 k, tile row 8 j + e for sub-block j. */
+QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m7 = _mm512_set1_epi32(7);
+    const __m512i bcast = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+    QA_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p + 1 */
+        __m512i f[2][2], mn[2];
+        __m512i mw = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_MN + 32 * p)));
+        QA_UNROLL for (int h = 0; h < 2; h++) {
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 16 * (2 * p + h))));
+            f[h][0] = qa_pair16(_mm512_and_si512(sc, m7));
+            f[h][1] = qa_pair16(_mm512_srli_epi32(sc, 3));
+            __m512i m = h ? _mm512_srli_epi32(mw, 8) : _mm512_and_si512(mw, _mm512_set1_epi32(0xFF));
+            mn[h] = _mm512_shuffle_epi8(m, bcast); /* the min in all four bytes of its row */
+        }
+        QA_UNROLL for (int k = 0; k < 8; k++) {
+            __m512i v = _mm512_loadu_si512((const void *)(gb + QP_Q4K_Q + 64 * (8 * p + k)));
+            __m512i q[2] = {_mm512_and_si512(v, m4), _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)};
+            if (kind == QA_Q5K) {
+                __m512i hb = _mm512_loadu_si512((const void *)(gb + QP_Q5K_QH + 64 * k));
+                q[0] = _mm512_or_si512(q[0], q5_bit4(hb, 2 * p));
+                q[1] = _mm512_or_si512(q[1], q5_bit4(hb, 2 * p + 1));
+            }
+            QA_UNROLL for (int h = 0; h < 2; h++) {
+                uint8_t *row = B + 64 * (8 * (2 * p + h) + k);
+                _mm512_store_si512((void *)row, qa_mul_u8(q[h], f[h][0]));
+                _mm512_store_si512((void *)(row + 4096), qa_mul_u8(q[h], f[h][1]));
+                _mm512_store_si512((void *)(row + 8192), mn[h]);
+            }
+        }
+    }
+}
+
+/* Q6_K planes of one group-block: B + 4096 k, tile row 4 j + t for sub-block j. Chunk
+ * h (0..15) and 16 + h, 32 + h, 48 + h are row h % 4 of sub-blocks h / 4 + 4 q. */
+QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i m3 = _mm512_set1_epi32(3);
+    QA_UNROLL for (int h = 0; h < 16; h++) {
+        __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
+        __m512i bq = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * (16 + h)));
+        __m512i hb = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QH + 64 * h));
+        __m512i u[4] = {
+            _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), m30)),
+            _mm512_or_si512(_mm512_and_si512(bq, m4), _mm512_and_si512(_mm512_slli_epi16(hb, 2), m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hb, m30)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bq, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30)),
+        };
+        QA_UNROLL for (int q = 0; q < 4; q++) {
+            const int j = h / 4 + 4 * q;
+            __m512i w = _mm512_sub_epi8(u[q], k32);
+            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * j)));
+            uint8_t *row = B + 64 * (4 * j + h % 4);
+            QA_UNROLL for (int k = 0; k < 3; k++)
+                _mm512_store_si512((void *)(row + 4096 * k),
+                                   qa_mul_s8(w, qa_pair16(_mm512_and_si512(_mm512_srai_epi32(sc, 2 * k), m3))));
+            _mm512_store_si512((void *)(row + 4096 * 3), qa_mul_s8(w, qa_pair16(_mm512_srai_epi32(sc, 6))));
+        }
+    }
+}
+
+/* The planes' sums for mt tokens (A: token 0's qs at x, stride xs) into C[k][c][r]:
+ * four products of 64 elements per plane, accumulated in the tile. */
+QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_t xs,
+                       int32_t (*C)[16][16]) {
+    AMX_ZERO(0);
+    AMX_ZERO(1);
+    AMX_ZERO(2);
+    if (kind == QA_Q6K) AMX_ZERO(3);
+    QA_UNROLL for (int i = 0; i < 4; i++) {
+        const uint8_t *b = B + 1024 * i;
+        AMX_LOAD(4, x + 4 + 64 * i, xs);
+        AMX_LOAD(5, b, 64);
+        AMX_LOAD(6, b + 4096, 64);
+        AMX_LOAD(7, b + 8192, 64);
+        if (kind == QA_Q6K) {
+            AMX_DPBSSD(0, 4, 5);
+            AMX_DPBSSD(1, 4, 6);
+            AMX_DPBSSD(2, 4, 7);
+            AMX_LOAD(5, b + 12288, 64);
+            AMX_DPBSSD(3, 4, 5);
+        } else {
+            AMX_DPBSUD(0, 4, 5);
+            AMX_DPBSUD(1, 4, 6);
+            AMX_DPBSUD(2, 4, 7);
+        }
+    }
+    AMX_STORE(0, C[0], 64);
+    AMX_STORE(1, C[1], 64);
+    AMX_STORE(2, C[2], 64);
+    if (kind == QA_Q6K) AMX_STORE(3, C[3], 64);
+}
+
+/* The float steps of one super-block (group-block gb) for mt tokens whose plane sums
+ * are in C (x: token 0's Q8_K block, stride xs) into out (lane r = row r; acc from 0
+ * when first, else out's). */
+QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16], const uint8_t *x,
+                         size_t xs, int mt, float *out, size_t os, __mmask16 keep, int first) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+    const __m512 dm = kind == QA_Q6K ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+    for (int c = 0; c < mt; c++) {
+        __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]);
+        __m512i p2 = _mm512_load_si512((const void *)C[2][c]), sq;
+        if (kind == QA_Q6K)
+            sq = _mm512_add_epi32(_mm512_add_epi32(p0, _mm512_slli_epi32(p1, 2)),
+                                  _mm512_add_epi32(_mm512_slli_epi32(p2, 4),
+                                                   _mm512_slli_epi32(_mm512_load_si512((const void *)C[3][c]), 6)));
+        else
+            sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, 3));
+        const __m512 dx = _mm512_set1_ps(((const blk_q8_k *)(x + (size_t)c * xs))->d);
+        float *o = out + (size_t)c * os;
+        __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, o);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc);
+        if (kind != QA_Q6K) acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(p2), _mm512_mul_ps(dm, dx), acc);
+        _mm512_mask_storeu_ps(o, keep, acc);
+    }
+}
+
+/* Rows [r0, r0 + nr) x nc columns: per 16-row group and super-block, the planes built
+ * once, then every group of up to 16 tokens; out holds the running sums between
+ * super-blocks (the same float steps in the same order as a register would). The tile
+ * products of the next token group go before the float steps of this one, so the tile
+ * stores are done by the time the vector loads read them. */
+QA_INLINE void qa_tile(const int kind, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                       size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QKK;
+    const size_t gblk = qa_gblk(kind), xb = sizeof(blk_q8_k);
+    const uint8_t *W = wp, *X = xq;
+    uint8_t B[4 * 4096] __attribute__((aligned(64)));
+    int32_t C[2][4][16][16] __attribute__((aligned(64)));
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gb = g + b * gblk, *xb0 = X + (size_t)b * xb;
+            if (kind == QA_Q6K) qa_build_q6k(gb, B);
+            else qa_build_k45(kind, gb, B);
+            amx_config(AMX_CFG_WIDE, nc < 16 ? nc : 16);
+            qa_dots(kind, B, xb0, xs, C[0]);
+            for (int c0 = 0, i = 0; c0 < nc; c0 += 16, i ^= 1) {
+                int mt = nc - c0 < 16 ? nc - c0 : 16, c1 = c0 + 16;
+                if (c1 < nc) {
+                    amx_config(AMX_CFG_WIDE, nc - c1 < 16 ? nc - c1 : 16);
+                    qa_dots(kind, B, xb0 + (size_t)c1 * xs, xs, C[i ^ 1]);
+                }
+                qa_finish(kind, gb, C[i], xb0 + (size_t)c0 * xs, xs, mt, out + (size_t)c0 * os + r, os,
+                          keep, b == 0);
+            }
+        }
+    }
+}
+
+void qp_q4k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QA_MIN_NC_K45) qp_q4k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qa_tile(QA_Q4K, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q5k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QA_MIN_NC_K45) qp_q5k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qa_tile(QA_Q5K, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q6k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QA_MIN_NC_Q6K) qp_q6k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qa_tile(QA_Q6K, n, wp, r0, nr, xq, xs, nc, out, os);
+}
