@@ -17,6 +17,10 @@
 #ifndef KILN_AMX_X86_H
 #define KILN_AMX_X86_H
 
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
 /* Tile instructions (t: a tile number literal, pasted into the instruction). Loads and
  * stores clobber memory so the compiler keeps C reads after tilestored. */
 #define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
@@ -30,5 +34,15 @@
 
 enum { AMX_CFG_BLOCK = 1, AMX_CFG_WIDE = 2 };
 void amx_config(int layout, int mt);
+
+#define AMX_KB 32 /* blocks whose B tiles are built at once (16 KB, stays in L1) */
+
+/* 32-element blocks [b0, b0 + kb) of one 16-row group, whose B tiles (signed bytes, VNNI
+ * order) and f32 scales wd the caller built, against nc tokens of Q8_0 activations
+ * (token c's row at x + c xs) into out (lane r = row r; the running sums from b0 > 0
+ * on): per block s = fma((float)(exact int dot), d_w * d_x, s), the arithmetic of Q8_0 in
+ * quant_amx_avx512.c and of Q8_0, Q4_0 and Q5_0 in qpack.h. */
+void amx_q80_blocks(const uint8_t (*B)[512], const float (*wd)[16], int b0, int kb, const uint8_t *x,
+                    size_t xs, int nc, float *out, size_t os, __mmask16 keep);
 
 #endif

@@ -26,7 +26,8 @@ const char *isa_name(int level);
  * while the level is ISA_AVX512: off, Q4_1 only (the default where the CPU and kernel
  * allow it and KILN_SIMD does not cap it), or Q8_0 too (KILN_AMX=all; not the
  * default: it flips a near-tie in tests/ref/tiny_parity.py, see BENCHMARKS.md).
- * KILN_AMX=0 turns it off. */
+ * Both AMX uses also run the packed Q8_0, Q4_0, Q5_0 and K-quant matrices on tiles
+ * (core/cpu/qpack.h), which compute the AVX-512 kernels' bits. KILN_AMX=0 turns it off. */
 enum isa_amx_use { ISA_AMX_OFF = 0, ISA_AMX_Q4_1 = 1, ISA_AMX_ALL = 2 };
 int isa_amx(void);
 int isa_amx_max(void);

@@ -218,6 +218,85 @@ QA_INLINE void qa_tile(const int kind, int64_t n, const void *wp, int r0, int nr
     }
 }
 
+/* ---------------------------------------------------------------- Q8_0, Q4_0, Q5_0 */
+
+/* The 32-element types against Q8_0 activations: per block an exact int dot and one FMA
+ * (qpack.h), which is Q8_0's arithmetic in quant_amx_avx512.c once the weights are
+ * signed bytes: Q8_0's q (packed as q + 128), Q4_0's q - 8, Q5_0's q - 16. Their B
+ * tiles are built here, AMX_KB blocks at a time; the tiles run there. */
+enum { QB_Q80, QB_Q40, QB_Q50 };
+
+/* Bytes of one 16-row group's packed row of nb GGUF blocks. */
+QA_INLINE size_t qb_group_bytes(const int kind, int64_t nb) {
+    return kind == QB_Q80 ? (size_t)nb * QP_Q80_GBLK : (size_t)(nb / 2) * (kind == QB_Q40 ? QP_Q40_GBLK : QP_Q50_GBLK);
+}
+
+/* The B tile and scales of GGUF block b of group g. */
+QA_INLINE void qb_build(const int kind, const uint8_t *g, int64_t b, uint8_t *B, float *wd) {
+    if (kind == QB_Q80) {
+        const uint8_t *gb = g + b * QP_Q80_GBLK;
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        QA_UNROLL for (int k = 0; k < 8; k++)
+            _mm512_store_si512((void *)(B + 64 * k),
+                               _mm512_xor_si512(_mm512_load_si512((const void *)(gb + 64 + 64 * k)), flip));
+        _mm512_storeu_ps(wd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb)));
+        return;
+    }
+    const int h = (int)(b & 1), q5 = kind == QB_Q50;
+    const uint8_t *gb = g + (b / 2) * (q5 ? QP_Q50_GBLK : QP_Q40_GBLK);
+    const __m512i bias = _mm512_set1_epi8(q5 ? 16 : 8);
+    const __m512i h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64 + 64 * h)) : _mm512_setzero_si512();
+    QA_UNROLL for (int k = 0; k < 4; k++) { /* chunk k: elements 4k.. (low), 16 + 4k.. (high) */
+        __m512i w[2];
+        qp_nibbles(_mm512_loadu_si512((const void *)(gb + (q5 ? 192 : 64) + 256 * h + 64 * k)), q5, h5, k, w);
+        _mm512_store_si512((void *)(B + 64 * k), _mm512_sub_epi8(w[0], bias));
+        _mm512_store_si512((void *)(B + 64 * (4 + k)), _mm512_sub_epi8(w[1], bias));
+    }
+    _mm512_storeu_ps(wd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32 * h))));
+}
+
+QA_INLINE void qb_tile(const int kind, int64_t n, const void *wp, int r0, int nr, const void *xq,
+                       size_t xs, int nc, float *out, size_t os) {
+    const int64_t nb = n / QK4;
+    const size_t gbytes = qb_group_bytes(kind, nb);
+    uint8_t B[AMX_KB][512] __attribute__((aligned(64)));
+    float wd[AMX_KB][16];
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = (const uint8_t *)wp + (size_t)((r0 + r) / QP_ROWS) * gbytes;
+        int left = nr - r;
+        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int64_t b0 = 0; b0 < nb; b0 += AMX_KB) {
+            int kb = nb - b0 < AMX_KB ? (int)(nb - b0) : AMX_KB;
+            for (int b = 0; b < kb; b++) qb_build(kind, g, b0 + b, B[b], wd[b]);
+            amx_q80_blocks((const uint8_t (*)[512])B, (const float (*)[16])wd, (int)b0, kb, xq, xs, nc,
+                           out + r, os, keep);
+        }
+    }
+}
+
+/* Tokens from which building B pays (fewer: the AVX-512 kernels). */
+#define QB_MIN_NC 4
+
+void qp_q80_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QB_MIN_NC) qp_q80_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qb_tile(QB_Q80, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q40_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QB_MIN_NC) qp_q40_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qb_tile(QB_Q40, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q50_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
+                     float *out, size_t os) {
+    if (nc < QB_MIN_NC) qp_q50_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    else qb_tile(QB_Q50, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
 void qp_q4k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os) {
     if (nc < QA_MIN_NC_K45) qp_q4k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);

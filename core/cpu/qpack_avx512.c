@@ -31,25 +31,6 @@ QP_INLINE __m512i qp_bcast(const uint8_t *p) {
 
 /* ---------------------------------------------------------------- Q4_1 */
 
-/* Chunk k's nibbles of a 64-byte load v in w[0] (low) and w[1] (high), with, for the
- * 5-bit types, the 5th bits from their per-chunk bytes h5 (qpack.h: byte k of each
- * row's dword) added at bit 4: byte k goes to all four bytes of its dword, then bit e
- * (low) or 4+e (high) picks byte e's. */
-QP_INLINE void qp_nibbles(__m512i v, const int q5, __m512i h5, const int k, __m512i w[2]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    w[0] = _mm512_and_si512(v, m4);
-    w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    if (q5) {
-        const __m512i idx = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
-                                            _mm512_set1_epi8((char)k));
-        const __m512i b = _mm512_shuffle_epi8(h5, idx), sixteen = _mm512_set1_epi8(16);
-        __mmask64 lo = _mm512_test_epi8_mask(b, _mm512_set1_epi32(0x08040201));
-        __mmask64 hi = _mm512_test_epi8_mask(b, _mm512_set1_epi32((int)0x80402010u));
-        w[0] = _mm512_mask_add_epi8(w[0], lo, w[0], sixteen);
-        w[1] = _mm512_mask_add_epi8(w[1], hi, w[1], sixteen);
-    }
-}
-
 /* One group of 16 rows x C columns over all nb blocks of Q4_1, or Q5_1 (q5); acc lane
  * r is row r. */
 QP_INLINE void q41_group(const int q5, const int C, int64_t nb, const uint8_t *g, const uint8_t *x,

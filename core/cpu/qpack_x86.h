@@ -1,8 +1,8 @@
 /* qpack_x86.h: what the x86 packed kernels (qpack_avx2.c, qpack_avx512.c) share: the
  * prefetch ahead of the weights, and the per-column table of Q8_0 activation blocks
  * that the Q8_0, Q4_0 and Q5_0 tiles take their weights' bias back off with. AVX2
- * instructions only, so both files can include it, but for the Q5_K bit helper the
- * AVX-512 files (qpack_avx512.c, qpack_amx_avx512.c) share. */
+ * instructions only, so both files can include it, but for the nibble and 5th-bit
+ * helpers the AVX-512 files (qpack_avx512.c, qpack_amx_avx512.c) share. */
 #ifndef KILN_QPACK_X86_H
 #define KILN_QPACK_X86_H
 
@@ -72,6 +72,25 @@ static inline __attribute__((always_inline)) __m512i q5_bit4(__m512i v, const in
     const __m512i m10 = _mm512_set1_epi8(0x10);
     v = bit < 4 ? _mm512_slli_epi16(v, 4 - bit) : bit > 4 ? _mm512_srli_epi16(v, bit - 4) : v;
     return _mm512_and_si512(v, m10);
+}
+
+/* Chunk k's nibbles of a 64-byte load v in w[0] (low) and w[1] (high), with, for the
+ * 5-bit types, the 5th bits from their per-chunk bytes h5 (qpack.h: byte k of each
+ * row's dword) added at bit 4: byte k goes to all four bytes of its dword, then bit e
+ * (low) or 4+e (high) picks byte e's. */
+static inline __attribute__((always_inline)) void qp_nibbles(__m512i v, const int q5, __m512i h5, const int k, __m512i w[2]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    w[0] = _mm512_and_si512(v, m4);
+    w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (q5) {
+        const __m512i idx = _mm512_add_epi8(_mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0),
+                                            _mm512_set1_epi8((char)k));
+        const __m512i b = _mm512_shuffle_epi8(h5, idx), sixteen = _mm512_set1_epi8(16);
+        __mmask64 lo = _mm512_test_epi8_mask(b, _mm512_set1_epi32(0x08040201));
+        __mmask64 hi = _mm512_test_epi8_mask(b, _mm512_set1_epi32((int)0x80402010u));
+        w[0] = _mm512_mask_add_epi8(w[0], lo, w[0], sixteen);
+        w[1] = _mm512_mask_add_epi8(w[1], hi, w[1], sixteen);
+    }
 }
 #endif
 

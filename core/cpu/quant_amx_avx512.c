@@ -24,7 +24,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define AMX_KB 32 /* blocks whose B tiles are built at once (16 KB, stays in L1) */
 /* Tokens from which the tile path pays for its B tiles (one token: the AVX-512 path). */
 #define AMX_MIN_NC 2
 
@@ -337,6 +336,17 @@ amx_tile(const int kind, int64_t n, const void *w, size_t ws, int nr, const void
                          out + (size_t)c * os + r, os, keep, b0 == 0);
         }
     }
+}
+
+void amx_q80_blocks(const uint8_t (*B)[512], const float (*wd)[16], int b0, int kb, const uint8_t *x,
+                    size_t xs, int nc, float *out, size_t os, __mmask16 keep) {
+    int c = 0;
+    for (; c + 16 <= nc; c += 16)
+        amx_cols(AMX_Q8_0, B, wd, wd, b0, kb, x + (size_t)c * xs, xs, 16, out + (size_t)c * os, os, keep,
+                 b0 == 0);
+    if (c < nc)
+        amx_cols(AMX_Q8_0, B, wd, wd, b0, kb, x + (size_t)c * xs, xs, nc - c, out + (size_t)c * os, os,
+                 keep, b0 == 0);
 }
 
 #define AMX_DEFINE(name, kind)                                                         \
