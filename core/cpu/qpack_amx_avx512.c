@@ -11,8 +11,9 @@
  * each. A scale times a weight does not fit a byte, so the scale is split into digits
  * that do, one B "plane" per digit:
  *   Q4_K, Q5_K  sc = s0 + 8 s1 (s0, s1 in 0..7: q s <= 31 * 7 = 217, unsigned)
- *               sumq = P0 + 8 P1, and a third plane of the mins (mn_j in each of
- *               sub-block j's bytes) gives summ = sum of mn_j x (sub-block j's x sum)
+ *               sumq = P0 + 8 P1; the mins stay on the vector unit (a vpdpwssd of
+ *               the rows' mins against the token's sub-block sums, 4 per token): a
+ *               plane of them costs the tile unit a third more for 8 products a row
  *   Q6_K        sc = s0 + 4 s1 + 16 s2 + 64 s3 (s0..s2 in 0..3, s3 in -2..1 from the
  *               arithmetic shift), weights q = u - 32 signed: |q s| <= 96
  *               sumq = P0 + 4 P1 + 16 P2 + 64 P3
@@ -68,16 +69,12 @@ QA_INLINE __m512i qa_mul_s8(__m512i w, __m512i f) {
 /* Q4_K, Q5_K planes of one group-block: B + 4096 k, tile row 8 j + e for sub-block j. */
 QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m7 = _mm512_set1_epi32(7);
-    const __m512i bcast = _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0);
     QA_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p + 1 */
-        __m512i f[2][2], mn[2];
-        __m512i mw = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_MN + 32 * p)));
+        __m512i f[2][2];
         QA_UNROLL for (int h = 0; h < 2; h++) {
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 16 * (2 * p + h))));
             f[h][0] = qa_pair16(_mm512_and_si512(sc, m7));
             f[h][1] = qa_pair16(_mm512_srli_epi32(sc, 3));
-            __m512i m = h ? _mm512_srli_epi32(mw, 8) : _mm512_and_si512(mw, _mm512_set1_epi32(0xFF));
-            mn[h] = _mm512_shuffle_epi8(m, bcast); /* the min in all four bytes of its row */
         }
         QA_UNROLL for (int k = 0; k < 8; k++) {
             __m512i v = _mm512_loadu_si512((const void *)(gb + QP_Q4K_Q + 64 * (8 * p + k)));
@@ -91,7 +88,6 @@ QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
                 uint8_t *row = B + 64 * (8 * (2 * p + h) + k);
                 _mm512_store_si512((void *)row, qa_mul_u8(q[h], f[h][0]));
                 _mm512_store_si512((void *)(row + 4096), qa_mul_u8(q[h], f[h][1]));
-                _mm512_store_si512((void *)(row + 8192), mn[h]);
             }
         }
     }
@@ -132,15 +128,17 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
                        int32_t (*C)[16][16]) {
     AMX_ZERO(0);
     AMX_ZERO(1);
-    AMX_ZERO(2);
-    if (kind == QA_Q6K) AMX_ZERO(3);
+    if (kind == QA_Q6K) {
+        AMX_ZERO(2);
+        AMX_ZERO(3);
+    }
     QA_UNROLL for (int i = 0; i < 4; i++) {
         const uint8_t *b = B + 1024 * i;
         AMX_LOAD(4, x + 4 + 64 * i, xs);
         AMX_LOAD(5, b, 64);
         AMX_LOAD(6, b + 4096, 64);
-        AMX_LOAD(7, b + 8192, 64);
         if (kind == QA_Q6K) {
+            AMX_LOAD(7, b + 8192, 64);
             AMX_DPBSSD(0, 4, 5);
             AMX_DPBSSD(1, 4, 6);
             AMX_DPBSSD(2, 4, 7);
@@ -149,13 +147,26 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
         } else {
             AMX_DPBSUD(0, 4, 5);
             AMX_DPBSUD(1, 4, 6);
-            AMX_DPBSUD(2, 4, 7);
         }
     }
     AMX_STORE(0, C[0], 64);
     AMX_STORE(1, C[1], 64);
-    AMX_STORE(2, C[2], 64);
-    if (kind == QA_Q6K) AMX_STORE(3, C[3], 64);
+    if (kind == QA_Q6K) {
+        AMX_STORE(2, C[2], 64);
+        AMX_STORE(3, C[3], 64);
+    }
+}
+
+/* summ of qpack.h for one token's Q8_K block against the rows' mins mn[4] (pairs of
+ * sub-blocks 2p, 2p + 1 as int16 per row): its sub-block sums as int16 pairs in the
+ * same order, each broadcast to a vpdpwssd. */
+QA_INLINE __m512i qa_mins(const blk_q8_k *xb, const __m512i *mn) {
+    const __m128i *bs = (const __m128i *)xb->bsums;
+    __m512i s = _mm512_castsi128_si512(_mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1)));
+    __m512i sm = _mm512_setzero_si512();
+    QA_UNROLL for (int p = 0; p < 4; p++)
+        sm = _mm512_dpwssd_epi32(sm, mn[p], _mm512_permutexvar_epi32(_mm512_set1_epi32(p), s));
+    return sm;
 }
 
 /* The float steps of one super-block (group-block gb) for mt tokens whose plane sums
@@ -165,20 +176,25 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
                          size_t xs, int mt, float *out, size_t os, __mmask16 keep, int first) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
     const __m512 dm = kind == QA_Q6K ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
+    __m512i mn[4];
+    if (kind != QA_Q6K)
+        QA_UNROLL for (int p = 0; p < 4; p++)
+            mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_MN + 32 * p)));
     for (int c = 0; c < mt; c++) {
-        __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]);
-        __m512i p2 = _mm512_load_si512((const void *)C[2][c]), sq;
+        const blk_q8_k *xb = (const blk_q8_k *)(x + (size_t)c * xs);
+        __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]), sq;
         if (kind == QA_Q6K)
             sq = _mm512_add_epi32(_mm512_add_epi32(p0, _mm512_slli_epi32(p1, 2)),
-                                  _mm512_add_epi32(_mm512_slli_epi32(p2, 4),
+                                  _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[2][c]), 4),
                                                    _mm512_slli_epi32(_mm512_load_si512((const void *)C[3][c]), 6)));
         else
             sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, 3));
-        const __m512 dx = _mm512_set1_ps(((const blk_q8_k *)(x + (size_t)c * xs))->d);
+        const __m512 dx = _mm512_set1_ps(xb->d);
         float *o = out + (size_t)c * os;
         __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, o);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc);
-        if (kind != QA_Q6K) acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(p2), _mm512_mul_ps(dm, dx), acc);
+        if (kind != QA_Q6K)
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qa_mins(xb, mn)), _mm512_mul_ps(dm, dx), acc);
         _mm512_mask_storeu_ps(o, keep, acc);
     }
 }
