@@ -290,7 +290,7 @@ static int run_capture(char *const argv[], const sigset_t *mask, char *out, size
 }
 
 int gpu_check_cublas(const char *root, const sigset_t *child_mask, char *line, size_t cap) {
-    char loader[UTIL_PATH_MAX], dir[UTIL_PATH_MAX], lib[UTIL_PATH_MAX], out[4096], why[160] = "";
+    char loader[UTIL_PATH_MAX], dir[UTIL_PATH_MAX], lib[UTIL_PATH_MAX], out[4096], why[256] = "";
     if (util_join(loader, sizeof loader, root, GPU_KILND_LOADER) < 0 || util_join(dir, sizeof dir, root, GPU_DATA_LIB) < 0 ||
         util_join(lib, sizeof lib, root, GPU_DATA_LIB "/" GPU_CUBLAS) < 0) {
         snprintf(line, cap, "WARNING: cuBLAS (%s): paths too long", GPU_DATA_LIB);
@@ -314,7 +314,7 @@ int gpu_check_cublas(const char *root, const sigset_t *child_mask, char *line, s
     }
     if (!why[0] && rc == -ETIMEDOUT) snprintf(why, sizeof why, "the loader did not finish in 10 s");
     else if (!why[0] && rc < 0) snprintf(why, sizeof why, "cannot run the loader: %s", strerror(-rc));
-    else if (!why[0] && rc != 0) snprintf(why, sizeof why, "the loader: exit status %d: %.100s", rc, util_trim(out));
+    else if (!why[0] && rc != 0) snprintf(why, sizeof why, "the loader: exit status %d: %.200s", rc, util_trim(out));
     else if (!why[0] && !lt_here) snprintf(why, sizeof why, "libcublasLt.so.12 is not taken from %s", GPU_DATA_LIB);
     if (why[0]) {
         snprintf(line, cap, "WARNING: cuBLAS on the data partition (%s) does not load: %s: the CUDA kilnd's "
