@@ -20,6 +20,9 @@
 #                                                    libnvidia-ptxjitcompiler1 of the same
 #                                                    version); both directories are the
 #                                                    loader's built-in search path
+#   build/image-gpu/data/lib/cuda/       not in the initramfs: cuBLAS and cuBLASLt of the
+#       driver's CUDA level (libcublas12, libcublaslt12) and libgcc_s.so.1 (libgcc-s1), which
+#       make disk-gpu puts on the data partition as /data/lib/cuda (only with KILND_CUDA)
 #   kiln-init runs /bin/kilnd-cuda instead of /bin/kilnd when it is there (boot/gpu.c).
 #   Without KILND_CUDA (no CUDA toolkit on this machine: make cuda-img needs cuda.h) the
 #   image carries no CUDA userland and says so (/etc/kiln/gpu-driver cuda_kilnd=none).
