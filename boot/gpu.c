@@ -192,6 +192,7 @@ size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap)
     size_t at = 0;
     buf[0] = 0;
     at = put(buf, cap, at, "gpu: %s%s\n", g->line, "");
+    if (g->cublas[0]) at = put(buf, cap, at, "%s%s\n", g->cublas, "");
     for (int i = 0; i < g->n && i < GPU_MAX; i++) {
         char id[64];
         snprintf(id, sizeof id, "10de:%04x, class %06x", g->dev[i].device, g->dev[i].class_code);

@@ -34,6 +34,7 @@ typedef struct {
     int loaded, failed;    /* of those modules */
     int nodes;             /* device nodes made (or already there) */
     char line[256];        /* the outcome in one line */
+    char cublas[400];      /* gpu_check_cublas's line; "" when the data partition has no cuBLAS */
 } gpu_state;
 
 /* Fills g from ROOT/sys/bus/pci/devices ("" on the box). 0, or -errno without a PCI tree

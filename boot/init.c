@@ -378,9 +378,8 @@ static void loop(kinit *k) {
 /* The data partition has cuBLAS (the GPU disk): the CUDA kilnd gets it as its library path,
  * after the image's loader was asked whether cuBLAS resolves there (one console line). */
 static char *const *cuda_lib_env(kinit *k, const sigset_t *child_mask) {
-    char line[400];
-    gpu_check_cublas(k->root, child_mask, line, sizeof line);
-    logring_say("kiln: %s", line);
+    gpu_check_cublas(k->root, child_mask, k->gpu.cublas, sizeof k->gpu.cublas); /* `gpu`, `status` show it */
+    logring_say("kiln: %s", k->gpu.cublas);
     return cuda_env;
 }
 

@@ -632,6 +632,9 @@ def gpu_serves(g, what, rid):
     check("%s: no NVIDIA GPU; the image's driver fits this kernel" % what,
           re.search(r"kiln: gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\); the driver fits this kernel", g.text()) is not None,
           "\n" + tail(g, 30))
+    out = g.cmd("gpu")
+    check("%s: console `gpu` repeats the cuBLAS line" % what, out is not None and re.search(CUBLAS_LINE[len("kiln: "):], out),
+          repr(out))
     out = g.cmd("log 200")
     check("%s: the CUDA kilnd loaded libcuda, found no CUDA device and serves from the CPU" % what,
           out is not None and re.search(r"no GPU \(no CUDA device \(.*\)\): using the CPU", out) is not None, repr(out))
