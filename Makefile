@@ -299,12 +299,21 @@ image-tools: $(IMG_TOOLS)
 # Neither carries an identity (TLS key, tokens); the test disk build/disk/kiln-dev.img is
 # kiln.img installed by kiln-flash with the development identity (build/image's) on its
 # data partition, as an operator installs theirs (docs/IMAGE.md).
-DEV_ID := $(BUILD)/disk/dev-identity
+# $(1): a disk's folder; its kiln.img installed as kiln-dev.img with the development identity.
+define dev_disk
+	rm -rf $(1)/dev-identity $(1)/kiln-dev.img && mkdir -m 700 $(1)/dev-identity
+	cp $(BUILD)/image/tls/server.key $(BUILD)/image/tls/server.crt $(BUILD)/image/tokens.txt $(1)/dev-identity/
+	$(BUILD)/gnu/kiln-flash install $(1)/kiln.img $(1)/kiln-dev.img --identity $(1)/dev-identity
+endef
 disk: musl model $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
 	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_SB_KEYS=$(KILN_SB_KEYS) image/disk.sh
-	rm -rf $(DEV_ID) $(BUILD)/disk/kiln-dev.img && mkdir -m 700 $(DEV_ID)
-	cp $(BUILD)/image/tls/server.key $(BUILD)/image/tls/server.crt $(BUILD)/image/tokens.txt $(DEV_ID)/
-	$(BUILD)/gnu/kiln-flash install $(BUILD)/disk/kiln.img $(BUILD)/disk/kiln-dev.img --identity $(DEV_ID)
+	$(call dev_disk,$(BUILD)/disk)
+# The GPU disk (image/disk.sh with KILN_DISK_GPU=1) under $(BUILD)/disk-gpu/, the same names:
+# make image-gpu's initramfs (it needs the CUDA kilnd: nvcc here) with cuBLAS on the data
+# partition (/data/lib/cuda), larger partitions (docs/IMAGE.md).
+disk-gpu: image-gpu $(BUILD)/musl/kiln-init $(IMG_TOOLS) $(BUILD)/keys/pubkey.h
+	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_SB_KEYS=$(KILN_SB_KEYS) KILN_DISK_GPU=1 image/disk.sh
+	$(call dev_disk,$(BUILD)/disk-gpu)
 FORCE:
 # The disk's QEMU test (OVMF, TCG): also version 2 (good) and version 3 (a kilnd that never
 # becomes healthy: a bad key in its kiln.ini) as update bundles.
@@ -314,10 +323,18 @@ disk-test-inputs: disk $(BUILD)/gnu/kiln-flash
 	  KILN_IMAGE_INI_EXTRA="max_conections = 8" image/disk.sh
 test-disk: disk-test-inputs
 	python3 tests/qemu/disk_test.py --build $(BUILD)
+# The GPU disk's test inputs: version 3 as an update bundle that never becomes healthy (the
+# same bad key as the CPU disk's v3), for its update and rollback (qemu/disk-gpu).
+disk-gpu-test-inputs: disk-gpu
+	BUILD=$(BUILD) MODEL=$(MODEL) KILN_KEY=$(KILN_KEY) KILN_SB_KEYS=$(KILN_SB_KEYS) KILN_DISK_GPU=1 KILN_VERSION=3 \
+	  KILN_BUNDLE_ONLY=1 KILN_IMAGE_INI_EXTRA="max_conections = 8" image/disk.sh
+test-disk-gpu: disk-gpu-test-inputs
+	python3 tests/qemu/disk_test.py --gpu --build $(BUILD)
 # The same disk under UEFI Secure Boot (OVMF's Secure Boot build, the dev keys enrolled).
 test-secureboot: disk-test-inputs
 	python3 tests/qemu/secureboot_test.py --build $(BUILD)
 .PHONY: image-gpu image-tools disk disk-test-inputs test-disk test-secureboot FORCE
+.PHONY: disk-gpu disk-gpu-test-inputs test-disk-gpu
 
 # ---------------------------------------------------------------- model, deps, venv
 model: $(MODEL)
@@ -366,10 +383,11 @@ $(ALLOC_SHIM): tests/shim/alloc_count.c
 	gcc -std=c11 -Wall -Wextra -Werror -O2 -fPIC -shared -pthread $< -o $@
 
 # GPU_IMAGE=0: without the GPU image (make image-gpu, 3-4.5 min from nothing on 2 cores: the
-# NVIDIA modules' compile) and its tests qemu/boot-gpu and image/reproducible-gpu.
+# NVIDIA modules' compile) and its tests qemu/boot-gpu and image/reproducible-gpu, and the GPU
+# disk (make disk-gpu-test-inputs, ~2 min with the GPU image's caches) and its qemu/disk-gpu.
 GPU_IMAGE ?= 1
 test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(BUILD)/asan/tests/net/net_probe $(FUZZ_BINS) $(IMG_TOOLS)
-	$(MAKE) musl image disk-test-inputs $(if $(filter 0,$(GPU_IMAGE)),,image-gpu)
+	$(MAKE) musl image disk-test-inputs $(if $(filter 0,$(GPU_IMAGE)),,image-gpu $(if $(HAVE_NVCC),disk-gpu-test-inputs))
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda cuda-img; else echo "make test: no nvcc: the CUDA build is skipped"; fi
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) T="$(T)" GPU_IMAGE=$(GPU_IMAGE) tests/run.sh

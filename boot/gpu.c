@@ -3,11 +3,15 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "boot/ini.h"
 #include "boot/modules.h"
@@ -188,6 +192,7 @@ size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap)
     size_t at = 0;
     buf[0] = 0;
     at = put(buf, cap, at, "gpu: %s%s\n", g->line, "");
+    if (g->cublas[0]) at = put(buf, cap, at, "%s%s\n", g->cublas, "");
     for (int i = 0; i < g->n && i < GPU_MAX; i++) {
         char id[64];
         snprintf(id, sizeof id, "10de:%04x, class %06x", g->dev[i].device, g->dev[i].class_code);
@@ -221,4 +226,103 @@ int gpu_pick_kilnd(const char *root, const char *ini, char *out, size_t cap, cha
     else if (have) snprintf(why, wcap, "the CPU kilnd (static musl): backend = cpu");
     else snprintf(why, wcap, "the CPU kilnd (static musl): this image has no CUDA kilnd");
     return use;
+}
+
+/* ------------------------------------------------------------------ cuBLAS on the data partition */
+
+int gpu_data_lib(const char *root) {
+    char dir[UTIL_PATH_MAX];
+    struct stat st;
+    return util_join(dir, sizeof dir, root, GPU_DATA_LIB) == 0 && stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Runs argv with no environment, its stdout and stderr into out (NUL-terminated; what does
+ * not fit is dropped), for at most limit_s seconds. Its exit status (128 + the signal when
+ * one ended it), or -errno: -ETIMEDOUT when it was killed at the limit. PID 1 calls this
+ * before its loop reaps anything, so waiting for this one pid races with nothing. */
+static int run_capture(char *const argv[], const sigset_t *mask, char *out, size_t cap, double limit_s) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) return -errno;
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]), close(p[1]);
+        return -e;
+    }
+    if (pid == 0) { /* only async-signal-safe calls from here */
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0) dup2(null, 0);
+        dup2(p[1], 1), dup2(p[1], 2);
+        sigprocmask(SIG_SETMASK, mask, NULL);
+        char *const env[] = {NULL};
+        execve(argv[0], argv, env);
+        dprintf(2, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    int timed_out = 0;
+    double end = util_now() + limit_s;
+    for (;;) {
+        double left = end - util_now();
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int r = left > 0 ? poll(&pf, 1, (int)(left * 1000.0) + 1) : 0;
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            timed_out = r == 0;
+            break;
+        }
+        char buf[1024];
+        ssize_t n = read(p[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* EOF: the child is done writing */
+        size_t k = (size_t)n < cap - 1 - len ? (size_t)n : cap - 1 - len;
+        memcpy(out + len, buf, k);
+        len += k;
+    }
+    out[len] = 0;
+    close(p[0]);
+    if (timed_out) kill(pid, SIGKILL);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -errno;
+    if (timed_out) return -ETIMEDOUT;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int gpu_check_cublas(const char *root, const sigset_t *child_mask, char *line, size_t cap) {
+    char loader[UTIL_PATH_MAX], dir[UTIL_PATH_MAX], lib[UTIL_PATH_MAX], out[4096], why[256] = "";
+    if (util_join(loader, sizeof loader, root, GPU_KILND_LOADER) < 0 || util_join(dir, sizeof dir, root, GPU_DATA_LIB) < 0 ||
+        util_join(lib, sizeof lib, root, GPU_DATA_LIB "/" GPU_CUBLAS) < 0) {
+        snprintf(line, cap, "WARNING: cuBLAS (%s): paths too long", GPU_DATA_LIB);
+        return -ENAMETOOLONG;
+    }
+    char *argv[] = {loader, (char *)"--library-path", dir, (char *)"--list", lib, NULL};
+    int rc = run_capture(argv, child_mask, out, sizeof out, 10.0);
+    /* ld.so --list: one "name => path (address)" line per library, "name => not found"
+     * for one it cannot find; libcublasLt must be the folder's (not some other copy). */
+    int found = 0, lt_here = 0;
+    size_t dl = strlen(dir);
+    for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n")) {
+        char name[96], path[UTIL_PATH_MAX];
+        if (sscanf(l, " %95s => %255s", name, path) != 2) continue;
+        if (!strcmp(path, "not")) {
+            if (!why[0]) snprintf(why, sizeof why, "%.80s not found", name);
+            continue;
+        }
+        found++;
+        if (!strcmp(name, "libcublasLt.so.12") && !strncmp(path, dir, dl) && path[dl] == '/') lt_here = 1;
+    }
+    if (!why[0] && rc == -ETIMEDOUT) snprintf(why, sizeof why, "the loader did not finish in 10 s");
+    else if (!why[0] && rc < 0) snprintf(why, sizeof why, "cannot run the loader: %s", strerror(-rc));
+    else if (!why[0] && rc != 0) snprintf(why, sizeof why, "the loader: exit status %d: %.200s", rc, util_trim(out));
+    else if (!why[0] && !lt_here) snprintf(why, sizeof why, "libcublasLt.so.12 is not taken from %s", GPU_DATA_LIB);
+    if (why[0]) {
+        snprintf(line, cap, "WARNING: cuBLAS on the data partition (%s) does not load: %s: the CUDA kilnd's "
+                 "cuda_prefill = cublas will fail (kiln's own kernels are not affected)", GPU_DATA_LIB, why);
+        return -ENOENT;
+    }
+    snprintf(line, cap, "cuBLAS: %s is the CUDA kilnd's library path; the image's loader resolves %s there "
+             "(%d libraries, libcublasLt.so.12 from the data partition)", GPU_DATA_LIB, GPU_CUBLAS, found);
+    return 0;
 }

@@ -16,6 +16,7 @@
 #ifndef KILN_BOOT_GPU_H
 #define KILN_BOOT_GPU_H
 
+#include <signal.h>
 #include <stddef.h>
 
 #define GPU_MAX 16 /* GPUs listed; a box has at most 8 */
@@ -33,6 +34,7 @@ typedef struct {
     int loaded, failed;    /* of those modules */
     int nodes;             /* device nodes made (or already there) */
     char line[256];        /* the outcome in one line */
+    char cublas[400];      /* gpu_check_cublas's line; "" when the data partition has no cuBLAS */
 } gpu_state;
 
 /* Fills g from ROOT/sys/bus/pci/devices ("" on the box). 0, or -errno without a PCI tree
@@ -55,5 +57,21 @@ size_t gpu_describe(const gpu_state *g, const char *root, char *buf, size_t cap)
 #define GPU_KILND_CUDA "/bin/kilnd-cuda"
 #define GPU_KILND_LOADER "/lib64/ld-linux-x86-64.so.2"
 int gpu_pick_kilnd(const char *root, const char *ini, char *out, size_t cap, char *why, size_t wcap);
+
+/* cuBLAS on the data partition (make disk-gpu): the GPU disk carries libcublas.so.12,
+ * libcublasLt.so.12 and libgcc_s.so.1 in GPU_DATA_LIB, too large for the initramfs. The
+ * CUDA kilnd gets it as its LD_LIBRARY_PATH (GPU_DATA_LIB_ENV) when the folder is there; the
+ * CPU image's disk has none and its kilnd's environment stays as it was. */
+#define GPU_DATA_LIB "/data/lib/cuda"
+#define GPU_DATA_LIB_ENV "LD_LIBRARY_PATH=" GPU_DATA_LIB
+#define GPU_CUBLAS "libcublas.so.12"
+/* 1 when ROOT/GPU_DATA_LIB is a directory. */
+int gpu_data_lib(const char *root);
+/* The check the CUDA kilnd's dlopen would make, done at boot so a broken data partition is
+ * said before anyone asks for cuBLAS: the image's loader (GPU_KILND_LOADER) lists
+ * GPU_CUBLAS with GPU_DATA_LIB as its library path, a child with child_mask and no
+ * environment, bounded by a few seconds. 0 when every library resolved and libcublasLt
+ * came from that folder; negative otherwise. line gets the console line either way. */
+int gpu_check_cublas(const char *root, const sigset_t *child_mask, char *line, size_t cap);
 
 #endif

@@ -35,6 +35,10 @@ static kinit K; /* one PID 1, one state; static so its buffers are not on the st
 
 extern char **environ;
 static char *const box_env[] = {(char *)"PATH=/bin:/sbin", (char *)"HOME=/", (char *)"TERM=linux", NULL};
+/* The CUDA kilnd's on a GPU disk whose data partition has cuBLAS (boot/gpu.h). Its CPU
+ * fallback gets it too: a static musl program has no loader to read it. */
+static char *const cuda_env[] = {(char *)"PATH=/bin:/sbin", (char *)"HOME=/", (char *)"TERM=linux",
+                                 (char *)GPU_DATA_LIB_ENV, NULL};
 
 /* ------------------------------------------------------------------ console plumbing */
 
@@ -371,9 +375,18 @@ static void loop(kinit *k) {
     }
 }
 
+/* The data partition has cuBLAS (the GPU disk): the CUDA kilnd gets it as its library path,
+ * after the image's loader was asked whether cuBLAS resolves there (one console line). */
+static char *const *cuda_lib_env(kinit *k, const sigset_t *child_mask) {
+    gpu_check_cublas(k->root, child_mask, k->gpu.cublas, sizeof k->gpu.cublas); /* `gpu`, `status` show it */
+    logring_say("kiln: %s", k->gpu.cublas);
+    return cuda_env;
+}
+
 int main(int argc, char **argv) {
     kinit *k = &K;
     char kilnd[UTIL_PATH_MAX] = GPU_KILND_CPU, fallback[UTIL_PATH_MAX] = "", path[UTIL_PATH_MAX], sock[UTIL_PATH_MAX];
+    char *const *env = box_env;
     k->t0 = util_now();
     k->sfd = -1;
     k->con.in_fd = k->con.out_fd = -1;
@@ -406,7 +419,10 @@ int main(int argc, char **argv) {
             logring_say("kiln: kilnd: %s", why);
             /* a CUDA kilnd that cannot run at all (its loader or a library broken, a crash
              * loop in the driver) gives way to the CPU one instead of safe mode */
-            if (strcmp(pick, GPU_KILND_CPU) != 0) util_join(fallback, sizeof fallback, k->root, GPU_KILND_CPU);
+            if (strcmp(pick, GPU_KILND_CPU) != 0) {
+                util_join(fallback, sizeof fallback, k->root, GPU_KILND_CPU);
+                if (k->disk.data_mounted && gpu_data_lib(k->root)) env = cuda_lib_env(k, &child_mask);
+            }
         }
     }
     if (util_join(k->ini, sizeof k->ini, k->root, data_ini ? DISK_CONFIG : "/etc/kiln/kiln.ini") < 0 ||
@@ -414,7 +430,7 @@ int main(int argc, char **argv) {
         util_join(sock, sizeof sock, k->root, "/run/kiln/ctl.sock") < 0 ||
         util_join(path, sizeof path, k->root, "/dev/watchdog") < 0 ||
         initctl_init(&k->ctl, sock, on_ctl_event, k) < 0 ||
-        sup_init(&k->sup, kilnd, k->ini, sock, k->test_mode, k->test_mode ? environ : box_env, &child_mask, &k->ctl, k->t0) < 0) {
+        sup_init(&k->sup, kilnd, k->ini, sock, k->test_mode, k->test_mode ? environ : env, &child_mask, &k->ctl, k->t0) < 0) {
         /* Only a too-long ROOT gets here, and only in test mode. */
         logring_say("kiln-init: paths under %s are too long", k->root);
         if (k->test_mode) return 2;

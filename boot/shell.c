@@ -109,6 +109,7 @@ static void show_local(kinit *k) {
     if (sys_meminfo(&total, &avail) == 0) con_printf(&k->con, "memory: %ld MiB available of %ld MiB", avail / 1024, total / 1024);
     if (sys_netifs(buf, sizeof buf) > 0) con_printf(&k->con, "interfaces (kernel side): %s", buf);
     con_printf(&k->con, "gpu: %s", k->gpu.line);
+    if (k->gpu.cublas[0]) con_printf(&k->con, "%s", k->gpu.cublas);
     con_printf(&k->con, "watchdog: %s", wdog_describe(&k->wd, buf, sizeof buf));
     meas_describe(&k->meas, buf, sizeof buf);
     con_printf(&k->con, "%s", buf);

@@ -32,7 +32,13 @@
 #   KILN_CMDLINE_EXTRA (appended to the UKI's command line), SOURCE_DATE_EPOCH,
 #   KILN_SB_KEYS (BUILD/keys/secureboot: the dev Secure Boot key set, made there when missing;
 #   an operator's directory needs db.key and db.crt, and PK.crt, KEK.crt, guid for the
-#   variable store).
+#   variable store), KILN_DISK_GPU=1 (below).
+#
+# KILN_DISK_GPU=1: `make disk-gpu`, the same disk for a GPU server, under BUILD/disk-gpu/
+# (the same names: kiln.img, kiln-vN.kimg, uki-vN.efi, ...). Its initramfs is make
+# image-gpu's (image/gpu.sh's overlay, BUILD/gpu/overlay: the NVIDIA modules, GSP firmware,
+# the CUDA kilnd, its glibc and libcuda) and its data partition also holds cuBLAS, from
+# BUILD/image-gpu/data/lib/cuda, as /data/lib/cuda. Larger partitions (the layout below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATH=$PATH:/usr/sbin:/sbin
@@ -41,7 +47,9 @@ BUILD=${BUILD:-build}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 VERSION=${KILN_VERSION:-1}
 KEY=${KILN_KEY:-$BUILD/keys/signing.key}
+GPU=${KILN_DISK_GPU:-0}
 D=$BUILD/disk
+[ "$GPU" = 1 ] && D=$BUILD/disk-gpu
 OUT=${KILN_DISK_OUT:-$D/kiln.img}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 EPOCH=$SOURCE_DATE_EPOCH
@@ -55,7 +63,7 @@ scripts/need.sh sgdisk gdisk mcopy mtools mkfs.vfat dosfstools mkfs.ext4 e2fspro
 [[ $VERSION =~ ^[1-9][0-9]{0,8}$ ]] || die "KILN_VERSION must be a number from 1"
 [ -x "$KIMG" ] || die "$KIMG is missing (make image-tools)"
 [ -f "$KEY" ] || die "$KEY is missing (make $BUILD/keys/pubkey.h makes one)"
-mkdir -p "$D"
+mkdir -p "$D" "$BUILD/disk"
 # Secure Boot: the dev key set is made on first use; an operator's is used as it is.
 SBKEYS=${KILN_SB_KEYS:-$BUILD/keys/secureboot}
 [ "$SBKEYS" != "$BUILD/keys/secureboot" ] || BUILD=$BUILD image/secureboot.sh keys "$SBKEYS"
@@ -64,6 +72,12 @@ SBKEYS=${KILN_SB_KEYS:-$BUILD/keys/secureboot}
 # ---------------------------------------------------------------- layout (MiB, fixed)
 # GPT partition names are how kiln-init and kiln-flash find them.
 ESP_MB=64 SLOT_MB=64 DATA_MB=160
+# The GPU disk: its UKI is ~6x the CPU one's (the NVIDIA modules, GSP firmware, the CUDA
+# kilnd's glibc and libcuda; docs/IMAGE.md has the figures). A slot holds one bundle, with
+# room for a later driver's larger one; the ESP holds systemd-boot and two UKIs (the running
+# slot's and the other's, the fallback), and a network update's temporary copy of the new
+# one beside them; the data partition holds cuBLAS (~540 MB) beside the model and config.
+if [ "$GPU" = 1 ]; then ESP_MB=512 SLOT_MB=256 DATA_MB=1024; fi
 DISK_GUID=6b696c6e-0000-4000-8000-000000000000
 ESP_TYPE=C12A7328-F81F-11D2-BA4B-00A0C93EC93B
 SLOT_TYPE=6b696c6e-736c-4f74-8000-000000000001   # kiln slot (raw signed bundle)
@@ -72,18 +86,20 @@ VOLID=6b696c6e
 DATA_UUID=6b696c6e-6461-4461-8000-000000000003
 
 # ---------------------------------------------------------------- systemd-boot and the stub (cached)
-SB=$D/systemd-boot
+# One cache for both disks: BUILD/disk's.
+SBD=$BUILD/disk
+SB=$SBD/systemd-boot
 if [ ! -f "$SB/.ok" ]; then
   rm -rf "$SB" && mkdir -p "$SB"
-  deb=$(ls "$D"/systemd-boot-efi_*.deb 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)
+  deb=$(ls "$SBD"/systemd-boot-efi_*.deb 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)
   if [ -z "$deb" ]; then
-    tmp=$(mktemp -d "$D/dl.XXXXXX"); chmod 0777 "$tmp"
+    tmp=$(mktemp -d "$SBD/dl.XXXXXX"); chmod 0777 "$tmp"
     say "downloading systemd-boot-efi (apt-get download; not installed)"
     (cd "$tmp" && apt-get download systemd-boot-efi >&2) ||
       { apt-get update -qq >&2 || true; (cd "$tmp" && apt-get download systemd-boot-efi >&2); } ||
       { rm -rf "$tmp"; die "apt-get download systemd-boot-efi failed"; }
-    mv "$tmp"/*.deb "$D"/ && rmdir "$tmp"
-    deb=$(ls "$D"/systemd-boot-efi_*.deb | LC_ALL=C sort | tail -n 1)
+    mv "$tmp"/*.deb "$SBD"/ && rmdir "$tmp"
+    deb=$(ls "$SBD"/systemd-boot-efi_*.deb | LC_ALL=C sort | tail -n 1)
   fi
   dpkg-deb -x "$deb" "$SB/x"
   cp "$SB/x/usr/lib/systemd/boot/efi/linuxx64.efi.stub" "$SB/x/usr/lib/systemd/boot/efi/systemd-bootx64.efi" "$SB/"
@@ -94,12 +110,21 @@ fi
 # ---------------------------------------------------------------- the initramfs (no model)
 MODEL_FILE=$(basename "$MODEL")
 INITRD=$D/initramfs-v$VERSION.cpio.gz
+# The GPU disk: image/gpu.sh's tree over the root, as make image-gpu lays it over its image.
+OVERLAY= DATALIB=
+if [ "$GPU" = 1 ]; then
+  OVERLAY=$BUILD/gpu/overlay DATALIB=$BUILD/image-gpu/data/lib/cuda
+  [ -f "$OVERLAY/etc/kiln/gpu-driver" ] || die "no $OVERLAY (make image-gpu first)"
+  grep -q '^cuda_kilnd=/bin/kilnd-cuda' "$OVERLAY/etc/kiln/gpu-driver" ||
+    die "$OVERLAY has no CUDA kilnd (make image-gpu with nvcc here: make cuda-img)"
+  [ -e "$DATALIB/libcublas.so.12" ] || die "no cuBLAS in $DATALIB (make image-gpu)"
+fi
 # The disk's modules: the image's, plus the block device and the filesystems of the data
 # partition (ext4) and the ESP (vfat, for blessing a slot), and efivarfs (which entry
 # systemd-boot booted).
 KILN_MODULES="virtio_pci virtio_net i6300esb virtio_blk ext4 crc32c_generic vfat nls_cp437 nls_ascii efivarfs" \
 KILN_IMAGE_OUT=$INITRD KILN_IMAGE_MODEL_DIR=/data/models KILN_IMAGE_IDENTITY=none \
-KILN_IMAGE_INI_EXTRA="${KILN_IMAGE_INI_EXTRA:-}" BUILD=$BUILD MODEL=$MODEL image/build.sh
+KILN_IMAGE_INI_EXTRA="${KILN_IMAGE_INI_EXTRA:-}" KILN_IMAGE_OVERLAY=$OVERLAY BUILD=$BUILD MODEL=$MODEL image/build.sh
 # build.sh unpacked the kernel it used into BUILD/image/kernel.
 VMLINUZ=$(ls "$BUILD"/image/kernel/boot/vmlinuz-* 2>/dev/null | LC_ALL=C sort | tail -n 1 || true)
 [ -n "$VMLINUZ" ] || die "no kernel under $BUILD/image/kernel (image/build.sh)"
@@ -165,6 +190,12 @@ mcopy -s -m -i "$W/esp.img" "$W/esp/EFI" "$W/esp/loader" ::/
 # ---------------------------------------------------------------- the data partition (ext4)
 mkdir -p "$W/data/models" "$W/data/config"
 cp "$MODEL" "$W/data/models/$MODEL_FILE"
+# cuBLAS: hard links into the staging tree where the file system allows (540 MB); kiln-init
+# puts /data/lib/cuda on the CUDA kilnd's library path when it is there.
+if [ -n "$DATALIB" ]; then
+  mkdir -p "$W/data/lib"
+  cp -al "$DATALIB" "$W/data/lib/cuda" 2>/dev/null || { rm -rf "$W/data/lib/cuda"; cp -a "$DATALIB" "$W/data/lib/cuda"; }
+fi
 find "$W/data" -exec touch -h -d "@$EPOCH" {} +
 E2FSPROGS_FAKE_TIME=$(( EPOCH > 0 ? EPOCH : 1 )) mkfs.ext4 -q -F -L kiln-data -U "$DATA_UUID" -E "hash_seed=$DATA_UUID,root_owner=0:0" -b 4096 \
   -d "$W/data" "$W/data.img" "${DATA_MB}M" >/dev/null

@@ -20,6 +20,9 @@
 #                                                    libnvidia-ptxjitcompiler1 of the same
 #                                                    version); both directories are the
 #                                                    loader's built-in search path
+#   build/image-gpu/data/lib/cuda/       not in the initramfs: cuBLAS and cuBLASLt of the
+#       driver's CUDA level (libcublas12, libcublaslt12) and libgcc_s.so.1 (libgcc-s1), which
+#       make disk-gpu puts on the data partition as /data/lib/cuda (only with KILND_CUDA)
 #   kiln-init runs /bin/kilnd-cuda instead of /bin/kilnd when it is there (boot/gpu.c).
 #   Without KILND_CUDA (no CUDA toolkit on this machine: make cuda-img needs cuda.h) the
 #   image carries no CUDA userland and says so (/etc/kiln/gpu-driver cuda_kilnd=none).
@@ -97,9 +100,33 @@ COMP[libcuda1]=non-free
 VER[libnvidia-ptxjitcompiler1]=550.163.01-2
 SHA[libnvidia-ptxjitcompiler1]=73ce8da87e13d0cd5a7f5ec3e0b5822f91fe1cc72977542cd9a8354c25d810f4
 COMP[libnvidia-ptxjitcompiler1]=non-free
-for p in "${!VER[@]}"; do
+DRIVER_PKGS="nvidia-open-kernel-source firmware-nvidia-gsp libcuda1 libnvidia-ptxjitcompiler1"
+for p in $DRIVER_PKGS; do
   [[ ${VER[$p]} == "$DRIVER"-* ]] || { echo "image-gpu: error: $p ${VER[$p]} is not of driver $DRIVER (image/gpu/driver.env)" >&2; exit 1; }
 done
+# cuBLAS and cuBLASLt for the data partition (make disk-gpu puts them in /data/lib/cuda; the
+# CUDA kilnd dlopens libcublas.so.12 for `cuda_prefill = cublas`): 107 + 432 MB unpacked, too
+# much for an initramfs unpacked into RAM at every boot. Fetched with the CUDA userland only.
+# Their CUDA release (the part after the ~) must be the driver's level (cuda_level.sh), as the
+# kernels' is: a newer cuBLAS asks for a driver this one is not.
+CUDA_MM=$(image/gpu/cuda_level.sh "$DRIVER" | cut -d' ' -f1)
+CUBLAS_PKGS=
+if [ -n "${KILND_CUDA:-}" ]; then
+  CUBLAS_PKGS="libcublas12 libcublaslt12"
+  VER[libcublas12]=12.4.5.8~12.4.1-2
+  SHA[libcublas12]=2ddc22809d16b157021a4d57db6b2221cf7c46f42654c95df86ce73beb15c1f7
+  COMP[libcublas12]=non-free
+  VER[libcublaslt12]=12.4.5.8~12.4.1-2
+  SHA[libcublaslt12]=2f67754a6dd7095de1a5c4503f20539981f31f0cd627565973c547e997fc7732
+  COMP[libcublaslt12]=non-free
+  for p in $CUBLAS_PKGS; do
+    [[ ${VER[$p]} == *~"$CUDA_MM".* ]] || { echo "image-gpu: error: $p ${VER[$p]} is not of CUDA $CUDA_MM (driver $DRIVER)" >&2; exit 1; }
+  done
+fi
+# cuBLAS needs libgcc_s.so.1 (DT_NEEDED), which glibc does not carry: Debian's libgcc-s1 of the
+# machine's suite (bookworm, as the libc6 below), pinned; it goes beside cuBLAS.
+LIBGCC_VER=12.2.0-14+deb12u1
+LIBGCC_SHA=3016e62cb4b7cd8038822870601f5ed131befe942774d0f745622cc77d8a88f7
 PATCHES=(image/gpu/nvidia-550-pci-resize-exclude-bars.patch)
 NV_MODULES="nvidia nvidia-uvm"
 # Bump when the build recipe below changes, so cached modules are rebuilt.
@@ -293,6 +320,57 @@ for fw in $FIRMWARE; do
   [ -n "$src" ] || die "firmware-nvidia-gsp ${VER[firmware-nvidia-gsp]} has no nvidia/$DRIVER/$fw"
   cp "$src" "$O/lib/firmware/nvidia/$DRIVER/$fw"
 done
+# ---------------------------------------------------------------- cuBLAS for the data partition
+# stage_cublas (inside step 6: it needs the image's loader and glibc): libcublas.so.12,
+# libcublasLt.so.12 and libgcc_s.so.1 into $OUTD/data/lib/cuda, what make disk-gpu puts on
+# the data partition as /data/lib/cuda (kiln-init gives the CUDA kilnd that folder as its
+# library path). Unpacked once under build/gpu/cublas/<key>; hard links from there when the
+# file system allows (540 MB). Every library they name that is not beside them must be in the
+# image's glibc (copied into the image from libc6 if it is not yet there), and the image's
+# loader must resolve all of it inside the image's tree and that folder.
+stage_cublas() {
+  local f real lib n key cbx dlib out bad
+  have_deb libgcc-s1 "$LIBGCC_VER" || { say "downloading libgcc-s1=$LIBGCC_VER (cuBLAS needs libgcc_s.so.1)"; download "" "libgcc-s1=$LIBGCC_VER"; }
+  f=$(deb_of libgcc-s1 "$LIBGCC_VER")
+  [ "$(sha256 "$f")" = "$LIBGCC_SHA" ] || { mv -f "$f" "$f.rejected"; die "libgcc-s1: sha256 of $(basename "$f") is not the pinned $LIBGCC_SHA: rejected"; }
+  key=$(echo "${SHA[libcublas12]} ${SHA[libcublaslt12]} $LIBGCC_SHA" | sha256sum | cut -c1-16)
+  cbx=$G/cublas/$key
+  if [ ! -f "$cbx/.ok" ]; then
+    say "unpacking cuBLAS ${VER[libcublas12]} and libgcc-s1 $LIBGCC_VER"
+    rm -rf "$G/cublas" && mkdir -p "$cbx/x" "$cbx/lib"
+    for p in $CUBLAS_PKGS; do dpkg-deb -x "$(deb_of "$p" "${VER[$p]}")" "$cbx/x"; done
+    dpkg-deb -x "$f" "$cbx/x"
+    for lib in libcublas libcublasLt; do
+      real=$(readlink "$cbx/x/usr/lib/$MA/$lib.so.12") || die "$lib: no $lib.so.12 in its package"
+      mv "$cbx/x/usr/lib/$MA/$real" "$cbx/lib/$real"
+      ln -s "$real" "$cbx/lib/$lib.so.12"
+    done
+    [ -f "$cbx/x/lib/$MA/libgcc_s.so.1" ] || die "libgcc-s1 $LIBGCC_VER has no lib/$MA/libgcc_s.so.1"
+    mv "$cbx/x/lib/$MA/libgcc_s.so.1" "$cbx/lib/"
+    rm -rf "$cbx/x"
+    touch "$cbx/.ok"
+  fi
+  dlib=$OUTD/data/lib/cuda
+  rm -rf "$OUTD/data" && mkdir -p "$dlib"
+  cp -al "$cbx/lib/." "$dlib/" 2>/dev/null || { rm -rf "$dlib" && mkdir -p "$dlib" && cp -a "$cbx/lib/." "$dlib/"; }
+  local queue=("$dlib/libcublas.so.12" "$dlib/libcublasLt.so.12" "$dlib/libgcc_s.so.1")
+  while [ ${#queue[@]} -gt 0 ]; do
+    f=${queue[0]}; queue=("${queue[@]:1}")
+    for n in $(need_of "$f"); do
+      if [ -e "$dlib/$n" ] || [ -e "$SLIB/$n" ] || [ -e "$ULIB/$n" ]; then continue; fi
+      [ -f "$GL/lib/$MA/$n" ] || die "$(basename "$f") needs $n: neither beside it nor in libc6 $LIBC_VER"
+      cp "$GL/lib/$MA/$n" "$SLIB/$n"
+      queue+=("$SLIB/$n")
+    done
+  done
+  out=$("$LDSO" --library-path "$dlib:$SLIB:$ULIB" --list "$dlib/libcublas.so.12") ||
+    die "the image's loader cannot load libcublas.so.12: $out"
+  bad=$(O=$O D=$dlib awk '$2 == "=>" && index($3, ENVIRON["O"]) != 1 && index($3, ENVIRON["D"]) != 1 {print}' <<<"$out")
+  [ -z "$bad" ] || die "libcublas.so.12 resolves outside the image's tree and $dlib: $bad"
+  grep -q "libcublasLt.so.12 => $dlib/libcublasLt.so.12" <<<"$out" || die "libcublasLt.so.12 is not taken from $dlib: $out"
+  say "cuBLAS for the data partition: $(du -smL "$dlib" | cut -f1) MB in ${dlib#"$ROOT"/} (/data/lib/cuda)"
+}
+
 # ---------------------------------------------------------------- 6. the CUDA userland
 # The glibc CUDA kilnd, its loader and libraries, libcuda. The glibc is the libc6 package
 # of exactly this machine's version (the one the kilnd was linked against here), fetched
@@ -363,10 +441,12 @@ if [ -n "${KILND_CUDA:-}" ]; then
     bad=$(O=$O awk '$2 == "=>" && index($3, ENVIRON["O"]) != 1 {print}' <<<"$out")
     [ -z "$bad" ] || die "$(basename "$f") resolves outside the image's tree: $bad"
   done
+  stage_cublas
   CUDA_LINE="cuda_kilnd=/bin/kilnd-cuda
 libcuda=libcuda1 ${VER[libcuda1]}, libnvidia-ptxjitcompiler1 ${VER[libnvidia-ptxjitcompiler1]}
 glibc=libc6 $LIBC_VER: $(cd "$SLIB" && ls | LC_ALL=C sort | tr '\n' ' ' | sed 's/ $//')
-cuda_level=$(image/gpu/cuda_level.sh "$DRIVER")"
+cuda_level=$(image/gpu/cuda_level.sh "$DRIVER")
+cublas=libcublas12 ${VER[libcublas12]}, libcublaslt12 ${VER[libcublaslt12]}, libgcc-s1 $LIBGCC_VER: on the data partition, /data/lib/cuda (make disk-gpu)"
   say "CUDA kilnd: $(basename "$KILND_CUDA") + libcuda $DRIVER + libc6 $LIBC_VER ($(du -skL "$O/bin/kilnd-cuda" "$SLIB" "$ULIB" | awk '{s += $1} END {print s}') KiB)"
 else
   say "no KILND_CUDA: the image carries no CUDA userland (make cuda-img needs the CUDA toolkit's headers)"

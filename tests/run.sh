@@ -277,6 +277,17 @@ fi
 # TPM 2.0 (swtpm): PCR 15 measured from the slot's manifest, the identity sealed to it (a
 # moved disk, a kiln-flashed v3 and a slot that does not verify do not unseal it: safe mode).
 run "qemu/disk" python3 tests/qemu/disk_test.py --build "$BUILD" --log-dir "$log"
+# The GPU disk (make disk-gpu: make image-gpu's initramfs in the same A/B scheme, cuBLAS on the
+# data partition) under OVMF, TCG, no GPU: kiln-init runs the CUDA kilnd, the image's loader
+# resolves libcublas.so.12 on /data/lib/cuda, no CUDA device, a GEN from the CPU; a network
+# update to a v3 that never becomes healthy, and the rollback to v1 (~4 min).
+if [ "${GPU_IMAGE:-1}" != 0 ] && [ -f "$BUILD/disk-gpu/kiln-v3.kimg" ]; then
+  run "qemu/disk-gpu" python3 tests/qemu/disk_test.py --gpu --build "$BUILD" --log-dir "$log"
+else
+  why=$gpu_image_why
+  [ "${GPU_IMAGE:-1}" = 0 ] || why="no $BUILD/disk-gpu/kiln-v3.kimg (make disk-gpu-test-inputs: the CUDA kilnd needs nvcc)"
+  skip_entry "qemu/disk-gpu" "$why"
+fi
 # The same disk under UEFI Secure Boot (OVMF's Secure Boot build, the project's PK/KEK/db
 # enrolled): it boots to ready and serves, kiln-init says Secure Boot is on; slot a's UKI
 # with one flipped byte, signed by another key, or unsigned is refused by the firmware (no

@@ -68,6 +68,21 @@ unseal, the console says so, SAFE MODE (its try ends). Boot 5 (the rollback to v
 and serves a GEN with the provisioned tokens. Boot 6 (slot b's partition changed: it does
 not verify): it does not unseal either, SAFE MODE: the box does not serve.
 
+--gpu: the GPU disk instead (make disk-gpu, build/disk-gpu/: make image-gpu's initramfs in
+the same A/B scheme, cuBLAS on the data partition; no GPU under TCG), gpu_main():
+  no QEMU: the partitions (found by GPT name) are the GPU layout's and the bundles fit their
+    slots, two UKIs the ESP; the data partition holds /data/lib/cuda (libcublas.so.12,
+    libcublasLt.so.12, libgcc_s.so.1, the sizes make image-gpu staged), the initramfs holds
+    the CUDA kilnd, libcuda and the NVIDIA modules and no cuBLAS
+  boot g1 (v1): ready; kiln-init ran the CUDA kilnd and its image's loader resolved
+    libcublas.so.12 with /data/lib/cuda as the library path, libcublasLt.so.12 from there (the
+    line kiln-init prints: the same path the CUDA kilnd gets); no NVIDIA GPU, the driver fits;
+    the CUDA kilnd found no CUDA device and serves from the CPU (`status` backend=cpu); a
+    GEN; the network update of v3 (a kilnd that never becomes healthy) into slot b, tries=1,
+    kiln-init verifies and activates it; REBOOT
+  boot g2 (v3 on trial): not healthy, reboots; boot g3: ROLLBACK to slot a (version 1),
+    ready, the cuBLAS line again, a GEN.
+
 Each boot is one QEMU run (-no-reboot: a reboot ends it); every wait is bounded. v2 goes
 in over the network on the main disk (and with kiln-flash on a copy), v3 with kiln-flash:
 both writers of a slot are exercised, and kiln-init blesses and rolls back the same way
@@ -78,6 +93,7 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -425,13 +441,13 @@ def admin(g):
                        timeout=120, retries=0)
 
 
-def net_update(g, bundle):
+def net_update(g, bundle, tries=3):
     """The SDK's update(): (the final line's pairs or None, the KilnError or None, progress calls)."""
     seen = []
     t0 = bt.now()
     try:
         with admin(g) as c:
-            res = c.update(bundle, progress=lambda k, n: seen.append((k, n)), timeout=300)
+            res = c.update(bundle, tries=tries, progress=lambda k, n: seen.append((k, n)), timeout=300)
         say("network update of %s: %.1f s (%d progress lines)" % (os.path.basename(bundle), bt.now() - t0, len(seen)))
         return res, None, seen
     except kiln.KilnError as e:
@@ -548,6 +564,125 @@ def flash_update(tmp):
     os.unlink(disk)
 
 
+# ---------------------------------------------------------------- the GPU disk (--gpu)
+
+GPU_LAYOUT_MB = {"kiln-esp": 512, "kiln-a": 256, "kiln-b": 256, "kiln-data": 1024}  # image/disk.sh, KILN_DISK_GPU=1
+CUDA_LIBS = ("libcublas.so.12", "libcublasLt.so.12", "libgcc_s.so.1")
+
+
+def gpt_parts(path):
+    """{GPT partition name: (byte offset, byte length)}, from the primary header (LBA 1)."""
+    with open(path, "rb") as f:
+        f.seek(512)
+        hdr = f.read(92)
+        lba, count, size = struct.unpack_from("<QII", hdr, 72)
+        f.seek(lba * 512)
+        raw = f.read(count * size)
+    parts = {}
+    for i in range(count):
+        e = raw[i * size:(i + 1) * size]
+        if e[:16] == bytes(16):
+            continue
+        first, last = struct.unpack_from("<QQ", e, 32)
+        parts[e[56:128].decode("utf-16-le").rstrip("\0")] = (first * 512, (last - first + 1) * 512)
+    return parts
+
+
+def gpu_no_qemu(d):
+    """The GPU disk as built: its layout, what its data partition and initramfs hold."""
+    import gzip
+    global DATA_OFF
+    parts = gpt_parts(A.disk)
+    got = {n: parts.get(n, (0, 0))[1] >> 20 for n in GPU_LAYOUT_MB}
+    check("GPU disk: the partitions, by GPT name, are the GPU layout's (MiB: %s)" % got, got == GPU_LAYOUT_MB, str(parts))
+    uki = os.path.getsize(os.path.join(d, "uki-v1.efi"))
+    fits = all(os.path.getsize(b) <= (GPU_LAYOUT_MB["kiln-a"] << 20) for b in (os.path.join(d, "kiln-v1.kimg"), A.v3))
+    check("GPU disk: the bundles fit a slot, and two UKIs and a third being copied fit the ESP (UKI %.1f MiB)" % (uki / 2**20),
+          fits and 3 * uki < (GPU_LAYOUT_MB["kiln-esp"] << 20))
+    DATA_OFF = parts["kiln-data"][0]
+    out = debugfs(A.dev, "ls -l lib/cuda")
+    staged = os.path.join(A.build, "image-gpu", "data", "lib", "cuda")
+    want = {n: os.path.getsize(os.path.join(staged, n)) for n in CUDA_LIBS}
+    ok = all(re.search(r"\b%d .*\b%s\b" % (want[n], re.escape(os.path.realpath(os.path.join(staged, n)).rsplit("/", 1)[1])), out)
+             for n in CUDA_LIBS)
+    links = all(re.search(r"\b%s\b" % re.escape(n), out) for n in CUDA_LIBS)
+    check("GPU disk: the data partition holds /data/lib/cuda: %s (the files and sizes make image-gpu staged)" % ", ".join(CUDA_LIBS),
+          ok and links, out)
+    names = cpio_names(gzip.decompress(open(os.path.join(d, "initramfs-v1.cpio.gz"), "rb").read()))
+    need = ("bin/kilnd-cuda", "usr/lib/x86_64-linux-gnu/libcuda.so.1", "etc/kiln/modules-gpu", "lib64/ld-linux-x86-64.so.2")
+    check("GPU disk: its initramfs holds the CUDA kilnd, its loader, libcuda and the NVIDIA module list, and no cuBLAS",
+          all(n in names for n in need) and not [n for n in names if "cublas" in n], str([n for n in need if n not in names]))
+
+
+CUBLAS_LINE = (r"kiln: cuBLAS: /data/lib/cuda is the CUDA kilnd's library path; the image's loader resolves libcublas\.so\.12 "
+               r"there \((\d+) libraries, libcublasLt\.so\.12 from the data partition\)")
+
+
+def gpu_serves(g, what, rid):
+    """The CUDA kilnd on the GPU disk without a GPU: cuBLAS resolves from the data partition,
+    no CUDA device, the CPU serves a GEN."""
+    ready(g, what)
+    check("%s: kiln-init runs the glibc CUDA kilnd (backend = auto)" % what,
+          "kiln: kilnd: the CUDA kilnd (glibc), backend = auto" in g.text(), "\n" + tail(g, 30))
+    m = re.search(CUBLAS_LINE, g.text())
+    check("%s: the image's loader, in the box, resolves libcublas.so.12 on the data partition (/data/lib/cuda, "
+          "the CUDA kilnd's library path), libcublasLt.so.12 from there" % what, m is not None, "\n" + tail(g, 30))
+    if m:
+        say("%s: cuBLAS: %s libraries resolved" % (what, m.group(1)))
+    check("%s: no NVIDIA GPU; the image's driver fits this kernel" % what,
+          re.search(r"kiln: gpu: no NVIDIA GPU on the PCI bus \(\d+ devices\); the driver fits this kernel", g.text()) is not None,
+          "\n" + tail(g, 30))
+    out = g.cmd("gpu")
+    check("%s: console `gpu` repeats the cuBLAS line" % what, out is not None and re.search(CUBLAS_LINE[len("kiln: "):], out),
+          repr(out))
+    out = g.cmd("log 200")
+    check("%s: the CUDA kilnd loaded libcuda, found no CUDA device and serves from the CPU" % what,
+          out is not None and re.search(r"no GPU \(no CUDA device \(.*\)\): using the CPU", out) is not None, repr(out))
+    out = g.cmd("status")
+    check("%s: console `status`: backend=cpu" % what, out is not None and re.search(r"^\s*backend=cpu$", out, re.M) is not None,
+          repr(out))
+    one_gen(g, what, rid)
+
+
+def gpu_main(tmp):
+    d = os.path.join(A.build, "disk-gpu")
+    gpu_no_qemu(d)
+    work = os.path.join(tmp, "disk.img")
+    shutil.copyfile(A.dev, work)
+    g = boot("gpu-v1", work, A.log_dir)
+    try:
+        gpu_serves(g, "GPU boot 1 (v1)", "g1")
+        version_is(g, "GPU boot 1", "a", 1)
+        res, err, seen = net_update(g, A.v3, tries=1)
+        check("GPU boot 1: the network update of v3 into slot b (1 try): OK update done slot=b version=3 tries=1",
+              err is None and res == {"slot": "b", "version": "3", "tries": "1"}, "%r %r\n%s" % (res, err, tail(g, 10)))
+        m = g.wait(r"kiln: network update: slot b has version 3 \(signature and hashes good[^\n]*kiln-b\+1\.efi", 30)
+        check("GPU boot 1: kiln-init verified slot b's GPU bundle and put its UKI on the ESP (kiln-b+1.efi)", m is not None,
+              "\n" + tail(g, 10))
+        net_reboot(g, "GPU boot 1")
+    except Abort:
+        pass
+    g.kill()
+    g = boot("gpu-v3", work, A.log_dir)
+    m = g.wait(r"slot b \(version 3\) on trial is not healthy", A.fail_timeout)
+    check("GPU boot 2 (v3 on trial): not healthy, reboots (its one try spent)", m is not None, "\n" + tail(g, 25))
+    check("GPU boot 2: why: the CUDA kilnd's config check refused v3's kiln.ini (SAFE MODE)",
+          re.search(r"kiln: SAFE MODE: config check failed: [^\n]*max_conections: unknown key", g.text()) is not None,
+          "\n" + tail(g, 25))
+    check("GPU boot 2: the reboot ends QEMU (-no-reboot)", g.exited(120) is not None, "still running")
+    g.kill()
+    g = boot("gpu-rollback", work, A.log_dir)
+    try:
+        m = g.wait(r"kiln: ROLLBACK: ([^\n]*)\n", A.ready_timeout)
+        check("GPU boot 3: the console says ROLLBACK to slot a (version 1)", m is not None and "back on slot a (version 1)" in m.group(1),
+              "\n" + tail(g, 25))
+        gpu_serves(g, "GPU boot 3 (rolled back to v1)", "g3")
+        bt.poweroff(g, "GPU boot 3: `poweroff` ends QEMU with status 0")
+    except Abort:
+        pass
+    g.kill()
+
+
 def main():
     global A
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -556,11 +691,15 @@ def main():
     ap.add_argument("--ready-timeout", type=int, default=240)
     ap.add_argument("--gen-timeout", type=int, default=240)
     ap.add_argument("--fail-timeout", type=int, default=300)
+    ap.add_argument("--gpu", action="store_true", help="the GPU disk (make disk-gpu-test-inputs) instead")
     A = ap.parse_args()
     b = A.build
-    A.disk, A.v2, A.v3 = (os.path.join(b, "disk", n) for n in ("kiln.img", "kiln-v2.kimg", "kiln-v3.kimg"))
-    A.dev = os.path.join(b, "disk", "kiln-dev.img")
-    A.uki2 = os.path.join(b, "disk", "uki-v2.efi")
+    dd = os.path.join(b, "disk-gpu" if A.gpu else "disk")
+    A.disk, A.v2, A.v3 = (os.path.join(dd, n) for n in ("kiln.img", "kiln-v2.kimg", "kiln-v3.kimg"))
+    A.dev = os.path.join(dd, "kiln-dev.img")
+    A.uki2 = os.path.join(dd, "uki-v2.efi")
+    if A.gpu:  # no v2: its update is v3's, its rollback back to v1
+        A.v2 = A.uki2 = A.v3
     A.flash, A.kimage = os.path.join(b, "gnu", "kiln-flash"), os.path.join(b, "gnu", "kiln-image")
     A.kilnd = os.path.join(b, "gnu", "kilnd")
     A.ca, A.tokens = os.path.join(b, "image", "tls", "ca.crt"), os.path.join(b, "image", "tokens.txt")
@@ -568,7 +707,7 @@ def main():
     A.log_dir = A.log_dir or os.path.join(b, "test-logs")
     for f in (A.disk, A.dev, A.key, A.kilnd, A.v2, A.v3, A.uki2, A.flash, A.kimage, A.ca, A.tokens):
         if not os.path.exists(f):
-            print("disk_test: %s is missing (make test-disk builds it)" % f, file=sys.stderr)
+            print("disk_test: %s is missing (make test-disk%s builds it)" % (f, "-gpu" if A.gpu else ""), file=sys.stderr)
             return 2
     os.makedirs(A.log_dir, exist_ok=True)
     # boot_test's Guest and gen read their settings from its A.
@@ -579,6 +718,15 @@ def main():
     if shutil.which("swtpm") is None:
         subprocess.run([os.path.join(bt.ROOT, "scripts", "need.sh"), "swtpm", "swtpm"], check=False)
     TPM = Tpm(tmp)
+    if A.gpu:
+        os.environ["KILN_OVMF_VARS"] = os.path.join(tmp, "ovmf-vars.fd")
+        try:
+            gpu_main(tmp)
+        finally:
+            TPM.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        say("%s (%d failed)" % ("PASS" if not bt.FAILED else "FAIL", len(bt.FAILED)))
+        return 1 if bt.FAILED else 0
     # What PCR 15 must say: slot a of the disk image holds v1 (it starts at 65 MiB).
     d_v1, d_v2 = manifest_sha(A.disk, 65 << 20), manifest_sha(A.v2)
     pcr_v1, pcr_v2 = extend(bytes(32), d_v1), extend(bytes(32), d_v2)
