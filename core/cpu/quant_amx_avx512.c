@@ -1,5 +1,6 @@
 /* quant_amx: AVX-512 plus AMX-INT8 tiles: Q4_1 x Q8_1 (the default model's layers) and
- * Q8_0 x Q8_0 (its tied output matrix: the logits), for dot, rows and tile alike. Named
+ * Q8_0 x Q8_0 (its tied output matrix: the logits), for dot, rows and tile alike; the
+ * Q8_0 block tiles also run qpack's packed Q8_0, Q4_0 and Q5_0 (amx_q80_blocks). Named
  * *_avx512.c so the build gives it the AVX-512 flags; the tile instructions are inline
  * asm (core/cpu/amx_x86.h), which gcc and clang both take without AMX flags.
  *

@@ -4,8 +4,9 @@
  * one block to SmolLM2's 1536 (K-quants: one super-block to Llama-3's 2048, with every
  * scale and quant byte random, so negative Q6_K scales and extreme values are in); the reference against the row-major quant_dot_ref (the same dot up
  * to rounding); no store past the rows asked for; batch invariance (a column alone
- * gives its bits in a tile). QPACK_BENCH=1 also times the packed tile beside the
- * row-major quant_dot_tile on the shapes of a forward pass. */
+ * gives its bits in a tile), and the AMX tiles where the CPU has AMX. QPACK_BENCH=1 also
+ * times the packed tile beside the row-major quant_dot_tile on the shapes of a forward
+ * pass. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,7 +205,8 @@ int main(void) {
     SKIP_SIMD_ABOVE("qpack", max);
     int64_t ns[] = {32, 64, 96, 576, 1536}, nks[] = {256, 512, 1536, 2048};
     int nrs[] = {1, 16, 40, 64};
-    /* one level past AVX-512 where the CPU has AMX: the K-quants' AMX tiles */
+    /* one level past AVX-512 where the CPU has AMX: the AMX tiles of Q8_0, Q4_0, Q5_0 and
+     * the K-quants (qpack_amx_avx512.c), held to the same reference bits */
     for (int level = ISA_SCALAR; level <= max + (isa_amx_max() ? 1 : 0); level++) {
         isa_set(level > max ? max : level);
         isa_set_amx(level > ISA_AVX512 ? ISA_AMX_Q4_1 : ISA_AMX_OFF);
