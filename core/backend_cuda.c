@@ -318,6 +318,7 @@ static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
     }
     kc->n_blocks = (int)(n > 0x7fffffff ? 0x7fffffff : n);
     kc->external_data = 1;
+    kc->swa_window = 0; /* the kernels address layers in model order and read every page */
     size_t data = (size_t)kc->n_blocks * bb;
     size_t all = up(data) + up((size_t)kc->n_blocks) + (size_t)kc->n_blocks * slabs * 4;
     CK(cu->cuMemAlloc(&cb->kvmem, all), "cuda: allocating the KV pool");

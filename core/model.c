@@ -725,7 +725,7 @@ static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
         int t = t0 + i;
         n_pos[i] = j->b->pos[t] + 1;
         /* a sliding-window layer sees the last swa_window positions, this one included */
-        first[i] = swa && n_pos[i] > c->swa_window ? n_pos[i] - c->swa_window : 0;
+        first[i] = swa ? kv_swa_first(c->swa_window, j->b->pos[t]) : 0;
         lo = first[i] / bs * bs < lo ? first[i] / bs * bs : lo;
         hi = n_pos[i] > hi ? n_pos[i] : hi;
         for (int h = 0; h < nh; h++) {

@@ -167,7 +167,8 @@ int model_state_set_exact(model_state *s, const model *m, int on);
 /* Runs the step; returns logits [n_logits][n_vocab] owned by s, or NULL with err set. */
 const float *model_forward(const model *m, model_state *s, kv_pool *kv, thr_pool *tp,
                            const model_batch *b, char *err, size_t errlen);
-/* The KV shape this model needs (block_size, n_blocks etc. left for the caller). */
+/* The KV shape this model needs, its windowed layers included (block_size, n_blocks
+ * etc. left for the caller; a device pool clears swa_window). */
 void model_kv_shape(const model *m, kv_config *kc);
 
 #endif

@@ -674,4 +674,9 @@ void model_kv_shape(const model *m, kv_config *kc) {
     kc->n_kv_heads = m->cfg.n_kv_heads;
     kc->head_dim = m->cfg.head_dim;
     kc->f16 = (kv_f16_conv){kv_to_f32, kv_to_f16};
+    /* the windowed layers, so the pool can give back KV no window reads again */
+    kc->swa_window = m->cfg.swa_window;
+    memset(kc->swa_layers, 0, sizeof kc->swa_layers);
+    for (int l = 0; l < m->cfg.n_layers && l < KV_MAX_LAYERS; l++)
+        if (m->w.layers[l].swa) kc->swa_layers[l / 64] |= 1ull << (l % 64);
 }

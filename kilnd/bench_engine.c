@@ -4,8 +4,8 @@
  *
  *   kilnd bench-engine --model PATH [--threads N] [--requests N] [--concurrency C]
  *       [--prompt-tokens P | --prompt-file FILE] [--gen-tokens G] [--max-batch B]
- *       [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--json]
- *       [--config kiln.ini]
+ *       [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1]
+ *       [--free-windows 0|1] [--json] [--config kiln.ini]
  *
  * --config takes the model and the engine knobs from kiln.ini ([model] path,
  * [engine] threads, block_size, kv_pool_mb, max_batch_size, max_batched_tokens,
@@ -14,7 +14,10 @@
  * to that.
  * C requests are kept in flight until N have been sent (closed loop, like a load
  * generator with C users). Synthetic prompts are token ids spread over the
- * vocabulary; with --prompt-file each line is a prompt (tokenized, cycled). */
+ * vocabulary; with --prompt-file each line is a prompt (tokenized, cycled).
+ * --free-windows 0 keeps sliding-window layers' KV behind every window (the pool as
+ * before windows were freed), for measuring what freeing it gives; the report's
+ * kv_peak_blocks is the most blocks in use (not free, cached or spare) after a step. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +41,7 @@ typedef struct {
     const char *model, *prompt_file;
     int threads, requests, concurrency, prompt_tokens, gen_tokens, backend;
     int max_batch, max_batched_tokens, kv_blocks, prefix, json;
-    int block_size, kv_pool_mb, max_queued_tokens;
+    int block_size, kv_pool_mb, max_queued_tokens, free_windows;
     kiln_config cfg; /* --config: where model points */
 } be_opts;
 
@@ -109,6 +112,7 @@ static int parse(int argc, char **argv, be_opts *o) {
     o->threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o->requests = 32, o->concurrency = 32, o->prompt_tokens = 128, o->gen_tokens = 128;
     o->max_batch = 32, o->max_batched_tokens = 512, o->prefix = 1, o->block_size = 16;
+    o->free_windows = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int *ip = NULL;
@@ -147,6 +151,7 @@ static int parse(int argc, char **argv, be_opts *o) {
         else if (!strcmp(a, "--max-batched-tokens")) ip = &o->max_batched_tokens;
         else if (!strcmp(a, "--kv-blocks")) ip = &o->kv_blocks;
         else if (!strcmp(a, "--prefix-caching")) ip = &o->prefix;
+        else if (!strcmp(a, "--free-windows")) ip = &o->free_windows;
         else { fprintf(stderr, "kilnd: unknown flag '%s'\n", a); return -1; }
         if (ip) {
             char *end;
@@ -221,9 +226,11 @@ static int load_prompts(const be_opts *o, const tok_t *tok, int n_vocab, be_prom
  * finished. */
 typedef struct {
     engine *eng;
+    const kv_pool *kv;
     const be_opts *o;
     const be_prompts *pr;
     be_run *run;
+    int kv_peak; /* most blocks in use after a step */
     loop_t *lp;
     int sent, err;
     /* the step in flight: start time, tokens and preemptions before it, decode only? */
@@ -265,6 +272,8 @@ static void after_step(void *ud) {
     bench_drv *d = ud;
     eng_stats st;
     eng_get_stats(d->eng, &st);
+    int used = d->kv->cfg.n_blocks - kv_free_blocks(d->kv);
+    if (used > d->kv_peak) d->kv_peak = used;
     if (d->dec && st.preemptions == d->pre0) {
         d->run->dec_tokens += d->run->tokens - d->tok0;
         d->run->dec_s += now_s() - d->t_step;
@@ -319,6 +328,7 @@ int kd_bench_engine(int argc, char **argv) {
     if (!o.kv_blocks && o.kv_pool_mb > 0) /* the configured pool size, in whole blocks */
         kc.n_blocks = (int)(((size_t)o.kv_pool_mb << 20) / kv_block_bytes(&kc));
     kc.prefix_cache = o.prefix;
+    if (!o.free_windows) kc.swa_window = 0;
     size_t kv_bytes = (size_t)kc.n_blocks * kv_block_bytes(&kc);
     kd_backend_want w = {o.backend, o.threads, o.max_batched_tokens, o.max_batch, seq_len, 0, kv_bytes,
                       kv_bytes, 0.9, 0, 1};
@@ -337,7 +347,7 @@ int kd_bench_engine(int argc, char **argv) {
     if (!run.reqs || !run.ttft || !run.itl) goto out;
     g_run = &run;
 
-    bench_drv d = {.eng = eng, .o = &o, .pr = &pr, .run = &run};
+    bench_drv d = {.eng = eng, .kv = &kv, .o = &o, .pr = &pr, .run = &run};
     drive dv = {0};
     drive_hooks dh = {before_step, after_step, on_idle, on_log, NULL, &d};
     if (!(d.lp = loop_new(1024, 16)) || drive_init(&dv, d.lp, eng, be, &kv, &dh) < 0) {
@@ -362,21 +372,23 @@ int kd_bench_engine(int argc, char **argv) {
         printf("{\"requests\":%d,\"concurrency\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
                "\"threads\":%d,\"elapsed_s\":%.3f,\"output_tok_s\":%.1f,\"req_s\":%.3f,"
                "\"ttft_p50_ms\":%.1f,\"ttft_p90_ms\":%.1f,\"ttft_p99_ms\":%.1f,"
-               "\"itl_p50_ms\":%.2f,\"itl_p99_ms\":%.2f,\"steps\":%lld,\"preemptions\":%lld,\"decode_tok_s\":%.1f}\n",
+               "\"itl_p50_ms\":%.2f,\"itl_p99_ms\":%.2f,\"steps\":%lld,\"preemptions\":%lld,\"decode_tok_s\":%.1f,"
+               "\"kv_blocks\":%d,\"kv_peak_blocks\":%d,\"kv_window_freed\":%llu}\n",
                o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, el, tps,
                o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
                pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
                pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions,
-               dtps);
+               dtps, kv.cfg.n_blocks, d.kv_peak, (unsigned long long)kv.stats.swa_freed);
     else
         printf("bench-engine: requests=%d concurrency=%d prompt=%d gen=%d threads=%d: "
                "output_tok_s=%.1f req_s=%.2f ttft_ms p50=%.1f p90=%.1f p99=%.1f "
-               "itl_ms p50=%.2f p99=%.2f steps=%lld preemptions=%lld decode_tok_s=%.1f\n",
+               "itl_ms p50=%.2f p99=%.2f steps=%lld preemptions=%lld decode_tok_s=%.1f "
+               "kv_blocks=%d kv_peak_blocks=%d kv_window_freed=%llu\n",
                o.requests, o.concurrency, o.prompt_tokens, o.gen_tokens, o.threads, tps,
                o.requests / el, pct(run.ttft, run.n_ttft, 50) * 1e3, pct(run.ttft, run.n_ttft, 90) * 1e3,
                pct(run.ttft, run.n_ttft, 99) * 1e3, pct(run.itl, run.n_itl, 50) * 1e3,
                pct(run.itl, run.n_itl, 99) * 1e3, (long long)st.steps, (long long)st.preemptions,
-               dtps);
+               dtps, kv.cfg.n_blocks, d.kv_peak, (unsigned long long)kv.stats.swa_freed);
     rc = 0;
 out:
     eng_free(eng);

@@ -13,16 +13,31 @@
 
 /* ---------------------------------------------------------------- sizes */
 
-/* kv8 needs the data on the host (conversion and moves are memory writes here), an
- * even number of bytes per block to halve, and the caller's f16 converters. */
+/* What the pool frees of windowed KV (kv.h's top): holes when every layer is windowed,
+ * a gone block's second unit when the global layers fit in its first. */
+static int swa_mode(const kv_config *c) {
+    int nw = 0;
+    for (int l = 0; l < c->n_layers; l++) nw += kv_swa_layer(c, l);
+    if (nw == 0) return KV_SWA_NONE;
+    if (nw == c->n_layers) return KV_SWA_HOLES;
+    return 2 * (c->n_layers - nw) <= c->n_layers ? KV_SWA_SHRINK : KV_SWA_NONE;
+}
+
+/* Blocks are made of two units (half slots) for kv8 and for gone blocks. */
+static int has_units(const kv_config *c) { return c->kv8 || swa_mode(c) == KV_SWA_SHRINK; }
+
+/* Units need the data on the host (conversion and moves are memory writes here) and
+ * an even number of bytes per block to halve; kv8 the caller's f16 converters. Windows
+ * are host-only too: a device's page tables may not hold holes. */
 static int cfg_valid(const kv_config *c) {
     return c->n_layers > 0 && c->n_kv_heads > 0 && c->head_dim > 0 && c->block_size > 0 &&
            c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0 &&
-           (!c->kv8 || (!c->external_data && c->n_blocks <= INT_MAX / 2 && c->f16.to_f32 &&
-                         c->f16.to_f16));
+           (c->swa_window <= 0 || (c->n_layers <= KV_MAX_LAYERS && !c->external_data)) &&
+           (!has_units(c) || (!c->external_data && c->n_blocks <= INT_MAX / 2)) &&
+           (!c->kv8 || (c->f16.to_f32 && c->f16.to_f16));
 }
 
-static int n_ids_of(const kv_config *c) { return c->kv8 ? 2 * c->n_blocks : c->n_blocks; }
+static int n_ids_of(const kv_config *c) { return has_units(c) ? 2 * c->n_blocks : c->n_blocks; }
 
 /* f16 elements of one block; 0 on overflow. */
 static size_t block_elems(const kv_config *c) {
@@ -50,7 +65,7 @@ static int blocks_for(const kv_pool *p, int n) {
  * gets the allocation's page alignment. Returns the total, 0 on overflow. */
 typedef struct {
     size_t data, refcount, free_ids, scratch, hash, parent, tok, lru_prev, lru_next, index;
-    size_t seqs, tables, seq_keys, loc, owner, q8, scale, free_slots, total;
+    size_t seqs, tables, seq_keys, loc, owner, q8, scale, free_slots, lslot, gone, need, spare, total;
     size_t index_cap; /* slots: power of two >= 2 * n_ids */
 } kv_layout;
 
@@ -59,7 +74,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 static size_t layout_of(const kv_config *c, kv_layout *l) {
     /* per-id metadata is sized by ids (2 per slot with kv8), the data by slots */
     size_t nb = (size_t)n_ids_of(c), ns = (size_t)c->n_blocks, ms = (size_t)c->max_seqs;
-    size_t data, tables, tok, be = block_elems(c), k8 = c->kv8 ? 1 : 0;
+    size_t data, tables, tok, be = block_elems(c), un = has_units(c), k8 = c->kv8 ? 1 : 0;
+    size_t sh = swa_mode(c) == KV_SWA_SHRINK;
     if (be == 0 || __builtin_mul_overflow(ns, c->external_data ? 0 : be * sizeof(uint16_t), &data) ||
         __builtin_mul_overflow(ms, (size_t)c->max_blocks_per_seq * sizeof(int32_t), &tables) ||
         __builtin_mul_overflow(nb, (size_t)c->block_size * sizeof(int32_t), &tok) ||
@@ -84,10 +100,14 @@ static size_t layout_of(const kv_config *c, kv_layout *l) {
     l->tables = off, off = align_up(off + tables, 64);
     l->seq_keys = off, off = align_up(off + 2 * tables, 64); /* u64 per page-table entry */
     l->loc = off, off = align_up(off + nb * sizeof(int32_t), 64);
-    l->owner = off, off = align_up(off + k8 * nb * sizeof(int32_t), 64); /* units = ids */
-    l->q8 = off, off = align_up(off + k8 * nb, 64);
+    l->owner = off, off = align_up(off + un * nb * sizeof(int32_t), 64); /* units = ids */
+    l->q8 = off, off = align_up(off + un * nb, 64);
     l->scale = off, off = align_up(off + k8 * nb * (size_t)kv_slabs_of(c) * sizeof(float), 64);
-    l->free_slots = off, off = align_up(off + k8 * ns * sizeof(int32_t), 64);
+    l->free_slots = off, off = align_up(off + un * ns * sizeof(int32_t), 64);
+    l->lslot = off, off = align_up(off + (size_t)c->n_layers * sizeof(int32_t), 64);
+    l->gone = off, off = align_up(off + sh * nb, 64);
+    l->need = off, off = align_up(off + sh * nb * sizeof(int32_t), 64);
+    l->spare = off, off = align_up(off + 2 * sh * nb * sizeof(int32_t), 64); /* prev, next */
     if (off > SIZE_MAX / 2) return 0;
     l->total = off;
     return off;
@@ -137,14 +157,22 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     p->tables = (int32_t *)(mem + l.tables);
     p->seq_keys = (uint64_t *)(mem + l.seq_keys);
     p->n_ids = n_ids_of(cfg);
-    p->units = cfg->kv8 ? 2 : 1;
+    p->units = has_units(cfg) ? 2 : 1;
     p->unit_elems = p->block_elems / (size_t)p->units;
     p->loc = (int32_t *)(mem + l.loc);
-    if (cfg->kv8) {
+    if (has_units(cfg)) {
         p->owner = (int32_t *)(mem + l.owner);
         p->q8 = mem + l.q8;
-        p->scale = (float *)(mem + l.scale);
         p->free_slots = (int32_t *)(mem + l.free_slots);
+    }
+    if (cfg->kv8) p->scale = (float *)(mem + l.scale);
+    p->swa = swa_mode(cfg);
+    p->lslot = (int32_t *)(mem + l.lslot);
+    if (p->swa == KV_SWA_SHRINK) {
+        p->gone = mem + l.gone;
+        p->need = (int32_t *)(mem + l.need);
+        p->sp_prev = (int32_t *)(mem + l.spare);
+        p->sp_next = p->sp_prev + p->n_ids;
     }
     /* An arena need not hand out zeroed memory (cuMemHostAlloc); the metadata must be. */
     memset(mem + l.refcount, 0, l.total - l.refcount);
@@ -153,7 +181,11 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     for (int i = p->n_ids - 1; i >= 0; i--) p->free_ids[p->n_free++] = i;
     memset(p->lru_prev, 0xff, (size_t)p->n_ids * sizeof(int32_t)); /* all -1 */
     memset(p->lru_next, 0xff, (size_t)p->n_ids * sizeof(int32_t));
-    if (cfg->kv8) { /* ids hold no memory until taken; every slot is free */
+    int slot = 0; /* global layers first: a gone block keeps them in its first unit */
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < cfg->n_layers; i++)
+            if (kv_swa_layer(cfg, i) == w) p->lslot[i] = slot++;
+    if (p->q8) { /* ids hold no memory until taken; every slot is free */
         memset(p->loc, 0xff, (size_t)p->n_ids * sizeof(int32_t));
         memset(p->owner, 0xff, (size_t)p->n_ids * sizeof(int32_t));
         for (int i = cfg->n_blocks - 1; i >= 0; i--) p->free_slots[p->n_free_slots++] = i;
@@ -163,6 +195,8 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     }
     memset(p->index, 0xff, l.index_cap * sizeof(int32_t));
     p->lru_head = p->lru_tail = -1;
+    p->sp_head = p->sp_tail = -1;
+    if (p->sp_prev) memset(p->sp_prev, 0xff, 2 * (size_t)p->n_ids * sizeof(int32_t));
     for (int i = 0; i < cfg->max_seqs; i++) {
         p->seqs[i].blocks = p->tables + (size_t)i * (size_t)cfg->max_blocks_per_seq;
         p->seqs[i].keys = p->seq_keys + (size_t)i * (size_t)cfg->max_blocks_per_seq;
@@ -190,7 +224,7 @@ static int fail_hook_fires(kv_pool *p) {
  * With kv8 each takes two units, and any two free or cached units can be made a slot
  * (eviction, then compaction), so the count is exact. */
 static int can_take(kv_pool *p, int n) {
-    if (p->q8 ? 2LL * n > (long long)p->n_units_free + p->n_units_cached
+    if (p->q8 ? 2LL * n > (long long)p->n_units_free + p->n_units_cached + p->n_spare
               : n > p->n_free + p->n_lru)
         return 0;
     for (int i = 0; i < n; i++)
@@ -215,12 +249,14 @@ static int32_t block_take(kv_pool *p) {
     }
     assert(p->refcount[b] == 0 && p->hash[b] == 0);
     p->refcount[b] = 1;
+    if (p->need) p->need[b] = 1; /* taken for a page at or past its sequence's swa_lo */
     return b;
 }
 
-static void block_put(kv_pool *p, int32_t b) {
+void kv_block_put(kv_pool *p, int32_t b) {
     assert(b >= 0 && b < p->n_ids && p->refcount[b] > 0);
     if (--p->refcount[b] > 0) return;
+    if (p->gone && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b); /* the cache evicts it whole */
     if (p->hash[b]) {
         kv_lru_push(p, b); /* cached: kv_seq_match can still revive it */
         return;
@@ -229,8 +265,16 @@ static void block_put(kv_pool *p, int32_t b) {
     p->free_ids[p->n_free++] = b;
 }
 
+/* s lets go of its page i (a hole holds nothing). */
+static void seq_put(kv_pool *p, const kv_seq *s, int i) {
+    int32_t b = s->blocks[i];
+    if (b < 0) return;
+    kv_block_put(p, b);
+    if (p->need && i >= s->swa_lo) kv_need_dec(p, b); /* the others may be past it */
+}
+
 int kv_free_blocks(const kv_pool *p) {
-    return p->q8 ? (p->n_units_free + p->n_units_cached) / 2 : p->n_free + p->n_lru;
+    return p->q8 ? (p->n_units_free + p->n_units_cached + p->n_spare) / 2 : p->n_free + p->n_lru;
 }
 
 int kv_cached_blocks(const kv_pool *p) { return p->n_lru; }
@@ -260,6 +304,7 @@ kv_seq *kv_seq_new(kv_pool *p) {
         s->n_blocks = 0;
         s->n_tokens = 0;
         s->n_committed = 0;
+        s->swa_lo = 0;
         p->n_seqs_used++;
         return s;
     }
@@ -271,9 +316,10 @@ void kv_seq_release(kv_pool *p, kv_seq *s) {
     assert(s >= p->seqs && s < p->seqs + p->cfg.max_seqs);
     /* Last block first: a sequence released right after reserve leaves the free stack
      * as it found it, and a cached sequence's tail is evicted before its head. */
-    while (s->n_blocks > 0) block_put(p, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > 0) seq_put(p, s, --s->n_blocks);
     s->n_tokens = 0;
     s->n_committed = 0;
+    s->swa_lo = 0;
     s->in_use = 0;
     p->n_seqs_used--;
 }
@@ -297,10 +343,13 @@ kv_seq *kv_seq_fork(kv_pool *p, const kv_seq *src) {
     kv_seq *s = kv_seq_new(p);
     if (!s) return NULL;
     for (int i = 0; i < src->n_blocks; i++) {
-        s->blocks[i] = src->blocks[i];
-        p->refcount[src->blocks[i]]++;
+        int32_t b = s->blocks[i] = src->blocks[i];
+        if (b < 0) continue; /* a hole */
+        p->refcount[b]++;
+        if (p->need && i >= src->swa_lo) kv_need_inc(p, b);
     }
     memcpy(s->keys, src->keys, (size_t)src->n_committed * sizeof(uint64_t));
+    s->swa_lo = src->swa_lo;
     s->n_blocks = src->n_blocks;
     s->n_tokens = src->n_tokens;
     s->n_committed = src->n_committed;
@@ -312,13 +361,14 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
     if (pos < 0 || pos / p->cfg.block_size >= s->n_blocks) return -EINVAL;
     int i = pos / p->cfg.block_size;
     int32_t old = s->blocks[i];
+    if (i < s->swa_lo) return -EINVAL; /* its windowed KV may be gone: never written again */
     if (kv_is_q8(p, old)) {
         /* Writes go to f16 blocks only: a private f16 copy of the 8-bit block (taking
          * it may move old's data, so read it after), then old's reference dropped. */
         if (!can_take(p, 1)) return -ENOMEM;
         int32_t b = block_take(p);
         kv_q8_expand(p, old, b);
-        block_put(p, old);
+        seq_put(p, s, i);
         s->blocks[i] = b;
     } else if (p->refcount[old] <= 1) {
         /* s's alone: written in place, so it must not stay in the index (invariant 1). */
@@ -332,6 +382,7 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
         else
             p->copy_block(p->copy_ctx, b, old);
         p->refcount[old]--; /* was shared, so it stays >= 1 */
+        if (p->need) kv_need_dec(p, old);
         s->blocks[i] = b;   /* the copy is not indexed */
     }
     if (s->n_committed > i) s->n_committed = i; /* block i's tokens are changing */
@@ -342,7 +393,15 @@ int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens) {
     assert(s && s->in_use);
     if (n_tokens < 0) return -EINVAL;
     int keep = blocks_for(p, n_tokens);
-    while (s->n_blocks > keep) block_put(p, s->blocks[--s->n_blocks]);
+    /* Rewinding moves the window back (position n_tokens is written next): the pages it
+     * reaches again must still be whole. */
+    int lo = kv_window_page(p, n_tokens);
+    for (int i = lo; i < s->swa_lo && i < keep; i++)
+        if (s->blocks[i] < 0 || kv_gone(p, s->blocks[i])) return -EINVAL;
+    for (; s->swa_lo > lo; s->swa_lo--)
+        if (p->need && s->swa_lo - 1 < s->n_blocks) kv_need_inc(p, s->blocks[s->swa_lo - 1]);
+    while (s->n_blocks > keep) seq_put(p, s, --s->n_blocks);
+    if (s->swa_lo > s->n_blocks) s->swa_lo = s->n_blocks;
     if (n_tokens < s->n_tokens) s->n_tokens = n_tokens;
     int full = s->n_tokens / p->cfg.block_size;
     if (s->n_committed > full) s->n_committed = full;

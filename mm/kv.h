@@ -42,11 +42,38 @@
  * (kv_seq_reserve, kv_seq_cow) or convert must run while no step reads the pool.
  * Without kv8 ids are slots, nothing moves, and everything is as above.
  *
+ * Sliding windows (cfg.swa_window > 0, the layers flagged in cfg.swa_layers): a windowed
+ * layer computing position pos reads positions [kv_swa_first(swa_window, pos), pos]
+ * only. A sequence's blocks wholly before the window of the next position it will write
+ * (s->swa_lo of them, advanced by kv_seq_slide) are never read by its windowed layers
+ * again, so their windowed KV is given back:
+ *   - every layer windowed (KV_SWA_HOLES): the sequence drops its reference to the
+ *     block (cached when indexed, else freed) and its page-table entry becomes -1, a
+ *     hole. No layer reads a hole.
+ *   - some layers global (KV_SWA_SHRINK, at most half of them, host data): the global
+ *     layers are stored first in a block (kv_k's layer order is cfg's, the storage
+ *     order is lslot's), so their KV is the block's first unit. Once no holder still
+ *     needs a block's windowed part (need[b] counts the page-table references at or
+ *     past their sequence's swa_lo), the block goes KV_GONE: its second unit is freed
+ *     and it holds one unit, as an 8-bit block does (the pool then always uses units,
+ *     kv8 or not). A gone block keeps serving the global layers and prefix matches
+ *     that end past its window. An indexed block is not halved at once but goes
+ *     KV_SPARE: its second unit stays, still matchable, on the spare list (in use
+ *     blocks only, oldest first) and counts as free; allocation takes spare halves
+ *     (making them gone) once no cached block is left to evict: a spare block may be
+ *     what a shared system prompt's next request matches. A match that needs a spare
+ *     block's window again makes it whole.
+ *   - otherwise (more global than windowed layers, or device data) nothing is freed.
+ * kv_seq_match only hands a new sequence blocks it can read: it reuses k blocks only if
+ * those in its window, [swa_lo, k), are present and not gone (holes mode: a match may
+ * skip missing blocks before its window).
+ *
  * Invariants the prefix cache rests on:
  *   1. An indexed block's contents never change: it holds exactly the KV of its token ids
  *      under its prefix (kv_block_to_q8 lowers its precision, not what it holds; an
  *      8-bit block keeps serving matches until it is evicted, also after the ladder has
- *      stepped down). Writes go through kv_seq_cow (call it before writing ANY position,
+ *      stepped down; a gone block loses only windowed KV that kv_seq_match never hands
+ *      to a window that reads it). Writes go through kv_seq_cow (call it before writing ANY position,
  *      not only in shared blocks): a shared block is copied and the copy is not indexed;
  *      an unshared indexed block is dropped from the index before the write.
  *   2. Only full blocks are indexed. kv_seq_truncate into the middle of an indexed block
@@ -74,6 +101,8 @@ typedef struct {
     void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
 } kv_f16_conv;
 
+#define KV_MAX_LAYERS 512 /* layers a sliding-window config can flag */
+
 typedef struct {
     int n_layers, n_kv_heads, head_dim; /* model shape */
     int block_size;                     /* tokens per block, e.g. 16 */
@@ -86,7 +115,23 @@ typedef struct {
                                          * goes through copy_block */
     int kv8;                            /* 1: blocks may be turned to 8 bits (see the top) */
     kv_f16_conv f16;                    /* kv8: both converters required (else -EINVAL) */
+    int swa_window;                     /* > 0: the flagged layers read only the last
+                                         * swa_window positions (see the top); host
+                                         * data only (else -EINVAL) */
+    uint64_t swa_layers[KV_MAX_LAYERS / 64]; /* bit l: layer l is windowed */
 } kv_config;
+
+/* What a pool frees of windowed KV (kv_pool.swa), and a block's windowed part
+ * (kv_pool.gone) under KV_SWA_SHRINK: see the top. */
+enum { KV_SWA_NONE, KV_SWA_HOLES, KV_SWA_SHRINK };
+enum { KV_WHOLE, KV_GONE, KV_SPARE };
+
+/* The first position a windowed layer reads when computing position pos: the window
+ * holds the last `window` positions, pos included. The model's attention and the pool's
+ * freeing both use this, so they cannot disagree. */
+static inline int kv_swa_first(int window, int pos) {
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
 
 /* Parent key of a sequence's first block. */
 #define KV_KEY_SEED 0x6b696c6e2d6b7631ull /* "kiln-kv1" */
@@ -99,6 +144,8 @@ typedef struct kv_seq {
     int in_use;
     int n_committed; /* blocks [0, n_committed) registered by kv_seq_commit / kv_seq_match */
     uint64_t *keys;  /* [max_blocks_per_seq] chained keys of the committed blocks */
+    int swa_lo;      /* blocks [0, swa_lo) are past its windowed layers' reach for good:
+                      * holes (KV_SWA_HOLES) or not counted in need (KV_SWA_SHRINK) */
 } kv_seq;
 
 typedef struct kv_pool {
@@ -120,6 +167,14 @@ typedef struct kv_pool {
     int n_units_free;   /* free units (in free slots and lone halves) */
     int n_units_cached; /* units held by cached blocks */
     int n_q8;           /* 8-bit blocks in use or cached */
+    /* sliding windows: */
+    int swa;            /* KV_SWA_NONE, _HOLES or _SHRINK */
+    int32_t *lslot;     /* [n_layers] storage index of each layer: global layers first */
+    uint8_t *gone;      /* [n_ids] KV_SWA_SHRINK: KV_WHOLE, KV_GONE or KV_SPARE */
+    int32_t *need;      /* [n_ids] KV_SWA_SHRINK: holders still reading the windowed part */
+    int32_t *sp_prev, *sp_next; /* [n_ids] spare list links, -1 = none */
+    int32_t sp_head, sp_tail;   /* oldest / newest spare block, -1 = empty */
+    int n_spare;        /* spare blocks: units allocation may take from in-use blocks */
     int32_t *refcount;  /* [n_blocks] page-table references */
     int32_t *free_ids;  /* [n_blocks] stack of free block ids, top at n_free-1 */
     int n_free;
@@ -143,6 +198,7 @@ typedef struct kv_pool {
         uint64_t evictions;      /* cached blocks evicted to make room */
         uint64_t q8_conversions; /* blocks turned to 8 bits */
         uint64_t q8_moves;       /* 8-bit blocks moved to join two free halves */
+        uint64_t swa_freed;      /* blocks whose windowed KV kv_seq_slide gave back */
     } stats;
     void *mem;          /* own allocation (arena NULL), else NULL */
     size_t mem_bytes;
@@ -182,6 +238,13 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos);
  * -EINVAL. */
 int kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens);
 
+/* s will write position n next, and only later ones after it: the blocks its windowed
+ * layers can no longer reach ([s->swa_lo, kv_swa_first(swa_window, n) / block_size))
+ * give their windowed KV back (see the top). Returns the blocks newly freed or made
+ * evictable; 0 when the pool frees nothing. Never allocates; may free units, so with
+ * units (kv8 or KV_SWA_SHRINK) it runs while no step reads the pool, like kv_seq_cow. */
+int kv_seq_slide(kv_pool *p, kv_seq *s, int n);
+
 /* ---- prefix cache: kv_seq_commit and kv_seq_match do nothing, return 0, when
  * cfg.prefix_cache is 0 */
 
@@ -209,14 +272,15 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
  * refcount, no LRU move, no stats): what a waiting prompt will really need computed. */
 int kv_prefix_hits(const kv_pool *p, const int32_t *tokens, int n_tokens);
 
-/* [block_size][head_dim] f16 slabs of one (block, layer, head) of an f16 block. */
+/* [block_size][head_dim] f16 slabs of one (block, layer, head) of an f16 block; layer
+ * is the model's, stored at lslot[layer]. */
 static inline uint16_t *kv_k(const kv_pool *p, int32_t block, int layer, int head) {
     return p->data + (size_t)p->loc[block] * p->unit_elems +
-           ((size_t)layer * 2 * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
+           ((size_t)p->lslot[layer] * 2 * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
 }
 static inline uint16_t *kv_v(const kv_pool *p, int32_t block, int layer, int head) {
     return p->data + (size_t)p->loc[block] * p->unit_elems +
-           (((size_t)layer * 2 + 1) * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
+           (((size_t)p->lslot[layer] * 2 + 1) * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
 }
 
 /* ---- 8-bit blocks (cfg.kv8) */
@@ -224,7 +288,7 @@ static inline uint16_t *kv_v(const kv_pool *p, int32_t block, int layer, int hea
 static inline int kv_is_q8(const kv_pool *p, int32_t block) { return p->q8 && p->q8[block]; }
 /* Slab index of (layer, K|V, head) in a block: the same order as the f16 layout. */
 static inline size_t kv_slab(const kv_pool *p, int layer, int is_v, int head) {
-    return ((size_t)layer * 2 + (size_t)is_v) * (size_t)p->cfg.n_kv_heads + (size_t)head;
+    return ((size_t)p->lslot[layer] * 2 + (size_t)is_v) * (size_t)p->cfg.n_kv_heads + (size_t)head;
 }
 /* [block_size][head_dim] int8 slab of an 8-bit block; value = q * kv_q8_scale. */
 static inline const int8_t *kv_q8_slab(const kv_pool *p, int32_t block, int layer, int is_v,
@@ -257,8 +321,8 @@ static inline long long kv_seq_max_blocks(long long n_blocks, int kv8) {
     return kv8 ? 2 * n_blocks - 4 : n_blocks;
 }
 
-/* Allocatable f16 blocks: free + cached (evictable) ones; with kv8, (free + cached
- * units) / 2. */
+/* Allocatable f16 blocks: free + cached (evictable) ones; with units, (free + cached +
+ * spare units) / 2. */
 int kv_free_blocks(const kv_pool *p);
 int kv_cached_blocks(const kv_pool *p); /* refcount-0 blocks kept for the prefix cache (LRU) */
 int kv_refcount(const kv_pool *p, int32_t block);

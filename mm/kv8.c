@@ -15,18 +15,27 @@
 /* Give back the units of kv8 block b (now refcount 0, not cached); b keeps no memory. */
 void kv_units_release(kv_pool *p, int32_t b) {
     int32_t u = p->loc[b];
-    if (!p->q8[b]) {
+    if (kv_units_of(p, b) == 2) {
         p->owner[u] = p->owner[u + 1] = -1;
         p->n_units_free += 2;
         p->free_slots[p->n_free_slots++] = u / 2;
     } else {
         p->owner[u] = -1;
         p->n_units_free++;
-        p->n_q8--;
+        p->n_q8 -= p->q8[b];
         if (p->owner[u ^ 1] == -1) p->free_slots[p->n_free_slots++] = u / 2;
     }
     p->loc[b] = -1;
     p->q8[b] = 0;
+    if (p->gone) p->gone[b] = KV_WHOLE;
+}
+
+void kv_units_halve(kv_pool *p, int32_t b) {
+    int32_t u = p->loc[b];
+    assert(kv_units_of(p, b) == 2 && u % 2 == 0 && p->owner[u + 1] == b);
+    if (p->refcount[b] == 0) p->n_units_cached--; /* on the LRU: one unit now, not two */
+    p->owner[u + 1] = -1;
+    p->n_units_free++;
 }
 
 /* Evict the least recently used cached block: out of the index, its memory freed. */
@@ -43,9 +52,9 @@ static void evict_lru(kv_pool *p) {
 }
 
 /* A whole free slot. None on the stack: two lone free halves (each in a slot whose
- * other half holds an 8-bit block, as a slot with both halves free is on the stack)
- * are joined by moving the 8-bit neighbour of the first into the second. The caller
- * made sure two units are free. */
+ * other half holds a one-unit block, 8-bit or gone, as a slot with both halves free is
+ * on the stack) are joined by moving the neighbour of the first into the second. The
+ * caller made sure two units are free. */
 static int32_t slot_get(kv_pool *p) {
     if (p->n_free_slots > 0) return p->free_slots[--p->n_free_slots];
     int32_t a = -1, c = -1, n_units = 2 * p->cfg.n_blocks;
@@ -56,23 +65,27 @@ static int32_t slot_get(kv_pool *p) {
         }
     assert(a >= 0 && c >= 0 && a / 2 != c / 2);
     int32_t nb = a ^ 1, x = p->owner[nb];
-    assert(x >= 0 && p->q8[x] && p->loc[x] == nb);
+    assert(x >= 0 && kv_units_of(p, x) == 1 && p->loc[x] == nb);
     memcpy(kv_unit_data(p, c), kv_unit_data(p, nb), p->unit_elems * sizeof(uint16_t));
     p->owner[c] = x, p->owner[nb] = -1, p->loc[x] = c;
     p->stats.q8_moves++;
     return a / 2;
 }
 
-/* kv8: a fresh f16 block (a whole slot) under a free id, evicting cached blocks until
- * two units are free. */
+/* A fresh f16 block (a whole slot) under a free id, evicting cached blocks until two
+ * units are free. */
 int32_t kv_units_take(kv_pool *p) {
-    while (p->n_units_free < 2) evict_lru(p);
+    while (p->n_units_free < 2) { /* the cache first: spare halves serve matches too */
+        if (p->lru_head < 0) kv_spare_take(p);
+        else evict_lru(p);
+    }
     int32_t slot = slot_get(p);
     assert(p->n_free > 0); /* ids outnumber blocks: each holds at least one unit */
     int32_t b = p->free_ids[--p->n_free];
     p->loc[b] = 2 * slot;
     p->owner[2 * slot] = p->owner[2 * slot + 1] = b;
     p->q8[b] = 0;
+    if (p->gone) p->gone[b] = KV_WHOLE;
     p->n_units_free -= 2;
     return b;
 }
@@ -150,37 +163,37 @@ void kv_q8_expand(kv_pool *p, int32_t src, int32_t dst) {
 
 int kv_block_to_q8(kv_pool *p, int32_t b) {
     if (b < 0 || b >= p->n_ids || (p->q8 && p->loc[b] < 0)) return -EINVAL;
-    if (!p->q8 || p->q8[b]) return 0;
+    /* a gone block already holds one unit, and its windowed slabs hold nothing */
+    if (!p->cfg.kv8 || kv_units_of(p, b) == 1) return 0;
     int slabs = kv_slabs_of(&p->cfg);
     int32_t u = p->loc[b];
     uint16_t *src = kv_unit_data(p, u);
     int8_t *dst = (int8_t *)src;
     float *sc = p->scale + (size_t)b * (size_t)slabs;
+    if (p->gone && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b); /* one unit, every layer kept */
     /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
     for (int k = 0; k < slabs; k++)
         sc[k] = slab_to_q8(&p->cfg.f16, src + (size_t)k * p->head_elems,
                            dst + (size_t)k * p->head_elems, p->head_elems);
-    int cached = p->refcount[b] == 0; /* on the LRU: it now holds one unit, not two */
-    if (cached) p->n_units_cached--;
+    kv_units_halve(p, b);
     p->q8[b] = 1;
-    p->owner[u + 1] = -1;
-    p->n_units_free++;
     p->n_q8++;
     p->stats.q8_conversions++;
     return 1;
 }
 
 int kv_seq_to_q8(kv_pool *p, kv_seq *s, int n_written, int max) {
-    if (!p->q8 || !s || !s->in_use) return 0;
+    if (!p->cfg.kv8 || !s || !s->in_use) return 0;
     int full = n_written / p->cfg.block_size, done = 0;
     if (full > s->n_blocks) full = s->n_blocks;
-    for (int i = 0; i < full && done < max; i++) done += kv_block_to_q8(p, s->blocks[i]) == 1;
+    for (int i = 0; i < full && done < max; i++)
+        done += s->blocks[i] >= 0 && kv_block_to_q8(p, s->blocks[i]) == 1; /* holes hold nothing */
     return done;
 }
 
 int kv_cached_to_q8(kv_pool *p, int max) {
     int done = 0;
-    for (int32_t b = p->lru_head; p->q8 && b >= 0 && done < max; b = p->lru_next[b])
+    for (int32_t b = p->lru_head; p->cfg.kv8 && b >= 0 && done < max; b = p->lru_next[b])
         done += kv_block_to_q8(p, b) == 1;
     return done;
 }

@@ -11,25 +11,30 @@
 
 #define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -EFAULT)
 
-/* kv8: every id's memory against the unit owners, the free-slot stack and the unit
- * counters. Ids on the free stack hold nothing; in-use and cached ones hold one unit
- * (8-bit) or a whole slot (f16). */
+/* Units (kv8, KV_SWA_SHRINK): every id's memory against the unit owners, the free-slot
+ * stack and the unit counters. Ids on the free stack hold nothing; in-use and cached
+ * ones hold one unit (8-bit or gone) or a whole slot (f16). */
 static int check_units(const kv_pool *p, char *err, size_t errlen) {
     int n_units = 2 * p->cfg.n_blocks, free_u = 0, cached_u = 0, q8 = 0;
     int32_t *seen = p->scratch; /* free-slot marks; reused after kv_check's passes */
     for (int32_t b = 0; b < p->n_ids; b++) {
         int32_t u = p->loc[b];
         int holds = p->refcount[b] > 0 || p->hash[b] != 0;
+        int gone = p->gone ? p->gone[b] : KV_WHOLE;
         if (!holds) {
-            if (u != -1 || p->q8[b]) return FAIL("free id %d holds unit %d (q8 %d)", b, u, p->q8[b]);
+            if (u != -1 || p->q8[b] || gone)
+                return FAIL("free id %d holds unit %d (q8 %d, gone %d)", b, u, p->q8[b], gone);
             continue;
         }
         if (u < 0 || u >= n_units) return FAIL("block %d: unit %d out of range", b, u);
         if (p->owner[u] != b) return FAIL("block %d: unit %d owned by %d", b, u, p->owner[u]);
-        if (!p->q8[b] && (u % 2 || p->owner[u + 1] != b))
+        if (p->q8[b] && gone) return FAIL("block %d is both 8-bit and gone or spare", b);
+        if (kv_units_of(p, b) == 2 && (u % 2 || p->owner[u + 1] != b))
             return FAIL("f16 block %d: unit %d is not a whole slot of its own", b, u);
+        if (kv_units_of(p, b) == 1 && u % 2 == 0 && p->owner[u + 1] == b)
+            return FAIL("one-unit block %d holds both halves of its slot", b);
         q8 += p->q8[b];
-        if (p->refcount[b] == 0) cached_u += p->q8[b] ? 1 : 2;
+        if (p->refcount[b] == 0) cached_u += kv_units_of(p, b);
     }
     for (int32_t u = 0; u < n_units; u++) {
         int32_t b = p->owner[u];
@@ -37,7 +42,7 @@ static int check_units(const kv_pool *p, char *err, size_t errlen) {
             free_u++;
             continue;
         }
-        if (b < 0 || b >= p->n_ids || (p->loc[b] != u && (p->q8[b] || p->loc[b] != u - 1)))
+        if (b < 0 || b >= p->n_ids || (p->loc[b] != u && (kv_units_of(p, b) == 1 || p->loc[b] != u - 1)))
             return FAIL("unit %d: owner %d does not hold it", u, b);
     }
     memset(seen, 0, (size_t)p->n_ids * sizeof *seen);
@@ -54,6 +59,41 @@ static int check_units(const kv_pool *p, char *err, size_t errlen) {
     if (free_u != p->n_units_free || cached_u != p->n_units_cached || q8 != p->n_q8)
         return FAIL("units free %d / cached %d / 8-bit blocks %d; counters say %d / %d / %d",
                     free_u, cached_u, q8, p->n_units_free, p->n_units_cached, p->n_q8);
+    return 0;
+}
+
+/* KV_SWA_SHRINK: need[b] counts the pages at or past their sequence's swa_lo that map
+ * to b (page tables already checked); the spare list holds exactly the KV_SPARE blocks,
+ * each in use, indexed, whole f16 and needed by none. Uses scratch. */
+static int check_need(const kv_pool *p, char *err, size_t errlen) {
+    if (!p->need) return 0;
+    int32_t *need = p->scratch;
+    memset(need, 0, (size_t)p->n_ids * sizeof *need);
+    for (int i = 0; i < p->cfg.max_seqs; i++) {
+        const kv_seq *s = &p->seqs[i];
+        for (int j = s->swa_lo; s->in_use && j < s->n_blocks; j++) need[s->blocks[j]]++;
+    }
+    int n_spare = 0;
+    for (int32_t b = 0; b < p->n_ids; b++) {
+        if (need[b] != p->need[b])
+            return FAIL("block %d: need %d, %d pages in their window", b, p->need[b], need[b]);
+        n_spare += p->gone[b] == KV_SPARE;
+    }
+    int n = 0;
+    for (int32_t b = p->sp_head, prev = -1; b != -1; prev = b, b = p->sp_next[b], n++) {
+        if (b < 0 || b >= p->n_ids || n >= p->n_spare)
+            return FAIL("spare entry %d: block %d out of range, or the list is longer than %d", n, b,
+                        p->n_spare);
+        if (p->gone[b] != KV_SPARE || p->refcount[b] <= 0 || p->need[b] || !p->hash[b] ||
+            p->q8[b] || p->sp_prev[b] != prev)
+            return FAIL("spare block %d: state %d, refcount %d, need %d, key %d, 8-bit %d, prev %d/%d",
+                        b, p->gone[b], p->refcount[b], p->need[b], p->hash[b] != 0, p->q8[b],
+                        p->sp_prev[b], prev);
+        if (p->sp_next[b] == -1 && p->sp_tail != b)
+            return FAIL("spare list ends at %d, tail says %d", b, p->sp_tail);
+    }
+    if (n != p->n_spare || n_spare != n)
+        return FAIL("spare list holds %d, %d blocks spare, counter says %d", n, n_spare, p->n_spare);
     return 0;
 }
 
@@ -84,9 +124,14 @@ int kv_check(const kv_pool *p, char *err, size_t errlen) {
                         s->n_tokens);
         for (int j = 0; j < s->n_committed; j++)
             if (s->keys[j] == 0) return FAIL("seq %d: committed block %d has key 0", i, j);
+        if (s->swa_lo < 0 || s->swa_lo > s->n_blocks || (p->swa == KV_SWA_NONE && s->swa_lo))
+            return FAIL("seq %d: swa_lo %d of %d pages", i, s->swa_lo, s->n_blocks);
         for (int j = 0; j < s->n_blocks; j++) {
             int32_t b = s->blocks[j];
+            if (b == -1 && p->swa == KV_SWA_HOLES && j < s->swa_lo) continue; /* a hole */
             if (b < 0 || b >= nb) return FAIL("seq %d: page %d -> block %d out of range", i, j, b);
+            if (j >= s->swa_lo && p->gone && p->gone[b])
+                return FAIL("seq %d: page %d -> block %d, gone but in its window", i, j, b);
             refs[b]++;
         }
     }
@@ -158,6 +203,8 @@ int kv_check(const kv_pool *p, char *err, size_t errlen) {
         if (f != b) return FAIL("block %d: its key %016llx finds block %d", b,
                                 (unsigned long long)p->hash[b], f);
     }
+    int r = check_need(p, err, errlen);
+    if (r) return r;
     return p->q8 ? check_units(p, err, errlen) : 0;
 }
 #undef FAIL

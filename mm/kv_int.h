@@ -12,8 +12,24 @@
 /* (layer, K|V, head) slabs per block. */
 static inline int kv_slabs_of(const kv_config *c) { return 2 * c->n_layers * c->n_kv_heads; }
 
-/* Units of memory block b holds (kv8 pools count units; the others count blocks). */
-static inline int kv_units_of(const kv_pool *p, int32_t b) { return p->q8 && !p->q8[b] ? 2 : 1; }
+/* Is layer l windowed? */
+static inline int kv_swa_layer(const kv_config *c, int l) {
+    return c->swa_window > 0 && (c->swa_layers[l / 64] >> (l % 64) & 1);
+}
+
+/* The first page the windowed layers of a sequence that writes position n next still
+ * read: its swa_lo (0 when the pool frees nothing). */
+static inline int kv_window_page(const kv_pool *p, int n) {
+    return p->swa == KV_SWA_NONE ? 0 : kv_swa_first(p->cfg.swa_window, n) / p->cfg.block_size;
+}
+
+static inline int kv_gone(const kv_pool *p, int32_t b) { return p->gone && p->gone[b] == KV_GONE; }
+
+/* Units of memory block b holds (pools with units count them; the others count blocks):
+ * a whole slot for f16 (spare too), one unit for an 8-bit or a gone block. */
+static inline int kv_units_of(const kv_pool *p, int32_t b) {
+    return p->q8 && !p->q8[b] && !kv_gone(p, b) ? 2 : 1;
+}
 
 static inline uint16_t *kv_unit_data(const kv_pool *p, int32_t unit) {
     return p->data + (size_t)unit * p->unit_elems;
@@ -29,13 +45,37 @@ void kv_index_del(kv_pool *p, int32_t b); /* drop indexed block b */
 void kv_lru_push(kv_pool *p, int32_t b);  /* at the most recently used end */
 void kv_lru_unlink(kv_pool *p, int32_t b);
 
-/* ---- kv8.c: units and slots (kv8 pools only) */
+/* ---- kv.c */
+
+/* Drop a reference to block b: at 0 it is cached when indexed, else freed. */
+void kv_block_put(kv_pool *p, int32_t b);
+
+/* ---- kv_swa.c: the windowed part of blocks (KV_SWA_SHRINK) */
+
+/* A holder's page at or past its swa_lo now maps to b: a spare b is whole again. */
+void kv_need_inc(kv_pool *p, int32_t b);
+/* One page fewer in a window maps to b: when none is left and others still hold b
+ * (behind their windows), its second unit goes: spare when indexed, else at once.
+ * Returns 1 when it did. */
+int kv_need_dec(kv_pool *p, int32_t b);
+/* b (indexed, in use, need 0, whole f16) onto the spare list, newest end. */
+void kv_spare_push(kv_pool *p, int32_t b);
+/* b off the spare list, whole again (its refcount dropped to 0, a holder needs its
+ * window, or it turns 8-bit). */
+void kv_spare_unlink(kv_pool *p, int32_t b);
+/* Halve the oldest spare block: one more free unit. */
+void kv_spare_take(kv_pool *p);
+
+/* ---- kv8.c: units and slots (pools with units: kv8 or KV_SWA_SHRINK) */
 
 /* A fresh f16 block (a whole slot) under a free id, evicting cached blocks and joining
  * lone halves as needed; the caller made sure two units are free or cached. */
 int32_t kv_units_take(kv_pool *p);
 /* Give back the units of block b (now refcount 0, not cached); b keeps no memory. */
 void kv_units_release(kv_pool *p, int32_t b);
+/* Free the second unit of f16 block b, keeping the first (an 8-bit conversion or a
+ * gone block's global layers). */
+void kv_units_halve(kv_pool *p, int32_t b);
 /* The f16 contents of 8-bit block src into f16 block dst. */
 void kv_q8_expand(kv_pool *p, int32_t src, int32_t dst);
 

@@ -129,8 +129,9 @@ int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
         int32_t b = s->blocks[i];
         /* Index b unless it already is (shared with a sequence that committed it; kept
          * as it is even if s now sees other tokens before it, since its contents belong
-         * to the prefix it was indexed under) or an identical block is. */
-        if (p->hash[b] == 0 && kv_index_find(p, key, parent, t) < 0)
+         * to the prefix it was indexed under) or an identical block is. A hole (a block
+         * s let go of behind its window) is only chained through. */
+        if (b >= 0 && p->hash[b] == 0 && kv_index_find(p, key, parent, t) < 0)
             kv_index_add(p, b, key, parent, t);
         s->keys[i] = key;
         s->n_committed = i + 1;
@@ -139,26 +140,31 @@ int kv_seq_commit(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
     return added;
 }
 
-/* The indexed blocks that begin tokens[0, n_tokens), in order, up to the first miss,
- * at most (n_tokens - 1) / block_size (the last token is left to compute) and
- * max_blocks_per_seq of them: their count; each one's block and key into blocks/keys
- * when given. */
+/* The indexed blocks that begin tokens[0, n_tokens), in order, at most (n_tokens - 1) /
+ * block_size (the last token is left to compute) and max_blocks_per_seq of them: the
+ * most k of them such that pages [kv_window_page(k * block_size), k) are there and not
+ * gone, so every layer can read what it will. A page before that window may be missing
+ * only when every layer is windowed (it becomes a hole); otherwise the walk stops at
+ * the first miss. Returns k; each page's block (or -1) and key into blocks/keys when
+ * given (pages past k may be written too). */
 static int walk_prefix(const kv_pool *p, const int32_t *tokens, int n_tokens, int32_t *blocks,
                        uint64_t *keys) {
     int bs = p->cfg.block_size;
     int max = n_tokens > 0 ? (n_tokens - 1) / bs : 0;
     if (max > p->cfg.max_blocks_per_seq) max = p->cfg.max_blocks_per_seq;
     uint64_t parent = KV_KEY_SEED;
-    int i = 0;
-    for (; i < max; i++) {
+    int k = 0, bad = -1; /* bad: the last page a window may not reach */
+    for (int i = 0; i < max; i++) {
         const int32_t *t = tokens + (size_t)i * (size_t)bs;
         uint64_t key = kv_block_key(parent, t, bs);
         int32_t b = kv_index_find(p, key, parent, t);
-        if (b < 0) break;
+        if (b < 0 && p->swa != KV_SWA_HOLES) break;
+        if (b < 0 || kv_gone(p, b)) bad = i;
         if (blocks) blocks[i] = b, keys[i] = key;
         parent = key;
+        if (bad < kv_window_page(p, (i + 1) * bs)) k = i + 1;
     }
-    return i;
+    return k;
 }
 
 int kv_prefix_hits(const kv_pool *p, const int32_t *tokens, int n_tokens) {
@@ -171,8 +177,20 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
     if (!p->cfg.prefix_cache) return 0;
     if (n_tokens < 0 || s->n_blocks != 0) return -EINVAL;
     int bs = p->cfg.block_size, i = walk_prefix(p, tokens, n_tokens, s->blocks, s->keys);
-    for (int j = 0; j < i; j++)
-        if (p->refcount[s->blocks[j]]++ == 0) kv_lru_unlink(p, s->blocks[j]); /* revived from the cache */
+    int lo = kv_window_page(p, i * bs);
+    for (int j = 0; j < i; j++) {
+        int32_t b = s->blocks[j];
+        if (p->swa == KV_SWA_HOLES && j < lo) { /* behind the window: not needed */
+            s->blocks[j] = -1;
+            continue;
+        }
+        int revived = p->refcount[b]++ == 0;
+        if (revived) kv_lru_unlink(p, b); /* from the cache */
+        if (p->need && j >= lo) kv_need_inc(p, b);
+        else if (revived && p->need && p->need[b] == 0 && kv_units_of(p, b) == 2)
+            kv_spare_push(p, b); /* behind every window: spare, as kv_seq_slide leaves it */
+    }
+    s->swa_lo = lo;
     s->n_blocks = s->n_committed = i;
     s->n_tokens = i * bs;
     p->stats.prefix_queries += (uint64_t)n_tokens;

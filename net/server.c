@@ -109,7 +109,7 @@ int srv_stats(const srv *s, char *out, size_t cap) {
 }
 
 /* The ladder's rung 2 in the metrics: 8-bit blocks, their share of the blocks held (in
- * use or cached), and conversions so far. */
+ * use or cached), and conversions so far; and the blocks sliding windows gave back. */
 static void srv_set_kv8_metrics(srv *s) {
     const kv_pool *kv = s->env.kv;
     int held = kv->n_ids - kv->n_free, q8 = kv_q8_blocks(kv);
@@ -117,6 +117,8 @@ static void srv_set_kv8_metrics(srv *s) {
     met_set(s->met, s->m_kv8_share, held > 0 ? (double)q8 / held : 0.0);
     met_inc(s->met, s->m_kv8_conv, (double)(kv->stats.q8_conversions - s->kv8_conv_seen));
     s->kv8_conv_seen = kv->stats.q8_conversions;
+    met_inc(s->met, s->m_kv_swa, (double)(kv->stats.swa_freed - s->kv_swa_seen));
+    s->kv_swa_seen = kv->stats.swa_freed;
 }
 
 /* CPU time by the clock (no file to read); RSS from /proc/self/statm, read at scrape
@@ -428,6 +430,9 @@ static int add_metrics(srv *s) {
     s->m_kv8 = met_add_gauge(m, "kiln_kv_cache_8bit_blocks", "KV blocks held in 8 bits (the ladder's compact rung)", mn);
     s->m_kv8_share = met_add_gauge(m, "kiln_kv_cache_8bit_share", "Share of the KV blocks held (in use or cached) that are 8-bit, 0..1", mn);
     s->m_kv8_conv = met_add_counter(m, "kiln_kv_cache_8bit_conversions_total", "KV blocks turned to 8 bits", mn);
+    s->m_kv_swa = met_add_counter(m, "kiln_kv_cache_window_freed_total",
+                                  "KV blocks whose sliding-window layers' part was given back once no "
+                                  "window reached it (the whole block when every layer is windowed)", mn);
     s->m_loop_pass = met_add_histogram(m, "kiln_event_loop_pass_seconds",
                                        "Work of one event-loop pass (callbacks, timers; the wait excluded): "
                                        "every connection waits while it runs", mn, pass, np);
@@ -448,7 +453,7 @@ static int add_metrics(srv *s) {
     int hs[] = {s->m_up, s->m_running, s->m_waiting, s->m_kv, cci, s->m_pq, s->m_ph, s->m_preempt, s->m_ptok,
                 s->m_gtok, s->m_reason[0], s->m_reason[1], s->m_reason[2], s->m_reason[3], s->m_rejected,
                 s->m_ttft, s->m_itl, s->m_e2e, s->m_level, s->m_conns, s->m_batch, s->m_pressure,
-                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_loop_pass, s->m_loop_max, s->m_paused, s->m_queue, s->m_prefill, s->m_decode, s->m_infer};
+                s->m_shed, s->m_kv8, s->m_kv8_share, s->m_kv8_conv, s->m_kv_swa, s->m_loop_pass, s->m_loop_max, s->m_paused, s->m_queue, s->m_prefill, s->m_decode, s->m_infer};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i] < 0) return -1;
     if (add_process_metrics(s) < 0) return -1;

@@ -177,7 +177,7 @@ struct srv {
     int m_running, m_waiting, m_kv, m_pq, m_ph, m_preempt, m_ptok, m_gtok, m_level, m_conns;
     int m_up, m_ttft, m_itl, m_e2e, m_reason[4], m_rejected;
     int m_trans[LADDER_LEVELS][LADDER_LEVELS], m_batch, m_pressure, m_shed;
-    int m_kv8, m_kv8_share, m_kv8_conv;
+    int m_kv8, m_kv8_share, m_kv8_conv, m_kv_swa;
     int m_proc_start, m_proc_cpu, m_proc_rss;
     int m_loop_pass, m_loop_max, m_paused;
     int m_queue, m_prefill, m_decode, m_infer; /* vLLM's request phase histograms */
@@ -188,6 +188,7 @@ struct srv {
     int64_t lag_max_us[2];  /* the longest loop pass: this window, the one before */
     int64_t lag_window_ms;  /* when this window began */
     uint64_t kv8_conv_seen; /* conversions already added to m_kv8_conv */
+    uint64_t kv_swa_seen;   /* sliding-window frees already added to m_kv_swa */
     /* the network update (UPDATE): one at a time */
     upd up;
     int up_state, up_tries;

@@ -1120,6 +1120,7 @@ int eng_step_end(engine *e) {
         }
         s->n_computed += did;
         if (e->cfg.prefix_caching) kv_seq_commit(e->kv, s->kv, s->toks, s->n_computed);
+        kv_seq_slide(e->kv, s->kv, s->n_computed); /* windowed KV no later position reads */
         if (s->req->cancelled) {
             finish_seq(e, s, EF_CANCELLED, "cancelled");
             continue;

@@ -15,7 +15,8 @@ ChatML template) is copied, and the vocabulary is padded to the shape's real siz
 unique control tokens <|reserved_N|>, so token_embd.weight / output.weight have the real
 model's size.  Llama 3.1/3.2 shapes carry the rope_freqs tensor their converter writes
 (from the published rope_scaling "llama3" parameters); Qwen3 shapes have per-head q/k norms;
-mixture-of-experts shapes an F32 router and 3-D expert tensors.
+mixture-of-experts shapes an F32 router and 3-D expert tensors; Gemma 3 its q/k norms,
+post-norms and sliding-window keys.
 
 Metadata written: what core/model.c read_config reads ({arch}.block_count,
 embedding_length, attention.head_count, attention.head_count_kv, feed_forward_length,
@@ -69,6 +70,11 @@ SHAPES = {
                          vocab=151936, tied=True, bias=True, theta=1e6, eps=1e-6, ctx=32768),
     "qwen2.5-7b": dict(arch="qwen2", d=3584, layers=28, heads=28, kv=4, ffn=18944,
                        vocab=152064, tied=False, bias=True, theta=1e6, eps=1e-6, ctx=32768),
+    # Gemma 3 1B: 5 of every 6 layers see the last 512 positions (their RoPE base 10000),
+    # per-head q/k norms, post-norms, GeGLU; swa: (window, pattern, local RoPE base).
+    "gemma3-1b": dict(arch="gemma3", d=1152, layers=26, heads=4, kv=1, hd=256, ffn=6912,
+                      vocab=262144, tied=True, theta=1e6, eps=1e-6, ctx=32768,
+                      swa=(512, 6, 10000.0)),
 }
 
 DEFAULT_TOKENIZER = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,11 +99,13 @@ def tensor_plan(s):
             plan += [(b + "attn_q.bias", (qd,), "bias"),
                      (b + "attn_k.bias", (kd,), "bias"),
                      (b + "attn_v.bias", (kd,), "bias")]
-        if s["arch"].startswith("qwen3"):
+        if s["arch"].startswith("qwen3") or s["arch"] == "gemma3":
             plan += [(b + "attn_q_norm.weight", (hd,), "norm"),
                      (b + "attn_k_norm.weight", (hd,), "norm")]
-        plan += [(b + "attn_output.weight", (d, qd), "mat"),
-                 (b + "ffn_norm.weight", (d,), "norm")]
+        plan += [(b + "attn_output.weight", (d, qd), "mat")]
+        if s["arch"] == "gemma3":
+            plan += [(b + "post_attention_norm.weight", (d,), "norm")]
+        plan += [(b + "ffn_norm.weight", (d,), "norm")]
         if "experts" in s:
             ne, _, fe = s["experts"]
             plan += [(b + "ffn_gate_inp.weight", (ne, d), "f32"),
@@ -108,6 +116,8 @@ def tensor_plan(s):
             plan += [(b + "ffn_gate.weight", (f, d), "mat"),
                      (b + "ffn_up.weight", (f, d), "mat"),
                      (b + "ffn_down.weight", (d, f), "mat")]
+        if s["arch"] == "gemma3":
+            plan += [(b + "post_ffw_norm.weight", (d,), "norm")]
     plan.append(("output_norm.weight", (d,), "norm"))
     if not s["tied"]:
         plan.append(("output.weight", (v, d), "mat"))
@@ -228,6 +238,11 @@ def main():
         w.add_expert_used_count(nu)
         w.add_expert_feed_forward_length(fe)
     w.add_rope_freq_base(s["theta"])
+    if "swa" in s:
+        win, pattern, base = s["swa"]
+        w.add_uint32(f"{arch}.attention.sliding_window", win)
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+        w.add_float32(f"{arch}.rope.freq_base_swa", base)
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_vocab_size(s["vocab"])
     n_src = copy_tokenizer(w, a.tokenizer, s["vocab"])

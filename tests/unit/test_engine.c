@@ -38,6 +38,8 @@
 typedef struct {
     backend be;
     const kv_pool *kv;
+    int g_layer, w_layer; /* a global and a windowed layer of the model, -1 if none */
+    int window;           /* the windowed layers' swa_window */
     int n_vocab;
     int32_t eog;
     int fail_next;  /* the next step fails (a device error) */
@@ -56,9 +58,9 @@ static uint64_t mix(uint64_t h, uint64_t v) {
     return h * 0xff51afd7ed558ccdull;
 }
 
-static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int pos) {
+static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int layer, int pos) {
     int bs = kv->cfg.block_size;
-    return kv_k(kv, s->blocks[pos / bs], 0, 0) + (size_t)(pos % bs) * kv->cfg.head_dim;
+    return kv_k(kv, s->blocks[pos / bs], layer, 0) + (size_t)(pos % bs) * kv->cfg.head_dim;
 }
 
 static int fake_submit(backend *be, const model_batch *b) {
@@ -69,12 +71,18 @@ static int fake_submit(backend *be, const model_batch *b) {
     for (int t = 0; t < b->n_tokens; t++) pos += b->pos[t];
     f->last_tokens = b->n_tokens;
     f->last_ms = FAKE_MS(b->n_tokens, pos);
-    for (int t = 0; t < b->n_tokens; t++) /* "write the KV": the token id */
-        *fake_slot(f->kv, b->seq[t], b->pos[t]) = (uint16_t)b->tokens[t];
-    for (int i = 0; i < b->n_logits; i++) { /* "attend": hash the whole context */
-        int t = b->logit_rows[i];
-        uint64_t h = 1;
-        for (int p = 0; p <= b->pos[t]; p++) h = mix(h, *fake_slot(f->kv, b->seq[t], p));
+    for (int t = 0; t < b->n_tokens; t++) { /* "write the KV": the token id */
+        if (f->g_layer >= 0) *fake_slot(f->kv, b->seq[t], f->g_layer, b->pos[t]) = (uint16_t)b->tokens[t];
+        if (f->w_layer >= 0) *fake_slot(f->kv, b->seq[t], f->w_layer, b->pos[t]) = (uint16_t)b->tokens[t];
+    }
+    for (int i = 0; i < b->n_logits; i++) { /* "attend": the whole context, as a model's */
+        int t = b->logit_rows[i];   /* global layer reads it, and the window, as its */
+        uint64_t h = 1;             /* windowed layers read it (freed KV would show) */
+        for (int p = 0; p <= b->pos[t]; p++) {
+            if (f->g_layer >= 0) h = mix(h, *fake_slot(f->kv, b->seq[t], f->g_layer, p));
+            if (f->w_layer >= 0 && p >= kv_swa_first(f->window, b->pos[t]))
+                h = mix(h, *fake_slot(f->kv, b->seq[t], f->w_layer, p));
+        }
         float *lg = f->logits + (size_t)i * f->n_vocab;
         for (int v = 0; v < f->n_vocab; v++) lg[v] = (float)((h >> (v % 48)) & 7) * 0.01f;
         int32_t best = (int32_t)((100 + h % 20000) % (uint64_t)f->n_vocab); /* any vocabulary */
@@ -127,6 +135,7 @@ static void on_finish(void *ud, int64_t req, int sample, int reason, const eng_u
 /* ------------------------------------------------------------------ a rig */
 
 static int rig_fair; /* eng_config.fair_batch of the next rig_open */
+static int rig_whole; /* 1: the next rig_open's pool frees no windowed KV */
 static int rig_itl;  /* its itl_target_ms (0: the default, 4x the step without the prefill) */
 
 typedef struct {
@@ -143,6 +152,7 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
     memset(g, 0, sizeof *g);
     kv_config kc = {0};
     model_kv_shape(m, &kc);
+    if (rig_whole) kc.swa_window = 0;
     kc.block_size = 16;
     kc.n_blocks = n_blocks;
     kc.max_seqs = max_seqs;
@@ -154,6 +164,12 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
         g->fake.be.ops = &fake_ops;
         g->fake.kv = &g->kv;
         g->fake.n_vocab = m->cfg.n_vocab;
+        g->fake.g_layer = g->fake.w_layer = -1;
+        g->fake.window = m->cfg.swa_window;
+        for (int l = m->cfg.n_layers - 1; l >= 0; l--) {
+            if (m->w.layers[l].swa && kc.swa_window) g->fake.w_layer = l;
+            else g->fake.g_layer = l;
+        }
         g->fake.eog = tok_eos(tok);
         g->fake.logits = malloc((size_t)batch * m->cfg.n_vocab * sizeof(float));
         g->be = &g->fake.be;
@@ -271,7 +287,9 @@ static void invariance(const model *m, const tok_t *tok, int fake, int n_req, in
         }
         CHECK(same == n_alone, "%s, %s: %d of %d requests identical to running alone", kind,
               cfgs[c].name, same, n_alone);
-        if (c == 2) CHECK(pre > 0, "%s: the small pool preempted nothing", kind);
+        /* every layer windowed: a sequence holds its window's blocks only, and the
+         * small pool holds them all (main runs it again with whole pools) */
+        if (c == 2 && g.kv.swa != KV_SWA_HOLES) CHECK(pre > 0, "%s: the small pool preempted nothing", kind);
         printf("%s invariance (%s, %d requests): %d/%d identical to alone, %d preemptions\n",
                kind, cfgs[c].name, n_req, same, n_alone, pre);
         pool_ok(&g, cfgs[c].name);
@@ -289,7 +307,7 @@ static void accounting(const model *m, const tok_t *tok) {
     int n_of[INFLIGHT] = {0};
     rig g;
     if (rig_open(&g, m, tok, 64, 96, 512, 16, 128, 1, 1) < 0) { CHECK(0, "rig"); return; }
-    int submitted = 0, done = 0, cancels = 0, bad = 0;
+    int submitted = 0, done = 0, cancels = 0, bad = 0, steps = 0;
     eng_stats st;
     while (done < TOTAL) {
         for (int k = 0; k < INFLIGHT && submitted < TOTAL; k++) { /* refill free slots */
@@ -307,6 +325,12 @@ static void accounting(const model *m, const tok_t *tok) {
                 cancels++;
             }
         if (eng_step_begin(g.eng) == 1) eng_step_end(g.eng);
+        if (g.kv.swa && ++steps % 16 == 0) { /* windows freed mid-flight: pages, need, units */
+            char err[256] = "";
+            int c = kv_check(&g.kv, err, sizeof err);
+            CHECK(c == 0, "accounting: kv_check: %s", err);
+            bad += c != 0;
+        }
         for (int k = 0; k < INFLIGHT; k++) { /* retire finished requests */
             if (!ids[k]) continue;
             int fin = 0;
@@ -321,10 +345,11 @@ static void accounting(const model *m, const tok_t *tok) {
     eng_get_stats(g.eng, &st);
     CHECK(done == TOTAL, "accounting: %d of %d requests finished", done, TOTAL);
     CHECK(bad == 0, "accounting: %d samples finished more than once", bad);
-    CHECK(st.preemptions > 0, "accounting: no preemption happened");
-    printf("accounting: %d requests, %d cancels, %lld preemptions, %lld steps, prefix hits %lld/%lld tokens\n",
-           done, cancels, (long long)st.preemptions, (long long)st.steps,
-           (long long)st.prefix_hits, (long long)st.prefix_queries);
+    if (g.kv.swa != KV_SWA_HOLES) CHECK(st.preemptions > 0, "accounting: no preemption happened");
+    if (g.kv.swa) CHECK(g.kv.stats.swa_freed > 0, "accounting: no windowed KV was freed");
+    printf("accounting: %d requests, %d cancels, %lld preemptions, %lld steps, prefix hits %lld/%lld tokens, "
+           "%llu blocks' windowed KV freed\n", done, cancels, (long long)st.preemptions, (long long)st.steps,
+           (long long)st.prefix_hits, (long long)st.prefix_queries, (unsigned long long)g.kv.stats.swa_freed);
     pool_ok(&g, "accounting");
     rig_close(&g);
 }
@@ -877,7 +902,10 @@ static void kv_share(const model *m, const tok_t *tok) {
     static prompt p[N + 1];
     static req_result r[N + 1], alone[N + 1];
     rig g;
-    if (rig_open(&g, m, tok, 20, 16, 256, 8, 64, 0, 1) < 0) { CHECK(0, "rig"); return; }
+    rig_whole = 1; /* windows would free blocks: the pool must fill */
+    int r_open = rig_open(&g, m, tok, 20, 16, 256, 8, 64, 0, 1);
+    rig_whole = 0;
+    if (r_open < 0) { CHECK(0, "rig"); return; }
     for (int i = 0; i <= N; i++) {
         make_prompt(&p[i], i < N ? 16 : 20, 800u + (uint32_t)i);
         memset(&alone[i], 0, sizeof alone[i]), memset(&r[i], 0, sizeof r[i]);
@@ -967,9 +995,17 @@ int main(void) {
     if (m.cfg.n_vocab < 200 + (int)n_ids) n_ids = (uint32_t)m.cfg.n_vocab - 200; /* a tiny model's */
     invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
     accounting(&m, &tok);
+    if (m.cfg.swa_window > 0) { /* and with pools that keep every block, as before windows */
+        rig_whole = 1;
+        invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
+        accounting(&m, &tok);
+        rig_whole = 0;
+    }
     forks(&m, &tok, 1);
     admission(&m, &tok);
+    rig_whole = 1; /* pausing's second half needs a pool that fills */
     pausing(&m, &tok);
+    rig_whole = 0;
     shrinking(&m, &tok);
     fairness(&m, &tok);
     prefill_share(&m, &tok, 1);

@@ -1,0 +1,75 @@
+/* kv_swa: sliding windows in the pool: kv_seq_slide, and the windowed part of blocks
+ * under KV_SWA_SHRINK (the need counts, gone blocks, the spare list), see kv.h. */
+#include "mm/kv.h"
+
+#include <assert.h>
+
+#include "mm/kv_int.h"
+
+void kv_spare_push(kv_pool *p, int32_t b) {
+    assert(p->gone[b] == KV_WHOLE && p->refcount[b] > 0 && p->need[b] == 0 && p->hash[b]);
+    p->gone[b] = KV_SPARE;
+    p->sp_prev[b] = p->sp_tail;
+    p->sp_next[b] = -1;
+    if (p->sp_tail >= 0) p->sp_next[p->sp_tail] = b;
+    else p->sp_head = b;
+    p->sp_tail = b;
+    p->n_spare++;
+}
+
+void kv_spare_unlink(kv_pool *p, int32_t b) {
+    assert(p->gone[b] == KV_SPARE);
+    int32_t pr = p->sp_prev[b], nx = p->sp_next[b];
+    if (pr >= 0) p->sp_next[pr] = nx;
+    else p->sp_head = nx;
+    if (nx >= 0) p->sp_prev[nx] = pr;
+    else p->sp_tail = pr;
+    p->sp_prev[b] = p->sp_next[b] = -1;
+    p->gone[b] = KV_WHOLE;
+    p->n_spare--;
+}
+
+/* The second unit of f16 block b goes back; the global layers stay in the first. */
+static void halve(kv_pool *p, int32_t b) {
+    kv_units_halve(p, b);
+    p->gone[b] = KV_GONE;
+}
+
+void kv_spare_take(kv_pool *p) {
+    int32_t b = p->sp_head;
+    assert(b >= 0);
+    kv_spare_unlink(p, b);
+    halve(p, b);
+}
+
+void kv_need_inc(kv_pool *p, int32_t b) {
+    if (p->need[b]++ == 0 && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b);
+}
+
+int kv_need_dec(kv_pool *p, int32_t b) {
+    if (--p->need[b] > 0 || p->refcount[b] == 0 || kv_units_of(p, b) == 1) return 0;
+    if (p->hash[b]) kv_spare_push(p, b); /* still matchable until a unit is wanted */
+    else halve(p, b);
+    return 1;
+}
+
+/* Page i of s leaves its windowed layers' reach. Returns 1 when memory came free or
+ * evictable. */
+static int page_leaves(kv_pool *p, kv_seq *s, int i) {
+    int32_t b = s->blocks[i];
+    if (p->swa == KV_SWA_SHRINK) return kv_need_dec(p, b);
+    int last = p->refcount[b] == 1; /* holes: no layer reads it, let go of the block */
+    kv_block_put(p, b);
+    s->blocks[i] = -1;
+    return last;
+}
+
+int kv_seq_slide(kv_pool *p, kv_seq *s, int n) {
+    assert(s && s->in_use);
+    if (p->swa == KV_SWA_NONE || n < 0) return 0;
+    int lo = kv_window_page(p, n), freed = 0;
+    if (lo > s->n_blocks) lo = s->n_blocks;
+    for (; s->swa_lo < lo; s->swa_lo++) freed += page_leaves(p, s, s->swa_lo);
+    p->stats.swa_freed += (uint64_t)freed;
+    return freed;
+}
