@@ -29,14 +29,18 @@ def specials(path):
     return [(i, t) for i, (t, ty) in enumerate(zip(toks, types)) if ty in SPECIAL and t]
 
 
-def ids_of(kilnd, model, template, msgs):
-    line = " ".join(f"{role}={text.encode().hex()}" for role, text in msgs) + "\n"
+def ids_of(kilnd, model, template, convs):
+    """The ids of each conversation, one `kilnd tokenize --chat` for them all (a line
+    each, answered in order)."""
+    lines = "".join(" ".join(f"{role}={text.encode().hex()}" for role, text in msgs) + "\n"
+                    for msgs in convs)
     cmd = [kilnd, "tokenize", "--chat", "--model", model] + (["--template", template] if template else [])
-    p = subprocess.run(cmd, input=line, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=60)
-    if p.returncode != 0 or p.stdout.strip() == "!":
-        raise RuntimeError(f"kilnd tokenize --chat failed: {p.stderr.strip()[-200:] or p.stdout.strip()}")
-    return [int(x) for x in p.stdout.split()]
+    p = subprocess.run(cmd, input=lines, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=300)
+    out = p.stdout.split("\n")[:len(convs)]
+    if p.returncode != 0 or len(out) != len(convs) or "!" in out:
+        raise RuntimeError(f"kilnd tokenize --chat failed: {p.stderr.strip()[-200:] or p.stdout.strip()[-200:]}")
+    return [[int(x) for x in o.split()] for o in out]
 
 
 def main():
@@ -55,10 +59,10 @@ def main():
                 u = "hi" + (extra if where == "user" else "")
                 s = "be brief" + (extra if where == "system" else "")
                 return [("system", s), ("user", u)]
-            base = sum(i in special_ids for i in ids_of(a.kilnd, a.model, tmpl, conv("")))
+            got_all = ids_of(a.kilnd, a.model, tmpl, [conv("")] + [conv(" " + text + " ") for _, text in sp])
+            base = sum(i in special_ids for i in got_all[0])
             bad = []
-            for _, text in sp:
-                got = ids_of(a.kilnd, a.model, tmpl, conv(" " + text + " "))
+            for (_, text), got in zip(sp, got_all[1:]):
                 n = sum(i in special_ids for i in got)
                 if n != base:
                     bad.append(f"{text!r}: {n} special tokens, {base} without it")
