@@ -95,10 +95,15 @@ static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_row
     uint8_t *w = malloc(rs * NR), *x = malloc(xs * NC);
     uint8_t *p = aligned_alloc(64, (pb + 63) & ~(size_t)63);
     float *got = malloc(sizeof(float) * NC * (NR + PAD)), *want = malloc(sizeof(float) * NC * (NR + PAD));
+    float *full = malloc(sizeof(float) * NC * NR);
     make_rows(T, w, rs, NR, n);
     scramble_k(T, w, rs * NR);
     make_cols(dt, x, xs, NC, n);
     qp_pack(T, n, w, rs, NR, p);
+    /* The reference once for the whole tile: it computes each (row, column) on its own,
+     * so a sub-tile's wanted bits are this tile's (the scalar level's qp_tile, which
+     * is the reference, checks that on every sub-tile) */
+    qp_tile_ref(T, n, p, 0, NR, x, xs, NC, full, (size_t)NR);
     int r0s[] = {0, 16, 32};
     int ncs[] = {1, 2, 3, 7, 8, 9, 16, 17, NC};
     for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
@@ -112,7 +117,8 @@ static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_row
                 int nc = ncs[ci];
                 size_t os = (size_t)nr + PAD; /* PAD sentinels after each column's rows */
                 for (size_t i = 0; i < (size_t)NC * (NR + PAD); i++) got[i] = want[i] = -7.0f;
-                qp_tile_ref(T, n, p, r0, nr, x, xs, nc, want, os);
+                for (int c = 0; c < nc; c++)
+                    memcpy(want + (size_t)c * os, full + (size_t)c * NR + r0, sizeof(float) * (size_t)nr);
                 qp_tile(T, n, p, r0, nr, x, xs, nc, got, os);
                 CHECK(memcmp(got, want, sizeof(float) * (size_t)NC * (NR + PAD)) == 0,
                       "%s L%d n %lld rows [%d, %d) x %d columns: the reference's bits, nothing "
@@ -150,7 +156,7 @@ static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_row
               tn, (long long)n, worst, bad);
         free(wf), free(xf);
     }
-    free(w), free(x), free(p), free(got), free(want);
+    free(w), free(x), free(p), free(got), free(want), free(full);
 }
 
 static double now_ns(void) {
