@@ -32,7 +32,8 @@
 #   KILN_CMDLINE_EXTRA (appended to the UKI's command line), SOURCE_DATE_EPOCH,
 #   KILN_SB_KEYS (BUILD/keys/secureboot: the dev Secure Boot key set, made there when missing;
 #   an operator's directory needs db.key and db.crt, and PK.crt, KEK.crt, guid for the
-#   variable store), KILN_DISK_GPU=1 (below).
+#   variable store), KILN_DISK_GPU=1 (below), KILN_DATA_MB (the data partition's size;
+#   default: the layout's below, or what the model needs when that is more).
 #
 # KILN_DISK_GPU=1: `make disk-gpu`, the same disk for a GPU server, under BUILD/disk-gpu/
 # (the same names: kiln.img, kiln-vN.kimg, uki-vN.efi, ...). Its initramfs is make
@@ -69,7 +70,7 @@ SBKEYS=${KILN_SB_KEYS:-$BUILD/keys/secureboot}
 [ "$SBKEYS" != "$BUILD/keys/secureboot" ] || BUILD=$BUILD image/secureboot.sh keys "$SBKEYS"
 [ -f "$SBKEYS/db.key" ] && [ -f "$SBKEYS/db.crt" ] || die "$SBKEYS has no db.key and db.crt (image/secureboot.sh keys)"
 
-# ---------------------------------------------------------------- layout (MiB, fixed)
+# ---------------------------------------------------------------- layout (MiB)
 # GPT partition names are how kiln-init and kiln-flash find them.
 ESP_MB=64 SLOT_MB=64 DATA_MB=160
 # The GPU disk: its UKI is ~6x the CPU one's (the NVIDIA modules, GSP firmware, the CUDA
@@ -196,6 +197,16 @@ if [ -n "$DATALIB" ]; then
   mkdir -p "$W/data/lib"
   cp -al "$DATALIB" "$W/data/lib/cuda" 2>/dev/null || { rm -rf "$W/data/lib/cuda"; cp -a "$DATALIB" "$W/data/lib/cuda"; }
 fi
+# Its size: the layout's, unless the model (a real one is GBs) and cuBLAS need more: then
+# what they hold plus 6% (ext4's inode tables, 1.6%, and its journal, up to 1 GiB past
+# 16 GiB) and 48 MiB for config, identity and what a box writes. KILN_DATA_MB sets it.
+content_mb=$(( ($(du -sb --apparent-size "$W/data" | cut -f1) + (1 << 20) - 1) >> 20 ))
+need_mb=$(( content_mb + content_mb * 6 / 100 + 48 ))
+[ "$need_mb" -le "$DATA_MB" ] || DATA_MB=$need_mb
+DATA_MB=${KILN_DATA_MB:-$DATA_MB}
+[[ $DATA_MB =~ ^[1-9][0-9]{0,7}$ ]] || die "KILN_DATA_MB must be a size in MiB"
+[ "$DATA_MB" -ge "$content_mb" ] || die "the data partition ($DATA_MB MiB) is smaller than what it holds ($content_mb MiB)"
+say "data partition: $DATA_MB MiB (it holds $content_mb MiB: the model, config${DATALIB:+, cuBLAS})"
 find "$W/data" -exec touch -h -d "@$EPOCH" {} +
 E2FSPROGS_FAKE_TIME=$(( EPOCH > 0 ? EPOCH : 1 )) mkfs.ext4 -q -F -L kiln-data -U "$DATA_UUID" -E "hash_seed=$DATA_UUID,root_owner=0:0" -b 4096 \
   -d "$W/data" "$W/data.img" "${DATA_MB}M" >/dev/null
