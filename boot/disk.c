@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include "boot/logring.h"
 #include "boot/util.h"
@@ -217,6 +219,48 @@ static void setup_slots(dsk *d) {
                     d->version[other], tries_done(d->entry[other]), 'a' + me, d->version[me]);
 }
 
+#ifndef BLKGETSIZE64
+#define BLKGETSIZE64 _IOR(0x12, 114, size_t)
+#endif
+#define DISK_EXT4_RESIZE _IOW('f', 16, uint64_t) /* EXT4_IOC_RESIZE_FS: online, to n blocks */
+
+/* An ext4 superblock's block size and count (dev's bytes 1024..2047); 0 if not ext4. */
+static uint64_t ext4_blocks(int fd, uint32_t *bs) {
+    uint8_t sb[1024];
+    if (pread(fd, sb, sizeof sb, 1024) != (ssize_t)sizeof sb || sb[56] != 0x53 || sb[57] != 0xEF) return 0;
+    uint32_t lo = (uint32_t)sb[4] | (uint32_t)sb[5] << 8 | (uint32_t)sb[6] << 16 | (uint32_t)sb[7] << 24;
+    uint32_t hi = (uint32_t)sb[0x150] | (uint32_t)sb[0x151] << 8 | (uint32_t)sb[0x152] << 16 | (uint32_t)sb[0x153] << 24;
+    int wide = sb[0x60] & 0x80; /* INCOMPAT_64BIT */
+    if (sb[24] > 6) return 0;
+    *bs = 1024u << sb[24];
+    return (uint64_t)lo | (wide ? (uint64_t)hi << 32 : 0);
+}
+
+/* kiln-flash install spans a disk larger than the image with kiln-data (its GPT grown):
+ * the file system grows into the partition, online, by ext4's own resize in the kernel
+ * (no tool in the image). Short of a MiB more there is nothing to do; a resize that fails
+ * leaves the file system as it was, said, and the box serves from it. */
+static void grow_data(const dsk *d) {
+    int fd = open(d->data_dev, O_RDONLY | O_CLOEXEC);
+    uint64_t bytes = 0, now;
+    uint32_t bs = 0;
+    if (fd < 0 || ioctl(fd, BLKGETSIZE64, &bytes) < 0 || !(now = ext4_blocks(fd, &bs))) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    close(fd);
+    uint64_t want = bytes / bs;
+    if (want <= now || (want - now) * bs < (1u << 20)) return;
+    int dir = open(DISK_DATA_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir >= 0 && ioctl(dir, DISK_EXT4_RESIZE, &want) == 0)
+        logring_say("kiln: data partition: its file system grew from %llu to %llu MiB (the partition's size)",
+                    (unsigned long long)(now * bs >> 20), (unsigned long long)(want * bs >> 20));
+    else
+        logring_say("kiln-init: data partition: growing its file system from %llu to %llu MiB failed: %s",
+                    (unsigned long long)(now * bs >> 20), (unsigned long long)(want * bs >> 20), strerror(errno));
+    if (dir >= 0) close(dir);
+}
+
 void disk_setup(dsk *d, double wait_s) {
     memset(d, 0, sizeof *d);
     d->slot = -1;
@@ -237,6 +281,7 @@ void disk_setup(dsk *d, double wait_s) {
         if (mount(d->data_dev, DISK_DATA_DIR, types[i], MS_NOSUID | MS_NODEV | MS_NOATIME, NULL) == 0) {
             d->data_mounted = 1;
             logring_say("kiln: data partition %s (%s) mounted on %s", d->data_dev, types[i], DISK_DATA_DIR);
+            if (i == 0) grow_data(d);
             setup_slots(d);
             d->trial_deadline = util_now() + DISK_TRIAL_S;
             return;
@@ -246,7 +291,12 @@ void disk_setup(dsk *d, double wait_s) {
 }
 
 void disk_describe(const dsk *d, char *out, size_t cap) {
-    if (d->data_mounted) snprintf(out, cap, "data: %s on %s", d->data_dev, DISK_DATA_DIR);
+    struct statvfs v;
+    if (d->data_mounted && statvfs(DISK_DATA_DIR, &v) == 0)
+        snprintf(out, cap, "data: %s on %s, %llu MiB, %llu free", d->data_dev, DISK_DATA_DIR,
+                 (unsigned long long)((uint64_t)v.f_blocks * v.f_frsize >> 20),
+                 (unsigned long long)((uint64_t)v.f_bavail * v.f_frsize >> 20));
+    else if (d->data_mounted) snprintf(out, cap, "data: %s on %s", d->data_dev, DISK_DATA_DIR);
     else if (d->data_dev[0]) snprintf(out, cap, "data: %s not mounted (see `log`)", d->data_dev);
     else snprintf(out, cap, "data: none (no kiln-data partition)");
 }

@@ -87,7 +87,7 @@ int bun_check_copy(int fd, const man_part *p, char *err, size_t cap) {
     return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t n, uint64_t off) {
+int bun_write(int fd, const void *buf, size_t n, uint64_t off) {
     size_t put = 0;
     while (put < n) {
         ssize_t r = pwrite(fd, (const char *)buf + put, n - put, (off_t)(off + put));
@@ -105,7 +105,7 @@ int bun_copy(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, char *e
     for (uint64_t done = 0; !r && done < n; done += CHUNK) {
         size_t k = n - done < CHUNK ? (size_t)(n - done) : CHUNK;
         if ((r = read_full(src, a, k, soff + done)) < 0) what = "read";
-        else if ((r = write_full(dst, a, k, doff + done)) < 0) what = "write";
+        else if ((r = bun_write(dst, a, k, doff + done)) < 0) what = "write";
     }
     /* EINVAL: a file or device that cannot be synced (a pipe, some test setups) */
     if (!r && fdatasync(dst) < 0 && errno != EINVAL) r = -errno, what = "fdatasync";

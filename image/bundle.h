@@ -37,5 +37,7 @@ int bun_check_copy(int fd, const man_part *p, char *err, size_t cap);
  * different), or -errno; err says which. kiln-flash's slot and UKI copies, kiln-init's
  * UKI onto the ESP for a network update. */
 int bun_copy(int src, uint64_t soff, int dst, uint64_t doff, uint64_t n, char *err, size_t cap);
+/* n bytes of buf at off (pwrite until done): 0 or -errno. */
+int bun_write(int fd, const void *buf, size_t n, uint64_t off);
 
 #endif

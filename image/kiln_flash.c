@@ -111,6 +111,87 @@ static int read_gpt(int fd, uint64_t disk_size, table *t, const char *what) {
     return 0;
 }
 
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* CRC-32 (IEEE 802.3, reflected), what the GPT header and entry array carry. */
+static uint32_t crc32(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c >> 1 ^ (0xEDB88320u & (0u - (c & 1)));
+    }
+    return ~c;
+}
+
+/* A GPT header (hs bytes, at LBA my) naming entries at LBA el, its CRC set. */
+static void gpt_header(uint8_t *h, uint32_t hs, uint64_t my, uint64_t alt, uint64_t el) {
+    put64(h + 24, my);
+    put64(h + 32, alt);
+    put64(h + 72, el);
+    put32(h + 16, 0);
+    put32(h + 16, crc32(h, hs));
+}
+
+/* The install target is larger than the image: the GPT is made to span it (the backup
+ * entries and header at the target's end, as the standard puts them) and kiln-data,
+ * the last partition, to end at the last usable MiB, so the box's file system grows into
+ * it at boot (kiln-init: ext4's online resize). *grew: the bytes kiln-data gained (0: the
+ * image already spans the target). 0, -1 (said; the target keeps the image's table). */
+static int grow_gpt(int fd, uint64_t size, uint64_t *grew, const char *what) {
+    enum { MIB = 1 << 20 };
+    static uint8_t ents[256 * 1024];
+    uint8_t h[SECTOR], mbr[SECTOR];
+    *grew = 0;
+    if (pread_full(fd, h, SECTOR, SECTOR) < 0 || pread_full(fd, mbr, SECTOR, 0) < 0) goto bad;
+    uint32_t hs = le32(h + 12), count = le32(h + 80), esize = le32(h + 84);
+    uint64_t el = le64(h + 72), total = size / SECTOR, n = (uint64_t)count * esize;
+    if (hs < 92 || hs > SECTOR || esize < 128 || n > sizeof ents || n % SECTOR || el < 2) goto bad;
+    if (pread_full(fd, ents, n, el * SECTOR) < 0 || crc32(ents, n) != le32(h + 88)) goto bad;
+    uint8_t *data = NULL;
+    uint64_t end_max = 0;
+    for (uint32_t i = 0; i < count; i++) { /* kiln-data must be the last partition */
+        uint8_t *e = ents + (size_t)i * esize;
+        uint64_t last = le64(e + 40);
+        int used = 0;
+        for (int j = 0; j < 16; j++) used |= e[j];
+        if (!used) continue;
+        if (last > end_max) end_max = last, data = e;
+    }
+    const char *name = "kiln-data";
+    for (int j = 0; data && j < 10; j++)
+        if (data[56 + 2 * j] != (j < 9 ? (uint8_t)name[j] : 0) || data[57 + 2 * j]) data = NULL;
+    if (!data) return fprintf(stderr, "kiln-flash: %s: kiln-data is not the last partition: not grown\n", what), -1;
+    uint64_t back_el = total - 1 - n / SECTOR, usable = back_el - 1;
+    uint64_t end = (usable + 1) / (MIB / SECTOR) * (MIB / SECTOR) - 1; /* a whole MiB */
+    if (end <= le64(data + 40)) return 0;
+    uint64_t old_alt = le64(h + 32);
+    *grew = (end - le64(data + 40)) * SECTOR;
+    put64(data + 40, end);
+    put32(h + 88, crc32(ents, n));
+    put64(h + 48, usable);
+    uint8_t bh[SECTOR];
+    memcpy(bh, h, SECTOR);
+    gpt_header(h, hs, 1, total - 1, el);
+    gpt_header(bh, hs, total - 1, 1, back_el);
+    uint64_t mbr_len = total - 1 > 0xFFFFFFFFu ? 0xFFFFFFFFu : total - 1; /* the protective entry */
+    put32(mbr + 446 + 12, (uint32_t)mbr_len);
+    static const uint8_t zero[SECTOR];
+    /* the backup first, then the primary: a table torn in between is the image's, intact */
+    if (bun_write(fd, ents, n, back_el * SECTOR) < 0 || bun_write(fd, bh, SECTOR, (total - 1) * SECTOR) < 0 ||
+        fsync(fd) < 0 || bun_write(fd, ents, n, el * SECTOR) < 0 || bun_write(fd, h, SECTOR, SECTOR) < 0 ||
+        bun_write(fd, mbr, SECTOR, 0) < 0 ||
+        (old_alt < total - 1 && bun_write(fd, zero, SECTOR, old_alt * SECTOR) < 0) || fsync(fd) < 0)
+        return fprintf(stderr, "kiln-flash: %s: writing the grown GPT: %s\n", what, strerror(errno)), -1;
+    return 0;
+bad:
+    return fprintf(stderr, "kiln-flash: %s: the image's GPT does not check out: not grown\n", what), -1;
+}
+
 static const part *find(const table *t, const char *name) {
     for (int i = 0; i < t->n; i++)
         if (!strcmp(t->p[i].name, name)) return &t->p[i];
@@ -464,6 +545,11 @@ static int cmd_install(const char *image, const char *target, const char *id_dir
     if (copy_verified(in, 0, out, 0, isize, target) < 0) return 2;
     printf("kiln-flash: %s: installed version %u in slot a (%llu bytes written and read back)\n", target, (unsigned)m.version,
            (unsigned long long)isize);
+    uint64_t grew = 0;
+    if (tsize > isize && grow_gpt(out, tsize, &grew, target) < 0) return 2;
+    if (grew)
+        printf("kiln-flash: %s: kiln-data now reaches the end of the target (%llu MiB more): the box grows its "
+               "file system into it at its first boot\n", target, (unsigned long long)(grew >> 20));
     if (!id_dir) return 0;
     int rc = id_write(target, find(&t, "kiln-data"), &idf), has_key = idf.n[IDF_KEY] != 0;
     memset(&idf, 0, sizeof idf);

@@ -17,8 +17,11 @@ On a copy of the test disk:
   tamper (no QEMU): a bundle with one flipped byte in its UKI, and one signed by another
     key, are refused by kiln-flash before anything is written (the disk's bytes unchanged);
     so is a disk image whose slot a was changed, for a first install (no target written)
-  kiln-flash v2 (a second copy of the disk): `kiln-flash update` writes v2 into slot b;
-    it boots on trial, is not blessed before a GEN and is blessed after one
+  kiln-flash v2 (a second disk: kiln.img installed onto a target 256 MiB larger, whose
+    kiln-data then reaches the target's end, the GPT checked by sgdisk -v): `kiln-flash
+    update` writes v2 into slot b; kiln-init grows the data partition's file system into
+    the larger partition (console line, `status`); it boots on trial, is not blessed before
+    a GEN and is blessed after one
   boot 1: version 1 boots to ready, kiln-init says slot a verified; console `version` says
     slot a, version 1; a GEN; over the network (the admin verb UPDATE, the kiln SDK's
     update()): a v2 bundle with one flipped byte in its UKI, and one signed by another key,
@@ -536,11 +539,21 @@ def tamper(work, tmp):
 
 
 def flash_update(tmp):
-    """kiln-flash's own update path, on a copy of the disk: v2 written into slot b of the
-    image file boots next, is not blessed before a GEN and is blessed after one. (The main
-    disk takes v2 over the network below, so both ways of updating are proven.)"""
+    """kiln-flash's own update path, on a second disk: v2 written into slot b of the image
+    file boots next, is not blessed before a GEN and is blessed after one. (The main disk
+    takes v2 over the network below, so both ways of updating are proven.) That disk is
+    kiln.img installed (with the development identity, as kiln-dev.img is) onto a target
+    256 MiB larger, as onto a box's own disk: kiln-data then reaches the target's end, and
+    at its first boot kiln-init grows the file system into it."""
     disk = os.path.join(tmp, "flash-disk.img")
-    shutil.copyfile(A.dev, disk)
+    with open(disk, "wb") as f:
+        f.truncate(os.path.getsize(A.disk) + (256 << 20))
+    rc, out = run([A.flash, "install", A.disk, disk, "--identity", os.path.join(os.path.dirname(A.disk), "dev-identity")])
+    check("kiln-flash install onto a disk 256 MiB larger than the image: kiln-data reaches its end",
+          rc == 0 and "kiln-data now reaches the end of the target (256 MiB more)" in out, out)
+    sg = subprocess.run(["sgdisk", "-v", disk], capture_output=True, text=True)
+    check("the grown GPT verifies (sgdisk -v: both headers, CRCs, the backup at the end)",
+          sg.returncode == 0 and "No problems found" in sg.stdout, sg.stdout + sg.stderr)
     rc, out = run([A.flash, "update", A.v2, disk])
     check("kiln-flash update v2 into the image file's slot b", rc == 0 and "slot b" in out, out)
     vars_before = os.environ["KILN_OVMF_VARS"]
@@ -549,6 +562,13 @@ def flash_update(tmp):
     blessed = r"kiln: slot b \(version 2\) is healthy: blessed"
     try:
         ready(g, "kiln-flash v2")
+        m = g.wait(r"kiln: data partition: its file system grew from (\d+) to (\d+) MiB", 1)
+        check("kiln-flash v2: kiln-init grew the data partition's file system into the larger disk",
+              m is not None and int(m.group(1)) == DATA_LEN >> 20 and int(m.group(2)) == (DATA_LEN >> 20) + 256,
+              m.group(0) if m else "\n" + tail(g, 25))
+        st = g.cmd("status")
+        m = re.search(r"data: /dev/\w+ on /data, (\d+) MiB, (\d+) free", st or "")
+        check("kiln-flash v2: `status` shows the grown data partition", m is not None and int(m.group(1)) > 320, repr(st))
         m = g.wait(r"kiln: slot b \(version 2\) on trial is ready; blessed once it has served a GEN", 30)
         check("kiln-flash v2: boots version 2 on trial, not blessed before a GEN", m is not None, "\n" + tail(g, 25))
         one_gen(g, "kiln-flash v2", "f2")
