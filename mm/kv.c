@@ -23,8 +23,16 @@ static int swa_mode(const kv_config *c) {
     return 2 * (c->n_layers - nw) <= c->n_layers ? KV_SWA_SHRINK : KV_SWA_NONE;
 }
 
-/* Blocks are made of two units (half slots) for kv8 and for gone blocks. */
-static int has_units(const kv_config *c) { return c->kv8 || swa_mode(c) == KV_SWA_SHRINK; }
+/* Units a slot is made of: two (halves) for kv8 and for gone blocks; four (quarters)
+ * when the global layers fit in a quarter of a block (Gemma 3: 4 of 26 layers), so a
+ * gone block keeps a quarter, not half. 1: the pool counts whole blocks. */
+static int slot_units(const kv_config *c) {
+    int m = swa_mode(c), ng = 0;
+    for (int l = 0; l < c->n_layers; l++) ng += !kv_swa_layer(c, l);
+    if (m == KV_SWA_SHRINK) return 4 * ng <= c->n_layers ? 4 : 2;
+    return c->kv8 ? 2 : 1;
+}
+static int has_units(const kv_config *c) { return slot_units(c) > 1; }
 
 /* Units need the data on the host (conversion and moves are memory writes here) and
  * an even number of bytes per block to halve; kv8 the caller's f16 converters. Windows
@@ -33,11 +41,12 @@ static int cfg_valid(const kv_config *c) {
     return c->n_layers > 0 && c->n_kv_heads > 0 && c->head_dim > 0 && c->block_size > 0 &&
            c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0 &&
            (c->swa_window <= 0 || (c->n_layers <= KV_MAX_LAYERS && !c->external_data)) &&
-           (!has_units(c) || (!c->external_data && c->n_blocks <= INT_MAX / 2)) &&
+           (!has_units(c) || (!c->external_data && c->n_blocks <= INT_MAX / 4)) &&
            (!c->kv8 || (c->f16.to_f32 && c->f16.to_f16));
 }
 
-static int n_ids_of(const kv_config *c) { return has_units(c) ? 2 * c->n_blocks : c->n_blocks; }
+/* Ids: one per unit, as every block holds one at least. */
+static int n_ids_of(const kv_config *c) { return slot_units(c) * c->n_blocks; }
 
 /* f16 elements of one block; 0 on overflow. */
 static size_t block_elems(const kv_config *c) {
@@ -157,7 +166,7 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
     p->tables = (int32_t *)(mem + l.tables);
     p->seq_keys = (uint64_t *)(mem + l.seq_keys);
     p->n_ids = n_ids_of(cfg);
-    p->units = has_units(cfg) ? 2 : 1;
+    p->units = slot_units(cfg);
     p->unit_elems = p->block_elems / (size_t)p->units;
     p->loc = (int32_t *)(mem + l.loc);
     if (has_units(cfg)) {
@@ -189,7 +198,7 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
         memset(p->loc, 0xff, (size_t)p->n_ids * sizeof(int32_t));
         memset(p->owner, 0xff, (size_t)p->n_ids * sizeof(int32_t));
         for (int i = cfg->n_blocks - 1; i >= 0; i--) p->free_slots[p->n_free_slots++] = i;
-        p->n_units_free = 2 * cfg->n_blocks;
+        p->n_units_free = p->units * cfg->n_blocks;
     } else {
         for (int i = 0; i < p->n_ids; i++) p->loc[i] = i; /* a block is its slot */
     }
@@ -221,10 +230,10 @@ static int fail_hook_fires(kv_pool *p) {
 
 /* May n fresh (f16) blocks be taken? Counts n allocations against the fail hook, so the
  * hook sees the same allocation numbers as taking them one by one; nothing is taken.
- * With kv8 each takes two units, and any two free or cached units can be made a slot
- * (eviction, then compaction), so the count is exact. */
+ * With units each takes a slot's, and any that many free, cached or spare units can be
+ * made a slot (eviction, spare halving, then compaction), so the count is exact. */
 static int can_take(kv_pool *p, int n) {
-    if (p->q8 ? 2LL * n > (long long)p->n_units_free + p->n_units_cached + p->n_spare
+    if (p->q8 ? (long long)p->units * n > (long long)p->n_units_free + p->n_units_cached + kv_spare_units(p)
               : n > p->n_free + p->n_lru)
         return 0;
     for (int i = 0; i < n; i++)
@@ -274,7 +283,7 @@ static void seq_put(kv_pool *p, const kv_seq *s, int i) {
 }
 
 int kv_free_blocks(const kv_pool *p) {
-    return p->q8 ? (p->n_units_free + p->n_units_cached + p->n_spare) / 2 : p->n_free + p->n_lru;
+    return p->q8 ? (p->n_units_free + p->n_units_cached + kv_spare_units(p)) / p->units : p->n_free + p->n_lru;
 }
 
 int kv_cached_blocks(const kv_pool *p) { return p->n_lru; }

@@ -28,15 +28,18 @@
  * or not). free + cached + in use = n_ids; kv_free_blocks = free + cached (in f16 blocks).
  *
  * 8-bit blocks (cfg.kv8, the degrade ladder's rung 2; host data only): memory is
- * n_blocks slots of one f16 block each, every slot two halves ("units"); an 8-bit
- * block (int8, one scale per (layer, K|V, head) slab) takes one unit. Block ids are
- * then handles, 2 * n_blocks of them, and loc[id] says which unit a block's data
- * starts at, so a block converted in place (kv_block_to_q8, freeing its second unit)
- * or moved keeps its id: page tables and the prefix index never change. Blocks are
- * born f16 (2 units, a whole slot); when a slot is needed and none is free, two free
- * halves of different slots are joined by moving one 8-bit block (compaction). So
- * the pool can always allocate an f16 block while two units are free or cached, and
- * kv_free_blocks is (free + cached units) / 2. Only f16 blocks are written:
+ * n_blocks slots of one f16 block each, every slot `units` units: two halves, or four
+ * quarters for a sliding-window model whose global layers fit in a quarter (below); an
+ * 8-bit block (int8, one scale per (layer, K|V, head) slab) takes half a slot. Block
+ * ids are then handles, one per unit, and loc[id] says which unit a block's data
+ * starts at (aligned to its size), so a block converted in place (kv_block_to_q8,
+ * freeing its second half) or moved keeps its id: page tables and the prefix index
+ * never change. Blocks are born f16 (a whole slot); when a slot is needed and none is
+ * free, the slot with the most free units is emptied by moving its 8-bit and gone
+ * blocks into free units elsewhere (compaction; with quarters, a gone block may move
+ * first to free an aligned half). So the pool can always allocate an f16 block while
+ * a slot's worth of units is free, cached or spare, and kv_free_blocks is that count /
+ * units. Only f16 blocks are written:
  * kv_seq_cow turns an 8-bit block about to be written back into a private f16 copy.
  * Conversion and moves rewrite block data, so with kv8 every call that may allocate
  * (kv_seq_reserve, kv_seq_cow) or convert must run while no step reads the pool.
@@ -52,17 +55,17 @@
  *     hole. No layer reads a hole.
  *   - some layers global (KV_SWA_SHRINK, at most half of them, host data): the global
  *     layers are stored first in a block (kv_k's layer order is cfg's, the storage
- *     order is lslot's), so their KV is the block's first unit. Once no holder still
- *     needs a block's windowed part (need[b] counts the page-table references at or
- *     past their sequence's swa_lo), the block goes KV_GONE: its second unit is freed
- *     and it holds one unit, as an 8-bit block does (the pool then always uses units,
- *     kv8 or not). A gone block keeps serving the global layers and prefix matches
- *     that end past its window. An indexed block is not halved at once but goes
- *     KV_SPARE: its second unit stays, still matchable, on the spare list (in use
- *     blocks only, oldest first) and counts as free; allocation takes spare halves
- *     (making them gone) once no cached block is left to evict: a spare block may be
- *     what a shared system prompt's next request matches. A match that needs a spare
- *     block's window again makes it whole.
+ *     order is lslot's), so their KV is the block's first unit: a quarter of it when
+ *     they fit there (Gemma 3: 4 of 26 layers), else half. Once no holder still needs
+ *     a block's windowed part (need[b] counts the page-table references at or past
+ *     their sequence's swa_lo), the block goes KV_GONE: all but its first unit are
+ *     freed (the pool then always uses units, kv8 or not). A gone block keeps serving
+ *     the global layers and prefix matches that end past its window. An indexed block
+ *     is not shrunk at once but goes KV_SPARE: its other units stay, still matchable,
+ *     on the spare list (in use blocks only, oldest first) and count as free;
+ *     allocation takes spare blocks' units (making them gone) once no cached block is
+ *     left to evict: a spare block may be what a shared system prompt's next request
+ *     matches. A match that needs a spare block's window again makes it whole.
  *   - otherwise (more global than windowed layers, or device data) nothing is freed.
  * kv_seq_match only hands a new sequence blocks it can read: it reuses k blocks only if
  * those in its window, [swa_lo, k), are present and not gone (holes mode: a match may
@@ -153,18 +156,18 @@ typedef struct kv_pool {
     uint16_t *data;     /* [n_blocks][block_elems] f16 (slots) */
     size_t block_elems; /* f16 elements per block, all layers, K and V */
     size_t head_elems;  /* block_size * head_dim: one (layer, K|V, head) slab */
-    int n_ids;          /* block ids: n_blocks, or 2 * n_blocks with kv8 */
-    int units;          /* units per slot: 1, or 2 with kv8 */
+    int n_ids;          /* block ids: n_blocks, or units * n_blocks with units (one per unit) */
+    int units;          /* units per slot: 1 (no units), 2, or 4 (Gemma 3-like windows) */
     size_t unit_elems;  /* f16 elements of one unit: block_elems / units */
-    int32_t *loc;       /* [n_ids] first unit of a block's data; identity without kv8,
-                         * -1 for a free id with kv8 */
-    /* kv8 only (NULL otherwise): */
-    int32_t *owner;     /* [2 * n_blocks] block id in each unit, -1 free */
+    int32_t *loc;       /* [n_ids] first unit of a block's data; identity without units,
+                         * -1 for a free id with them */
+    /* with units only (NULL otherwise; scale with kv8 only): */
+    int32_t *owner;     /* [units * n_blocks] block id in each unit, -1 free */
     uint8_t *q8;        /* [n_ids] 1: the block is 8-bit */
     float *scale;       /* [n_ids][n_layers * 2 * n_kv_heads] int8 scale per slab */
-    int32_t *free_slots;/* [n_blocks] stack of slots with both units free */
+    int32_t *free_slots;/* [n_blocks] stack of slots with all units free */
     int n_free_slots;
-    int n_units_free;   /* free units (in free slots and lone halves) */
+    int n_units_free;   /* free units (in free slots and in partly used ones) */
     int n_units_cached; /* units held by cached blocks */
     int n_q8;           /* 8-bit blocks in use or cached */
     /* sliding windows: */

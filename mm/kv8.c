@@ -1,5 +1,5 @@
-/* kv8: 8-bit blocks (cfg.kv8, the degrade ladder's rung 2): half-slot units, their
- * allocation and compaction, and the f16 <-> int8 conversion through the caller's
+/* kv8: 8-bit blocks (cfg.kv8, the degrade ladder's rung 2): the units of slots (halves,
+ * or quarters for Gemma 3's gone blocks), their allocation and compaction, and the f16 <-> int8 conversion through the caller's
  * converters, cfg.f16 (see kv.h). */
 #include "mm/kv.h"
 
@@ -12,30 +12,30 @@
 
 /* ---------------------------------------------------------------- units and slots */
 
-/* Give back the units of kv8 block b (now refcount 0, not cached); b keeps no memory. */
+static int slot_is_free(const kv_pool *p, int32_t s) {
+    for (int i = 0; i < p->units; i++)
+        if (p->owner[s * p->units + i] != -1) return 0;
+    return 1;
+}
+
+/* Give back the units of block b (now refcount 0, not cached); b keeps no memory. */
 void kv_units_release(kv_pool *p, int32_t b) {
-    int32_t u = p->loc[b];
-    if (kv_units_of(p, b) == 2) {
-        p->owner[u] = p->owner[u + 1] = -1;
-        p->n_units_free += 2;
-        p->free_slots[p->n_free_slots++] = u / 2;
-    } else {
-        p->owner[u] = -1;
-        p->n_units_free++;
-        p->n_q8 -= p->q8[b];
-        if (p->owner[u ^ 1] == -1) p->free_slots[p->n_free_slots++] = u / 2;
-    }
+    int32_t u = p->loc[b], k = kv_units_of(p, b);
+    for (int i = 0; i < k; i++) p->owner[u + i] = -1;
+    p->n_units_free += k;
+    p->n_q8 -= p->q8[b];
+    if (slot_is_free(p, u / p->units)) p->free_slots[p->n_free_slots++] = u / p->units;
     p->loc[b] = -1;
     p->q8[b] = 0;
     if (p->gone) p->gone[b] = KV_WHOLE;
 }
 
-void kv_units_halve(kv_pool *p, int32_t b) {
-    int32_t u = p->loc[b];
-    assert(kv_units_of(p, b) == 2 && u % 2 == 0 && p->owner[u + 1] == b);
-    if (p->refcount[b] == 0) p->n_units_cached--; /* on the LRU: one unit now, not two */
-    p->owner[u + 1] = -1;
-    p->n_units_free++;
+void kv_units_shrink(kv_pool *p, int32_t b, int keep) {
+    int32_t u = p->loc[b], k = kv_units_of(p, b);
+    assert(k == p->units && keep >= 1 && keep < k && u % k == 0);
+    if (p->refcount[b] == 0) p->n_units_cached -= k - keep; /* on the LRU: fewer units now */
+    for (int i = keep; i < k; i++) p->owner[u + i] = -1;
+    p->n_units_free += k - keep;
 }
 
 /* Evict the least recently used cached block: out of the index, its memory freed. */
@@ -51,42 +51,90 @@ static void evict_lru(kv_pool *p) {
     }
 }
 
-/* A whole free slot. None on the stack: two lone free halves (each in a slot whose
- * other half holds a one-unit block, 8-bit or gone, as a slot with both halves free is
- * on the stack) are joined by moving the neighbour of the first into the second. The
- * caller made sure two units are free. */
-static int32_t slot_get(kv_pool *p) {
-    if (p->n_free_slots > 0) return p->free_slots[--p->n_free_slots];
-    int32_t a = -1, c = -1, n_units = 2 * p->cfg.n_blocks;
-    for (int32_t u = 0; u < n_units && c < 0; u++)
-        if (p->owner[u] == -1) {
-            if (a < 0) a = u;
-            else c = u;
-        }
-    assert(a >= 0 && c >= 0 && a / 2 != c / 2);
-    int32_t nb = a ^ 1, x = p->owner[nb];
-    assert(x >= 0 && kv_units_of(p, x) == 1 && p->loc[x] == nb);
-    memcpy(kv_unit_data(p, c), kv_unit_data(p, nb), p->unit_elems * sizeof(uint16_t));
-    p->owner[c] = x, p->owner[nb] = -1, p->loc[x] = c;
+/* Block x's k units to the free units at `to`. */
+static void move_units(kv_pool *p, int32_t x, int32_t to) {
+    int32_t from = p->loc[x], k = kv_units_of(p, x);
+    memcpy(kv_unit_data(p, to), kv_unit_data(p, from), (size_t)k * p->unit_elems * sizeof(uint16_t));
+    for (int i = 0; i < k; i++) p->owner[to + i] = x, p->owner[from + i] = -1;
+    p->loc[x] = to;
     p->stats.q8_moves++;
-    return a / 2;
 }
 
-/* A fresh f16 block (a whole slot) under a free id, evicting cached blocks until two
- * units are free. */
+/* The first run of k free units aligned to k outside slot avoid, or -1. */
+static int32_t free_run(const kv_pool *p, int k, int32_t avoid) {
+    int32_t n_units = p->units * p->cfg.n_blocks;
+    for (int32_t u = 0; u < n_units; u += k) {
+        if (u / p->units == avoid) continue;
+        int i = 0;
+        while (i < k && p->owner[u + i] == -1) i++;
+        if (i == k) return u;
+    }
+    return -1;
+}
+
+/* A free run of k (1 or half a slot) outside slot avoid. With none of half a slot, two
+ * half-slots outside it each have one free unit (there are at least k free units out
+ * there, the caller counted), and such a half's other unit is a gone block (an 8-bit
+ * block fills its half): that block moves into the other's free unit. Quarters only:
+ * with halves for units, k is 1 and a free unit is always there. */
+static int32_t make_run(kv_pool *p, int k, int32_t avoid) {
+    int32_t u = free_run(p, k, avoid);
+    if (u >= 0 || k == 1) return u;
+    assert(k == 2 && p->units == 4);
+    int32_t a = -1, c = -1;
+    for (int32_t v = 0; v < p->units * p->cfg.n_blocks && c < 0; v++)
+        if (p->owner[v] == -1 && v / p->units != avoid) {
+            if (a < 0) a = v;
+            else if (v / 2 != a / 2) c = v;
+        }
+    assert(a >= 0 && c >= 0);
+    int32_t g = p->owner[a ^ 1];
+    assert(g >= 0 && kv_units_of(p, g) == 1);
+    move_units(p, g, c);
+    return a & ~1;
+}
+
+/* A whole free slot. None on the stack: the slot with the most free units is emptied,
+ * its blocks (one-unit gone blocks, half-slot 8-bit ones) moved to free units elsewhere.
+ * The caller made sure a slot's worth of units is free, so they fit. */
+static int32_t slot_get(kv_pool *p) {
+    if (p->n_free_slots > 0) return p->free_slots[--p->n_free_slots];
+    int32_t best = -1, most = -1;
+    for (int32_t s = 0; s < p->cfg.n_blocks; s++) {
+        int f = 0;
+        for (int i = 0; i < p->units; i++) f += p->owner[s * p->units + i] == -1;
+        if (f > most) most = f, best = s;
+    }
+    assert(best >= 0);
+    for (int i = 0; i < p->units;) {
+        int32_t x = p->owner[best * p->units + i];
+        if (x < 0) {
+            i++;
+            continue;
+        }
+        int k = kv_units_of(p, x);
+        assert(k < p->units && p->loc[x] == best * p->units + i);
+        move_units(p, x, make_run(p, k, best));
+        i += k;
+    }
+    return best;
+}
+
+/* A fresh f16 block (a whole slot) under a free id, evicting cached blocks and halving
+ * spare ones until a slot's worth of units is free. */
 int32_t kv_units_take(kv_pool *p) {
-    while (p->n_units_free < 2) { /* the cache first: spare halves serve matches too */
+    while (p->n_units_free < p->units) { /* the cache first: spare blocks serve matches too */
         if (p->lru_head < 0) kv_spare_take(p);
         else evict_lru(p);
     }
     int32_t slot = slot_get(p);
     assert(p->n_free > 0); /* ids outnumber blocks: each holds at least one unit */
     int32_t b = p->free_ids[--p->n_free];
-    p->loc[b] = 2 * slot;
-    p->owner[2 * slot] = p->owner[2 * slot + 1] = b;
+    p->loc[b] = p->units * slot;
+    for (int i = 0; i < p->units; i++) p->owner[p->units * slot + i] = b;
     p->q8[b] = 0;
     if (p->gone) p->gone[b] = KV_WHOLE;
-    p->n_units_free -= 2;
+    p->n_units_free -= p->units;
     return b;
 }
 
@@ -163,19 +211,19 @@ void kv_q8_expand(kv_pool *p, int32_t src, int32_t dst) {
 
 int kv_block_to_q8(kv_pool *p, int32_t b) {
     if (b < 0 || b >= p->n_ids || (p->q8 && p->loc[b] < 0)) return -EINVAL;
-    /* a gone block already holds one unit, and its windowed slabs hold nothing */
-    if (!p->cfg.kv8 || kv_units_of(p, b) == 1) return 0;
+    /* already 8-bit, or gone: one unit, its windowed slabs hold nothing */
+    if (!p->cfg.kv8 || kv_units_of(p, b) < p->units) return 0;
     int slabs = kv_slabs_of(&p->cfg);
     int32_t u = p->loc[b];
     uint16_t *src = kv_unit_data(p, u);
     int8_t *dst = (int8_t *)src;
     float *sc = p->scale + (size_t)b * (size_t)slabs;
-    if (p->gone && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b); /* one unit, every layer kept */
+    if (p->gone && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b); /* half a slot, every layer kept */
     /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
     for (int k = 0; k < slabs; k++)
         sc[k] = slab_to_q8(&p->cfg.f16, src + (size_t)k * p->head_elems,
                            dst + (size_t)k * p->head_elems, p->head_elems);
-    kv_units_halve(p, b);
+    kv_units_shrink(p, b, p->units / 2);
     p->q8[b] = 1;
     p->n_q8++;
     p->stats.q8_conversions++;

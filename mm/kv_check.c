@@ -13,9 +13,10 @@
 
 /* Units (kv8, KV_SWA_SHRINK): every id's memory against the unit owners, the free-slot
  * stack and the unit counters. Ids on the free stack hold nothing; in-use and cached
- * ones hold one unit (8-bit or gone) or a whole slot (f16). */
+ * ones hold their kv_units_of, aligned to that count (a whole slot for f16, half of it
+ * for 8-bit, one unit for gone). */
 static int check_units(const kv_pool *p, char *err, size_t errlen) {
-    int n_units = 2 * p->cfg.n_blocks, free_u = 0, cached_u = 0, q8 = 0;
+    int U = p->units, n_units = U * p->cfg.n_blocks, free_u = 0, cached_u = 0, q8 = 0;
     int32_t *seen = p->scratch; /* free-slot marks; reused after kv_check's passes */
     for (int32_t b = 0; b < p->n_ids; b++) {
         int32_t u = p->loc[b];
@@ -26,15 +27,14 @@ static int check_units(const kv_pool *p, char *err, size_t errlen) {
                 return FAIL("free id %d holds unit %d (q8 %d, gone %d)", b, u, p->q8[b], gone);
             continue;
         }
-        if (u < 0 || u >= n_units) return FAIL("block %d: unit %d out of range", b, u);
-        if (p->owner[u] != b) return FAIL("block %d: unit %d owned by %d", b, u, p->owner[u]);
+        int k = kv_units_of(p, b);
+        if (u < 0 || u + k > n_units || u % k)
+            return FAIL("block %d: units [%d, %d) out of range or not aligned", b, u, u + k);
         if (p->q8[b] && gone) return FAIL("block %d is both 8-bit and gone or spare", b);
-        if (kv_units_of(p, b) == 2 && (u % 2 || p->owner[u + 1] != b))
-            return FAIL("f16 block %d: unit %d is not a whole slot of its own", b, u);
-        if (kv_units_of(p, b) == 1 && u % 2 == 0 && p->owner[u + 1] == b)
-            return FAIL("one-unit block %d holds both halves of its slot", b);
+        for (int i = 0; i < k; i++)
+            if (p->owner[u + i] != b) return FAIL("block %d: unit %d owned by %d", b, u + i, p->owner[u + i]);
         q8 += p->q8[b];
-        if (p->refcount[b] == 0) cached_u += kv_units_of(p, b);
+        if (p->refcount[b] == 0) cached_u += k;
     }
     for (int32_t u = 0; u < n_units; u++) {
         int32_t b = p->owner[u];
@@ -42,16 +42,20 @@ static int check_units(const kv_pool *p, char *err, size_t errlen) {
             free_u++;
             continue;
         }
-        if (b < 0 || b >= p->n_ids || (p->loc[b] != u && (kv_units_of(p, b) == 1 || p->loc[b] != u - 1)))
+        if (b < 0 || b >= p->n_ids || p->loc[b] < 0 || u < p->loc[b] || u >= p->loc[b] + kv_units_of(p, b))
             return FAIL("unit %d: owner %d does not hold it", u, b);
     }
     memset(seen, 0, (size_t)p->n_ids * sizeof *seen);
     int whole = 0;
-    for (int s = 0; s < p->cfg.n_blocks; s++) whole += p->owner[2 * s] == -1 && p->owner[2 * s + 1] == -1;
+    for (int s = 0; s < p->cfg.n_blocks; s++) {
+        int f = 0;
+        for (int i = 0; i < U; i++) f += p->owner[s * U + i] == -1;
+        whole += f == U;
+        seen[s] = f == U ? 0 : -1; /* -1: not wholly free */
+    }
     for (int k = 0; k < p->n_free_slots; k++) {
         int32_t s = p->free_slots[k];
-        if (s < 0 || s >= p->cfg.n_blocks || seen[s]++ || p->owner[2 * s] != -1 ||
-            p->owner[2 * s + 1] != -1)
+        if (s < 0 || s >= p->cfg.n_blocks || seen[s]++)
             return FAIL("free slot stack[%d] = %d: out of range, twice or in use", k, s);
     }
     if (whole != p->n_free_slots)

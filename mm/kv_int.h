@@ -26,10 +26,14 @@ static inline int kv_window_page(const kv_pool *p, int n) {
 static inline int kv_gone(const kv_pool *p, int32_t b) { return p->gone && p->gone[b] == KV_GONE; }
 
 /* Units of memory block b holds (pools with units count them; the others count blocks):
- * a whole slot for f16 (spare too), one unit for an 8-bit or a gone block. */
+ * a whole slot for f16 (spare too), half of it for 8-bit, one unit for a gone block. */
 static inline int kv_units_of(const kv_pool *p, int32_t b) {
-    return p->q8 && !p->q8[b] && !kv_gone(p, b) ? 2 : 1;
+    if (!p->q8) return 1;
+    return p->q8[b] ? p->units / 2 : kv_gone(p, b) ? 1 : p->units;
 }
+
+/* Units the spare blocks would give back (each keeps one). */
+static inline int kv_spare_units(const kv_pool *p) { return p->n_spare * (p->units - 1); }
 
 static inline uint16_t *kv_unit_data(const kv_pool *p, int32_t unit) {
     return p->data + (size_t)unit * p->unit_elems;
@@ -66,16 +70,18 @@ void kv_spare_unlink(kv_pool *p, int32_t b);
 /* Halve the oldest spare block: one more free unit. */
 void kv_spare_take(kv_pool *p);
 
-/* ---- kv8.c: units and slots (pools with units: kv8 or KV_SWA_SHRINK) */
+/* ---- kv8.c: units and slots (pools with units: kv8 or KV_SWA_SHRINK). A block's units
+ * are aligned to their count: an 8-bit block a slot's half, f16 the whole slot. */
 
-/* A fresh f16 block (a whole slot) under a free id, evicting cached blocks and joining
- * lone halves as needed; the caller made sure two units are free or cached. */
+/* A fresh f16 block (a whole slot) under a free id, evicting cached blocks, halving
+ * spare ones and moving one-unit and half-slot blocks together as needed; the caller made
+ * sure a slot's worth of units is free, cached or spare. */
 int32_t kv_units_take(kv_pool *p);
 /* Give back the units of block b (now refcount 0, not cached); b keeps no memory. */
 void kv_units_release(kv_pool *p, int32_t b);
-/* Free the second unit of f16 block b, keeping the first (an 8-bit conversion or a
- * gone block's global layers). */
-void kv_units_halve(kv_pool *p, int32_t b);
+/* f16 block b keeps its first keep units (an 8-bit conversion: half; a gone block's
+ * global layers: one) and gives the rest back. */
+void kv_units_shrink(kv_pool *p, int32_t b, int keep);
 /* The f16 contents of 8-bit block src into f16 block dst. */
 void kv_q8_expand(kv_pool *p, int32_t src, int32_t dst);
 

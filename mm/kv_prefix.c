@@ -187,7 +187,7 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens) {
         int revived = p->refcount[b]++ == 0;
         if (revived) kv_lru_unlink(p, b); /* from the cache */
         if (p->need && j >= lo) kv_need_inc(p, b);
-        else if (revived && p->need && p->need[b] == 0 && kv_units_of(p, b) == 2)
+        else if (revived && p->need && p->need[b] == 0 && kv_units_of(p, b) == p->units)
             kv_spare_push(p, b); /* behind every window: spare, as kv_seq_slide leaves it */
     }
     s->swa_lo = lo;

@@ -29,9 +29,9 @@ void kv_spare_unlink(kv_pool *p, int32_t b) {
     p->n_spare--;
 }
 
-/* The second unit of f16 block b goes back; the global layers stay in the first. */
-static void halve(kv_pool *p, int32_t b) {
-    kv_units_halve(p, b);
+/* All but the first unit of f16 block b go back; the global layers stay in the first. */
+static void make_gone(kv_pool *p, int32_t b) {
+    kv_units_shrink(p, b, 1);
     p->gone[b] = KV_GONE;
 }
 
@@ -39,7 +39,7 @@ void kv_spare_take(kv_pool *p) {
     int32_t b = p->sp_head;
     assert(b >= 0);
     kv_spare_unlink(p, b);
-    halve(p, b);
+    make_gone(p, b);
 }
 
 void kv_need_inc(kv_pool *p, int32_t b) {
@@ -47,9 +47,9 @@ void kv_need_inc(kv_pool *p, int32_t b) {
 }
 
 int kv_need_dec(kv_pool *p, int32_t b) {
-    if (--p->need[b] > 0 || p->refcount[b] == 0 || kv_units_of(p, b) == 1) return 0;
+    if (--p->need[b] > 0 || p->refcount[b] == 0 || kv_units_of(p, b) < p->units) return 0;
     if (p->hash[b]) kv_spare_push(p, b); /* still matchable until a unit is wanted */
-    else halve(p, b);
+    else make_gone(p, b);
     return 1;
 }
 

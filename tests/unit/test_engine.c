@@ -136,6 +136,9 @@ static void on_finish(void *ud, int64_t req, int sample, int reason, const eng_u
 
 static int rig_fair; /* eng_config.fair_batch of the next rig_open */
 static int rig_whole; /* 1: the next rig_open's pool frees no windowed KV */
+/* 1: the next fake rig's pool has every layer but the last windowed (one global of four
+ * or more: a gone block keeps a quarter, mm/kv.h) whatever the model says */
+static int rig_quarters;
 static int rig_itl;  /* its itl_target_ms (0: the default, 4x the step without the prefill) */
 
 typedef struct {
@@ -153,6 +156,10 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
     kv_config kc = {0};
     model_kv_shape(m, &kc);
     if (rig_whole) kc.swa_window = 0;
+    if (rig_quarters && fake) {
+        memset(kc.swa_layers, 0, sizeof kc.swa_layers);
+        for (int l = 0; l < m->cfg.n_layers - 1; l++) kc.swa_layers[l / 64] |= 1ull << (l % 64);
+    }
     kc.block_size = 16;
     kc.n_blocks = n_blocks;
     kc.max_seqs = max_seqs;
@@ -166,8 +173,8 @@ static int rig_open(rig *g, const model *m, const tok_t *tok, int n_blocks, int 
         g->fake.n_vocab = m->cfg.n_vocab;
         g->fake.g_layer = g->fake.w_layer = -1;
         g->fake.window = m->cfg.swa_window;
-        for (int l = m->cfg.n_layers - 1; l >= 0; l--) {
-            if (m->w.layers[l].swa && kc.swa_window) g->fake.w_layer = l;
+        for (int l = m->cfg.n_layers - 1; l >= 0; l--) { /* the pool's layers, as it frees them */
+            if (kc.swa_window && (kc.swa_layers[l / 64] >> (l % 64) & 1)) g->fake.w_layer = l;
             else g->fake.g_layer = l;
         }
         g->fake.eog = tok_eos(tok);
@@ -1001,6 +1008,12 @@ int main(void) {
         invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
         accounting(&m, &tok);
         rig_whole = 0;
+        if (m.cfg.n_layers >= 4) { /* and a gone block keeping a quarter (Gemma 3's) */
+            rig_quarters = 1;
+            invariance(&m, &tok, 1, 32, 32, 300, 40, 40);
+            accounting(&m, &tok);
+            rig_quarters = 0;
+        }
     }
     forks(&m, &tok, 1);
     admission(&m, &tok);

@@ -1153,13 +1153,15 @@ static void test_q8_random(int n_ops) {
 
 /* ---------------------------------------------------------------- sliding windows */
 
-/* 4 layers, block_size 4, a window of 6 positions. HOLES: every layer windowed; SHRINK:
- * layers 0 and 2 windowed (1 and 3 global, stored first). */
-static kv_config swa_cfg(int holes, int kv8, int n_blocks) {
-    kv_config c = {.n_layers = 4, .n_kv_heads = 2, .head_dim = 4, .block_size = 4,
-                   .n_blocks = n_blocks, .max_seqs = 8, .max_blocks_per_seq = 12,
+/* Block_size 4, a window of 6 positions. HOLES: 4 layers, every one windowed; SHRINK: 4
+ * layers, 0 and 2 windowed (1 and 3 global, stored first: a gone block keeps half);
+ * QUARTERS: 8 layers, 3 and 7 global (a gone block keeps a quarter, as Gemma 3's). */
+enum { SWA_HOLES, SWA_SHRINK, SWA_QUARTERS };
+static kv_config swa_cfg(int kind, int kv8, int n_blocks) {
+    kv_config c = {.n_layers = kind == SWA_QUARTERS ? 8 : 4, .n_kv_heads = 2, .head_dim = 4,
+                   .block_size = 4, .n_blocks = n_blocks, .max_seqs = 8, .max_blocks_per_seq = 12,
                    .prefix_cache = 1, .kv8 = kv8, .f16 = {to_f32, to_f16}, .swa_window = 6};
-    c.swa_layers[0] = holes ? 0xf : 0x5;
+    c.swa_layers[0] = kind == SWA_HOLES ? 0xf : kind == SWA_SHRINK ? 0x5 : 0x77;
     return c;
 }
 
@@ -1174,11 +1176,11 @@ static void swa_append(kv_pool *p, kv_seq *s, const int32_t *toks, int from, int
 
 static void test_swa_config(void) {
     kv_pool p;
-    kv_config c = swa_cfg(1, 0, 16);
+    kv_config c = swa_cfg(SWA_HOLES, 0, 16);
     CHECK(kv_pool_init(&p, &c, NULL) == 0 && p.swa == KV_SWA_HOLES && p.n_ids == 16,
           "every layer windowed: holes, no units (swa %d, ids %d)", p.swa, p.n_ids);
     kv_pool_free(&p);
-    c = swa_cfg(0, 0, 16);
+    c = swa_cfg(SWA_SHRINK, 0, 16);
     CHECK(kv_pool_init(&p, &c, NULL) == 0 && p.swa == KV_SWA_SHRINK && p.n_ids == 32 && p.q8,
           "half the layers global: blocks halve, units without kv8 (swa %d, ids %d)", p.swa, p.n_ids);
     CHECK(p.lslot[1] == 0 && p.lslot[3] == 1 && p.lslot[0] == 2 && p.lslot[2] == 3,
@@ -1189,10 +1191,14 @@ static void test_swa_config(void) {
     CHECK(kv_pool_init(&p, &c, NULL) == 0 && p.swa == KV_SWA_NONE && p.n_ids == 16,
           "more global than windowed layers: nothing freed (swa %d)", p.swa);
     kv_pool_free(&p);
-    c = swa_cfg(0, 0, 16);
+    c = swa_cfg(SWA_QUARTERS, 1, 16);
+    CHECK(kv_pool_init(&p, &c, NULL) == 0 && p.swa == KV_SWA_SHRINK && p.units == 4 && p.n_ids == 64 &&
+          p.lslot[3] == 0 && p.lslot[7] == 1 && p.lslot[0] == 2, "2 global layers of 8: quarter units (%d)", p.units);
+    kv_pool_free(&p);
+    c = swa_cfg(SWA_SHRINK, 0, 16);
     c.external_data = 1;
     CHECK(kv_pool_init(&p, &c, NULL) == -EINVAL, "windows with device data refused");
-    c = swa_cfg(0, 0, 16);
+    c = swa_cfg(SWA_SHRINK, 0, 16);
     c.n_layers = KV_MAX_LAYERS + 1;
     CHECK(kv_pool_init(&p, &c, NULL) == -EINVAL, "more layers than the window mask refused");
 }
@@ -1201,7 +1207,7 @@ static void test_swa_config(void) {
  * fork copies them, a match skips missing blocks behind its window but not in it. */
 static void test_swa_holes(void) {
     kv_pool p;
-    kv_config c = swa_cfg(1, 0, 16);
+    kv_config c = swa_cfg(SWA_HOLES, 0, 16);
     CHECK(kv_pool_init(&p, &c, NULL) == 0, "init");
     int32_t t[48];
     for (int i = 0; i < 48; i++) t[i] = (int32_t)rnd(5);
@@ -1245,7 +1251,7 @@ static void test_swa_holes(void) {
  * where its window would read a gone block, a rewind into one is refused. */
 static void test_swa_shrink(void) {
     kv_pool p;
-    kv_config c = swa_cfg(0, 0, 12);
+    kv_config c = swa_cfg(SWA_SHRINK, 0, 12);
     c.prefix_cache = 0;
     CHECK(kv_pool_init(&p, &c, NULL) == 0, "init");
     int32_t t[48];
@@ -1305,12 +1311,41 @@ static void test_swa_shrink(void) {
     kv_pool_free(&p);
 }
 
+/* Two global layers of 8: a gone block keeps a quarter, and the freed quarters make whole
+ * blocks again (one-unit blocks moved together, and with kv8 half-slot ones). */
+static void test_swa_quarters(void) {
+    kv_pool p;
+    kv_config c = swa_cfg(SWA_QUARTERS, 1, 12);
+    c.prefix_cache = 0;
+    CHECK(kv_pool_init(&p, &c, NULL) == 0, "init");
+    int32_t t[48], u[48];
+    for (int i = 0; i < 48; i++) t[i] = (int32_t)rnd(5), u[i] = (int32_t)rnd(5);
+    kv_seq *a = kv_seq_new(&p), *b = kv_seq_new(&p);
+    swa_append(&p, a, t, 0, 24); /* pages 0-3 behind the window: 3 quarters back each */
+    CHECK(kv_free_blocks(&p) == 12 - 6 + 3 && p.gone[a->blocks[1]] == KV_GONE, "4 pages gone: %d free",
+          kv_free_blocks(&p));
+    CHECK(kv_seq_to_q8(&p, a, 24, 100) == 2, "the 2 whole pages to 8 bits");
+    CHECK(kv_free_blocks(&p) == 10 && q8_read_lossy(&p, a, t, 24, 1), "half of them back: %d free",
+          kv_free_blocks(&p));
+    CHECK(kv_seq_reserve(&p, b, 40) == 0, "10 whole blocks from 2 free slots and scattered quarters");
+    for (int pos = 0; pos < 40; pos++) q8_write(&p, b, pos, u[pos]);
+    CHECK(p.stats.q8_moves > 0 && kv_free_blocks(&p) == 0, "moved %llu, %d free",
+          (unsigned long long)p.stats.q8_moves, kv_free_blocks(&p));
+    CHECK(q8_read_lossy(&p, a, t, 24, 1) && q8_read_ok(&p, b, u, 40), "both sequences' data after the moves");
+    check_pool(&p, "quarters");
+    kv_seq_release(&p, a);
+    kv_seq_release(&p, b);
+    CHECK(kv_free_blocks(&p) == 12, "all back: %d", kv_free_blocks(&p));
+    check_pool(&p, "quarters end");
+    kv_pool_free(&p);
+}
+
 /* The random mix of test_q8_random (match, append, fork, release, 8-bit conversions)
  * plus truncation, with windows sliding after every append: every page table, count
  * and unit checked after each operation, every sequence's readable data every 16. */
-static void test_swa_random(int holes, int kv8, int n_ops) {
+static void test_swa_random(int kind, int kv8, int n_ops) {
     kv_pool p;
-    kv_config c = swa_cfg(holes, kv8, 20);
+    kv_config c = swa_cfg(kind, kv8, 20);
     CHECK(kv_pool_init(&p, &c, NULL) == 0, "init");
     kv_seq *s[8] = {0};
     int32_t toks[8][48];
@@ -1366,7 +1401,7 @@ static void test_swa_random(int holes, int kv8, int n_ops) {
             kv_seq_release(&p, s[i]);
             s[i] = NULL, n[i] = 0;
         }
-        check_pool(&p, holes ? "random holes" : kv8 ? "random shrink kv8" : "random shrink");
+        check_pool(&p, kind == SWA_HOLES ? "random holes" : kv8 ? "random shrink kv8" : "random shrink");
         if (op % 16 == 0)
             for (int j = 0; j < 8; j++)
                 if (s[j]) CHECK(q8_read_ok(&p, s[j], toks[j], n[j]), "seq %d data, op %d", j, op);
@@ -1375,7 +1410,8 @@ static void test_swa_random(int holes, int kv8, int n_ops) {
     check_pool(&p, "random swa end");
     CHECK(kv_free_blocks(&p) == c.n_blocks, "all blocks back: %d", kv_free_blocks(&p));
     printf("kv swa random (%s%s): %llu windows freed, %llu evictions, %llu conversions, %llu moves, "
-           "%d rewinds, %d ENOMEM, prefix hits %llu/%llu\n", holes ? "holes" : "shrink", kv8 ? ", kv8" : "",
+           "%d rewinds, %d ENOMEM, prefix hits %llu/%llu\n",
+           kind == SWA_HOLES ? "holes" : kind == SWA_SHRINK ? "halves" : "quarters", kv8 ? ", kv8" : "",
            (unsigned long long)p.stats.swa_freed, (unsigned long long)p.stats.evictions,
            (unsigned long long)p.stats.q8_conversions, (unsigned long long)p.stats.q8_moves, rewinds,
            enomem, (unsigned long long)p.stats.prefix_hits, (unsigned long long)p.stats.prefix_queries);
@@ -1402,8 +1438,11 @@ int main(void) {
     test_swa_config();
     test_swa_holes();
     test_swa_shrink();
-    test_swa_random(1, 0, 20000);
-    test_swa_random(0, 0, 20000);
-    test_swa_random(0, 1, 20000);
+    test_swa_quarters();
+    test_swa_random(SWA_HOLES, 0, 20000);
+    test_swa_random(SWA_SHRINK, 0, 20000);
+    test_swa_random(SWA_SHRINK, 1, 20000);
+    test_swa_random(SWA_QUARTERS, 0, 20000);
+    test_swa_random(SWA_QUARTERS, 1, 20000);
     return check_done("kv");
 }
