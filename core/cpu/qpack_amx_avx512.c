@@ -14,9 +14,9 @@
  *               sumq = P0 + 8 P1; the mins stay on the vector unit (a vpdpwssd of
  *               the rows' mins against the token's sub-block sums, 4 per token): a
  *               plane of them costs the tile unit a third more for 8 products a row
- *   Q6_K        sc = s0 + 4 s1 + 16 s2 + 64 s3 (s0..s2 in 0..3, s3 in -2..1 from the
- *               arithmetic shift), weights q = u - 32 signed: |q s| <= 96
- *               sumq = P0 + 4 P1 + 16 P2 + 64 P3
+ *   Q6_K        sc = s0 + 7 s1 + 49 s2 (balanced base 7: s0..s2 in -3..3, enough for
+ *               -171..171), weights q = u - 32 signed: |q s| <= 96
+ *               sumq = P0 + 7 P1 + 49 P2 (three planes: base 4 took four)
  * where Pk = sum over the super-block of (digit k of the element's sub-block scale x
  * weight) x activation, exact in the tile's int32. These are the integers qpack.h
  * defines (sum_j sc_j x sub-block dot, and for Q6_K the dot of u - 32 is the
@@ -93,11 +93,23 @@ QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
     }
 }
 
+/* The balanced base-7 digits of 16 rows' Q6_K scales (int8, widened): sc + 171 =
+ * (s0 + 3) + 7 (s1 + 3) + 49 (s2 + 3), each (digit + 3) in 0..6; t / 7 as (t * 9363) >> 16,
+ * exact for t below 13,000. Each digit as a qa_pair16 factor. */
+QA_INLINE void qa_digits7(__m512i sc, __m512i f[3]) {
+    const __m512i k3 = _mm512_set1_epi32(3), k7 = _mm512_set1_epi32(7), m = _mm512_set1_epi32(9363);
+    __m512i t = _mm512_add_epi32(sc, _mm512_set1_epi32(171));
+    QA_UNROLL for (int k = 0; k < 3; k++) {
+        __m512i q = _mm512_srli_epi32(_mm512_mullo_epi32(t, m), 16);
+        f[k] = qa_pair16(_mm512_sub_epi32(_mm512_sub_epi32(t, _mm512_mullo_epi32(q, k7)), k3));
+        t = q;
+    }
+}
+
 /* Q6_K planes of one group-block: B + 4096 k, tile row 4 j + t for sub-block j. Chunk
  * h (0..15) and 16 + h, 32 + h, 48 + h are row h % 4 of sub-blocks h / 4 + 4 q. */
 QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
-    const __m512i m3 = _mm512_set1_epi32(3);
     QA_UNROLL for (int h = 0; h < 16; h++) {
         __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
         __m512i bq = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * (16 + h)));
@@ -112,12 +124,11 @@ QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
         QA_UNROLL for (int q = 0; q < 4; q++) {
             const int j = h / 4 + 4 * q;
             __m512i w = _mm512_sub_epi8(u[q], k32);
-            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * j)));
+            __m512i f[3];
+            qa_digits7(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * j))), f);
             uint8_t *row = B + 64 * (4 * j + h % 4);
             QA_UNROLL for (int k = 0; k < 3; k++)
-                _mm512_store_si512((void *)(row + 4096 * k),
-                                   qa_mul_s8(w, qa_pair16(_mm512_and_si512(_mm512_srai_epi32(sc, 2 * k), m3))));
-            _mm512_store_si512((void *)(row + 4096 * 3), qa_mul_s8(w, qa_pair16(_mm512_srai_epi32(sc, 6))));
+                _mm512_store_si512((void *)(row + 4096 * k), qa_mul_s8(w, f[k]));
         }
     }
 }
@@ -128,10 +139,7 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
                        int32_t (*C)[16][16]) {
     AMX_ZERO(0);
     AMX_ZERO(1);
-    if (kind == QA_Q6K) {
-        AMX_ZERO(2);
-        AMX_ZERO(3);
-    }
+    if (kind == QA_Q6K) AMX_ZERO(2);
     QA_UNROLL for (int i = 0; i < 4; i++) {
         const uint8_t *b = B + 1024 * i;
         AMX_LOAD(4, x + 4 + 64 * i, xs);
@@ -142,8 +150,6 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
             AMX_DPBSSD(0, 4, 5);
             AMX_DPBSSD(1, 4, 6);
             AMX_DPBSSD(2, 4, 7);
-            AMX_LOAD(5, b + 12288, 64);
-            AMX_DPBSSD(3, 4, 5);
         } else {
             AMX_DPBSUD(0, 4, 5);
             AMX_DPBSUD(1, 4, 6);
@@ -151,10 +157,7 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
     }
     AMX_STORE(0, C[0], 64);
     AMX_STORE(1, C[1], 64);
-    if (kind == QA_Q6K) {
-        AMX_STORE(2, C[2], 64);
-        AMX_STORE(3, C[3], 64);
-    }
+    if (kind == QA_Q6K) AMX_STORE(2, C[2], 64);
 }
 
 /* summ of qpack.h for one token's Q8_K block against the rows' mins mn[4] (pairs of
@@ -184,9 +187,8 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
         const blk_q8_k *xb = (const blk_q8_k *)(x + (size_t)c * xs);
         __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]), sq;
         if (kind == QA_Q6K)
-            sq = _mm512_add_epi32(_mm512_add_epi32(p0, _mm512_slli_epi32(p1, 2)),
-                                  _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[2][c]), 4),
-                                                   _mm512_slli_epi32(_mm512_load_si512((const void *)C[3][c]), 6)));
+            sq = _mm512_add_epi32(_mm512_add_epi32(p0, _mm512_mullo_epi32(p1, _mm512_set1_epi32(7))),
+                                  _mm512_mullo_epi32(_mm512_load_si512((const void *)C[2][c]), _mm512_set1_epi32(49)));
         else
             sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, 3));
         const __m512 dx = _mm512_set1_ps(xb->d);
