@@ -139,8 +139,11 @@ run "parity/llama-cpp" "$PY" tests/ref/llama_parity.py --kilnd "$BUILD/gnu/kilnd
 # Q4_K, Q5_K, Q6_K tiles (kquants), tokens grouped per expert (qwen3moe), sliding-window
 # layers under chunked prefill and prefix sharing (gemma3: some layers, phi3: all, with
 # fused q/k/v and gate/up tensors).
-for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3 gemma2:gemma2 phi3:phi3; do
-  name=parity/engine-${tiny#*:} file=$BUILD/tiny-models/tiny-${tiny%%:*}.gguf
+# gemma3-quarters: one global layer of four, so a block behind every window keeps a quarter.
+for tiny in llama-kquants:kquants qwen3moe:moe gemma3:gemma3 gemma2:gemma2 phi3:phi3 \
+            engine/tiny-gemma3-quarters:gemma3-quarters; do
+  name=parity/engine-${tiny#*:} file=$BUILD/tiny-models/${tiny%%:*}.gguf
+  case $tiny in engine/*) ;; *) file=$BUILD/tiny-models/tiny-${tiny%%:*}.gguf ;; esac
   if want "$name" && ! [ -f "$file" ]; then "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null; fi
   run "$name" env MODEL="$file" "$BUILD/gnu/tests/test_engine"
 done

@@ -567,10 +567,21 @@ MODELS = {
 # Each model's random numbers are seeded by its position in MODELS: add new models at the
 # end, or every later model (and its recorded llama.cpp reference, tests/ref/logits/)
 # changes.
+# Models only test_engine runs (no llama.cpp reference; in OUTDIR/engine): Gemma 3 with
+# one global layer of four, so the KV pool keeps a quarter of a block behind the windows
+# (mm/kv.h), under real model arithmetic.
+_G3 = MODELS["tiny-gemma3.gguf"]
+ENGINE_MODELS = {
+    "tiny-gemma3-quarters.gguf": dict(_G3, meta=dict(_G3["meta"], **{"attention.sliding_window_pattern": 4})),
+}
+
+
 def make_all(outdir):
-    os.makedirs(outdir, exist_ok=True)
+    os.makedirs(os.path.join(outdir, "engine"), exist_ok=True)
     paths = []
-    for i, (name, spec) in enumerate(MODELS.items()):
+    todo = [(name, spec) for name, spec in MODELS.items()]
+    todo += [(os.path.join("engine", name), spec) for name, spec in ENGINE_MODELS.items()]
+    for i, (name, spec) in enumerate(todo):
         rng = np.random.default_rng(SEED + i)
         path = os.path.join(outdir, name)
         tmp = path + ".tmp"
