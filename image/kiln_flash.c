@@ -141,7 +141,9 @@ static void gpt_header(uint8_t *h, uint32_t hs, uint64_t my, uint64_t alt, uint6
  * entries and header at the target's end, as the standard puts them) and kiln-data,
  * the last partition, to end at the last usable MiB, so the box's file system grows into
  * it at boot (kiln-init: ext4's online resize). *grew: the bytes kiln-data gained (0: the
- * image already spans the target). 0, -1 (said; the target keeps the image's table). */
+ * image already spans the target). 0; 1 when the table is not one to grow (said: the
+ * installed disk keeps the image's table and works as it is); -1 on a write error (said;
+ * the backup goes first, so a table torn before the primary is the image's, intact). */
 static int grow_gpt(int fd, uint64_t size, uint64_t *grew, const char *what) {
     enum { MIB = 1 << 20 };
     static uint8_t ents[256 * 1024];
@@ -165,7 +167,7 @@ static int grow_gpt(int fd, uint64_t size, uint64_t *grew, const char *what) {
     const char *name = "kiln-data";
     for (int j = 0; data && j < 10; j++)
         if (data[56 + 2 * j] != (j < 9 ? (uint8_t)name[j] : 0) || data[57 + 2 * j]) data = NULL;
-    if (!data) return fprintf(stderr, "kiln-flash: %s: kiln-data is not the last partition: not grown\n", what), -1;
+    if (!data) return fprintf(stderr, "kiln-flash: %s: warning: kiln-data is not the last partition: not grown\n", what), 1;
     uint64_t back_el = total - 1 - n / SECTOR, usable = back_el - 1;
     uint64_t end = (usable + 1) / (MIB / SECTOR) * (MIB / SECTOR) - 1; /* a whole MiB */
     if (end <= le64(data + 40)) return 0;
@@ -181,7 +183,6 @@ static int grow_gpt(int fd, uint64_t size, uint64_t *grew, const char *what) {
     uint64_t mbr_len = total - 1 > 0xFFFFFFFFu ? 0xFFFFFFFFu : total - 1; /* the protective entry */
     put32(mbr + 446 + 12, (uint32_t)mbr_len);
     static const uint8_t zero[SECTOR];
-    /* the backup first, then the primary: a table torn in between is the image's, intact */
     if (bun_write(fd, ents, n, back_el * SECTOR) < 0 || bun_write(fd, bh, SECTOR, (total - 1) * SECTOR) < 0 ||
         fsync(fd) < 0 || bun_write(fd, ents, n, el * SECTOR) < 0 || bun_write(fd, h, SECTOR, SECTOR) < 0 ||
         bun_write(fd, mbr, SECTOR, 0) < 0 ||
@@ -189,7 +190,7 @@ static int grow_gpt(int fd, uint64_t size, uint64_t *grew, const char *what) {
         return fprintf(stderr, "kiln-flash: %s: writing the grown GPT: %s\n", what, strerror(errno)), -1;
     return 0;
 bad:
-    return fprintf(stderr, "kiln-flash: %s: the image's GPT does not check out: not grown\n", what), -1;
+    return fprintf(stderr, "kiln-flash: %s: warning: the image's GPT does not check out: not grown\n", what), 1;
 }
 
 static const part *find(const table *t, const char *name) {
