@@ -39,6 +39,24 @@ static inline uint16_t *kv_unit_data(const kv_pool *p, int32_t unit) {
     return p->data + (size_t)unit * p->unit_elems;
 }
 
+/* Doubly linked lists over block ids (prev, next: -1 = none): the LRU and the spare list.
+ * b goes at the tail, or out of the list. */
+static inline void kv_list_push(int32_t *prev, int32_t *next, int32_t *head, int32_t *tail, int32_t b) {
+    prev[b] = *tail;
+    next[b] = -1;
+    if (*tail >= 0) next[*tail] = b;
+    else *head = b;
+    *tail = b;
+}
+static inline void kv_list_unlink(int32_t *prev, int32_t *next, int32_t *head, int32_t *tail, int32_t b) {
+    int32_t pr = prev[b], nx = next[b];
+    if (pr >= 0) next[pr] = nx;
+    else *head = nx;
+    if (nx >= 0) prev[nx] = pr;
+    else *tail = pr;
+    prev[b] = next[b] = -1;
+}
+
 /* ---- kv_prefix.c: the index (open addressing) and the LRU list of cached blocks */
 
 /* The indexed block with this key, parent and tokens, or -1. */

@@ -94,22 +94,13 @@ void kv_index_del(kv_pool *p, int32_t b) {
 
 void kv_lru_push(kv_pool *p, int32_t b) { /* most recently used end */
     p->n_units_cached += kv_units_of(p, b);
-    p->lru_prev[b] = p->lru_tail;
-    p->lru_next[b] = -1;
-    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
-    else p->lru_head = b;
-    p->lru_tail = b;
+    kv_list_push(p->lru_prev, p->lru_next, &p->lru_head, &p->lru_tail, b);
     p->n_lru++;
 }
 
 void kv_lru_unlink(kv_pool *p, int32_t b) {
     p->n_units_cached -= kv_units_of(p, b);
-    int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
-    if (pr >= 0) p->lru_next[pr] = nx;
-    else p->lru_head = nx;
-    if (nx >= 0) p->lru_prev[nx] = pr;
-    else p->lru_tail = pr;
-    p->lru_prev[b] = p->lru_next[b] = -1;
+    kv_list_unlink(p->lru_prev, p->lru_next, &p->lru_head, &p->lru_tail, b);
     p->n_lru--;
 }
 

@@ -9,22 +9,13 @@
 void kv_spare_push(kv_pool *p, int32_t b) {
     assert(p->gone[b] == KV_WHOLE && p->refcount[b] > 0 && p->need[b] == 0 && p->hash[b]);
     p->gone[b] = KV_SPARE;
-    p->sp_prev[b] = p->sp_tail;
-    p->sp_next[b] = -1;
-    if (p->sp_tail >= 0) p->sp_next[p->sp_tail] = b;
-    else p->sp_head = b;
-    p->sp_tail = b;
+    kv_list_push(p->sp_prev, p->sp_next, &p->sp_head, &p->sp_tail, b);
     p->n_spare++;
 }
 
 void kv_spare_unlink(kv_pool *p, int32_t b) {
     assert(p->gone[b] == KV_SPARE);
-    int32_t pr = p->sp_prev[b], nx = p->sp_next[b];
-    if (pr >= 0) p->sp_next[pr] = nx;
-    else p->sp_head = nx;
-    if (nx >= 0) p->sp_prev[nx] = pr;
-    else p->sp_tail = pr;
-    p->sp_prev[b] = p->sp_next[b] = -1;
+    kv_list_unlink(p->sp_prev, p->sp_next, &p->sp_head, &p->sp_tail, b);
     p->gone[b] = KV_WHOLE;
     p->n_spare--;
 }

@@ -1087,63 +1087,79 @@ static void test_q8_nonfinite(void) {
     kv_pool_free(&p);
 }
 
-/* Randomized: appends, forks, releases, prefix matches, conversions of sequences and of
- * cached blocks, OOM; kv_check after every step, every sequence's data checked. */
-static void test_q8_random(int n_ops) {
-    kv_pool p;
-    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+/* The randomized mix of the 8-bit and window tests: new sequences (a prefix match), appends
+ * (reserve, cow, write, commit, then kv_seq_slide as the engine does), forks, releases,
+ * 8-bit conversions of sequences and cached blocks (with kv8), short rewinds (when asked:
+ * refused where they would reach freed KV), OOM; kv_check after every operation, every
+ * sequence's readable data every 16. Returns the ENOMEMs; *rewinds the rewinds done. */
+static int random_mix(kv_pool *p, int n_ops, int rewind, int *rewinds, const char *what_mix) {
     kv_seq *s[8] = {0};
     int32_t toks[8][48];
-    int n[8] = {0}, enomem = 0;
+    int n[8] = {0}, enomem = 0, kv8 = p->cfg.kv8;
+    *rewinds = 0;
     for (int op = 0; op < n_ops; op++) {
-        int i = (int)rnd(8), what = (int)rnd(10);
+        int i = (int)rnd(8), what = (int)rnd(12);
         if (!s[i]) {
-            s[i] = kv_seq_new(&p);
+            s[i] = kv_seq_new(p);
             int len = 1 + (int)rnd(40);
-            for (int k = 0; k < len; k++) toks[i][k] = k < 8 ? i % 2 : (int32_t)rnd(3);
-            n[i] = kv_seq_match(&p, s[i], toks[i], len);
+            for (int k = 0; k < len; k++) toks[i][k] = k < 12 ? i % 2 : (int32_t)rnd(3);
+            n[i] = kv_seq_match(p, s[i], toks[i], len);
             if (n[i] < 0) n[i] = 0;
-            CHECK(q8_read_ok(&p, s[i], toks[i], n[i]), "matched prefix data");
+            CHECK(q8_read_ok(p, s[i], toks[i], n[i]), "%s: matched prefix data", what_mix);
             toks[i][47] = len; /* remembered: the prompt's length */
-        } else if (what < 5 && n[i] < 47) { /* append up to 6 */
+        } else if (what < 6 && n[i] < 47) { /* append up to 6 */
             int to = n[i] + 1 + (int)rnd(6), len = toks[i][47];
             if (to > 47) to = 47;
-            if (kv_seq_reserve(&p, s[i], to) < 0) {
+            if (kv_seq_reserve(p, s[i], to) < 0) {
                 enomem++;
                 continue;
             }
             int k = n[i];
             for (; k < to; k++) {
                 if (k >= len) toks[i][k] = (int32_t)rnd(3);
-                if (kv_seq_cow(&p, s[i], k) < 0) break;
-                q8_write(&p, s[i], k, toks[i][k]);
+                if (kv_seq_cow(p, s[i], k) < 0) break;
+                q8_write(p, s[i], k, toks[i][k]);
             }
             enomem += k < to;
             n[i] = k;
-            kv_seq_commit(&p, s[i], toks[i], n[i]);
-        } else if (what == 5) {
-            kv_seq_to_q8(&p, s[i], n[i], 1 + (int)rnd(4));
-        } else if (what == 6) {
-            kv_cached_to_q8(&p, 1 + (int)rnd(4));
-        } else if (what == 7) { /* fork into a free slot */
+            kv_seq_commit(p, s[i], toks[i], n[i]);
+            kv_seq_slide(p, s[i], n[i]);
+        } else if (what == 6 && kv8) {
+            kv_seq_to_q8(p, s[i], n[i], 1 + (int)rnd(4));
+        } else if (what == 7 && kv8) {
+            kv_cached_to_q8(p, 1 + (int)rnd(4));
+        } else if (what == 8) { /* fork into a free slot */
             int j = (int)rnd(8);
             if (!s[j]) {
-                s[j] = kv_seq_fork(&p, s[i]);
+                s[j] = kv_seq_fork(p, s[i]);
                 memcpy(toks[j], toks[i], sizeof toks[i]);
                 n[j] = n[i];
             }
+        } else if (what == 9 && rewind && n[i] > 0) {
+            int to = n[i] - 1 - (int)rnd(5);
+            if (to < 0) to = 0;
+            int r = kv_seq_truncate(p, s[i], to);
+            CHECK(r == 0 || r == -EINVAL, "%s: truncate: %d", what_mix, r);
+            if (r == 0) n[i] = to, ++*rewinds;
         } else {
-            kv_seq_release(&p, s[i]);
+            kv_seq_release(p, s[i]);
             s[i] = NULL, n[i] = 0;
         }
-        check_pool(&p, "random kv8");
+        check_pool(p, what_mix);
         if (op % 16 == 0)
             for (int j = 0; j < 8; j++)
-                if (s[j]) CHECK(q8_read_ok(&p, s[j], toks[j], n[j]), "seq %d data, op %d", j, op);
+                if (s[j]) CHECK(q8_read_ok(p, s[j], toks[j], n[j]), "%s: seq %d data, op %d", what_mix, j, op);
     }
-    for (int j = 0; j < 8; j++) kv_seq_release(&p, s[j]);
-    check_pool(&p, "random kv8 end");
-    CHECK(kv_free_blocks(&p) == CFG_Q8.n_blocks, "all blocks back: %d", kv_free_blocks(&p));
+    for (int j = 0; j < 8; j++) kv_seq_release(p, s[j]);
+    check_pool(p, what_mix);
+    CHECK(kv_free_blocks(p) == p->cfg.n_blocks, "%s: all blocks back: %d", what_mix, kv_free_blocks(p));
+    return enomem;
+}
+
+static void test_q8_random(int n_ops) {
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+    int rewinds, enomem = random_mix(&p, n_ops, 0, &rewinds, "random kv8");
     printf("kv8 random: %llu conversions, %llu moves, %llu evictions, %d ENOMEM\n",
            (unsigned long long)p.stats.q8_conversions, (unsigned long long)p.stats.q8_moves,
            (unsigned long long)p.stats.evictions, enomem);
@@ -1340,75 +1356,15 @@ static void test_swa_quarters(void) {
     kv_pool_free(&p);
 }
 
-/* The random mix of test_q8_random (match, append, fork, release, 8-bit conversions)
- * plus truncation, with windows sliding after every append: every page table, count
- * and unit checked after each operation, every sequence's readable data every 16. */
+/* random_mix with windows sliding after every append, and rewinds (not with kv8, where
+ * rewriting an 8-bit block's copy and converting it again adds a second rounding the
+ * checks cannot tell from damage). */
 static void test_swa_random(int kind, int kv8, int n_ops) {
     kv_pool p;
     kv_config c = swa_cfg(kind, kv8, 20);
     CHECK(kv_pool_init(&p, &c, NULL) == 0, "init");
-    kv_seq *s[8] = {0};
-    int32_t toks[8][48];
-    int n[8] = {0}, enomem = 0, rewinds = 0;
-    for (int op = 0; op < n_ops; op++) {
-        int i = (int)rnd(8), what = (int)rnd(12);
-        if (!s[i]) {
-            s[i] = kv_seq_new(&p);
-            int len = 1 + (int)rnd(40);
-            for (int k = 0; k < len; k++) toks[i][k] = k < 12 ? i % 2 : (int32_t)rnd(3);
-            n[i] = kv_seq_match(&p, s[i], toks[i], len);
-            if (n[i] < 0) n[i] = 0;
-            CHECK(q8_read_ok(&p, s[i], toks[i], n[i]), "matched prefix data");
-            toks[i][47] = len;
-        } else if (what < 6 && n[i] < 47) {
-            int to = n[i] + 1 + (int)rnd(6), len = toks[i][47];
-            if (to > 47) to = 47;
-            if (kv_seq_reserve(&p, s[i], to) < 0) {
-                enomem++;
-                continue;
-            }
-            int k = n[i];
-            for (; k < to; k++) {
-                if (k >= len) toks[i][k] = (int32_t)rnd(3);
-                if (kv_seq_cow(&p, s[i], k) < 0) break;
-                q8_write(&p, s[i], k, toks[i][k]);
-            }
-            enomem += k < to;
-            n[i] = k;
-            kv_seq_commit(&p, s[i], toks[i], n[i]);
-            kv_seq_slide(&p, s[i], n[i]);
-        } else if (what == 6 && kv8) {
-            kv_seq_to_q8(&p, s[i], n[i], 1 + (int)rnd(4));
-        } else if (what == 7 && kv8) {
-            kv_cached_to_q8(&p, 1 + (int)rnd(4));
-        } else if (what == 8) {
-            int j = (int)rnd(8);
-            if (!s[j]) {
-                s[j] = kv_seq_fork(&p, s[i]);
-                memcpy(toks[j], toks[i], sizeof toks[i]);
-                n[j] = n[i];
-            }
-        } else if (what == 9 && n[i] > 0 && !kv8) {
-            /* rewind a little: refused when it reaches freed KV (not with kv8, where
-             * rewriting an 8-bit block's copy and converting it again adds a second
-             * rounding the checks cannot tell from damage) */
-            int to = n[i] - 1 - (int)rnd(5);
-            if (to < 0) to = 0;
-            int r = kv_seq_truncate(&p, s[i], to);
-            CHECK(r == 0 || r == -EINVAL, "truncate: %d", r);
-            if (r == 0) n[i] = to, rewinds++;
-        } else {
-            kv_seq_release(&p, s[i]);
-            s[i] = NULL, n[i] = 0;
-        }
-        check_pool(&p, kind == SWA_HOLES ? "random holes" : kv8 ? "random shrink kv8" : "random shrink");
-        if (op % 16 == 0)
-            for (int j = 0; j < 8; j++)
-                if (s[j]) CHECK(q8_read_ok(&p, s[j], toks[j], n[j]), "seq %d data, op %d", j, op);
-    }
-    for (int j = 0; j < 8; j++) kv_seq_release(&p, s[j]);
-    check_pool(&p, "random swa end");
-    CHECK(kv_free_blocks(&p) == c.n_blocks, "all blocks back: %d", kv_free_blocks(&p));
+    int rewinds, enomem = random_mix(&p, n_ops, !kv8, &rewinds,
+                                     kind == SWA_HOLES ? "random holes" : kv8 ? "random shrink kv8" : "random shrink");
     printf("kv swa random (%s%s): %llu windows freed, %llu evictions, %llu conversions, %llu moves, "
            "%d rewinds, %d ENOMEM, prefix hits %llu/%llu\n",
            kind == SWA_HOLES ? "holes" : kind == SWA_SHRINK ? "halves" : "quarters", kv8 ? ", kv8" : "",
