@@ -111,7 +111,7 @@ CUDA_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CUDA_SRCS)) $(BUILD)/cuda/ob
 # What the GPU programs take from the engine: no network, no config parser (no deps).
 CORE_SRCS := $(sort $(filter-out core/config.c $(CUDA_GLUE),$(wildcard core/*.c core/cpu/*.c mm/*.c)))
 CORE_OBJS := $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(CORE_SRCS))
-GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench
+GPU_PROGS := $(BUILD)/cuda/gpu_test $(BUILD)/cuda/gpu_bench $(BUILD)/cuda/kiln-shape
 # kernels.cu takes the type numbers from core/cpu/qtypes.h, the CPU side's definition.
 $(BUILD)/cuda/kernels.fatbin: cuda/kernels.cu core/cpu/qtypes.h
 	@mkdir -p $(@D)
@@ -129,6 +129,9 @@ $(BUILD)/cuda/kilnd: $(gnu_KILND_OBJS) $(CUDA_OBJS) $(BUILD)/gnu/libkilnd.a
 	gcc $(OPT) $^ -o $@ -L$(BUILD)/gnu/deps/lib $(DEP_LIBS) -ldl -lm -pthread
 $(BUILD)/cuda/gpu_%: $(BUILD)/cuda/obj/tests/gpu/gpu_%.o $(CUDA_OBJS) $(BUILD)/cuda/libcore.a
 	gcc $(OPT) $^ -o $@ -ldl -lm -pthread
+# `kilnd shape` alone (core/ only): real-shape models made on the GPU machine itself
+$(BUILD)/cuda/kiln-shape: $(BUILD)/cuda/obj/tests/gpu/kiln_shape.o $(BUILD)/cuda/obj/kilnd/shape.o $(BUILD)/cuda/libcore.a
+	gcc $(OPT) $^ -o $@ -lm -pthread
 -include $(shell find $(BUILD)/cuda/obj -name '*.d' 2>/dev/null)
 cuda: $(BUILD)/cuda/kilnd $(GPU_PROGS)
 

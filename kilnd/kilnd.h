@@ -20,6 +20,7 @@ int kd_bench(int argc, char **argv);        /* bench.c: single-stream prefill an
 int kd_bench_engine(int argc, char **argv); /* bench_engine.c: many requests, no network */
 int kd_tokenize(int argc, char **argv);     /* tokenize.c */
 int kd_detokenize(int argc, char **argv);   /* tokenize.c */
+int kd_shape(int argc, char **argv);        /* shape.c: random-weight models of real shapes */
 void kd_usage(void);                        /* main.c */
 
 /* ---- choosing the backend (backend.c) */

@@ -43,6 +43,8 @@ void kd_usage(void) {
             "      [--max-batched-tokens T] [--kv-blocks N] [--prefix-caching 0|1] [--backend B] [--json]\n"
             "  kilnd tokenize --model PATH (--text TEXT | --hex) [--special]\n"
             "  kilnd detokenize --model PATH --hex\n"
+            "  kilnd shape SHAPE OUT.gguf [--type Q4_K_M] [--threads N] | SHAPE --plan | --list\n"
+            "      a random-weight model of a real model's shape (see kilnd shape --list)\n"
             "  kilnd version\n");
 }
 
@@ -54,7 +56,7 @@ static const struct {
 } commands[] = {
     {"serve", kd_serve},       {"certs", kd_certs},       {"check-config", kd_check_config},
     {"generate", kd_generate}, {"bench", kd_bench},       {"bench-engine", kd_bench_engine},
-    {"tokenize", kd_tokenize}, {"detokenize", kd_detokenize},
+    {"tokenize", kd_tokenize}, {"detokenize", kd_detokenize}, {"shape", kd_shape},
 };
 
 int main(int argc, char **argv) {

@@ -155,6 +155,8 @@ run "cli/asan-generate" tests/cli_generate.sh "$BUILD/asan/kilnd" generate --mod
 run "cli/musl-generate" tests/cli_generate.sh "$BUILD/musl/kilnd" generate --model "$MODEL" --max-tokens 8 \
   --threads 2 --prompt "The three primary colours are"
 run "cli/errors" tests/cli_errors.sh "$BUILD/gnu/kilnd" "$MODEL"
+# kilnd shape: llama-quantize's type mix (recorded from the peer), files gguf-py reads
+run "shapes/kilnd-shape" tests/shapes/shape_test.sh "$BUILD/gnu/kilnd" "$MODEL" "$PY" "$BUILD/asan/kilnd"
 # The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
 # says why, and `auto` falls back to the CPU with the same tokens.
 if [ -x "$BUILD/cuda/kilnd" ]; then
