@@ -173,65 +173,93 @@ QA_INLINE __m512i qa_mins(const blk_q8_k *xb, const __m512i *mn) {
 }
 
 /* The float steps of one super-block (group-block gb) for mt tokens whose plane sums
- * are in C (x: token 0's Q8_K block, stride xs) into out (lane r = row r; acc from 0
- * when first, else out's). */
+ * are in C (x: token 0's Q8_K block, stride xs) onto the running sums acc (lane r = row
+ * r, one register per token). */
 QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16], const uint8_t *x,
-                         size_t xs, int mt, float *out, size_t os, __mmask16 keep, int first) {
+                         size_t xs, const int mt, __m512 *acc) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
     const __m512 dm = kind == QA_Q6K ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
     __m512i mn[4];
     if (kind != QA_Q6K)
         QA_UNROLL for (int p = 0; p < 4; p++)
             mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + QP_Q4K_MN + 32 * p)));
-    for (int c = 0; c < mt; c++) {
+    QA_UNROLL for (int c = 0; c < 16; c++) {
+        if (c >= mt) break;
         const blk_q8_k *xb = (const blk_q8_k *)(x + (size_t)c * xs);
         __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]), sq;
-        if (kind == QA_Q6K)
-            sq = _mm512_add_epi32(_mm512_add_epi32(p0, _mm512_mullo_epi32(p1, _mm512_set1_epi32(7))),
-                                  _mm512_mullo_epi32(_mm512_load_si512((const void *)C[2][c]), _mm512_set1_epi32(49)));
-        else
+        if (kind == QA_Q6K) { /* p0 + 7 p1 + 49 p2 as shifts: vpmulld is two uops */
+            __m512i p2 = _mm512_load_si512((const void *)C[2][c]);
+            sq = _mm512_add_epi32(_mm512_sub_epi32(p0, p1), _mm512_slli_epi32(p1, 3));
+            sq = _mm512_add_epi32(sq, _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(p2, 6),
+                                                                        _mm512_slli_epi32(p2, 4)), p2));
+        } else {
             sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, 3));
+        }
         const __m512 dx = _mm512_set1_ps(xb->d);
-        float *o = out + (size_t)c * os;
-        __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, o);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc[c]);
         if (kind != QA_Q6K)
-            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qa_mins(xb, mn)), _mm512_mul_ps(dm, dx), acc);
-        _mm512_mask_storeu_ps(o, keep, acc);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qa_mins(xb, mn)), _mm512_mul_ps(dm, dx), acc[c]);
     }
 }
 
-/* Rows [r0, r0 + nr) x nc columns: per 16-row group and super-block, the planes built
- * once, then every group of up to 16 tokens; out holds the running sums between
- * super-blocks (the same float steps in the same order as a register would). The tile
- * products of the next token group go before the float steps of this one, so the tile
- * stores are done by the time the vector loads read them. */
+/* Super-blocks whose planes are built at once (Q6_K: 96 KB, in L2): each token group
+ * then reads its activations for them in one pass, and its sums stay in registers. */
+#define QA_KB 8
+#define QA_PLANES 3 /* plane slots a super-block takes in the buffer (Q4_K, Q5_K use 2) */
+
+/* Super-blocks [b0, b0 + kb) of one 16-row group (g: its group-blocks, B: their planes)
+ * for mt tokens (x: token 0's row, stride xs) into out (lane r = row r; the running sums
+ * from b0 > 0 on). The tile products of the next super-block go before the float steps
+ * of this one, so the tile stores are done by the time the vector loads read them. mt is
+ * a constant (16) for whole token groups, so the sums stay in registers. */
+QA_INLINE void qa_cols(const int kind, const uint8_t *g, const uint8_t *B, int64_t b0, int kb,
+                       const uint8_t *x, size_t xs, const int mt, float *out, size_t os,
+                       __mmask16 keep) {
+    const size_t gblk = qa_gblk(kind), xb = sizeof(blk_q8_k);
+    int32_t C[2][4][16][16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    QA_UNROLL for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
+        acc[c] = b0 == 0 || c >= mt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
+    amx_config(AMX_CFG_WIDE, mt);
+    qa_dots(kind, B, x + (size_t)b0 * xb, xs, C[0]);
+    for (int b = 0; b < kb; b++) {
+        if (b + 1 < kb)
+            qa_dots(kind, B + (size_t)(b + 1) * QA_PLANES * 4096, x + (size_t)(b0 + b + 1) * xb, xs,
+                    C[(b + 1) & 1]);
+        qa_finish(kind, g + (size_t)(b0 + b) * gblk, C[b & 1], x + (size_t)(b0 + b) * xb, xs, mt, acc);
+    }
+    QA_UNROLL for (int c = 0; c < 16; c++) {
+        if (c >= mt) break;
+        _mm512_mask_storeu_ps(out + (size_t)c * os, keep, acc[c]);
+    }
+}
+
+/* Rows [r0, r0 + nr) x nc columns: per 16-row group and QA_KB super-blocks, the planes
+ * built once, then every group of up to 16 tokens over them; out holds the running sums
+ * between chunks of super-blocks (the same float steps in the same order as a register
+ * would: the reference's bits). */
 QA_INLINE void qa_tile(const int kind, int64_t n, const void *wp, int r0, int nr, const void *xq,
                        size_t xs, int nc, float *out, size_t os) {
     const int64_t nb = n / QKK;
-    const size_t gblk = qa_gblk(kind), xb = sizeof(blk_q8_k);
+    const size_t gblk = qa_gblk(kind);
     const uint8_t *W = wp, *X = xq;
-    uint8_t B[4 * 4096] __attribute__((aligned(64)));
-    int32_t C[2][4][16][16] __attribute__((aligned(64)));
+    uint8_t B[QA_KB * QA_PLANES * 4096] __attribute__((aligned(64)));
     for (int r = 0; r < nr; r += QP_ROWS) {
         const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
         int left = nr - r;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *gb = g + b * gblk, *xb0 = X + (size_t)b * xb;
-            if (kind == QA_Q6K) qa_build_q6k(gb, B);
-            else qa_build_k45(kind, gb, B);
-            amx_config(AMX_CFG_WIDE, nc < 16 ? nc : 16);
-            qa_dots(kind, B, xb0, xs, C[0]);
-            for (int c0 = 0, i = 0; c0 < nc; c0 += 16, i ^= 1) {
-                int mt = nc - c0 < 16 ? nc - c0 : 16, c1 = c0 + 16;
-                if (c1 < nc) {
-                    amx_config(AMX_CFG_WIDE, nc - c1 < 16 ? nc - c1 : 16);
-                    qa_dots(kind, B, xb0 + (size_t)c1 * xs, xs, C[i ^ 1]);
-                }
-                qa_finish(kind, gb, C[i], xb0 + (size_t)c0 * xs, xs, mt, out + (size_t)c0 * os + r, os,
-                          keep, b == 0);
+        for (int64_t b0 = 0; b0 < nb; b0 += QA_KB) {
+            int kb = nb - b0 < QA_KB ? (int)(nb - b0) : QA_KB;
+            for (int b = 0; b < kb; b++) {
+                uint8_t *Bb = B + (size_t)b * QA_PLANES * 4096;
+                if (kind == QA_Q6K) qa_build_q6k(g + (size_t)(b0 + b) * gblk, Bb);
+                else qa_build_k45(kind, g + (size_t)(b0 + b) * gblk, Bb);
             }
+            int c = 0;
+            for (; c + 16 <= nc; c += 16)
+                qa_cols(kind, g, B, b0, kb, X + (size_t)c * xs, xs, 16, out + (size_t)c * os + r, os, keep);
+            if (c < nc)
+                qa_cols(kind, g, B, b0, kb, X + (size_t)c * xs, xs, nc - c, out + (size_t)c * os + r, os, keep);
         }
     }
 }
