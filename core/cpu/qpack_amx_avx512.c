@@ -26,7 +26,9 @@
  *
  * B planes are built once per 16-row group and super-block (VNNI order: dword r of
  * tile row k = row r's elements 4k..4k+3, which is how the packed chunks already lie)
- * and serve every group of 16 tokens; A tiles are the Q8_K rows' qs, loaded in place. */
+ * and serve every group of 16 tokens; A tiles are the Q8_K rows' qs, loaded in place.
+ * They are built QA_KB super-blocks at a time, so each token group then reads its
+ * activations for those in one pass and keeps its sums in registers across them. */
 #include <immintrin.h>
 #include <string.h>
 
