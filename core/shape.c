@@ -469,7 +469,10 @@ int shape_write(const shape_def *s, int ftype, const char *path, const shape_opt
     if (!ts) return snprintf(err, n, "shape: out of memory"), -ENOMEM;
     shape_plan(s, ftype, ts, nt);
     char part[4096];
-    snprintf(part, sizeof part, "%s.part", path);
+    if (snprintf(part, sizeof part, "%s.part", path) >= (int)sizeof part) {
+        free(ts);
+        return snprintf(err, n, "shape: the output path is too long"), -ENAMETOOLONG;
+    }
     int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), rc;
     if (fd < 0) {
         rc = -errno;
