@@ -23,7 +23,10 @@
                         * and of a packed group's QP_ROWS */
 #define MM_CHUNK_WIDE 64 /* for the vocabulary-wide output matrix: longer runs of each
                           * token's logits per store (its rows are 196 KB apart) */
-_Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0, "tasks start on a packed group");
+#define MM_CHUNK_BATCH 32 /* for steps of several tokens: the AMX K-quant tiles read each
+                           * token group's activations once per two 16-row groups */
+_Static_assert(MM_CHUNK % QP_ROWS == 0 && MM_CHUNK_WIDE % QP_ROWS == 0 && MM_CHUNK_BATCH % QP_ROWS == 0,
+               "tasks start on a packed group");
 #define MM_STREAM_T 4      /* steps of at most this many tokens stream their weights */
 #define MM_STREAM_TASKS 2  /* tasks per thread and matrix when they do (1B Q4_K_M decode,
                             * paired runs: 16-row tasks 38 tok/s, 2 per thread 41, 1 per
@@ -522,7 +525,7 @@ static void mm_rows(const mm_job *j, int m, int r0, int nr, float *tmp) {
 static void mm_task(void *ctx, int task, int n_tasks) {
     (void)n_tasks;
     const mm_job *j = ctx;
-    float tmp[2][MM_CHUNK * 512];
+    float tmp[2][MM_CHUNK_BATCH * 512]; /* a batch task's rows x 512 tokens */
     int m = 0;
     while (task >= j->chunks[m]) task -= j->chunks[m++];
     int rows = j->rows[m], r0 = task * rows, n_out = j->w[m]->n_out;
@@ -601,8 +604,9 @@ static const uint8_t *prep_x(model_state *s, thr_pool *tp, int *used, const floa
  * 16-row group the other threads leave gaps between. The split never changes a
  * result: every (row, token) pair is computed the same way in any task. */
 static int mm_task_rows(int n_out, int T, int n_threads) {
+    if (T > MM_STREAM_T) return n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK_BATCH;
     int rows = n_out >= 8192 ? MM_CHUNK_WIDE : MM_CHUNK;
-    if (T > MM_STREAM_T || n_threads < 2) return rows;
+    if (n_threads < 2) return rows;
     int want = (n_out + n_threads * MM_STREAM_TASKS - 1) / (n_threads * MM_STREAM_TASKS);
     want = (want + QP_ROWS - 1) / QP_ROWS * QP_ROWS;
     int most = MM_CHUNK * 512 / T; /* mm_task's tmp holds rows x tokens */

@@ -162,6 +162,57 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
     if (kind == QA_Q6K) AMX_STORE(2, C[2], 64);
 }
 
+/* The same for two 16-row groups (planes B0, B1) under AMX_CFG_PAIR, into C[0 .. np)
+ * and C[np .. 2 np) (np: planes per super-block): each A tile serves both groups, so a
+ * step's activations are read once per 32 rows (for a long prompt they come from L2 or
+ * memory: per 16 rows they cost more than the products). */
+QA_INLINE void qa_dots2(const int kind, const uint8_t *B0, const uint8_t *B1, const uint8_t *x,
+                        size_t xs, int32_t (*C)[16][16]) {
+    AMX_ZERO(0);
+    AMX_ZERO(1);
+    AMX_ZERO(2);
+    AMX_ZERO(3);
+    if (kind == QA_Q6K) {
+        AMX_ZERO(5);
+        AMX_ZERO(6);
+    }
+    QA_UNROLL for (int i = 0; i < 4; i++) {
+        const uint8_t *b = B0 + 1024 * i, *c = B1 + 1024 * i;
+        AMX_LOAD(4, x + 4 + 64 * i, xs);
+        if (kind == QA_Q6K) {
+            AMX_LOAD(7, b, 64);
+            AMX_DPBSSD(0, 4, 7);
+            AMX_LOAD(7, b + 4096, 64);
+            AMX_DPBSSD(1, 4, 7);
+            AMX_LOAD(7, b + 8192, 64);
+            AMX_DPBSSD(2, 4, 7);
+            AMX_LOAD(7, c, 64);
+            AMX_DPBSSD(3, 4, 7);
+            AMX_LOAD(7, c + 4096, 64);
+            AMX_DPBSSD(5, 4, 7);
+            AMX_LOAD(7, c + 8192, 64);
+            AMX_DPBSSD(6, 4, 7);
+        } else {
+            AMX_LOAD(7, b, 64);
+            AMX_DPBSUD(0, 4, 7);
+            AMX_LOAD(7, b + 4096, 64);
+            AMX_DPBSUD(1, 4, 7);
+            AMX_LOAD(7, c, 64);
+            AMX_DPBSUD(2, 4, 7);
+            AMX_LOAD(7, c + 4096, 64);
+            AMX_DPBSUD(3, 4, 7);
+        }
+    }
+    AMX_STORE(0, C[0], 64);
+    AMX_STORE(1, C[1], 64);
+    AMX_STORE(2, C[2], 64);
+    AMX_STORE(3, C[3], 64);
+    if (kind == QA_Q6K) {
+        AMX_STORE(5, C[4], 64);
+        AMX_STORE(6, C[5], 64);
+    }
+}
+
 /* summ of qpack.h for one token's Q8_K block against the rows' mins mn[4] (pairs of
  * sub-blocks 2p, 2p + 1 as int16 per row): its sub-block sums as int16 pairs in the
  * same order, each broadcast to a vpdpwssd. */
@@ -204,64 +255,92 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
     }
 }
 
-/* Super-blocks whose planes are built at once (Q6_K: 96 KB, in L2): each token group
- * then reads its activations for them in one pass, and its sums stay in registers. */
-#define QA_KB 8
+/* Super-blocks whose planes are built at once (Q6_K: 192 KB a 16-row group, in L2):
+ * each token group then reads its activations for them in one pass, and its sums stay
+ * in registers. Stack: two groups' planes, 384 KB (worker threads have 4 MB). */
+#define QA_KB 16
 #define QA_PLANES 3 /* plane slots a super-block takes in the buffer (Q4_K, Q5_K use 2) */
+#define QA_GROUP_B ((size_t)QA_KB * QA_PLANES * 4096) /* one 16-row group's planes */
 
-/* Super-blocks [b0, b0 + kb) of one 16-row group (g: its group-blocks, B: their planes)
- * for mt tokens (x: token 0's row, stride xs) into out (lane r = row r; the running sums
- * from b0 > 0 on). The tile products of the next super-block go before the float steps
- * of this one, so the tile stores are done by the time the vector loads read them. mt is
- * a constant (16) for whole token groups, so the sums stay in registers. */
-QA_INLINE void qa_cols(const int kind, const uint8_t *g, const uint8_t *B, int64_t b0, int kb,
-                       const uint8_t *x, size_t xs, const int mt, float *out, size_t os,
-                       __mmask16 keep) {
+/* Super-blocks [b0, b0 + kb) of R (1 or 2) 16-row groups (g: the first's group-blocks,
+ * the second's gs bytes on; B: their planes, QA_GROUP_B apart) for mt tokens (x: token
+ * 0's row, stride xs) into out (lane r = row r, the second group's rows 16 floats on;
+ * the running sums from b0 > 0 on; keep: the last group's rows). The tile products of
+ * the next super-block go before the float steps of this one, so the tile stores are
+ * done by the time the vector loads read them. R and mt are constants for whole token
+ * groups, so the sums stay in registers. */
+QA_INLINE void qa_cols(const int kind, const int R, const uint8_t *g, size_t gs, const uint8_t *B,
+                       int64_t b0, int kb, const uint8_t *x, size_t xs, const int mt, float *out,
+                       size_t os, __mmask16 keep) {
     const size_t gblk = qa_gblk(kind), xb = sizeof(blk_q8_k);
-    int32_t C[2][4][16][16] __attribute__((aligned(64)));
-    __m512 acc[16];
-    QA_UNROLL for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
-        acc[c] = b0 == 0 || c >= mt ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + (size_t)c * os);
-    amx_config(AMX_CFG_WIDE, mt);
-    qa_dots(kind, B, x + (size_t)b0 * xb, xs, C[0]);
-    for (int b = 0; b < kb; b++) {
-        if (b + 1 < kb)
-            qa_dots(kind, B + (size_t)(b + 1) * QA_PLANES * 4096, x + (size_t)(b0 + b + 1) * xb, xs,
-                    C[(b + 1) & 1]);
-        qa_finish(kind, g + (size_t)(b0 + b) * gblk, C[b & 1], x + (size_t)(b0 + b) * xb, xs, mt, acc);
+    const int np = kind == QA_Q6K ? 3 : 2;
+    int32_t C[2][6][16][16] __attribute__((aligned(64)));
+    __m512 acc[2][16];
+    QA_UNROLL for (int h = 0; h < R; h++) {
+        __mmask16 m = h == R - 1 ? keep : (__mmask16)0xFFFF;
+        QA_UNROLL for (int c = 0; c < 16; c++) /* all 16 set: gcc cannot see that only mt are read */
+            acc[h][c] = b0 == 0 || c >= mt ? _mm512_setzero_ps()
+                                           : _mm512_maskz_loadu_ps(m, out + (size_t)c * os + 16 * h);
     }
-    QA_UNROLL for (int c = 0; c < 16; c++) {
-        if (c >= mt) break;
-        _mm512_mask_storeu_ps(out + (size_t)c * os, keep, acc[c]);
+    amx_config(R == 2 ? AMX_CFG_PAIR : AMX_CFG_WIDE, mt);
+    for (int b = -1; b < kb; b++) {
+        if (b + 1 < kb) {
+            const uint8_t *Bb = B + (size_t)(b + 1) * QA_PLANES * 4096, *xn = x + (size_t)(b0 + b + 1) * xb;
+            if (R == 2) qa_dots2(kind, Bb, Bb + QA_GROUP_B, xn, xs, C[(b + 1) & 1]);
+            else qa_dots(kind, Bb, xn, xs, C[(b + 1) & 1]);
+        }
+        if (b < 0) continue;
+        QA_UNROLL for (int h = 0; h < R; h++)
+            qa_finish(kind, g + h * gs + (size_t)(b0 + b) * gblk, C[b & 1] + np * h,
+                      x + (size_t)(b0 + b) * xb, xs, mt, acc[h]);
+    }
+    QA_UNROLL for (int h = 0; h < R; h++) {
+        __mmask16 m = h == R - 1 ? keep : (__mmask16)0xFFFF;
+        QA_UNROLL for (int c = 0; c < 16; c++) {
+            if (c >= mt) break;
+            _mm512_mask_storeu_ps(out + (size_t)c * os + 16 * h, m, acc[h][c]);
+        }
     }
 }
 
-/* Rows [r0, r0 + nr) x nc columns: per 16-row group and QA_KB super-blocks, the planes
- * built once, then every group of up to 16 tokens over them; out holds the running sums
- * between chunks of super-blocks (the same float steps in the same order as a register
- * would: the reference's bits). */
+/* Every token group of nc columns over the planes of R groups' super-blocks [b0, b0 + kb). */
+QA_INLINE void qa_groups(const int kind, const int R, const uint8_t *g, size_t gs, const uint8_t *B,
+                         int64_t b0, int kb, const uint8_t *X, size_t xs, int nc, float *out,
+                         size_t os, __mmask16 keep) {
+    int c = 0;
+    for (; c + 16 <= nc; c += 16)
+        qa_cols(kind, R, g, gs, B, b0, kb, X + (size_t)c * xs, xs, 16, out + (size_t)c * os, os, keep);
+    if (c < nc)
+        qa_cols(kind, R, g, gs, B, b0, kb, X + (size_t)c * xs, xs, nc - c, out + (size_t)c * os, os, keep);
+}
+
+/* Rows [r0, r0 + nr) x nc columns: per pair of 16-row groups (a lone last one alone) and
+ * QA_KB super-blocks, the planes built once, then every group of up to 16 tokens over
+ * them; out holds the running sums between chunks of super-blocks (the same float steps
+ * in the same order as a register would: the reference's bits, whichever groups share
+ * a pass). */
 QA_INLINE void qa_tile(const int kind, int64_t n, const void *wp, int r0, int nr, const void *xq,
                        size_t xs, int nc, float *out, size_t os) {
     const int64_t nb = n / QKK;
-    const size_t gblk = qa_gblk(kind);
+    const size_t gblk = qa_gblk(kind), gs = (size_t)nb * gblk;
     const uint8_t *W = wp, *X = xq;
-    uint8_t B[QA_KB * QA_PLANES * 4096] __attribute__((aligned(64)));
-    for (int r = 0; r < nr; r += QP_ROWS) {
-        const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * nb * gblk;
-        int left = nr - r;
+    uint8_t B[2 * QA_GROUP_B] __attribute__((aligned(64)));
+    for (int r = 0; r < nr; r += 2 * QP_ROWS) {
+        const uint8_t *g = W + (size_t)((r0 + r) / QP_ROWS) * gs;
+        int left = nr - r, R = left > QP_ROWS ? 2 : 1;
+        left -= (R - 1) * QP_ROWS;
         __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         for (int64_t b0 = 0; b0 < nb; b0 += QA_KB) {
             int kb = nb - b0 < QA_KB ? (int)(nb - b0) : QA_KB;
-            for (int b = 0; b < kb; b++) {
-                uint8_t *Bb = B + (size_t)b * QA_PLANES * 4096;
-                if (kind == QA_Q6K) qa_build_q6k(g + (size_t)(b0 + b) * gblk, Bb);
-                else qa_build_k45(kind, g + (size_t)(b0 + b) * gblk, Bb);
-            }
-            int c = 0;
-            for (; c + 16 <= nc; c += 16)
-                qa_cols(kind, g, B, b0, kb, X + (size_t)c * xs, xs, 16, out + (size_t)c * os + r, os, keep);
-            if (c < nc)
-                qa_cols(kind, g, B, b0, kb, X + (size_t)c * xs, xs, nc - c, out + (size_t)c * os + r, os, keep);
+            for (int h = 0; h < R; h++)
+                for (int b = 0; b < kb; b++) {
+                    uint8_t *Bb = B + h * QA_GROUP_B + (size_t)b * QA_PLANES * 4096;
+                    const uint8_t *gb = g + h * gs + (size_t)(b0 + b) * gblk;
+                    if (kind == QA_Q6K) qa_build_q6k(gb, Bb);
+                    else qa_build_k45(kind, gb, Bb);
+                }
+            if (R == 2) qa_groups(kind, 2, g, gs, B, b0, kb, X, xs, nc, out + r, os, keep);
+            else qa_groups(kind, 1, g, gs, B, b0, kb, X, xs, nc, out + r, os, keep);
         }
     }
 }

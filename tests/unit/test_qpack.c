@@ -209,7 +209,7 @@ int main(void) {
     test_bytes();
     int max = isa_max(), amx0 = isa_amx();
     SKIP_SIMD_ABOVE("qpack", max);
-    int64_t ns[] = {32, 64, 96, 576, 1536}, nks[] = {256, 512, 1536, 2048, 2304}; /* 2304: past the AMX tiles' 8-super-block chunks */
+    int64_t ns[] = {32, 64, 96, 576, 1536}, nks[] = {256, 512, 1536, 2048, 4352}; /* 4352: past the AMX tiles' 16-super-block chunks */
     int nrs[] = {1, 16, 40, 64};
     /* one level past AVX-512 where the CPU has AMX: the AMX tiles of Q8_0, Q4_0, Q5_0 and
      * the K-quants (qpack_amx_avx512.c), held to the same reference bits */
