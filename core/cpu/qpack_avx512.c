@@ -351,7 +351,7 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 
 /* ---------------------------------------------------------------- F16, BF16 */
 
-#define QH_MAXC 4 /* columns per pass: 4 x 4 partial sums in registers */
+#define QH_MAXC 7 /* columns per pass: 7 x 4 partial sums in registers */
 
 /* Element k's 16 rows as f32 (bf: BF16, else F16). */
 QP_INLINE __m512 h16_load(const int bf, const uint8_t *p) {
@@ -395,6 +395,9 @@ QP_INLINE void h16_tile(const int bf, int64_t n, const void *wp, int r0, int nr,
         h16_pass(bf, QH_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
     X += c * xs, out += c * os;
     switch (nc - c) {
+    case 6: h16_pass(bf, 6, nb, wp, r0, nr, X, xs, out, os); break;
+    case 5: h16_pass(bf, 5, nb, wp, r0, nr, X, xs, out, os); break;
+    case 4: h16_pass(bf, 4, nb, wp, r0, nr, X, xs, out, os); break;
     case 3: h16_pass(bf, 3, nb, wp, r0, nr, X, xs, out, os); break;
     case 2: h16_pass(bf, 2, nb, wp, r0, nr, X, xs, out, os); break;
     case 1: h16_pass(bf, 1, nb, wp, r0, nr, X, xs, out, os); break;
