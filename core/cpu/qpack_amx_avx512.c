@@ -28,7 +28,8 @@
  * tile row k = row r's elements 4k..4k+3, which is how the packed chunks already lie)
  * and serve every group of 16 tokens; A tiles are the Q8_K rows' qs, loaded in place.
  * They are built QA_KB super-blocks at a time, so each token group then reads its
- * activations for those in one pass and keeps its sums in registers across them. */
+ * activations for those in one pass and keeps its sums in registers across them, and
+ * for two 16-row groups at once where the task has them, so each A tile serves both. */
 #include <immintrin.h>
 #include <string.h>
 
