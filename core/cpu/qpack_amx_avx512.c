@@ -163,6 +163,15 @@ QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_
     if (kind == QA_Q6K) AMX_STORE(2, C[2], 64);
 }
 
+/* Plane p into tile 7, then tile t (a literal) += A (tile 4) . it: signed planes for
+ * Q6_K, unsigned ones for Q4_K and Q5_K. */
+#define QA_PLANE(kind, t, p)                       \
+    do {                                           \
+        AMX_LOAD(7, p, 64);                        \
+        if ((kind) == QA_Q6K) AMX_DPBSSD(t, 4, 7); \
+        else AMX_DPBSUD(t, 4, 7);                  \
+    } while (0)
+
 /* The same for two 16-row groups (planes B0, B1) under AMX_CFG_PAIR, into C[0 .. np)
  * and C[np .. 2 np) (np: planes per super-block): each A tile serves both groups, so a
  * step's activations are read once per 32 rows (for a long prompt they come from L2 or
@@ -180,28 +189,16 @@ QA_INLINE void qa_dots2(const int kind, const uint8_t *B0, const uint8_t *B1, co
     QA_UNROLL for (int i = 0; i < 4; i++) {
         const uint8_t *b = B0 + 1024 * i, *c = B1 + 1024 * i;
         AMX_LOAD(4, x + 4 + 64 * i, xs);
+        QA_PLANE(kind, 0, b);
+        QA_PLANE(kind, 1, b + 4096);
         if (kind == QA_Q6K) {
-            AMX_LOAD(7, b, 64);
-            AMX_DPBSSD(0, 4, 7);
-            AMX_LOAD(7, b + 4096, 64);
-            AMX_DPBSSD(1, 4, 7);
-            AMX_LOAD(7, b + 8192, 64);
-            AMX_DPBSSD(2, 4, 7);
-            AMX_LOAD(7, c, 64);
-            AMX_DPBSSD(3, 4, 7);
-            AMX_LOAD(7, c + 4096, 64);
-            AMX_DPBSSD(5, 4, 7);
-            AMX_LOAD(7, c + 8192, 64);
-            AMX_DPBSSD(6, 4, 7);
+            QA_PLANE(kind, 2, b + 8192);
+            QA_PLANE(kind, 3, c);
+            QA_PLANE(kind, 5, c + 4096);
+            QA_PLANE(kind, 6, c + 8192);
         } else {
-            AMX_LOAD(7, b, 64);
-            AMX_DPBSUD(0, 4, 7);
-            AMX_LOAD(7, b + 4096, 64);
-            AMX_DPBSUD(1, 4, 7);
-            AMX_LOAD(7, c, 64);
-            AMX_DPBSUD(2, 4, 7);
-            AMX_LOAD(7, c + 4096, 64);
-            AMX_DPBSUD(3, 4, 7);
+            QA_PLANE(kind, 2, c);
+            QA_PLANE(kind, 3, c + 4096);
         }
     }
     AMX_STORE(0, C[0], 64);
