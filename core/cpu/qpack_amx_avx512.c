@@ -69,10 +69,13 @@ QA_INLINE __m512i qa_mul_s8(__m512i w, __m512i f) {
     return _mm512_mask_blend_epi8((__mmask64)0xAAAAAAAAAAAAAAAAull, lo, hi);
 }
 
-/* Q4_K, Q5_K planes of one group-block: B + 4096 k, tile row 8 j + e for sub-block j. */
+/* Q4_K, Q5_K planes of one group-block: B + 4096 k, tile row 8 j + e for sub-block j.
+ * The builders (and qb_build) read the weights from memory in a step of a few dozen
+ * tokens, so they ask for them ahead as the AVX-512 kernels do (qpack_x86.h). */
 QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m7 = _mm512_set1_epi32(7);
     QA_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p + 1 */
+        qp_prefetch_part(gb, qa_gblk(kind), p, 4);
         __m512i f[2][2];
         QA_UNROLL for (int h = 0; h < 2; h++) {
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q4K_SC + 16 * (2 * p + h))));
@@ -114,6 +117,7 @@ QA_INLINE void qa_digits7(__m512i sc, __m512i f[3]) {
 QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     QA_UNROLL for (int h = 0; h < 16; h++) {
+        qp_prefetch_part(gb, QP_Q6K_GBLK, h, 16);
         __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
         __m512i bq = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * (16 + h)));
         __m512i hb = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QH + 64 * h));
@@ -360,6 +364,7 @@ QA_INLINE size_t qb_group_bytes(const int kind, int64_t nb) {
 QA_INLINE void qb_build(const int kind, const uint8_t *g, int64_t b, uint8_t *B, float *wd) {
     if (kind == QB_Q80) {
         const uint8_t *gb = g + b * QP_Q80_GBLK;
+        qp_prefetch_part(gb, QP_Q80_GBLK, 0, 1);
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         QA_UNROLL for (int k = 0; k < 8; k++)
             _mm512_store_si512((void *)(B + 64 * k),
@@ -369,6 +374,7 @@ QA_INLINE void qb_build(const int kind, const uint8_t *g, int64_t b, uint8_t *B,
     }
     const int h = (int)(b & 1), q5 = kind == QB_Q50;
     const uint8_t *gb = g + (b / 2) * (q5 ? QP_Q50_GBLK : QP_Q40_GBLK);
+    qp_prefetch_part(gb, q5 ? QP_Q50_GBLK : QP_Q40_GBLK, h, 2);
     const __m512i bias = _mm512_set1_epi8(q5 ? 16 : 8);
     const __m512i h5 = q5 ? _mm512_loadu_si512((const void *)(gb + 64 + 64 * h)) : _mm512_setzero_si512();
     QA_UNROLL for (int k = 0; k < 4; k++) { /* chunk k: elements 4k.. (low), 16 + 4k.. (high) */
