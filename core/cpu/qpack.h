@@ -71,7 +71,14 @@
  * and for F16 and BF16, with f32 activations x, four partial sums by element index
  *   s[k % 4] = fmaf(w_k, x_k, s[k % 4]) for k in order; dot = (s0 + s1) + (s2 + s3)
  * from acc = 0, blocks in order. Every (row, column) pair goes through exactly these
- * operations whatever the tile shape, its place in it, or the batch: batch invariant. */
+ * operations whatever the tile shape, its place in it, or the batch: batch invariant.
+ *
+ * Why F16 and BF16 stay on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06
+ * evening): vdpbf16ps gives the bits of two fmaf in a row (odd element first), so it
+ * could have a C mirror, but it issues at a quarter of vfmadd231ps's rate there, half
+ * the products per cycle; AMX-BF16's tdpbf16ps is fast, but its sums match no sequence
+ * of f32 roundings (not per element, per pair, by tree, nor exact and rounded once), so
+ * no reference could give its bits. */
 #ifndef KILN_QPACK_H
 #define KILN_QPACK_H
 
