@@ -10,14 +10,11 @@
  *     tiles 0, 3  C: mt x 16 int32 (tokens x weight rows)
  *     tiles 1, 4  A: mt x 32 int8 (a block of each token's activations)
  *     tiles 2, 5  B: 8 x 64 bytes (32 elements of 16 weight rows in VNNI order)
- *   AMX_CFG_WIDE (64 elements a product, the K-quants, one 16-row group):
+ *   AMX_CFG_WIDE (64 elements a product, the K-quants' two planes, for one 16-row group
+ *   or two sharing each A tile):
  *     tiles 0-3   C: mt x 16 int32
  *     tile 4      A: mt x 64 int8
- *     tiles 5-7   B: 16 x 64 bytes
- *   AMX_CFG_PAIR (the K-quants, two 16-row groups sharing each A tile):
- *     tiles 0-3, 5, 6  C: mt x 16 int32
- *     tile 4           A: mt x 64 int8
- *     tile 7           B: 16 x 64 bytes */
+ *     tiles 5-7   B: 16 x 64 bytes */
 #ifndef KILN_AMX_X86_H
 #define KILN_AMX_X86_H
 
@@ -36,7 +33,7 @@
 #define AMX_DPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 #define AMX_DPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
-enum { AMX_CFG_BLOCK = 1, AMX_CFG_WIDE = 2, AMX_CFG_PAIR = 3 };
+enum { AMX_CFG_BLOCK = 1, AMX_CFG_WIDE = 2 };
 void amx_config(int layout, int mt);
 
 #define AMX_KB 32 /* blocks whose B tiles are built at once (16 KB, stays in L1) */

@@ -14,11 +14,13 @@
  *               sumq = P0 + 8 P1; the mins stay on the vector unit (a vpdpwssd of
  *               the rows' mins against the token's sub-block sums, 4 per token): a
  *               plane of them costs the tile unit a third more for 8 products a row
- *   Q6_K        sc = s0 + 7 s1 + 49 s2 (balanced base 7: s0..s2 in -3..3, enough for
- *               -171..171), weights q = u - 32 signed: |q s| <= 96
- *               sumq = P0 + 7 P1 + 49 P2 (three planes: base 4 took four)
- * where Pk = sum over the super-block of (digit k of the element's sub-block scale x
- * weight) x activation, exact in the tile's int32. These are the integers qpack.h
+ *   Q6_K        the product itself: p = q sc (q = u - 32 in -32..31, sc in -128..127,
+ *               |p| <= 4096) as a 16-bit word, split into its low byte b0 (signed) and
+ *               b1 = (p - b0) / 256 in -16..16, so p = b0 + 256 b1
+ *               sumq = P0 + 256 P1 (two planes; the scale's base-7 digits took three,
+ *               each a multiply of its own)
+ * where Pk = sum over the super-block of (plane k's byte of the element) x activation,
+ * exact in the tile's int32. These are the integers qpack.h
  * defines (sum_j sc_j x sub-block dot, and for Q6_K the dot of u - 32 is the
  * reference's i - 32 bsums), then the same FMAs in the same order per super-block: the
  * reference's bits, and the AVX-512 kernels', so a token's result does not depend on
@@ -60,15 +62,6 @@ QA_INLINE __m512i qa_pair16(__m512i v) {
  * never carries into its neighbour byte, so one 16-bit multiply does both. */
 QA_INLINE __m512i qa_mul_u8(__m512i w, __m512i f) { return _mm512_mullo_epi16(w, f); }
 
-/* Signed bytes w times a signed per-row factor f: the low byte of a 16-bit product is
- * exact mod 256 whatever the high one holds; the high byte is, from a word whose low
- * byte is zero. */
-QA_INLINE __m512i qa_mul_s8(__m512i w, __m512i f) {
-    __m512i lo = _mm512_mullo_epi16(w, f);
-    __m512i hi = _mm512_mullo_epi16(_mm512_and_si512(w, _mm512_set1_epi16((short)0xFF00)), f);
-    return _mm512_mask_blend_epi8((__mmask64)0xAAAAAAAAAAAAAAAAull, lo, hi);
-}
-
 /* Q4_K, Q5_K planes of one group-block: B + 4096 k, tile row 8 j + e for sub-block j.
  * The builders (and qb_build) read the weights from memory in a step of a few dozen
  * tokens, so they ask for them ahead as the AVX-512 kernels do (qpack_x86.h). */
@@ -99,23 +92,12 @@ QA_INLINE void qa_build_k45(const int kind, const uint8_t *gb, uint8_t *B) {
     }
 }
 
-/* The balanced base-7 digits of 16 rows' Q6_K scales (int8, widened): sc + 171 =
- * (s0 + 3) + 7 (s1 + 3) + 49 (s2 + 3), each (digit + 3) in 0..6; t / 7 as (t * 9363) >> 16,
- * exact for t below 13,000. Each digit as a qa_pair16 factor. */
-QA_INLINE void qa_digits7(__m512i sc, __m512i f[3]) {
-    const __m512i k3 = _mm512_set1_epi32(3), k7 = _mm512_set1_epi32(7), m = _mm512_set1_epi32(9363);
-    __m512i t = _mm512_add_epi32(sc, _mm512_set1_epi32(171));
-    QA_UNROLL for (int k = 0; k < 3; k++) {
-        __m512i q = _mm512_srli_epi32(_mm512_mullo_epi32(t, m), 16);
-        f[k] = qa_pair16(_mm512_sub_epi32(_mm512_sub_epi32(t, _mm512_mullo_epi32(q, k7)), k3));
-        t = q;
-    }
-}
-
 /* Q6_K planes of one group-block: B + 4096 k, tile row 4 j + t for sub-block j. Chunk
- * h (0..15) and 16 + h, 32 + h, 48 + h are row h % 4 of sub-blocks h / 4 + 4 q. */
+ * h (0..15) and 16 + h, 32 + h, 48 + h are row h % 4 of sub-blocks h / 4 + 4 q. The
+ * products q sc are 16-bit words: even bytes' and odd bytes' apart, each sign-extended. */
 QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i k128 = _mm512_set1_epi16(128), hi8 = _mm512_set1_epi16((short)0xFF00);
     QA_UNROLL for (int h = 0; h < 16; h++) {
         qp_prefetch_part(gb, QP_Q6K_GBLK, h, 16);
         __m512i a = _mm512_loadu_si512((const void *)(gb + QP_Q6K_QL + 64 * h));
@@ -131,88 +113,74 @@ QA_INLINE void qa_build_q6k(const uint8_t *gb, uint8_t *B) {
         QA_UNROLL for (int q = 0; q < 4; q++) {
             const int j = h / 4 + 4 * q;
             __m512i w = _mm512_sub_epi8(u[q], k32);
-            __m512i f[3];
-            qa_digits7(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * j))), f);
+            __m512i f = qa_pair16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + QP_Q6K_SC + 16 * j))));
+            __m512i pe = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 8), f);
+            __m512i po = _mm512_mullo_epi16(_mm512_srai_epi16(w, 8), f);
+            __m512i b0 = _mm512_mask_blend_epi8((__mmask64)0xAAAAAAAAAAAAAAAAull, pe, _mm512_slli_epi16(po, 8));
+            __m512i b1 = _mm512_or_si512(_mm512_srli_epi16(_mm512_add_epi16(pe, k128), 8),
+                                         _mm512_and_si512(_mm512_add_epi16(po, k128), hi8));
             uint8_t *row = B + 64 * (4 * j + h % 4);
-            QA_UNROLL for (int k = 0; k < 3; k++)
-                _mm512_store_si512((void *)(row + 4096 * k), qa_mul_s8(w, f[k]));
+            _mm512_store_si512((void *)row, b0);
+            _mm512_store_si512((void *)(row + 4096), b1);
         }
     }
 }
 
-/* The planes' sums for mt tokens (A: token 0's qs at x, stride xs) into C[k][c][r]:
+/* Tile c (a literal) += A (tile 4) . tile b: signed planes for Q6_K, unsigned ones for
+ * Q4_K and Q5_K. */
+#define QA_DP(kind, c, b)                          \
+    do {                                           \
+        if ((kind) == QA_Q6K) AMX_DPBSSD(c, 4, b); \
+        else AMX_DPBSUD(c, 4, b);                  \
+    } while (0)
+
+/* The two planes' sums for mt tokens (A: token 0's qs at x, stride xs) into C[k][c][r]:
  * four products of 64 elements per plane, accumulated in the tile. */
 QA_INLINE void qa_dots(const int kind, const uint8_t *B, const uint8_t *x, size_t xs,
                        int32_t (*C)[16][16]) {
     AMX_ZERO(0);
     AMX_ZERO(1);
-    if (kind == QA_Q6K) AMX_ZERO(2);
     QA_UNROLL for (int i = 0; i < 4; i++) {
         const uint8_t *b = B + 1024 * i;
         AMX_LOAD(4, x + 4 + 64 * i, xs);
         AMX_LOAD(5, b, 64);
         AMX_LOAD(6, b + 4096, 64);
-        if (kind == QA_Q6K) {
-            AMX_LOAD(7, b + 8192, 64);
-            AMX_DPBSSD(0, 4, 5);
-            AMX_DPBSSD(1, 4, 6);
-            AMX_DPBSSD(2, 4, 7);
-        } else {
-            AMX_DPBSUD(0, 4, 5);
-            AMX_DPBSUD(1, 4, 6);
-        }
+        QA_DP(kind, 0, 5);
+        QA_DP(kind, 1, 6);
     }
     AMX_STORE(0, C[0], 64);
     AMX_STORE(1, C[1], 64);
-    if (kind == QA_Q6K) AMX_STORE(2, C[2], 64);
 }
 
-/* Plane p into tile 7, then tile t (a literal) += A (tile 4) . it: signed planes for
- * Q6_K, unsigned ones for Q4_K and Q5_K. */
-#define QA_PLANE(kind, t, p)                       \
-    do {                                           \
-        AMX_LOAD(7, p, 64);                        \
-        if ((kind) == QA_Q6K) AMX_DPBSSD(t, 4, 7); \
-        else AMX_DPBSUD(t, 4, 7);                  \
+/* Plane p into tile 7, then tile t += A . it. */
+#define QA_PLANE(kind, t, p)  \
+    do {                      \
+        AMX_LOAD(7, p, 64);   \
+        QA_DP(kind, t, 7);    \
     } while (0)
 
-/* The same for two 16-row groups (planes B0, B1) under AMX_CFG_PAIR, into C[0 .. np)
- * and C[np .. 2 np) (np: planes per super-block): each A tile serves both groups, so a
- * step's activations are read once per 32 rows (for a long prompt they come from L2 or
- * memory: per 16 rows they cost more than the products). */
+/* The same for two 16-row groups (planes B0, B1), into C[0 .. 2) and C[2 .. 4): each A
+ * tile serves both groups, so a step's activations are read once per 32 rows (for a
+ * long prompt they come from L2 or memory: per 16 rows they cost more than the
+ * products). */
 QA_INLINE void qa_dots2(const int kind, const uint8_t *B0, const uint8_t *B1, const uint8_t *x,
                         size_t xs, int32_t (*C)[16][16]) {
     AMX_ZERO(0);
     AMX_ZERO(1);
     AMX_ZERO(2);
     AMX_ZERO(3);
-    if (kind == QA_Q6K) {
-        AMX_ZERO(5);
-        AMX_ZERO(6);
-    }
     QA_UNROLL for (int i = 0; i < 4; i++) {
         const uint8_t *b = B0 + 1024 * i, *c = B1 + 1024 * i;
         AMX_LOAD(4, x + 4 + 64 * i, xs);
         QA_PLANE(kind, 0, b);
         QA_PLANE(kind, 1, b + 4096);
-        if (kind == QA_Q6K) {
-            QA_PLANE(kind, 2, b + 8192);
-            QA_PLANE(kind, 3, c);
-            QA_PLANE(kind, 5, c + 4096);
-            QA_PLANE(kind, 6, c + 8192);
-        } else {
-            QA_PLANE(kind, 2, c);
-            QA_PLANE(kind, 3, c + 4096);
-        }
+        QA_PLANE(kind, 2, c);
+        QA_PLANE(kind, 3, c + 4096);
     }
     AMX_STORE(0, C[0], 64);
     AMX_STORE(1, C[1], 64);
     AMX_STORE(2, C[2], 64);
     AMX_STORE(3, C[3], 64);
-    if (kind == QA_Q6K) {
-        AMX_STORE(5, C[4], 64);
-        AMX_STORE(6, C[5], 64);
-    }
 }
 
 /* summ of qpack.h for one token's Q8_K block against the rows' mins mn[4] (pairs of
@@ -241,15 +209,8 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
     QA_UNROLL for (int c = 0; c < 16; c++) {
         if (c >= mt) break;
         const blk_q8_k *xb = (const blk_q8_k *)(x + (size_t)c * xs);
-        __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]), sq;
-        if (kind == QA_Q6K) { /* p0 + 7 p1 + 49 p2 as shifts: vpmulld is two uops */
-            __m512i p2 = _mm512_load_si512((const void *)C[2][c]);
-            sq = _mm512_add_epi32(_mm512_sub_epi32(p0, p1), _mm512_slli_epi32(p1, 3));
-            sq = _mm512_add_epi32(sq, _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(p2, 6),
-                                                                        _mm512_slli_epi32(p2, 4)), p2));
-        } else {
-            sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, 3));
-        }
+        __m512i p0 = _mm512_load_si512((const void *)C[0][c]), p1 = _mm512_load_si512((const void *)C[1][c]);
+        __m512i sq = _mm512_add_epi32(p0, _mm512_slli_epi32(p1, kind == QA_Q6K ? 8 : 3));
         const __m512 dx = _mm512_set1_ps(xb->d);
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc[c]);
         if (kind != QA_Q6K)
@@ -257,11 +218,11 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
     }
 }
 
-/* Super-blocks whose planes are built at once (Q6_K: 192 KB a 16-row group, in L2):
+/* Super-blocks whose planes are built at once (128 KB a 16-row group, in L2):
  * each token group then reads its activations for them in one pass, and its sums stay
- * in registers. Stack: two groups' planes, 384 KB (worker threads have 4 MB). */
+ * in registers. Stack: two groups' planes, 256 KB (worker threads have 4 MB). */
 #define QA_KB 16
-#define QA_PLANES 3 /* plane slots a super-block takes in the buffer (Q4_K, Q5_K use 2) */
+#define QA_PLANES 2 /* planes a super-block takes in the buffer */
 #define QA_GROUP_B ((size_t)QA_KB * QA_PLANES * 4096) /* one 16-row group's planes */
 
 /* Super-blocks [b0, b0 + kb) of R (1 or 2) 16-row groups (g: the first's group-blocks,
@@ -275,8 +236,7 @@ QA_INLINE void qa_cols(const int kind, const int R, const uint8_t *g, size_t gs,
                        int64_t b0, int kb, const uint8_t *x, size_t xs, const int mt, float *out,
                        size_t os, __mmask16 keep) {
     const size_t gblk = qa_gblk(kind), xb = sizeof(blk_q8_k);
-    const int np = kind == QA_Q6K ? 3 : 2;
-    int32_t C[2][6][16][16] __attribute__((aligned(64)));
+    int32_t C[2][2 * QA_PLANES][16][16] __attribute__((aligned(64)));
     __m512 acc[2][16];
     QA_UNROLL for (int h = 0; h < R; h++) {
         __mmask16 m = h == R - 1 ? keep : (__mmask16)0xFFFF;
@@ -284,7 +244,7 @@ QA_INLINE void qa_cols(const int kind, const int R, const uint8_t *g, size_t gs,
             acc[h][c] = b0 == 0 || c >= mt ? _mm512_setzero_ps()
                                            : _mm512_maskz_loadu_ps(m, out + (size_t)c * os + 16 * h);
     }
-    amx_config(R == 2 ? AMX_CFG_PAIR : AMX_CFG_WIDE, mt);
+    amx_config(AMX_CFG_WIDE, mt);
     for (int b = -1; b < kb; b++) {
         if (b + 1 < kb) {
             const uint8_t *Bb = B + (size_t)(b + 1) * QA_PLANES * 4096, *xn = x + (size_t)(b0 + b + 1) * xb;
@@ -293,7 +253,7 @@ QA_INLINE void qa_cols(const int kind, const int R, const uint8_t *g, size_t gs,
         }
         if (b < 0) continue;
         QA_UNROLL for (int h = 0; h < R; h++)
-            qa_finish(kind, g + h * gs + (size_t)(b0 + b) * gblk, C[b & 1] + np * h,
+            qa_finish(kind, g + h * gs + (size_t)(b0 + b) * gblk, C[b & 1] + QA_PLANES * h,
                       x + (size_t)(b0 + b) * xb, xs, mt, acc[h]);
     }
     QA_UNROLL for (int h = 0; h < R; h++) {

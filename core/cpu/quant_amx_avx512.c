@@ -56,9 +56,8 @@ void amx_config(int layout, int mt) {
             c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
         }
     } else {
-        int ntok = layout == AMX_CFG_PAIR ? 7 : 5; /* tiles of mt rows; the rest are B */
-        for (int t = 0; t < ntok; t++) c.rows[t] = (uint8_t)mt, c.colsb[t] = 64;
-        for (int t = ntok; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+        for (int t = 0; t < 5; t++) c.rows[t] = (uint8_t)mt, c.colsb[t] = 64; /* C, A */
+        for (int t = 5; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;           /* B */
     }
     /* the whole struct as operand: with gcc 12's _tile_loadconfig the stores to rows
      * and colsb were dropped (it did not see the 64 bytes read) */
