@@ -42,10 +42,13 @@
 
 #define QA_INLINE static inline __attribute__((always_inline))
 #define QA_UNROLL _Pragma("GCC unroll 16")
-/* Tokens from which the tiles pay for building B (fewer: the AVX-512 kernels), measured
- * in cache on an AMX Xeon: Q6_K's planes cost twice Q4_K's to build. */
-#define QA_MIN_NC_K45 6
-#define QA_MIN_NC_Q6K 12
+/* Tokens from which the tiles pay for building B (fewer: the AVX-512 kernels, which
+ * build nothing), measured in decode steps of the 1B shapes on an AMX Xeon: from 8 to 16
+ * streams, Q4_K_M ran 123 / 136 / 135 / 147 tok/s with this at 13 against 100 / 123 /
+ * 135 / 147 at the 6 (Q4_K, Q5_K) and 12 (Q6_K) measured before in cache; Q6_K's 12
+ * streams 116 on AVX-512 against 107 on tiles, 14 streams 121 on tiles against 117.
+ * In cache the tiles win from fewer tokens: there the builders read no memory. */
+#define QA_MIN_NC 13
 
 enum { QA_Q4K, QA_Q5K, QA_Q6K };
 
@@ -390,18 +393,18 @@ void qp_q50_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, 
 
 void qp_q4k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os) {
-    if (nc < QA_MIN_NC_K45) qp_q4k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    if (nc < QA_MIN_NC) qp_q4k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
     else qa_tile(QA_Q4K, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 void qp_q5k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os) {
-    if (nc < QA_MIN_NC_K45) qp_q5k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    if (nc < QA_MIN_NC) qp_q5k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
     else qa_tile(QA_Q5K, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 void qp_q6k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os) {
-    if (nc < QA_MIN_NC_Q6K) qp_q6k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
+    if (nc < QA_MIN_NC) qp_q6k_tile_avx512(n, wp, r0, nr, xq, xs, nc, out, os);
     else qa_tile(QA_Q6K, n, wp, r0, nr, xq, xs, nc, out, os);
 }
