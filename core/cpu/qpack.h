@@ -151,9 +151,10 @@ void qp_q5k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
                         int nc, float *out, size_t os);
 void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
-/* AMX-INT8 tiles for Q8_0, Q4_0, Q5_0 and the K-quants (qpack_amx_avx512.c), the reference's bits as every
- * kernel here: for steps of a few tokens or more (fewer: the AVX-512 kernels). Only
- * called where the CPU has AMX and the kernel allows it (isa.h). */
+/* AMX-INT8 tiles for Q8_0, Q4_0, Q5_0 and the K-quants (qpack_amx_avx512.c), the
+ * reference's bits as every kernel here: for steps of 13 tokens or more (the K-quants;
+ * 25 for the 32-element types), fewer go to the AVX-512 kernels. Only called where the
+ * CPU has AMX and the kernel allows it (isa.h). */
 void qp_q80_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os);
 void qp_q40_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,

@@ -368,8 +368,11 @@ QA_INLINE void qb_tile(const int kind, int64_t n, const void *wp, int r0, int nr
     }
 }
 
-/* Tokens from which building B pays (fewer: the AVX-512 kernels). */
-#define QB_MIN_NC 4
+/* Tokens from which building B pays (fewer: the AVX-512 kernels), measured as QA_MIN_NC
+ * in decode steps of the 1B shapes: at 4 to 24 streams the AVX-512 kernels ran Q4_0 87 /
+ * 129 / 139 / 151 / 159 tok/s (4, 8, 12, 20, 24) against the tiles' 65 / 102 / 125 / 142 /
+ * 156, Q8_0 61 / 93 / 105 / 128 / 140 against 44 / 76 / 94 / 121 / 135; alike at 16 and 32. */
+#define QB_MIN_NC 25
 
 void qp_q80_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os) {

@@ -87,7 +87,7 @@ static void test_bytes(void) {
 /* One shape: NR rows packed, every (r0, nr) range and column count against the
  * reference at the current level, and the reference against quant_dot_ref. */
 static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_rowmajor) {
-    enum { NC = 19, PAD = 4 };
+    enum { NC = 35, PAD = 4 }; /* past the AMX tiles' thresholds (13, 25 tokens) by a partial group */
     uint32_t dt = quant_traits_of(T)->dot_type;
     const char *tn = quant_traits_of(T)->name;
     size_t rs = quant_row_size(T, n), xs = quant_row_size(dt, n);
@@ -105,7 +105,7 @@ static void test_shape(uint32_t T, int64_t n, int NR, int level, int against_row
      * is the reference, checks that on every sub-tile) */
     qp_tile_ref(T, n, p, 0, NR, x, xs, NC, full, (size_t)NR);
     int r0s[] = {0, 16, 32};
-    int ncs[] = {1, 2, 3, 7, 8, 9, 16, 17, NC};
+    int ncs[] = {1, 2, 3, 7, 8, 9, 13, 16, 17, 25, 32, NC};
     for (size_t ri = 0; ri < sizeof r0s / sizeof r0s[0]; ri++) {
         int r0 = r0s[ri];
         if (r0 >= NR) continue;
