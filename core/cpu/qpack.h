@@ -74,7 +74,7 @@
  * operations whatever the tile shape, its place in it, or the batch: batch invariant.
  *
  * Why F16 and BF16 stay on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06
- * evening): vdpbf16ps gives the bits of two fmaf in a row (odd element first), so it
+ * late night): vdpbf16ps gives the bits of two fmaf in a row (odd element first), so it
  * could have a C mirror, but it issues at a quarter of vfmadd231ps's rate there, half
  * the products per cycle; AMX-BF16's tdpbf16ps is fast, but its sums match no sequence
  * of f32 roundings (not per element, per pair, by tree, nor exact and rounded once), so

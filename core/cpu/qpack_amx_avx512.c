@@ -43,11 +43,12 @@
 #define QA_INLINE static inline __attribute__((always_inline))
 #define QA_UNROLL _Pragma("GCC unroll 16")
 /* Tokens from which the tiles pay for building B (fewer: the AVX-512 kernels, which
- * build nothing), measured in decode steps of the 1B shapes on an AMX Xeon: from 8 to 16
- * streams, Q4_K_M ran 123 / 136 / 135 / 147 tok/s with this at 13 against 100 / 123 /
- * 135 / 147 at the 6 (Q4_K, Q5_K) and 12 (Q6_K) measured before in cache; Q6_K's 12
- * streams 116 on AVX-512 against 107 on tiles, 14 streams 121 on tiles against 117.
- * In cache the tiles win from fewer tokens: there the builders read no memory. */
+ * build nothing), measured in decode steps of the 1B shapes on an AMX Xeon: at 8 / 12 /
+ * 16 streams Q4_K_M ran 121 / 132 / 146 tok/s with this at 13 against 99 / 123 / 147 at
+ * the 6 (Q4_K, Q5_K) and 12 (Q6_K) measured before in cache, Q5_K_M 115 / 127 / 142
+ * against 93 / 115 / 143; Q6_K at 12 streams 116 on AVX-512 against 107 on the tiles, at
+ * 14 streams 121 on the tiles against 117. In cache the tiles win from fewer tokens:
+ * there the builders read no memory. */
 #define QA_MIN_NC 13
 
 enum { QA_Q4K, QA_Q5K, QA_Q6K };
