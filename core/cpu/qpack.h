@@ -76,13 +76,12 @@
  * Why F16 and BF16 are on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06):
  * vdpbf16ps gives the bits of two fmaf in a row (odd element first), but issues at a
  * quarter of vfmadd231ps's rate there, half the products per cycle. AMX-BF16's tdpbf16ps
- * has a C mirror after all (per output: the even and the odd products each summed by
- * fmaf from 0 over the instruction's 16 pairs, then C + (even + odd), denormals in and
- * out flushed: no differing bit in millions of random outputs), but taking it means
- * another arithmetic: activations split exactly into three bf16 limbs and F16 weights
- * into two, six tile products per 32 elements, so other bits than these FMAs give on a
- * machine without it. A prototype ran a 2048 x 2048 F16 prompt matmul 1.6x faster than
- * the f32 tile; not built yet. */
+ * has a C mirror (per output: the even and the odd products each summed by fmaf from 0
+ * over the instruction's 16 pairs, then C + (even + odd), denormals in and out flushed;
+ * tests/bench/tdpbf16ps.c), so F16/BF16 could take it with an exact-limb arithmetic of
+ * their own (activations in three bf16 limbs, F16 weights in two, six tile products per
+ * 32 elements). Built and measured, that took the 1B F16 prefill +28% but decode -26%:
+ * a step of a few tokens must give the same bits, six FMAs per weight instead of one. */
 #ifndef KILN_QPACK_H
 #define KILN_QPACK_H
 
