@@ -33,6 +33,12 @@ int isa_amx(void);
 int isa_amx_max(void);
 int isa_set_amx(int use);
 
+/* 1 where the AVX-512 level's BF16 kernel takes vdpbf16ps (by default where the CPU has
+ * AVX512_BF16 and issues it as fast as an FMA: AMD), 0 where it takes FMAs; the same
+ * bits (qpack.h). A set (tests) turns it on only where the CPU has the instruction. */
+int isa_dpbf16(void);
+int isa_set_dpbf16(int use);
+
 /* The dispatch slots: the three levels, then AVX-512 with AMX for Q4_1 and for all.
  * A family without AMX kernels puts its AVX-512 entry in the AMX slots too. */
 enum isa_slot { ISA_SLOT_AMX_Q4_1 = ISA_AVX512 + 1, ISA_SLOT_AMX_ALL, ISA_SLOTS };

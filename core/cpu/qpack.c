@@ -94,9 +94,20 @@ static void pack_q50(uint8_t *gb, int lane, const uint8_t *blk) {
     }
 }
 
-/* F16 / BF16: 16-bit values as they are, the 16 rows side by side per element. */
+/* F16: 16-bit values as they are, the 16 rows side by side per element. */
 static void pack_h16(uint8_t *gb, int lane, const uint8_t *blk) {
     for (int k = 0; k < QP_H16_BLOCK; k++) memcpy(gb + 2 * QP_ROWS * k + 2 * lane, blk + 2 * k, 2);
+}
+
+/* BF16: the 16 rows side by side per pair of elements (a dword each), magnitudes under
+ * QP_BF16_FLOOR to zero (qpack.h). */
+static void pack_bf16(uint8_t *gb, int lane, const uint8_t *blk) {
+    for (int k = 0; k < QP_H16_BLOCK; k++) {
+        uint16_t h;
+        memcpy(&h, blk + 2 * k, 2);
+        if ((h & 0x7fff) < QP_BF16_FLOOR) h &= 0x8000;
+        memcpy(gb + 4 * QP_ROWS * (k / 2) + 4 * lane + 2 * (k & 1), &h, 2);
+    }
 }
 
 static void pack_k45(const int q5, uint8_t *gb, int lane, const uint8_t *blk) {
@@ -255,25 +266,31 @@ static float q50_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
     return q450_pair_ref(1, nb, g, lane, xr);
 }
 
-/* F16 / BF16 against f32 activations: four partial sums by element index mod 4,
- * added pairwise at the end (four FMA chains, so one column is not one latency-bound
- * chain). */
-static float h16_pair(const int bf, int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
+/* F16 against f32 activations: four partial sums by element index mod 4, added
+ * pairwise at the end (four FMA chains, so one column is not one latency-bound chain). */
+static float f16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
     const float *x = (const float *)xr;
     float s[4] = {0, 0, 0, 0};
     for (int64_t k = 0; k < nb * QP_H16_BLOCK; k++) {
         uint16_t h;
         memcpy(&h, g + k / QP_H16_BLOCK * QP_H16_GBLK + 2 * QP_ROWS * (k % QP_H16_BLOCK) + 2 * lane, 2);
-        float w = bf ? quant_bf16_to_f32(h) : quant_f16_to_f32(h);
-        s[k % 4] = fmaf(w, x[k], s[k % 4]);
+        s[k % 4] = fmaf(quant_f16_to_f32(h), x[k], s[k % 4]);
     }
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
-static float f16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
-    return h16_pair(0, nb, g, lane, xr);
-}
+
+/* BF16 against BF16 activations: four partial sums by pair index mod 4, each pair
+ * the odd element's product first (vdpbf16ps's order); every product is exact. */
 static float bf16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t *xr) {
-    return h16_pair(1, nb, g, lane, xr);
+    const uint16_t *x = (const uint16_t *)xr;
+    float s[4] = {0, 0, 0, 0};
+    for (int64_t p = 0; p < nb * QP_H16_BLOCK / 2; p++) {
+        uint16_t h[2];
+        memcpy(h, g + p / 16 * QP_H16_GBLK + 4 * QP_ROWS * (p % 16) + 4 * lane, 4);
+        for (int e = 1; e >= 0; e--)
+            s[p % 4] = fmaf(quant_bf16_to_f32(h[e]), quant_bf16_to_f32(x[2 * p + e]), s[p % 4]);
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 /* K-quants against Q8_K: per super-block, the exact int32 sums of sub-block scale
@@ -349,7 +366,7 @@ static const qp_fmt fmts[] = {
     {2 * QK4, QP_Q50_GBLK, QP_MAX_N, pack_q50, q50_pair_ref},
     {QK4, QP_Q51_GBLK, 0, pack_q51, q51_pair_ref},
     {QP_H16_BLOCK, QP_H16_GBLK, 0, pack_h16, f16_pair_ref},
-    {QP_H16_BLOCK, QP_H16_GBLK, 0, pack_h16, bf16_pair_ref},
+    {QP_H16_BLOCK, QP_H16_GBLK, 0, pack_bf16, bf16_pair_ref},
     {QKK, QP_Q4K_GBLK, 0, pack_q4k, q4k_pair_ref},
     {QKK, QP_Q5K_GBLK, 0, pack_q5k, q5k_pair_ref},
     {QKK, QP_Q6K_GBLK, 0, pack_q6k, q6k_pair_ref},

@@ -37,8 +37,11 @@
  * Q5_0, 704 bytes per group-block of two GGUF blocks (22 per row and block):
  *   d[2][16],  h5[2][16][4] (as Q5_1's, per block),  q[2][4][16][4] (as Q4_0's); the
  *   kernels take 16 * (the activation block's sum) back off.
- * F16, BF16, 1024 bytes per group-block of 32 elements: w[32][16], element k of row r
+ * F16, 1024 bytes per group-block of 32 elements: w[32][16], element k of row r
  *   (2 bytes each, as in GGUF): one load and conversion serves 16 rows.
+ * BF16, 1024 bytes per group-block of 32 elements: w[16][16][2], pair p, row r: the
+ *   row's elements 2p, 2p + 1 (a dword per row, vdpbf16ps's operand); magnitudes under
+ *   2^-48 (QP_BF16_FLOOR) stored as zero.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
@@ -68,20 +71,32 @@
  *         acc = fmaf((float)sumq, d_w * d_x, acc); acc = fmaf(-(float)summ, dmin_w * d_x, acc)
  *   Q6_K: sumq = sum_j sc_j * (sum of sub-block j's products u * q_x - 32 * bsums[j])
  *         acc = fmaf((float)sumq, d_w * d_x, acc)
- * and for F16 and BF16, with f32 activations x, four partial sums by element index
+ * and for F16, with f32 activations x, four partial sums by element index
  *   s[k % 4] = fmaf(w_k, x_k, s[k % 4]) for k in order; dot = (s0 + s1) + (s2 + s3)
+ * and for BF16, with BF16 activations x (quant.h: rounded to nearest even, magnitudes
+ * under 2^-48 to zero), four partial sums by pair index, the odd element first
+ *   s[p % 4] = fmaf(w_2p+1, x_2p+1, s[p % 4]); s[p % 4] = fmaf(w_2p, x_2p, s[p % 4])
+ *   for p in order; dot = (s0 + s1) + (s2 + s3)
  * from acc = 0, blocks in order. Every (row, column) pair goes through exactly these
  * operations whatever the tile shape, its place in it, or the batch: batch invariant.
  *
- * Why F16 and BF16 are on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06):
- * vdpbf16ps gives the bits of two fmaf in a row (odd element first), but issues at a
- * quarter of vfmadd231ps's rate there, half the products per cycle. AMX-BF16's tdpbf16ps
+ * BF16 is vdpbf16ps's arithmetic: it does two of those fmaf per lane, odd element first,
+ * with denormal inputs and results flushed to zero (so on the Intel and AMD parts
+ * measured; test_qpack holds the vdpbf16ps kernel to the reference wherever it runs). The floor keeps the flushing
+ * from ever acting: a product of two bf16 at or over 2^-48 is exact in f32 and a
+ * multiple of 2^-110, and so is every rounded sum of them, never under 2^-126. So plain
+ * FMAs give vdpbf16ps's bits, and each CPU runs whichever is faster: vdpbf16ps where it
+ * issues as fast as an FMA (AMD Zen 4/5: twice the products per instruction), FMAs on
+ * Intel (there it issues at a quarter of vfmadd231ps's rate) and at AVX2.
+ *
+ * Why F16 is on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06): an F16
+ * weight is no bf16, so a bf16 product would need it in two limbs. AMX-BF16's tdpbf16ps
  * has a C mirror (per output: the even and the odd products each summed by fmaf from 0
  * over the instruction's 16 pairs, then C + (even + odd), denormals in and out flushed;
- * tests/bench/tdpbf16ps.c), so F16/BF16 could take it with an exact-limb arithmetic of
- * their own (activations in three bf16 limbs, F16 weights in two, six tile products per
- * 32 elements). Built and measured, that took the 1B F16 prefill +28% but decode -26%:
- * a step of a few tokens must give the same bits, six FMAs per weight instead of one. */
+ * tests/bench/tdpbf16ps.c), so F16 could take it with an exact-limb arithmetic of its
+ * own (activations in three bf16 limbs, weights in two, six tile products per 32
+ * elements). Built and measured, that took the 1B F16 prefill +28% but decode -26%: a
+ * step of a few tokens must give the same bits, six FMAs per weight instead of one. */
 #ifndef KILN_QPACK_H
 #define KILN_QPACK_H
 
@@ -98,6 +113,7 @@
 #define QP_Q51_GBLK 384
 #define QP_H16_BLOCK 32
 #define QP_H16_GBLK 1024
+#define QP_BF16_FLOOR 0x2780 /* 2^-48 as bf16: smaller magnitudes are packed as zero */
 #define QP_Q4K_GBLK 2368
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192
@@ -126,7 +142,7 @@ size_t qp_bytes(uint32_t type, int64_t n, int nr);
 void qp_pack(uint32_t type, int64_t n, const void *w, size_t ws, int nr, void *dst);
 /* out[c*os + r] = dot(row r0 + r, xq + c*xs) for r < nr and c < nc, where r0 is a
  * multiple of QP_ROWS and xq holds rows of the type's dot type (Q8_1 for Q4_1, Q8_0
- * for Q8_0, Q8_K for the K-quants, F32 for F16 and BF16). Runs the fastest kernel of the current SIMD level (the reference where
+ * for Q8_0, Q8_K for the K-quants, F32 for F16, BF16 for BF16). Runs the fastest kernel of the current SIMD level (the reference where
  * none has one); all give the reference's bits. */
 void qp_tile(uint32_t type, int64_t n, const void *wp, int r0, int nr, const void *xq,
              size_t xs, int nc, float *out, size_t os);
@@ -147,6 +163,12 @@ void qp_q51_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 void qp_f16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);
 void qp_bf16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os);
+/* qp_bf16_tile_avx512 runs one of these by isa_dpbf16(): FMAs, or vdpbf16ps (only
+ * where the CPU has AVX512_BF16); the same bits. */
+void qp_bf16_tile_fma512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os);
+void qp_bf16_tile_dpbf16(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                          int nc, float *out, size_t os);
 void qp_q4k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os);

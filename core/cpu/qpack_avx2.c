@@ -351,26 +351,44 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 #define QH2_MAXC 2 /* columns per pass: 2 x 4 partial sums, of 16 registers */
 
-QP2_INLINE __m256 h16_load2(const int bf, const uint8_t *p) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
-}
-
+/* Rows r.. (8 of a group, whose offset in it g already holds) of C columns: per element
+ * (F16) or pair (BF16, the odd element first) into four partial sums, qpack.h's order. */
 QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
                           const uint8_t *x, size_t xs, float *out, size_t os) {
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
     for (int r = 0; r < nr; r += 8) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK + 16 * ((r / 8) % 2);
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK + (bf ? 32 : 16) * ((r / 8) % 2);
         __m256 s[QH2_MAXC][4];
         QP2_UNROLL for (int c = 0; c < C; c++)
             QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
-                if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
-                __m256 w = h16_load2(bf, gb + 2 * QP_ROWS * k);
+            if (!bf) {
+                _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
+                    if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
+                    __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 2 * QP_ROWS * k)));
+                    QP2_UNROLL for (int c = 0; c < C; c++) {
+                        const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
+                        s[c][k % 4] = _mm256_fmadd_ps(w, _mm256_set1_ps(xc[k]), s[c][k % 4]);
+                    }
+                }
+                continue;
+            }
+            float xf[QH2_MAXC][QP_H16_BLOCK] __attribute__((aligned(32)));
+            QP2_UNROLL for (int c = 0; c < C; c++) /* the block's activations widened once */
+                QP2_UNROLL for (int h = 0; h < 4; h++) {
+                    const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * h;
+                    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)xc));
+                    _mm256_store_si256((__m256i *)(xf[c] + 8 * h), _mm256_slli_epi32(v, 16));
+                }
+            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
+                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 4 * QP_ROWS * p));
+                __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                 QP2_UNROLL for (int c = 0; c < C; c++) {
-                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
-                    s[c][k % 4] = _mm256_fmadd_ps(w, _mm256_set1_ps(xc[k]), s[c][k % 4]);
+                    s[c][p % 4] = _mm256_fmadd_ps(wo, _mm256_set1_ps(xf[c][2 * p + 1]), s[c][p % 4]);
+                    s[c][p % 4] = _mm256_fmadd_ps(we, _mm256_set1_ps(xf[c][2 * p]), s[c][p % 4]);
                 }
             }
         }

@@ -1,5 +1,5 @@
 /* qpack_avx512: the packed Q4_1/Q5_1 x Q8_1, Q8_0/Q4_0/Q5_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
- * (and Q5_K) with AVX-512 VNNI (layouts
+ * (and Q5_K) with AVX-512 VNNI, F16 x F32 and BF16 x BF16 (FMAs, or vdpbf16ps) (layouts
  * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
  * activation bytes of it, broadcast, is one vpdpbusd for all 16 rows (for Q4_1 its low
@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/qpack.h"
 #include "core/cpu/qpack_x86.h"
 #include "core/cpu/quant_kern.h"
@@ -349,18 +350,23 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
     qk_tile(0, 1, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
-/* ---------------------------------------------------------------- F16, BF16 */
+/* ---------------------------------------------------------------- F16 */
 
 #define QH_MAXC 7 /* columns per pass: 7 x 4 partial sums in registers */
 
-/* Element k's 16 rows as f32 (bf: BF16, else F16). */
-QP_INLINE __m512 h16_load(const int bf, const uint8_t *p) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+/* The four partial sums of C columns' 16 rows, (s0 + s1) + (s2 + s3), the first
+ * `left` rows stored. */
+QP_INLINE void h16_store(const int C, __m512 s[][4], int left, float *out, size_t os) {
+    __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    QP_UNROLL for (int c = 0; c < C; c++) {
+        __m512 v = _mm512_add_ps(_mm512_add_ps(s[c][0], s[c][1]), _mm512_add_ps(s[c][2], s[c][3]));
+        _mm512_mask_storeu_ps(out + c * os, keep, v);
+    }
 }
 
-QP_INLINE void h16_pass(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
-                        const uint8_t *x, size_t xs, float *out, size_t os) {
+
+QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const uint8_t *x,
+                        size_t xs, float *out, size_t os) {
     for (int r = 0; r < nr; r += QP_ROWS) {
         const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
         __m512 s[QH_MAXC][4];
@@ -370,46 +376,114 @@ QP_INLINE void h16_pass(const int bf, const int C, int64_t nb, const uint8_t *wp
             const uint8_t *gb = g + b * QP_H16_GBLK;
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
                 if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
-                __m512 w = h16_load(bf, gb + 2 * QP_ROWS * k);
+                __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 2 * QP_ROWS * k)));
                 QP_UNROLL for (int c = 0; c < C; c++) {
                     const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
                     s[c][k % 4] = _mm512_fmadd_ps(w, _mm512_set1_ps(xc[k]), s[c][k % 4]);
                 }
             }
         }
-        int left = nr - r;
-        __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        QP_UNROLL for (int c = 0; c < C; c++) {
-            __m512 v = _mm512_add_ps(_mm512_add_ps(s[c][0], s[c][1]), _mm512_add_ps(s[c][2], s[c][3]));
-            _mm512_mask_storeu_ps(out + c * os + r, keep, v);
-        }
+        h16_store(C, s, nr - r, out + r, os);
     }
 }
 
-QP_INLINE void h16_tile(const int bf, int64_t n, const void *wp, int r0, int nr, const void *xq,
-                        size_t xs, int nc, float *out, size_t os) {
-    const int64_t nb = n / QP_H16_BLOCK;
-    const uint8_t *X = xq;
-    int c = 0;
-    for (; c + QH_MAXC <= nc; c += QH_MAXC)
-        h16_pass(bf, QH_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
-    X += c * xs, out += c * os;
-    switch (nc - c) {
-    case 6: h16_pass(bf, 6, nb, wp, r0, nr, X, xs, out, os); break;
-    case 5: h16_pass(bf, 5, nb, wp, r0, nr, X, xs, out, os); break;
-    case 4: h16_pass(bf, 4, nb, wp, r0, nr, X, xs, out, os); break;
-    case 3: h16_pass(bf, 3, nb, wp, r0, nr, X, xs, out, os); break;
-    case 2: h16_pass(bf, 2, nb, wp, r0, nr, X, xs, out, os); break;
-    case 1: h16_pass(bf, 1, nb, wp, r0, nr, X, xs, out, os); break;
+/* ---------------------------------------------------------------- BF16 */
+
+/* BF16 with FMAs: per block, the pass's activations widened to f32 on the stack once
+ * (then each is a broadcast from memory), per pair the odd then the even element. */
+QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                             const uint8_t *x, size_t xs, float *out, size_t os) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
+        __m512 s[QH_MAXC][4];
+        QP_UNROLL for (int c = 0; c < C; c++)
+            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gb = g + b * QP_H16_GBLK;
+            float xf[QH_MAXC][QP_H16_BLOCK] __attribute__((aligned(64)));
+            QP_UNROLL for (int c = 0; c < C; c++) {
+                const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK;
+                QP_UNROLL for (int h = 0; h < 2; h++)
+                    _mm512_store_si512((void *)(xf[c] + 16 * h),
+                                       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xc + 32 * h))), 16));
+            }
+            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
+                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                __m512i v = _mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                QP_UNROLL for (int c = 0; c < C; c++) {
+                    s[c][p % 4] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xf[c][2 * p + 1]), s[c][p % 4]);
+                    s[c][p % 4] = _mm512_fmadd_ps(we, _mm512_set1_ps(xf[c][2 * p]), s[c][p % 4]);
+                }
+            }
+        }
+        h16_store(C, s, nr - r, out + r, os);
     }
 }
+
+/* BF16 with vdpbf16ps: a pair of 16 rows against a column's pair, one instruction. */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+bf16_pass_dp(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const uint8_t *x, size_t xs,
+             float *out, size_t os) {
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
+        __m512 s[QH_MAXC][4];
+        QP_UNROLL for (int c = 0; c < C; c++)
+            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *gb = g + b * QP_H16_GBLK;
+            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
+                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                __m512bh v = (__m512bh)_mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
+                QP_UNROLL for (int c = 0; c < C; c++) {
+                    const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 4 * p;
+                    s[c][p % 4] = _mm512_dpbf16_ps(s[c][p % 4], v, (__m512bh)qp_bcast(xc));
+                }
+            }
+        }
+        h16_store(C, s, nr - r, out + r, os);
+    }
+}
+
+/* Passes of QH_MAXC columns, then one of the rest: each pass a constant width (a
+ * macro, not a function: vdpbf16ps's pass may only inline into a function built for it). */
+#define QH_TILE(pass)                                                           \
+    do {                                                                        \
+        const int64_t nb = n / QP_H16_BLOCK;                                    \
+        const uint8_t *X = xq;                                                  \
+        int c = 0;                                                              \
+        for (; c + QH_MAXC <= nc; c += QH_MAXC)                                 \
+            pass(QH_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);    \
+        X += c * xs, out += c * os;                                             \
+        switch (nc - c) {                                                       \
+        case 6: pass(6, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        case 5: pass(5, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        case 4: pass(4, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        case 3: pass(3, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        case 2: pass(2, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        case 1: pass(1, nb, wp, r0, nr, X, xs, out, os); break;                 \
+        }                                                                       \
+    } while (0)
 
 void qp_f16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                         int nc, float *out, size_t os) {
-    h16_tile(0, n, wp, r0, nr, xq, xs, nc, out, os);
+    QH_TILE(h16_pass);
+}
+
+void qp_bf16_tile_fma512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                         int nc, float *out, size_t os) {
+    QH_TILE(bf16_pass_fma);
+}
+
+__attribute__((target("avx512bf16"))) void qp_bf16_tile_dpbf16(int64_t n, const void *wp, int r0, int nr,
+                                                             const void *xq, size_t xs, int nc,
+                                                             float *out, size_t os) {
+    QH_TILE(bf16_pass_dp);
 }
 
 void qp_bf16_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                          int nc, float *out, size_t os) {
-    h16_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
+    (isa_dpbf16() ? qp_bf16_tile_dpbf16 : qp_bf16_tile_fma512)(n, wp, r0, nr, xq, xs, nc, out, os);
 }

@@ -27,7 +27,7 @@ _Static_assert(QT_F32 == 0 && QT_F16 == 1 && QT_Q4_0 == 2 && QT_Q4_1 == 3 && QT_
 static const quant_traits traits[QT_COUNT] = {
     [QT_F32]  = {"F32", 1, 4, QT_F32},
     [QT_F16]  = {"F16", 1, 2, QT_F32},
-    [QT_BF16] = {"BF16", 1, 2, QT_F32},
+    [QT_BF16] = {"BF16", 1, 2, QT_BF16}, /* bf16 products are exact: qpack.h */
     [QT_Q4_0] = {"Q4_0", QK4, sizeof(blk_q4_0), QT_Q8_0},
     [QT_Q4_1] = {"Q4_1", QK4, sizeof(blk_q4_1), QT_Q8_1},
     [QT_Q5_0] = {"Q5_0", QK4, sizeof(blk_q5_0), QT_Q8_0},
@@ -242,9 +242,13 @@ static void q_f16(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
     for (int64_t i = 0; i < n; i++) d[i] = F2H(src[i]);
 }
+/* Magnitudes under 2^-48 become zero: as BF16's dot type that keeps every product and
+ * sum of the dot clear of the denormals, which vdpbf16ps flushes and an FMA does not
+ * (qpack.h); as weights, nothing a model holds. */
 static void q_bf16(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = quant_f32_to_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = fabsf(src[i]) < 0x1p-48f ? (uint16_t)(signbit(src[i]) ? 0x8000 : 0) : quant_f32_to_bf16(src[i]);
 }
 /* Q8_0 / Q8_1: d = amax/127, q = round(x/d). Q8_1 also stores s = d*sum(q). */
 static void q_q8_0(const float *src, void *dst, int64_t n) {
@@ -455,10 +459,9 @@ static float dot_f16(int64_t n, const void *w, const void *xq) {
     return s;
 }
 static float dot_bf16(int64_t n, const void *w, const void *xq) {
-    const uint16_t *a = w;
-    const float *x = xq;
+    const uint16_t *a = w, *x = xq;
     float s = 0;
-    for (int64_t i = 0; i < n; i++) s += quant_bf16_to_f32(a[i]) * x[i];
+    for (int64_t i = 0; i < n; i++) s += quant_bf16_to_f32(a[i]) * quant_bf16_to_f32(x[i]);
     return s;
 }
 /* sum_b d_w*d_x * sum_j (q_w - 8) * q_x */

@@ -2,7 +2,7 @@
  *
  * Each type has a plain C reference (quant_*_ref) and SIMD paths chosen at run time
  * (AVX2, AVX-512/VNNI; scalar fallback). A weight row of type T is dotted against an
- * activation row already quantized to T's "dot type" (Q8_0, Q8_1, Q8_K or F32), the
+ * activation row already quantized to T's "dot type" (Q8_0, Q8_1, Q8_K, BF16 or F32), the
  * integer-dot scheme that keeps decode memory-bound rather than compute-bound. */
 #ifndef KILN_QUANT_H
 #define KILN_QUANT_H
@@ -31,7 +31,7 @@ size_t quant_row_size(uint32_t type, int64_t n);
 
 /* Dispatched to the SIMD level in force (core/cpu/isa.h). n is a multiple of the type's block. */
 void quant_dequant(uint32_t type, const void *src, float *dst, int64_t n);
-/* Quantize an f32 row to a dot type (Q8_0, Q8_1, Q8_K, F32 is a copy). */
+/* Quantize an f32 row to a dot type (Q8_0, Q8_1, Q8_K, BF16; F32 is a copy). */
 void quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 /* dot(w, x) where w is a row of `type` and xq a row of quant_traits_of(type)->dot_type. */
 float quant_dot(uint32_t type, int64_t n, const void *w, const void *xq);

@@ -281,6 +281,27 @@ static void qx_quant_f16(const float *src, void *dst, int64_t n) {
     for (; i < n; i++) d[i] = quant_f32_to_f16(src[i]);
 }
 
+/* quant.c's q_bf16 eight at a time: magnitudes under 2^-48 to a signed zero, NaN made
+ * quiet, the rest rounded to nearest even in integers. */
+static void qx_quant_bf16(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(0x27800000);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000), one = _mm256_set1_epi32(1);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(src + i)), a = _mm256_and_si256(x, abs);
+        __m256i tiny = _mm256_cmpgt_epi32(floor, a), nan = _mm256_cmpgt_epi32(a, inf);
+        __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                         _mm256_and_si256(_mm256_srli_epi32(x, 16), one)));
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(x, _mm256_set1_epi32(0x400000)), nan);
+        r = _mm256_blendv_epi8(r, _mm256_andnot_si256(abs, x), tiny);
+        r = _mm256_srli_epi32(r, 16); /* 0..0xffff: packus keeps it */
+        __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+        _mm_storeu_si128((__m128i *)(d + i), h);
+    }
+    quant_quantize_ref(QT_BF16, src + i, d + i, n - i);
+}
+
 /* ---------------------------------------------------------------- float dots */
 
 static float qx_dot_f32(int64_t n, const void *w, const void *xq) {
@@ -323,7 +344,20 @@ QX_INLINE __m256 qx_load_bf16(const uint16_t *p) {
         return s;                                                                      \
     }
 QX_DOT_HALF(qx_dot_f16, qx_load_f16, quant_f16_to_f32)
-QX_DOT_HALF(qx_dot_bf16, qx_load_bf16, quant_bf16_to_f32)
+/* BF16 weights against BF16 activations (their dot type). */
+static float qx_dot_bf16(int64_t n, const void *w, const void *xq) {
+    const uint16_t *a = w, *x = xq;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(qx_load_bf16(a + i), qx_load_bf16(x + i), s0);
+        s1 = _mm256_fmadd_ps(qx_load_bf16(a + i + 8), qx_load_bf16(x + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(qx_load_bf16(a + i), qx_load_bf16(x + i), s0);
+    float s = qx_hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += quant_bf16_to_f32(a[i]) * quant_bf16_to_f32(x[i]);
+    return s;
+}
 
 /* ---------------------------------------------------------------- dequant */
 
@@ -464,8 +498,7 @@ static float qx_dot_q6_k(int64_t n, const void *w, const void *xq) {
 static void qx_register(quant_kernels k[QT_COUNT]) {
     k[QT_F32].dot = qx_dot_f32;
     k[QT_F16] = (quant_kernels){qx_dq_f16, qx_quant_f16, qx_dot_f16, NULL, NULL};
-    k[QT_BF16].dequant = qx_dq_bf16;
-    k[QT_BF16].dot = qx_dot_bf16;
+    k[QT_BF16] = (quant_kernels){qx_dq_bf16, qx_quant_bf16, qx_dot_bf16, NULL, NULL};
     k[QT_Q4_0] = (quant_kernels){qx_dq_q4_0, NULL, qx_q4_0_dot, qx_q4_0_rows, qx_q4_0_tile};
     k[QT_Q4_1] = (quant_kernels){qx_dq_q4_1, NULL, qx_q4_1_dot, qx_q4_1_rows, qx_q4_1_tile};
     k[QT_Q5_0] = (quant_kernels){qx_dq_q5_0, NULL, qx_q5_0_dot, qx_q5_0_rows, qx_q5_0_tile};

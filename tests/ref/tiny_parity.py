@@ -31,7 +31,7 @@ Cases, per model and per fixed prompt (id lists, none of them an end-of-generati
            matmul are split between threads, never a dot product, so the two are
            bitwise equal; the logits' max|Δ| is printed).
   q8       kilnd without --exact (activations rounded to Q8_0/Q8_1/Q8_K blocks for the
-           integer dot kernels; the prefill tile kernels run on the prompt, the row
+           integer dot kernels, to bf16 for BF16 weights; the prefill tile kernels run on the prompt, the row
            kernels on each decode step): KL <= Q8_KL_TOL and top-1 of the dumped
            logits equal to the reference's (unless the reference puts kilnd's
            top-1 within Q8_NEAR_TIE of its own).  The generated ids are printed (how many match the
@@ -139,7 +139,7 @@ def compare_ids(ref, prompt, ref_ids, ref_steps, got_ids, eog, near_tie):
 # Activation dot type per weight type (what kilnd's integer kernels quantize to).
 DOT_TYPE = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
             "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
-            "F32": "F32", "F16": "F32", "BF16": "F32"}
+            "F32": "F32", "F16": "F32", "BF16": "BF16"}
 MAT_NAMES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
              "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
 
@@ -156,9 +156,13 @@ def _q8_blocks(x, bs):
 
 def quant_act(x, dot_type):
     """x as a row quantized to dot_type represents it: blocks of 32 (Q8_0/Q8_1, scale
-    stored as f16) or 256 (Q8_K, f32 scale)."""
+    stored as f16) or 256 (Q8_K, f32 scale), or each value as a bf16 (BF16)."""
     if dot_type == "F32":
         return x
+    if dot_type == "BF16":  # to nearest even, magnitudes under 2^-48 to zero (core/cpu/quant.c)
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+        return np.where(np.abs(x) < 2.0 ** -48, np.float32(0), r).astype(np.float32)
     q, d = _q8_blocks(x, 256 if dot_type == "Q8_K" else 32)
     if dot_type != "Q8_K":
         d = d.astype(np.float16).astype(np.float32)

@@ -23,6 +23,18 @@ static float frand(void) { /* [-1, 1) */
     return (float)((rng >> 40) / (double)(1ull << 23)) - 1.0f;
 }
 
+/* BF16 weights and activations at the edges: in some rows and columns the first 8
+ * elements around the 2^-48 floor; in others all of them near 2^-70 or 2^-40, so that
+ * a tiny row meets a tiny column: without the floor their products and sums would be
+ * denormal, which vdpbf16ps flushes and an FMA keeps; and one f32 denormal. */
+static void bf16_edges(float *f, int64_t n, int k) {
+    if (k % 3 == 0)
+        for (int i = 0; i < 8 && i < n; i++) f[i] = ldexpf(f[i] < 0 ? -1.0f : 1.0f, -47 - i % 4) * (1.0f + 0.25f * (float)(i % 3));
+    if (k % 5 == 0 || k % 7 == 0)
+        for (int64_t i = 0; i < n; i++) f[i] = ldexpf(f[i], k % 5 == 0 ? -70 : -40);
+    if (n > 9 && k % 2 == 0) f[9] = 1e-39f;
+}
+
 /* nr rows of n of `type`, each with its own scale and offset (weights of a real layer
  * differ row to row), row-major with stride rs. */
 static void make_rows(uint32_t type, uint8_t *w, size_t rs, int nr, int64_t n) {
@@ -30,6 +42,7 @@ static void make_rows(uint32_t type, uint8_t *w, size_t rs, int nr, int64_t n) {
     for (int r = 0; r < nr; r++) {
         float sc = 0.01f + 0.2f * fabsf(frand()), off = 0.05f * frand();
         for (int64_t i = 0; i < n; i++) f[i] = off + sc * frand();
+        if (type == QT_BF16) bf16_edges(f, n, r);
         quant_quantize_ref(type, f, w + (size_t)r * rs, n);
     }
     free(f);
@@ -57,6 +70,7 @@ static void make_cols(uint32_t dt, uint8_t *x, size_t xs, int nc, int64_t n) {
     for (int c = 0; c < nc; c++) {
         float sc = 0.1f + 3.0f * fabsf(frand());
         for (int64_t i = 0; i < n; i++) f[i] = sc * frand();
+        if (dt == QT_BF16) bf16_edges(f, n, c + 1);
         quant_quantize_ref(dt, f, x + (size_t)c * xs, n);
     }
     free(f);
@@ -223,6 +237,11 @@ int main(void) {
                 test_shape(QT_Q5_1, ns[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_F16, ns[i], nrs[j], level, level == ISA_SCALAR);
                 test_shape(QT_BF16, ns[i], nrs[j], level, level == ISA_SCALAR);
+                if (level == ISA_AVX512) { /* the other of its FMA and vdpbf16ps kernels */
+                    int dp = isa_dpbf16();
+                    if (isa_set_dpbf16(!dp) != dp) test_shape(QT_BF16, ns[i], nrs[j], level, 0);
+                    isa_set_dpbf16(dp);
+                }
                 if (ns[i] % 64 == 0) test_shape(QT_Q4_0, ns[i], nrs[j], level, level == ISA_SCALAR);
                 if (ns[i] % 64 == 0) test_shape(QT_Q5_0, ns[i], nrs[j], level, level == ISA_SCALAR);
             }

@@ -105,7 +105,7 @@ static void test_traits(void) {
     CHECK(quant_traits_of(QT_Q4_1)->dot_type == QT_Q8_1, "q4_1 dot type");
     CHECK(quant_traits_of(QT_Q5_0)->dot_type == QT_Q8_0, "q5_0 dot type");
     CHECK(quant_traits_of(QT_Q6_K)->dot_type == QT_Q8_K, "q6_k dot type");
-    CHECK(quant_traits_of(QT_BF16)->dot_type == QT_F32, "bf16 dot type");
+    CHECK(quant_traits_of(QT_BF16)->dot_type == QT_BF16, "bf16 dot type: bf16 activations");
 }
 
 /* ---------------------------------------------------------------- gguf vectors */
