@@ -187,18 +187,6 @@ QA_INLINE void qa_dots2(const int kind, const uint8_t *B0, const uint8_t *B1, co
     AMX_STORE(3, C[3], 64);
 }
 
-/* summ of qpack.h for one token's Q8_K block against the rows' mins mn[4] (pairs of
- * sub-blocks 2p, 2p + 1 as int16 per row): its sub-block sums as int16 pairs in the
- * same order, each broadcast to a vpdpwssd. */
-QA_INLINE __m512i qa_mins(const blk_q8_k *xb, const __m512i *mn) {
-    const __m128i *bs = (const __m128i *)xb->bsums;
-    __m512i s = _mm512_castsi128_si512(_mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1)));
-    __m512i sm = _mm512_setzero_si512();
-    QA_UNROLL for (int p = 0; p < 4; p++)
-        sm = _mm512_dpwssd_epi32(sm, mn[p], _mm512_permutexvar_epi32(_mm512_set1_epi32(p), s));
-    return sm;
-}
-
 /* The float steps of one super-block (group-block gb) for mt tokens whose plane sums
  * are in C (x: token 0's Q8_K block, stride xs) onto the running sums acc (lane r = row
  * r, one register per token). */
@@ -218,7 +206,7 @@ QA_INLINE void qa_finish(const int kind, const uint8_t *gb, int32_t (*C)[16][16]
         const __m512 dx = _mm512_set1_ps(xb->d);
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq), _mm512_mul_ps(d, dx), acc[c]);
         if (kind != QA_Q6K)
-            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qa_mins(xb, mn)), _mm512_mul_ps(dm, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qp_kmins(xb->bsums, mn)), _mm512_mul_ps(dm, dx), acc[c]);
     }
 }
 

@@ -220,8 +220,7 @@ QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, con
     for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * gbb;
-        __m512i sq[QK_MAXC];
-        for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
+        __m512i sq[QK_MAXC]; /* set by the first pair: zeroing it costs a memset a block */
         QP_UNROLL for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p+1 (high) */
             qp_prefetch_part(gb, gbb, p, 4);
             __m512i w[16];
@@ -244,8 +243,8 @@ QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, con
                     lo = _mm512_dpbusd_epi32(lo, w[k], qp_bcast(q + 4 * k));
                     hi = _mm512_dpbusd_epi32(hi, w[8 + k], qp_bcast(q + 32 + 4 * k));
                 }
-                sq[c] = _mm512_add_epi32(sq[c], _mm512_add_epi32(_mm512_mullo_epi32(lo, s0),
-                                                                 _mm512_mullo_epi32(hi, s1)));
+                __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(lo, s0), _mm512_mullo_epi32(hi, s1));
+                sq[c] = p == 0 ? v : _mm512_add_epi32(sq[c], v);
             }
         }
         __m512i mn[4];
@@ -255,16 +254,31 @@ QP_INLINE void q45k_group(const int q5, int C, int64_t nb, const uint8_t *g, con
         __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
         for (int c = 0; c < C; c++) {
             const blk_q8_k *xb = (const blk_q8_k *)qk_x(x, xs, c, b);
-            __m512i sm = _mm512_setzero_si512();
-            QP_UNROLL for (int p = 0; p < 4; p++) { /* the int16 pair (sums of 2p, 2p+1) */
-                const int16_t *bs = xb->bsums + 4 * p;
-                uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
-                sm = _mm512_dpwssd_epi32(sm, mn[p], _mm512_set1_epi32((int)pair));
-            }
+            __m512i sm = qp_kmins(xb->bsums, mn);
             __m512 dx = _mm512_set1_ps(xb->d);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sq[c]), _mm512_mul_ps(d, dx), acc[c]);
             acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(sm), _mm512_mul_ps(dm, dx), acc[c]);
         }
+    }
+}
+
+/* Q6_K's unsigned u = q + 32: sumq = sum_j sc_j (sub-block j's products u x) - 32 sum_j
+ * sc_j bsums_j. The second term (exact in int32, as every partial sum here: the same
+ * integer as qpack.h's) starts each column's sum, a vpdpwssd per pair of sub-blocks
+ * against the Q8_K block's bsums (adjacent int16, so one broadcast dword a pair). */
+QP_INLINE void q6k_bias(int C, const uint8_t *gb, const uint8_t *x, size_t xs, int64_t b, __m512i *sq) {
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    __m512i scp[8];
+    QP_UNROLL for (int k = 0; k < 8; k++) { /* dword r: sc[2k][r] | sc[2k + 1][r] << 16 */
+        const uint8_t *sc = gb + QP_Q6K_SC + 32 * k;
+        scp[k] = _mm512_or_si512(_mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)), lo16),
+                                 _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16))), 16));
+    }
+    for (int c = 0; c < C; c++) {
+        const uint8_t *bs = (const uint8_t *)((const blk_q8_k *)qk_x(x, xs, c, b))->bsums;
+        __m512i m = _mm512_setzero_si512();
+        QP_UNROLL for (int k = 0; k < 8; k++) m = _mm512_dpwssd_epi32(m, scp[k], qp_bcast(bs + 4 * k));
+        sq[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(m, 5));
     }
 }
 
@@ -275,7 +289,7 @@ QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, 
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
         __m512i sq[QK_MAXC];
-        for (int c = 0; c < C; c++) sq[c] = _mm512_setzero_si512();
+        q6k_bias(C, gb, x, xs, b, sq);
         for (int s = 0; s < 4; s++) { /* sub-blocks s, s+4, s+8, s+12: chunks 4s+t+16q */
             __m512i w[16], sc[4];
             QP_UNROLL for (int t = 0; t < 4; t++) {
@@ -300,7 +314,6 @@ QP_INLINE void q6k_group(int C, int64_t nb, const uint8_t *g, const uint8_t *x, 
                     __m512i i = _mm512_setzero_si512();
                     QP_UNROLL for (int t = 0; t < 4; t++)
                         i = _mm512_dpbusd_epi32(i, w[4 * q + t], qp_bcast(xq + 4 * (4 * s + t + 16 * q)));
-                    i = _mm512_sub_epi32(i, _mm512_set1_epi32(32 * xb->bsums[s + 4 * q]));
                     sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(i, sc[q]));
                 }
                 sq[c] = sum;

@@ -98,6 +98,18 @@ static inline __attribute__((always_inline)) void qp_nibbles(__m512i v, const in
         w[1] = _mm512_mask_add_epi8(w[1], hi, w[1], sixteen);
     }
 }
+
+/* summ of qpack.h for one token's Q8_K block xb (a blk_q8_k) against a Q4_K/Q5_K group's
+ * mins mn[4] (pairs of sub-blocks 2p, 2p + 1 as int16 per row): the block's sub-block
+ * sums, as int16 pairs in the same order, each broadcast to a vpdpwssd. */
+static inline __attribute__((always_inline)) __m512i qp_kmins(const int16_t *bsums, const __m512i *mn) {
+    const __m128i *bs = (const __m128i *)bsums;
+    __m512i s = _mm512_castsi128_si512(_mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1)));
+    __m512i sm = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++)
+        sm = _mm512_dpwssd_epi32(sm, mn[p], _mm512_permutexvar_epi32(_mm512_set1_epi32(p), s));
+    return sm;
+}
 #endif
 
 #endif

@@ -263,6 +263,7 @@ int main(void) {
             bench(QT_Q4_1, 1536, 16);
             if (qp_wanted(QT_Q8_0)) bench(QT_Q8_0, 576, 64);
             bench(QT_F16, 2048, 16);
+            bench(QT_BF16, 2048, 16);
             bench(QT_Q4_0, 2048, 16);
             bench(QT_Q5_0, 2048, 16);
             bench(QT_Q5_1, 2048, 16);
