@@ -80,12 +80,12 @@ QP_INLINE void q80_group(const int C, int64_t nb, const uint8_t *g, const uint8_
         QP_UNROLL for (int k = 0; k < 8; k++) w[k] = _mm512_loadu_si512((const void *)(gb + 64 * (1 + k)));
         QP_UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *q = x + c * xs + b * sizeof(blk_q8_0) + 2;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            __m512i s0 = _mm512_set1_epi32(-t->corr[c][b]), s1 = _mm512_setzero_si512(); /* the bias in s0 */
             QP_UNROLL for (int k = 0; k < 8; k += 2) {
                 s0 = _mm512_dpbusd_epi32(s0, w[k], qp_bcast(q + 4 * k));
                 s1 = _mm512_dpbusd_epi32(s1, w[k + 1], qp_bcast(q + 4 * k + 4));
             }
-            __m512i i = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(t->corr[c][b]));
+            __m512i i = _mm512_add_epi32(s0, s1);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(t->dx[c][b])),
                                      acc[c]);
         }
@@ -112,12 +112,12 @@ QP_INLINE void q40_group(const int q5, const int C, int64_t nb, const uint8_t *g
             const int64_t bb = 2 * b + h; /* the GGUF block */
             QP_UNROLL for (int c = 0; c < C; c++) {
                 const uint8_t *q = x + c * xs + bb * sizeof(blk_q8_0) + 2;
-                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                __m512i lo = _mm512_set1_epi32(-t->corr[c][bb]), hi = _mm512_setzero_si512(); /* as Q8_0's */
                 QP_UNROLL for (int k = 0; k < 4; k++) {
                     lo = _mm512_dpbusd_epi32(lo, w[2 * k], qp_bcast(q + 4 * k));
                     hi = _mm512_dpbusd_epi32(hi, w[2 * k + 1], qp_bcast(q + 16 + 4 * k));
                 }
-                __m512i i = _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(t->corr[c][bb]));
+                __m512i i = _mm512_add_epi32(lo, hi);
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(d, _mm512_set1_ps(t->dx[c][bb])),
                                          acc[c]);
             }
