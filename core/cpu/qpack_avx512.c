@@ -377,7 +377,7 @@ QP_INLINE void h16_store(const int C, __m512 s[][4], int left, float *out, size_
     }
 }
 
-
+/* F16 against f32 activations, per element into the four partial sums by k % 4. */
 QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const uint8_t *x,
                         size_t xs, float *out, size_t os) {
     for (int r = 0; r < nr; r += QP_ROWS) {
