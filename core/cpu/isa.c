@@ -37,7 +37,7 @@ static int dpbf16_cpu(void) {
 }
 
 /* vdpbf16ps pays for BF16 weights where it issues as fast as an FMA with twice its
- * products: AMD's Zen 4 and 5. Intel's parts issue it at a quarter of an FMA's rate
+ * products: AMD's (measured on a Zen 5). Intel's parts issue it at a quarter of an FMA's rate
  * (measured on a Sapphire Rapids Xeon), so there FMAs are faster. */
 static int amd_cpu(void) {
 #if defined(__x86_64__)

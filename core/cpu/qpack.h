@@ -73,8 +73,8 @@
  *         acc = fmaf((float)sumq, d_w * d_x, acc)
  * and for F16, with f32 activations x, four partial sums by element index
  *   s[k % 4] = fmaf(w_k, x_k, s[k % 4]) for k in order; dot = (s0 + s1) + (s2 + s3)
- * and for BF16, with BF16 activations x (quant.h: rounded to nearest even, magnitudes
- * under 2^-48 to zero), four partial sums by pair index, the odd element first
+ * and for BF16, with BF16 activations x (quant.c's q_bf16: rounded to nearest even,
+ * magnitudes under 2^-48 to zero), four partial sums by pair index, the odd element first
  *   s[p % 4] = fmaf(w_2p+1, x_2p+1, s[p % 4]); s[p % 4] = fmaf(w_2p, x_2p, s[p % 4])
  *   for p in order; dot = (s0 + s1) + (s2 + s3)
  * from acc = 0, blocks in order. Every (row, column) pair goes through exactly these
@@ -82,12 +82,13 @@
  *
  * BF16 is vdpbf16ps's arithmetic: it does two of those fmaf per lane, odd element first,
  * with denormal inputs and results flushed to zero (so on the Intel and AMD parts
- * measured; test_qpack holds the vdpbf16ps kernel to the reference wherever it runs). The floor keeps the flushing
- * from ever acting: a product of two bf16 at or over 2^-48 is exact in f32 and a
- * multiple of 2^-110, and so is every rounded sum of them, never under 2^-126. So plain
- * FMAs give vdpbf16ps's bits, and each CPU runs whichever is faster: vdpbf16ps where it
- * issues as fast as an FMA (AMD Zen 4/5: twice the products per instruction), FMAs on
- * Intel (there it issues at a quarter of vfmadd231ps's rate) and at AVX2.
+ * measured; test_qpack holds the vdpbf16ps kernel to the reference wherever it runs).
+ * The floor keeps the flushing from ever acting: a product of two bf16 at or over
+ * 2^-48 is exact in f32 and a multiple of 2^-110, and so is every rounded sum of them,
+ * never under 2^-126 unless zero. So plain FMAs give vdpbf16ps's bits, and each CPU
+ * runs whichever is faster: vdpbf16ps where it issues as fast as an FMA (AMD, measured
+ * on a Zen 5: twice the products per instruction), FMAs on Intel (there it issues at a
+ * quarter of vfmadd231ps's rate) and at AVX2.
  *
  * Why F16 is on f32 FMAs, measured on the AMX Xeon (BENCHMARKS.md, 2026-12-06): an F16
  * weight is no bf16, so a bf16 product would need it in two limbs. AMX-BF16's tdpbf16ps
