@@ -82,7 +82,8 @@
  *
  * BF16 is vdpbf16ps's arithmetic: it does two of those fmaf per lane, odd element first,
  * with denormal inputs and results flushed to zero (so on the Intel and AMD parts
- * measured; test_qpack holds the vdpbf16ps kernel to the reference wherever it runs).
+ * measured, tests/bench/tdpbf16ps.c; test_qpack holds the vdpbf16ps kernel to the
+ * reference wherever it runs).
  * The floor keeps the flushing from ever acting: a product of two bf16 at or over
  * 2^-48 is exact in f32 and a multiple of 2^-110, and so is every rounded sum of them,
  * never under 2^-126 unless zero. So plain FMAs give vdpbf16ps's bits, and each CPU
