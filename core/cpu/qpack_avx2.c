@@ -351,6 +351,16 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 #define QH2_MAXC 2 /* columns per pass: 2 x 4 partial sums, of 16 registers */
 
+/* Block b's BF16 activations of C columns widened to f32 (xf[c][k]). */
+QP2_INLINE void bf16_widen2(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
+    QP2_UNROLL for (int c = 0; c < C; c++)
+        QP2_UNROLL for (int h = 0; h < 4; h++) {
+            const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * h;
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)xc));
+            _mm256_store_si256((__m256i *)(xf[c] + 8 * h), _mm256_slli_epi32(v, 16));
+        }
+}
+
 /* Rows r.. (8 of a group, whose offset in it g already holds) of C columns: per element
  * (F16) or pair (BF16, the odd element first) into four partial sums, qpack.h's order. */
 QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
@@ -361,6 +371,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
         __m256 s[QH2_MAXC][4];
         QP2_UNROLL for (int c = 0; c < C; c++)
             QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
+        float xbuf[2][QH2_MAXC][QP_H16_BLOCK] __attribute__((aligned(32)));
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
             if (!bf) {
@@ -374,13 +385,11 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
                 }
                 continue;
             }
-            float xf[QH2_MAXC][QP_H16_BLOCK] __attribute__((aligned(32)));
-            QP2_UNROLL for (int c = 0; c < C; c++) /* the block's activations widened once */
-                QP2_UNROLL for (int h = 0; h < 4; h++) {
-                    const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * h;
-                    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)xc));
-                    _mm256_store_si256((__m256i *)(xf[c] + 8 * h), _mm256_slli_epi32(v, 16));
-                }
+            /* the activations widened a block ahead (as in qpack_avx512.c: a wide store
+             * read back at once by narrow loads would not forward) */
+            if (b == 0) bf16_widen2(C, x, xs, 0, xbuf[0]);
+            if (b + 1 < nb) bf16_widen2(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
+            float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
             _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
                 if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
                 __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 4 * QP_ROWS * p));

@@ -402,8 +402,19 @@ QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int 
 
 /* ---------------------------------------------------------------- BF16 */
 
-/* BF16 with FMAs: per block, the pass's activations widened to f32 on the stack once
- * (then each is a broadcast from memory), per pair the odd then the even element. */
+/* Block b's activations of C columns widened to f32 (xf[c][k]). */
+QP_INLINE void bf16_widen(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
+    QP_UNROLL for (int c = 0; c < C; c++) {
+        const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK;
+        QP_UNROLL for (int h = 0; h < 2; h++)
+            _mm512_store_si512((void *)(xf[c] + 16 * h),
+                               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xc + 32 * h))), 16));
+    }
+}
+
+/* BF16 with FMAs: the pass's activations widened to f32 on the stack a block ahead (then
+ * each is a broadcast from memory; read right after its store, the wide store would not
+ * forward to the narrow loads: 70% slower), per pair the odd then the even element. */
 QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
                              const uint8_t *x, size_t xs, float *out, size_t os) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -412,15 +423,12 @@ QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0,
         __m512 s[QH_MAXC][4];
         QP_UNROLL for (int c = 0; c < C; c++)
             QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+        float xbuf[2][QH_MAXC][QP_H16_BLOCK] __attribute__((aligned(64)));
+        bf16_widen(C, x, xs, 0, xbuf[0]);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            float xf[QH_MAXC][QP_H16_BLOCK] __attribute__((aligned(64)));
-            QP_UNROLL for (int c = 0; c < C; c++) {
-                const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK;
-                QP_UNROLL for (int h = 0; h < 2; h++)
-                    _mm512_store_si512((void *)(xf[c] + 16 * h),
-                                       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xc + 32 * h))), 16));
-            }
+            if (b + 1 < nb) bf16_widen(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
+            float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
             _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
                 if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
                 __m512i v = _mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
