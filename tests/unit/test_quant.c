@@ -91,6 +91,29 @@ static void test_half(void) {
     CHECK(f2u(quant_bf16_to_f32(0x8001)) == 0x80010000u, "bf16 subnormal exact");
 }
 
+/* BF16 as a dot type: the floor (magnitudes under 2^-48 to a signed zero, qpack.h) in the
+ * reference, and every level's quantizer giving its bits, edge values included. */
+static void test_bf16_dot_type(void) {
+    const float floor48 = 0x1p-48f;
+    float f[37] = {0.0f, -0.0f, floor48, -floor48, nextafterf(floor48, 0), -nextafterf(floor48, 0),
+                   0x1p-49f, 1e-39f, -1e-39f, u2f(0x3f808000), u2f(0x3f818000), u2f(0x3f808001),
+                   INFINITY, -INFINITY, u2f(0x7f800001), u2f(0xffc00000), u2f(0x7f7fffff), -3.5f};
+    for (int i = 18; i < 37; i++) f[i] = ldexpf((float)(i * 37 % 23) - 11.0f, i % 13 - 55);
+    uint16_t want[37], got[37];
+    quant_quantize_ref(QT_BF16, f, want, 37);
+    CHECK(want[2] == 0x2780 && want[3] == 0xa780, "bf16 dot type: 2^-48 itself is kept");
+    CHECK(want[4] == 0 && want[5] == 0x8000 && want[6] == 0 && want[7] == 0 && want[8] == 0x8000,
+          "bf16 dot type: under 2^-48 (and denormals) to a signed zero");
+    CHECK(want[9] == 0x3f80 && want[12] == 0x7f80 && want[14] == 0x7fc0, "bf16 dot type: ties, inf, nan");
+    int max = isa_max();
+    for (int level = ISA_SCALAR; level <= max; level++) {
+        isa_set(level);
+        quant_quantize(QT_BF16, f, got, 37);
+        CHECK(memcmp(got, want, sizeof want) == 0, "bf16 dot type at L%d: the reference's bits", level);
+    }
+    isa_set(max);
+}
+
 /* ---------------------------------------------------------------- traits */
 
 static void test_traits(void) {
@@ -559,6 +582,7 @@ static void bench(void) {
 
 int main(void) {
     test_half();
+    test_bf16_dot_type();
     test_traits();
     const char *vectors = getenv("QUANT_VECTORS"); /* tests/run.sh: $BUILD/quant_vectors.bin */
     test_vectors(vectors && *vectors ? vectors : "build/quant_vectors.bin");
