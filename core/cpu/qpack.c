@@ -100,12 +100,12 @@ static void pack_h16(uint8_t *gb, int lane, const uint8_t *blk) {
 }
 
 /* BF16: the 16 rows side by side per pair of elements (a dword each), magnitudes under
- * QP_BF16_FLOOR to zero (qpack.h). */
+ * QUANT_BF16_FLOOR (2^-48) to zero (qpack.h). */
 static void pack_bf16(uint8_t *gb, int lane, const uint8_t *blk) {
     for (int k = 0; k < QP_H16_BLOCK; k++) {
         uint16_t h;
         memcpy(&h, blk + 2 * k, 2);
-        if ((h & 0x7fff) < QP_BF16_FLOOR) h &= 0x8000;
+        if ((h & 0x7fff) < QUANT_BF16_FLOOR >> 16) h &= 0x8000;
         memcpy(gb + 4 * QP_ROWS * (k / 2) + 4 * lane + 2 * (k & 1), &h, 2);
     }
 }

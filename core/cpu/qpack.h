@@ -41,7 +41,7 @@
  *   (2 bytes each, as in GGUF): one load and conversion serves 16 rows.
  * BF16, 1024 bytes per group-block of 32 elements: w[16][16][2], pair p, row r: the
  *   row's elements 2p, 2p + 1 (a dword per row, vdpbf16ps's operand); magnitudes under
- *   2^-48 (QP_BF16_FLOOR) stored as zero.
+ *   2^-48 (quant.h's QUANT_BF16_FLOOR) stored as zero.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,
@@ -115,7 +115,6 @@
 #define QP_Q51_GBLK 384
 #define QP_H16_BLOCK 32
 #define QP_H16_GBLK 1024
-#define QP_BF16_FLOOR 0x2780 /* 2^-48 as bf16: smaller magnitudes are packed as zero */
 #define QP_Q4K_GBLK 2368
 #define QP_Q4K_SC 64
 #define QP_Q4K_MN 192

@@ -248,7 +248,8 @@ static void q_f16(const float *src, void *dst, int64_t n) {
 static void q_bf16(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
     for (int64_t i = 0; i < n; i++)
-        d[i] = fabsf(src[i]) < 0x1p-48f ? (uint16_t)(signbit(src[i]) ? 0x8000 : 0) : quant_f32_to_bf16(src[i]);
+        d[i] = (f32_bits(src[i]) & 0x7fffffff) < QUANT_BF16_FLOOR ? (uint16_t)(f32_bits(src[i]) >> 16 & 0x8000)
+                                                                  : quant_f32_to_bf16(src[i]);
 }
 /* Q8_0 / Q8_1: d = amax/127, q = round(x/d). Q8_1 also stores s = d*sum(q). */
 static void q_q8_0(const float *src, void *dst, int64_t n) {

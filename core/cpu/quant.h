@@ -57,5 +57,9 @@ float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);
+/* 2^-48 as f32 bits: BF16 as a dot type (activations, and packed BF16 weights) holds
+ * smaller magnitudes as zero, so no product or sum of its dot is ever denormal
+ * (core/cpu/qpack.h says why). */
+#define QUANT_BF16_FLOOR 0x27800000u
 
 #endif

@@ -285,7 +285,7 @@ static void qx_quant_f16(const float *src, void *dst, int64_t n) {
  * quiet, the rest rounded to nearest even in integers. */
 static void qx_quant_bf16(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
-    const __m256i abs = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(0x27800000);
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32((int)QUANT_BF16_FLOOR);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), one = _mm256_set1_epi32(1);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
