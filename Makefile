@@ -71,7 +71,7 @@ $(BUILD)/gnu/deps/.ok $(BUILD)/musl/deps/.ok: scripts/deps.sh scripts/deps/lwip/
 KILND := $(BUILD)/gnu/kilnd
 
 .PHONY: cuda gpu-progs test-gpu
-.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench shapes run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
+.PHONY: all kilnd musl tools model deps venv test test-unit fuzz bench bench-kernels shapes run clean distclean sdk sdk-musl kiln-init image qemu test-qemu soak soak-heavy
 all: $(KILND) $(gnu_TESTS) $(gnu_TOOLS) sdk
 kilnd: $(KILND)
 
@@ -389,7 +389,7 @@ $(ALLOC_SHIM): tests/shim/alloc_count.c
 # NVIDIA modules' compile) and its tests qemu/boot-gpu and image/reproducible-gpu, and the GPU
 # disk (make disk-gpu-test-inputs, ~2 min with the GPU image's caches) and its qemu/disk-gpu.
 GPU_IMAGE ?= 1
-test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(BUILD)/asan/tests/net/net_probe $(FUZZ_BINS) $(IMG_TOOLS)
+test: tools model venv deps $(KILND) $(gnu_TESTS) $(gnu_TOOLS) $(BUILD)/gnu/kbench $(ALLOC_SHIM) $(SDK_GNU) $(BUILD)/gnu/kiln-init $(asan_TESTS) $(BUILD)/asan/kilnd $(BUILD)/asan/tests/net/net_probe $(FUZZ_BINS) $(IMG_TOOLS)
 	$(MAKE) musl image disk-test-inputs $(if $(filter 0,$(GPU_IMAGE)),,image-gpu $(if $(HAVE_NVCC),disk-gpu-test-inputs))
 	@# the CUDA kilnd must compile and link wherever the toolkit is (no GPU needed)
 	if [ -x "$(NVCC)" ]; then $(MAKE) cuda cuda-img; else echo "make test: no nvcc: the CUDA build is skipped"; fi
@@ -404,13 +404,22 @@ test-unit: model venv $(gnu_TESTS) $(asan_TESTS)
 run: tools model $(KILND)
 	KILND=$(KILND) MODEL=$(MODEL) THREADS=$(THREADS) scripts/run.sh
 
+# The packed CPU kernels, one thread, beside the rates of the instructions they stand
+# on, measured in the same run (tests/bench/kernels.c; seconds, no peer): first in
+# make bench, and where a kernel change is measured.
+$(BUILD)/gnu/kbench: $(BUILD)/gnu/obj/tests/bench/kernels.o $(BUILD)/gnu/libkilnd.a
+	gcc $(OPT) $^ -o $@ -lm -pthread
+bench-kernels: $(BUILD)/gnu/kbench
+	$(BUILD)/gnu/kbench
+
 # The peer is llama.cpp's own tools (tests/bench/peer.sh, built once, ~25 min); after the
 # default model, the real shapes: SHAPES and FORMATS (make bench SHAPES="llama-3.1-8b"
 # FORMATS=Q4_K_M) as tests/shapes/shapes.sh takes them; then a mixture of experts,
 # MOE_SHAPES in Q4_K_M (Qwen3-30B-A3B's shape with 32 of its 128 experts: the same active
 # parameters per token in a 5 GB file; its F16 intermediate needs 17 GB of disk once).
 MOE_SHAPES ?= qwen3-30b-a3b-e32
-bench: tools model venv $(KILND) $(BUILD)/gnu/kiln
+bench: tools model venv $(KILND) $(BUILD)/gnu/kiln $(BUILD)/gnu/kbench
+	$(BUILD)/gnu/kbench
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) PY=$(PY) tests/bench/bench_engine.sh
 	BUILD=$(BUILD) MODEL=$(MODEL) tests/bench/bench_openai.sh

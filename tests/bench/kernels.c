@@ -1,0 +1,171 @@
+/* kbench: the packed CPU kernels' speed on this machine, one thread, beside the rate of
+ * the multiply instruction each stands on, measured in the same run: where a kernel
+ * stands against its ceiling before anyone reads a model-level figure.
+ *
+ *   make bench-kernels                      (part of make bench)
+ *   build/gnu/kbench [--n N] [--ms M]       (KILN_SIMD=avx2 etc.: another SIMD level)
+ *
+ * Per type the loader packs at this level (qp_wanted): 32 random rows of N elements (default 2048) through the
+ * reference quantizer, packed once, then qp_tile timed at two shapes with the weights in
+ * cache: a prefill task (the 32 rows x 512 tokens of one task of a 512-token step,
+ * model.c's MM_CHUNK_BATCH) and a decode column (the 32 rows x 1 token). Each figure is
+ * the best of repeated calls over M ms (default 300): the VMs these run on have noisy
+ * neighbours, and the best pass is the kernel's own speed.
+ * The instruction rates: 12 independent chains of one instruction (vpdpbusd zmm: 64
+ * products; vfmadd231ps zmm: 16; vdpbf16ps zmm: 32), where the CPU has it. The int8
+ * types' kernels stand on vpdpbusd, F16 on the FMA, BF16 on whichever isa_dpbf16()
+ * picks; at AVX2 no share is printed (those kernels stand on vpmaddubsw pairs).
+ * A K-quant's ceiling is below 100%: its sub-block scales and mins take multiply-pipe
+ * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them).
+ *
+ * Prints: kbench: isa=L dpbusd_gmac_s=X fma_gmac_s=Y dpbf16_gmac_s=Z
+ *         kbench: type=T n=N prefill_gmac_s=A prefill_pct=P decode_gmac_s=B decode_pct=Q */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/cpu/isa.h"
+#include "core/cpu/qpack.h"
+#include "core/cpu/quant.h"
+
+#define ROWS 32
+#define PREFILL_COLS 512
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- instruction rates */
+
+#define CHAINS12(op)                                                                        \
+    op " %%zmm20,%%zmm21,%%zmm0\n" op " %%zmm20,%%zmm21,%%zmm1\n" op " %%zmm20,%%zmm21,%%zmm2\n" \
+    op " %%zmm20,%%zmm21,%%zmm3\n" op " %%zmm20,%%zmm21,%%zmm4\n" op " %%zmm20,%%zmm21,%%zmm5\n" \
+    op " %%zmm20,%%zmm21,%%zmm6\n" op " %%zmm20,%%zmm21,%%zmm7\n" op " %%zmm20,%%zmm21,%%zmm8\n" \
+    op " %%zmm20,%%zmm21,%%zmm9\n" op " %%zmm20,%%zmm21,%%zmm10\n" op " %%zmm20,%%zmm21,%%zmm11\n"
+#define RATE_LOOP(op)                                                                       \
+    __asm__ volatile("vpxord %%zmm20,%%zmm20,%%zmm20\n vpxord %%zmm21,%%zmm21,%%zmm21\n"   \
+                     "1:\n" CHAINS12(op) "dec %0\n jnz 1b\n"                               \
+                     : "+r"(n)                                                             \
+                     :                                                                     \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",     \
+                       "xmm8", "xmm9", "xmm10", "xmm11", "xmm20", "xmm21", "memory")
+
+__attribute__((target("avx512f,avx512vnni"))) static void loop_dpbusd(long n) { RATE_LOOP("vpdpbusd"); }
+__attribute__((target("avx512f"))) static void loop_fma(long n) { RATE_LOOP("vfmadd231ps"); }
+__attribute__((target("avx512f,avx512bf16"))) static void loop_dpbf16(long n) { RATE_LOOP("vdpbf16ps"); }
+
+/* Products per second of `loop` at its best over a few passes. */
+static double rate(void (*loop)(long), int products) {
+    const long iters = 2000000; /* 24M instructions, ~10 ms */
+    double best = 1e30;
+    for (int pass = 0; pass < 7; pass++) {
+        double t0 = now_s();
+        loop(iters);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    return 12.0 * iters * products / best;
+}
+
+/* ---------------------------------------------------------------- the kernels */
+
+static const uint32_t types[] = {QT_Q4_1, QT_Q5_1, QT_Q8_0, QT_Q4_0, QT_Q5_0,
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_F16, QT_BF16};
+
+static float frand(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 16777216.0f - 0.5f;
+}
+
+/* Best products per second of qp_tile over ROWS rows x nc columns for about ms. */
+static double tile_rate(uint32_t type, int64_t n, const void *wp, const void *x, size_t xs, int nc,
+                        float *out, double ms) {
+    double best = 1e30, end = now_s() + ms * 1e-3;
+    do {
+        double t0 = now_s();
+        qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    } while (now_s() < end);
+    return (double)n * ROWS * nc / best;
+}
+
+/* The rate the type's kernel stands on at this level, 0 when none is printed. */
+static double ceiling(uint32_t type, double dpbusd, double fma, double dpbf16) {
+    if (isa_level() < ISA_AVX512) return 0;
+    if (type == QT_F16) return fma;
+    if (type == QT_BF16) return isa_dpbf16() ? dpbf16 : fma;
+    return dpbusd;
+}
+
+static int bench_type(uint32_t type, int64_t n, double ms, double peak) {
+    const quant_traits *t = quant_traits_of(type);
+    if (!qp_wanted(type)) { /* the loader keeps it row-major here: not these kernels */
+        printf("kbench: type=%s not packed at this level\n", t->name);
+        return 0;
+    }
+    size_t rs = quant_row_size(type, n), xsz = quant_row_size((uint32_t)t->dot_type, n);
+    size_t pb = qp_bytes(type, n, ROWS);
+    if (!rs || !xsz || !pb) {
+        fprintf(stderr, "kbench: %s: no packed layout at n=%lld\n", t->name, (long long)n);
+        return 1;
+    }
+    float *f = malloc((size_t)n * sizeof *f), *out = malloc(sizeof(float) * ROWS * PREFILL_COLS);
+    uint8_t *w = malloc(rs * ROWS), *x = malloc(xsz * PREFILL_COLS);
+    void *wp = aligned_alloc(64, (pb + 63) / 64 * 64);
+    if (!f || !out || !w || !x || !wp) {
+        fprintf(stderr, "kbench: out of memory\n");
+        return 1;
+    }
+    uint32_t seed = 1;
+    for (int r = 0; r < ROWS; r++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
+        quant_quantize_ref(type, f, w + r * rs, n);
+    }
+    for (int c = 0; c < PREFILL_COLS; c++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
+        quant_quantize((uint32_t)t->dot_type, f, x + c * xsz, n);
+    }
+    qp_pack(type, n, w, rs, ROWS, wp);
+    double pre = tile_rate(type, n, wp, x, xsz, PREFILL_COLS, out, ms);
+    double dec = tile_rate(type, n, wp, x, xsz, 1, out, ms);
+    printf("kbench: type=%s n=%lld prefill_gmac_s=%.1f", t->name, (long long)n, pre * 1e-9);
+    if (peak > 0) printf(" prefill_pct=%.0f", 100 * pre / peak);
+    printf(" decode_gmac_s=%.1f", dec * 1e-9);
+    if (peak > 0) printf(" decode_pct=%.0f", 100 * dec / peak);
+    printf("\n");
+    fflush(stdout);
+    free(f), free(out), free(w), free(x), free(wp);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int64_t n = 2048;
+    double ms = 300;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = atof(argv[++i]);
+        else {
+            fprintf(stderr, "usage: kbench [--n N] [--ms M]\n");
+            return 2;
+        }
+    }
+    if (n <= 0 || n % 256 || n > QP_MAX_N || ms <= 0) {
+        fprintf(stderr, "kbench: --n must be a positive multiple of 256 up to %d, --ms positive\n", QP_MAX_N);
+        return 2;
+    }
+    __builtin_cpu_init();
+    double dpbusd = __builtin_cpu_supports("avx512vnni") ? rate(loop_dpbusd, 64) : 0;
+    double fma = __builtin_cpu_supports("avx512f") ? rate(loop_fma, 16) : 0;
+    double dpbf16 = __builtin_cpu_supports("avx512bf16") ? rate(loop_dpbf16, 32) : 0;
+    printf("kbench: isa=%s dpbusd_gmac_s=%.1f fma_gmac_s=%.1f dpbf16_gmac_s=%.1f\n", isa_name(isa_level()),
+           dpbusd * 1e-9, fma * 1e-9, dpbf16 * 1e-9);
+    int bad = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        bad |= bench_type(types[i], n, ms, ceiling(types[i], dpbusd, fma, dpbf16));
+    return bad;
+}
