@@ -16,7 +16,8 @@
  * types' kernels stand on vpdpbusd, F16 on the FMA, BF16 on whichever isa_dpbf16()
  * picks; at AVX2 no share is printed (those kernels stand on vpmaddubsw pairs).
  * A K-quant's ceiling is below 100%: its sub-block scales and mins take multiply-pipe
- * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them).
+ * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them). Where AMX
+ * runs a type's prefill tile (isa.h), its share is still of vpdpbusd's rate.
  *
  * Prints: kbench: isa=L dpbusd_gmac_s=X fma_gmac_s=Y dpbf16_gmac_s=Z
  *         kbench: type=T n=N prefill_gmac_s=A prefill_pct=P decode_gmac_s=B decode_pct=Q */
@@ -46,8 +47,14 @@ static double now_s(void) {
     op " %%zmm20,%%zmm21,%%zmm3\n" op " %%zmm20,%%zmm21,%%zmm4\n" op " %%zmm20,%%zmm21,%%zmm5\n" \
     op " %%zmm20,%%zmm21,%%zmm6\n" op " %%zmm20,%%zmm21,%%zmm7\n" op " %%zmm20,%%zmm21,%%zmm8\n" \
     op " %%zmm20,%%zmm21,%%zmm9\n" op " %%zmm20,%%zmm21,%%zmm10\n" op " %%zmm20,%%zmm21,%%zmm11\n"
+/* the chains start at zero: no stale denormal or NaN may slow an FMA */
+#define ZERO12                                                                              \
+    "vpxord %%zmm0,%%zmm0,%%zmm0\n vpxord %%zmm1,%%zmm1,%%zmm1\n vpxord %%zmm2,%%zmm2,%%zmm2\n"  \
+    "vpxord %%zmm3,%%zmm3,%%zmm3\n vpxord %%zmm4,%%zmm4,%%zmm4\n vpxord %%zmm5,%%zmm5,%%zmm5\n"  \
+    "vpxord %%zmm6,%%zmm6,%%zmm6\n vpxord %%zmm7,%%zmm7,%%zmm7\n vpxord %%zmm8,%%zmm8,%%zmm8\n"  \
+    "vpxord %%zmm9,%%zmm9,%%zmm9\n vpxord %%zmm10,%%zmm10,%%zmm10\n vpxord %%zmm11,%%zmm11,%%zmm11\n"
 #define RATE_LOOP(op)                                                                       \
-    __asm__ volatile("vpxord %%zmm20,%%zmm20,%%zmm20\n vpxord %%zmm21,%%zmm21,%%zmm21\n"   \
+    __asm__ volatile(ZERO12 "vpxord %%zmm20,%%zmm20,%%zmm20\n vpxord %%zmm21,%%zmm21,%%zmm21\n" \
                      "1:\n" CHAINS12(op) "dec %0\n jnz 1b\n"                               \
                      : "+r"(n)                                                             \
                      :                                                                     \
@@ -81,14 +88,23 @@ static float frand(uint32_t *s) {
     return (float)(*s >> 8) / 16777216.0f - 0.5f;
 }
 
-/* Best products per second of qp_tile over ROWS rows x nc columns for about ms. */
+/* Best products per second of qp_tile over ROWS rows x nc columns for about ms, timed
+ * in batches of calls of >= 50 us each (a decode column's call is about a microsecond:
+ * alone, the clock reads would be a few percent of it). */
 static double tile_rate(uint32_t type, int64_t n, const void *wp, const void *x, size_t xs, int nc,
                         float *out, double ms) {
+    int calls = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (int i = 0; i < calls; i++) qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
+        if (now_s() - t0 >= 50e-6 || calls >= 1 << 20) break;
+        calls *= 2;
+    }
     double best = 1e30, end = now_s() + ms * 1e-3;
     do {
         double t0 = now_s();
-        qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
-        double t = now_s() - t0;
+        for (int i = 0; i < calls; i++) qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
+        double t = (now_s() - t0) / calls;
         if (t < best) best = t;
     } while (now_s() < end);
     return (double)n * ROWS * nc / best;
