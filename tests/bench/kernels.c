@@ -5,12 +5,13 @@
  *   make bench-kernels                      (part of make bench)
  *   build/gnu/kbench [--n N] [--ms M]       (KILN_SIMD=avx2 etc.: another SIMD level)
  *
- * Per type the loader packs at this level (qp_wanted): 32 random rows of N elements (default 2048) through the
- * reference quantizer, packed once, then qp_tile timed at two shapes with the weights in
- * cache: a prefill task (the 32 rows x 512 tokens of one task of a 512-token step,
- * model.c's MM_CHUNK_BATCH) and a decode column (the 32 rows x 1 token). Each figure is
- * the best of repeated calls over M ms (default 300): the VMs these run on have noisy
- * neighbours, and the best pass is the kernel's own speed.
+ * Per type the loader packs at this level (qp_wanted): 32 random rows of N elements
+ * (default 2048) through the reference quantizer, packed once, then qp_tile timed at two
+ * shapes with the weights in cache: a prefill task (the 32 rows x 512 tokens of one task
+ * of a 512-token step, model.c's MM_CHUNK_BATCH) and a decode column (the 32 rows x 1
+ * token). Each figure is the best of repeated batches of calls over M ms (default 300):
+ * the VMs these run on have noisy neighbours, and the best batch is the kernel's own
+ * speed.
  * The instruction rates: 12 independent chains of one instruction (vpdpbusd zmm: 64
  * products; vfmadd231ps zmm: 16; vdpbf16ps zmm: 32), where the CPU has it. The int8
  * types' kernels stand on vpdpbusd, F16 on the FMA, BF16 on whichever isa_dpbf16()
