@@ -94,20 +94,15 @@ static float frand(uint32_t *s) {
  * alone, the clock reads would be a few percent of it). */
 static double tile_rate(uint32_t type, int64_t n, const void *wp, const void *x, size_t xs, int nc,
                         float *out, double ms) {
-    int calls = 1;
-    for (;;) {
-        double t0 = now_s();
-        for (int i = 0; i < calls; i++) qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
-        if (now_s() - t0 >= 50e-6 || calls >= 1 << 20) break;
-        calls *= 2;
-    }
     double best = 1e30, end = now_s() + ms * 1e-3;
+    int calls = 1;
     do {
         double t0 = now_s();
         for (int i = 0; i < calls; i++) qp_tile(type, n, wp, 0, ROWS, x, xs, nc, out, ROWS);
-        double t = (now_s() - t0) / calls;
-        if (t < best) best = t;
-    } while (now_s() < end);
+        double t = now_s() - t0;
+        if (t < 50e-6 && calls < 1 << 20) calls *= 2; /* a batch too short to time: longer */
+        else if (t / calls < best) best = t / calls;
+    } while (now_s() < end || best == 1e30);
     return (double)n * ROWS * nc / best;
 }
 
