@@ -715,6 +715,21 @@ static int att_tiles(model_state *s, const model_batch *b, const model_config *c
  * instead of nh scattered ones. Each (token, head) state sees the same blocks, in the
  * same order and with the same counts, whatever the tiling: the arithmetic of a token
  * does not depend on its batch. */
+/* Asks for the K and V rows [0, rows) of heads [h0, h0 + nh) of a block, one block
+ * ahead of their attn_block calls: the page table scatters a sequence's blocks, so the
+ * hardware prefetcher starts afresh at each 2 KB slab and a decode at a long context
+ * waited on memory at every block. */
+static void att_prefetch(const kv_pool *kv, int32_t blk, int layer, int h0, int nh, int rows) {
+    size_t row = (size_t)kv->cfg.head_dim * (kv_is_q8(kv, blk) ? 1 : sizeof(uint16_t));
+    size_t slab = (size_t)kv->head_elems * (kv_is_q8(kv, blk) ? 1 : sizeof(uint16_t));
+    size_t bytes = (size_t)(nh - 1) * slab + (size_t)rows * row; /* a block's heads are adjacent */
+    const char *k = kv_is_q8(kv, blk) ? (const char *)kv_q8_slab(kv, blk, layer, 0, h0)
+                                      : (const char *)kv_k(kv, blk, layer, h0);
+    const char *v = kv_is_q8(kv, blk) ? (const char *)kv_q8_slab(kv, blk, layer, 1, h0)
+                                      : (const char *)kv_v(kv, blk, layer, h0);
+    for (size_t o = 0; o < bytes; o += 64) isa_prefetch_l2(k + o), isa_prefetch_l2(v + o);
+}
+
 static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
     const model_config *c = &j->m->cfg;
     const kv_pool *kv = j->kv;
@@ -742,6 +757,8 @@ static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
     }
     for (int p0 = lo; p0 < hi; p0 += bs) {
         int32_t blk = sq->blocks[p0 / bs];
+        if (p0 + bs < hi)
+            att_prefetch(kv, sq->blocks[p0 / bs + 1], j->layer, h0, nh, hi - p0 - bs < bs ? hi - p0 - bs : bs);
         for (int i = 0; i < nt; i++) {
             if (p0 < first[i] / bs * bs || p0 >= n_pos[i]) continue; /* outside its range */
             int skip = first[i] > p0 ? first[i] - p0 : 0; /* rows of this block before the window */

@@ -39,6 +39,17 @@ int isa_set_amx(int use);
 int isa_dpbf16(void);
 int isa_set_dpbf16(int use);
 
+/* The 64-byte line at p into L2 (prefetcht1), as an asm statement: GCC 12 at -O2 deleted
+ * every _mm_prefetch and __builtin_prefetch of the packed kernels' loops (qpack_x86.h
+ * says why L2, not L1). Never faults. */
+static inline void isa_prefetch_l2(const void *p) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 /* The dispatch slots: the three levels, then AVX-512 with AMX for Q4_1 and for all.
  * A family without AMX kernels puts its AVX-512 entry in the AMX slots too. */
 enum isa_slot { ISA_SLOT_AMX_Q4_1 = ISA_AVX512 + 1, ISA_SLOT_AMX_ALL, ISA_SLOTS };
