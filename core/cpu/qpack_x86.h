@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/qpack.h"
 #include "core/cpu/quant_kern.h"
 
@@ -19,7 +20,7 @@
  * next. Past a mapping's end a prefetch does nothing. */
 #define QP_PF_AHEAD 4096
 
-/* prefetcht1 (to L2, not L1) as an asm statement: GCC 12 at -O2 deleted every
+/* prefetcht1 (to L2, not L1) as an asm statement (isa.h): GCC 12 at -O2 deleted every
  * _mm_prefetch (and __builtin_prefetch) of these loops, so the packed kernels had run
  * with none at all. Into L1 (prefetcht0) each prefetch held one of the core's few L1
  * miss buffers until its line came, so on the Intel AMX VM decode stalled on the
@@ -27,7 +28,7 @@
  * streamed ~10 GB/s; into L2 the decode of the 1B Q4_K_M shape went from 24.6 to 30.5
  * tok/s, Q6_K 16.3 to 24.9, Q4_0 25.3 to 33.3, F16 9.4 to 10.6 (prefill and 32 streams
  * unchanged). The kernels' own loads then hit L2. */
-static inline void qp_pf(const uint8_t *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
+static inline void qp_pf(const uint8_t *p) { isa_prefetch_l2(p); }
 
 static inline void qp_prefetch(const uint8_t *gb, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) qp_pf(gb + QP_PF_AHEAD + o);
