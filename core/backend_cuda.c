@@ -182,6 +182,8 @@ static int walk_weights(cuda_backend *cb, wwalk *w) {
     if (!r && m->w.output.data == m->w.tok_embd.data) cb->out = cb->embd; /* tied */
     else if (!r) r = put_mat(w, &m->w.output, &cb->out);
     if (!r) r = put_vec(w, m->w.out_norm, c->d_model, &cb->out_norm);
+    /* the RoPE angles per position, factors and scaling in them, as the CPU turns by */
+    if (!r) r = put_bytes(w, c->rope_freq, (size_t)(c->rope_dim / 2) * sizeof(double), &cb->heads.rope_freq);
     for (int l = 0; l < c->n_layers && !r; l++) {
         const model_layer *s = &m->w.layers[l];
         dlayer *d = &cb->L[l];
@@ -578,7 +580,7 @@ static int start(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
         return -ENOTSUP;
     }
     cb->heads = (kern_heads){c->n_heads, c->n_kv_heads, c->head_dim, c->rope_dim, c->rope_neox,
-                             c->rope_base};
+                             0 /* uploaded with the weights */, c->rope_mscale};
     cb->kag = (kern_attn_geom){cb->ag.kt, cb->ag.threads, cb->ag.smem};
     if (cplan_layout_init(&cb->lay, cb->cfg.max_batch_tokens, cb->cfg.max_logits,
                           kc->max_blocks_per_seq) < 0) {

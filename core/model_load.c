@@ -642,9 +642,6 @@ void model_set_context(model *m, int n_ctx) {
 int model_extras(const model *m, char *buf, size_t n) {
     const model_config *c = &m->cfg;
     struct { int on; const char *what; } x[] = {
-        {c->rope_scaling == MODEL_ROPE_LINEAR, "linear RoPE scaling"},
-        {c->rope_scaling == MODEL_ROPE_YARN, "YaRN RoPE scaling"},
-        {m->has_rope_freqs, "rope_freqs (Llama 3.1+ RoPE factors)"},
         {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
         {c->n_expert > 0, "mixture of experts"},
         {c->ffn_gelu || c->post_norms || c->final_softcap > 0 || c->attn_softcap > 0,

@@ -87,11 +87,12 @@ CUresult kern_rope_store(const kern *k, CUstream s, const kern_heads *c, const k
                          CUdeviceptr q, CUdeviceptr kk, CUdeviceptr v, CUdeviceptr pos,
                          CUdeviceptr slot, int layer, int T) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, rd = c->rope_dim, neox = c->rope_neox;
-    float base = c->rope_base;
+    CUdeviceptr freq = c->rope_freq;
+    float mscale = c->rope_mscale;
     int bs = kv->bs;
     long long be = kv->block_elems;
     CUdeviceptr data = kv->data, fp8 = kv->fp8;
-    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &fp8, &layer, &nh, &nkv, &hd, &rd, &neox, &base, &bs, &be};
+    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &fp8, &layer, &nh, &nkv, &hd, &rd, &neox, &freq, &mscale, &bs, &be};
     return launch(k, k->rope_store, s, (unsigned)T, 1, 128, 0, a);
 }
 

@@ -36,10 +36,13 @@ typedef struct {
 } kern_kv;
 
 /* The model's attention heads as the kernels read them (the backend fills it from its
- * model_config). */
+ * model_config): rope_freq is a device array of rope_dim / 2 doubles, each pair's angle
+ * per position with the model's RoPE factors and scaling in it (model_config.rope_freq),
+ * and cos and sin are scaled by rope_mscale. */
 typedef struct {
     int n_heads, n_kv_heads, head_dim, rope_dim, rope_neox;
-    float rope_base;
+    CUdeviceptr rope_freq;
+    float rope_mscale;
 } kern_heads;
 
 /* k_attn's launch: keys per shared-memory tile, threads per block and dynamic shared

@@ -264,17 +264,20 @@ __global__ void k_bias(float *out, int ostride, const float *bias, int n, int T)
 
 /* RoPE on q and k of each token at its position, then k and v written as f16 into the
  * paged cache at slot[t] (= physical block * block_size + offset). grid (T), block 128.
- * Angles in double, as the CPU's rope_table, so both backends rotate alike. */
+ * freq[i] is pair i's angle per position, the CPU's model_config.rope_freq (RoPE factors
+ * and scaling folded in: core/model.h), and cos and sin are times mscale (YaRN's, else
+ * 1): angles in double, as the CPU's rope_table, so both backends rotate alike. */
 __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos, const int *slot,
                              __half *kv, uint8_t *fp8, int layer, int n_heads, int n_kv, int hd,
-                             int rope_dim, int neox, float base, int bs, long long block_elems) {
+                             int rope_dim, int neox, const double *freq, float mscale, int bs,
+                             long long block_elems) {
     __shared__ float cs[ATT_MAX_HD / 2][2]; /* cos, sin per rotated pair: once per token */
     int t = blockIdx.x, half = rope_dim / 2, p = pos[t];
     int qd = n_heads * hd, kd = n_kv * hd;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double theta = (double)p * pow((double)base, -2.0 * i / rope_dim);
-        cs[i][0] = (float)cos(theta);
-        cs[i][1] = (float)sin(theta);
+        double theta = (double)p * freq[i];
+        cs[i][0] = (float)cos(theta) * mscale;
+        cs[i][1] = (float)sin(theta) * mscale;
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < (n_heads + n_kv) * half; idx += blockDim.x) {

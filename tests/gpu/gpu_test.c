@@ -701,24 +701,38 @@ static void group_kernels(const opts *o) {
 
 /* ================================================================ group rope */
 
+/* factor: the last pair's angle divided by it, the first's by 1, a ramp between (as
+ * Llama 3.1's rope_freqs or a linear/YaRN scale fold into model_config.rope_freq);
+ * mscale: cos and sin times it (YaRN's magnitude). */
 typedef struct {
     int nh, nkv, hd, rd, neox;
-    float base;
+    float base, factor, mscale;
 } rope_case;
 
 static const rope_case ROPE[] = {
-    {9, 3, 64, 64, 0, 10000.0f},   /* SmolLM2 */
-    {9, 3, 64, 64, 1, 100000.0f},  /* NeoX pairing */
-    {8, 2, 128, 128, 0, 500000.0f}, /* Llama-3 */
-    {4, 2, 64, 32, 1, 10000.0f},   /* partial rotation */
+    {9, 3, 64, 64, 0, 10000.0f, 1, 1},     /* SmolLM2 */
+    {9, 3, 64, 64, 1, 100000.0f, 1, 1},    /* NeoX pairing */
+    {8, 2, 128, 128, 0, 500000.0f, 1, 1},  /* Llama-3 */
+    {4, 2, 64, 32, 1, 10000.0f, 1, 1},     /* partial rotation */
+    {8, 2, 128, 128, 0, 500000.0f, 8, 1},  /* Llama-3.1's RoPE factors */
+    {4, 2, 64, 64, 1, 1000000.0f, 4, 1.1386f}, /* YaRN factor 4 */
 };
+
+/* The case's angle per position of each pair: model_config.rope_freq. */
+static void rope_freqs(const rope_case *c, double *freq) {
+    int half = c->rd / 2;
+    for (int i = 0; i < half; i++)
+        freq[i] = pow((double)c->base, -2.0 * i / c->rd) / (1.0 + (c->factor - 1.0) * i / (half - 1));
+}
 
 /* core/model.c rope_table + rope_apply for one vector of n heads at position p. */
 static void rope_ref(const rope_case *c, float *vec, int n, int p) {
     int half = c->rd / 2;
+    double freq[ATTN_MAX_DIM / 2];
+    rope_freqs(c, freq);
     for (int i = 0; i < half; i++) {
-        double theta = (double)p * pow((double)c->base, -2.0 * i / c->rd);
-        float co = (float)cos(theta), si = (float)sin(theta);
+        double theta = (double)p * freq[i];
+        float co = (float)cos(theta) * c->mscale, si = (float)sin(theta) * c->mscale;
         for (int h = 0; h < n; h++) {
             float *v = vec + h * c->hd;
             int a = c->neox ? i : 2 * i, b = c->neox ? i + half : 2 * i + 1;
@@ -782,9 +796,9 @@ static void check_rope_flags(const rope_case *rc, const kern_heads *c, kern_kv k
 }
 
 static void check_rope(const rope_case *rc) {
-    char chk[80], chk2[80];
-    snprintf(chk, sizeof chk, "rope[neox=%d hd=%d rope_dim=%d base=%g]", rc->neox, rc->hd, rc->rd,
-             (double)rc->base);
+    char chk[128], chk2[80];
+    snprintf(chk, sizeof chk, "rope[neox=%d hd=%d rope_dim=%d base=%g factor=%g mscale=%g]", rc->neox,
+             rc->hd, rc->rd, (double)rc->base, (double)rc->factor, (double)rc->mscale);
     snprintf(chk2, sizeof chk2, "rope_store[neox=%d hd=%d rope_dim=%d]", rc->neox, rc->hd, rc->rd);
     enum { T = 37, NB = 32, BS = 16, LAYERS = 2, LAYER = 1 };
     int qd = rc->nh * rc->hd, kd = rc->nkv * rc->hd;
@@ -809,10 +823,13 @@ static void check_rope(const rope_case *rc) {
     for (size_t i = 0; i < pool_n; i++) pool0[i] = quant_f32_to_f16(rnd_sym(2.0f));
     CUdeviceptr qd_ = dalloc(sizeof(float) * T * qd), kd_ = dalloc(sizeof(float) * T * kd);
     CUdeviceptr vd = dalloc(sizeof(float) * T * kd), pd = dalloc(sizeof pos), sd = dalloc(sizeof slot);
-    CUdeviceptr kvd = dalloc(pool_n * 2);
-    kern_heads c = {rc->nh, rc->nkv, rc->hd, rc->rd, rc->neox, rc->base};
+    CUdeviceptr kvd = dalloc(pool_n * 2), fd = dalloc(sizeof(double) * (ATTN_MAX_DIM / 2));
+    double freq[ATTN_MAX_DIM / 2];
+    rope_freqs(rc, freq);
+    kern_heads c = {rc->nh, rc->nkv, rc->hd, rc->rd, rc->neox, fd, rc->mscale};
     kern_kv kv = {kvd, 0, 0, LAYERS, rc->nkv, rc->hd, BS, be};
-    if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !dput(qd_, q0, sizeof(float) * T * qd) ||
+    if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !fd || !dput(fd, freq, sizeof(double) * (size_t)(rc->rd / 2)) ||
+        !dput(qd_, q0, sizeof(float) * T * qd) ||
         !dput(kd_, k0, sizeof(float) * T * kd) || !dput(vd, v0, sizeof(float) * T * kd) ||
         !dput(pd, pos, sizeof pos) || !dput(sd, slot, sizeof slot) || !dput(kvd, pool0, pool_n * 2) ||
         !ran(kern_rope_store(&G.k, G.st, &c, &kv, qd_, kd_, vd, pd, sd, LAYER, T), "kern_rope_store") ||
@@ -971,7 +988,7 @@ static int attn_setup(attn_fx *f, const attn_case *ac, char *why, size_t wn) {
     }
     f->q = xmalloc(sizeof(float) * (size_t)f->T * f->qd);
     for (size_t i = 0; i < (size_t)f->T * f->qd; i++) f->q[i] = rnd_sym(3.0f);
-    f->c = (kern_heads){f->nh, ac->nkv, ac->hd, 0, 0, 0.0f};
+    f->c = (kern_heads){f->nh, ac->nkv, ac->hd, 0, 0, 0, 0.0f};
     if (cplan_attn_geom(ac->hd, ac->g, &f->geom) < 0) {
         snprintf(why, wn, "cplan_attn_geom(%d, %d) refused", ac->hd, ac->g);
         return -1;

@@ -11,8 +11,9 @@
 # "llama-3-8b:Q4_K_M llama-3-8b:Q8_0 qwen2.5-7b:BF16") makes each real-shape model here
 # with kiln-shape (`kilnd shape`, this machine's cores; models this size cannot travel
 # to it) and runs gpu_bench on it; results in gpu_bench-SHAPE-TYPE.txt. The CUDA
-# backend refuses what it does not implement yet (RoPE factors, Qwen3's q/k norms, MoE,
-# Gemma): llama-3-8b and qwen2.5-7b are the 8B-class shapes it runs today.
+# backend refuses what it does not implement yet (Qwen3's q/k norms, MoE, Gemma,
+# LongRoPE): llama-3-8b, llama-3.1-8b (its RoPE factors from the CPU's angle table) and
+# qwen2.5-7b are the 8B-class shapes it runs.
 #
 # Results go to $OUT: run.log (this script), gpu_test.txt, gpu_bench.txt, kilnd.txt.
 # The build needs the CUDA toolkit and gcc, nothing from the network (gpu-progs has no
