@@ -32,6 +32,7 @@
 typedef struct {
     kern_mat wq, wk, wv, wo, gate, up, down;
     CUdeviceptr attn_norm, ffn_norm, bq, bk, bv;
+    CUdeviceptr q_norm, k_norm; /* Qwen3's per-head RMSNorm weights, or 0 */
 } dlayer;
 
 /* KILN_CUDA_PROFILE=1 in the environment: an event after each kernel (graphs off), the
@@ -199,6 +200,8 @@ static int walk_weights(cuda_backend *cb, wwalk *w) {
         if (!r) r = put_vec(w, s->bq, qd, &d->bq);
         if (!r) r = put_vec(w, s->bk, kd, &d->bk);
         if (!r) r = put_vec(w, s->bv, kd, &d->bv);
+        if (!r) r = put_vec(w, s->q_norm, c->head_dim, &d->q_norm);
+        if (!r) r = put_vec(w, s->k_norm, c->head_dim, &d->k_norm);
     }
     return r;
 }
@@ -388,6 +391,13 @@ static int enqueue_forward(cuda_backend *cb, int use_blas) {
             (r = matmul(cb, &L->wv, cb->xb, cb->v, kd, T, 0, L->bv, use_blas)))
             return r;
         prof_mark(cb, P_QKV);
+        if (L->q_norm) { /* Qwen3: each head's q and k rows RMS-normalized before RoPE */
+            CK(kern_rmsnorm(k, s, cb->q, cb->q, L->q_norm, c->head_dim, eps, 0, T * c->n_heads),
+               "cuda: k_rmsnorm q heads");
+            CK(kern_rmsnorm(k, s, cb->kk, cb->kk, L->k_norm, c->head_dim, eps, 0, T * c->n_kv_heads),
+               "cuda: k_rmsnorm k heads");
+            prof_mark(cb, P_NORM);
+        }
         CK(kern_rope_store(k, s, &cb->heads, &cb->kvd, cb->q, cb->kk, cb->v, STAGE(pos), STAGE(slot), l, T),
            "cuda: k_rope_store");
         prof_mark(cb, P_ROPE);

@@ -142,9 +142,8 @@ int model_load(model *m, const char *path, char *err, size_t errlen);
  * LongRoPE's choice of factors, made as llama.cpp makes it (long beyond the original
  * context). model_load assumes the trained context; call this before creating states. */
 void model_set_context(model *m, int n_ctx);
-/* What a model needs beyond the Llama/Qwen2 forward pass with cfg.rope_freq's angles
- * (per-head q/k norms, MoE, Gemma's and Granite's extras, LongRoPE's context-dependent
- * factors), as a comma-separated list for an error message, or "" and 0 when nothing:
+/* What a model needs beyond the Llama/Qwen2/Qwen3 forward pass with cfg.rope_freq's
+ * angles (MoE, Gemma's and Granite's extras, LongRoPE's context-dependent factors), as a comma-separated list for an error message, or "" and 0 when nothing:
  * for backends (CUDA) that implement only that pass. */
 int model_extras(const model *m, char *buf, size_t n);
 void model_free(model *m);

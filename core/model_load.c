@@ -642,7 +642,6 @@ void model_set_context(model *m, int n_ctx) {
 int model_extras(const model *m, char *buf, size_t n) {
     const model_config *c = &m->cfg;
     struct { int on; const char *what; } x[] = {
-        {c->qk_norm, "per-head q/k RMSNorm (Qwen3)"},
         {c->n_expert > 0, "mixture of experts"},
         {c->ffn_gelu || c->post_norms || c->final_softcap > 0 || c->attn_softcap > 0,
          "Gemma's GeGLU, post-norms and soft-capping"},

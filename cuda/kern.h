@@ -58,6 +58,7 @@ void kern_unload(kern *k);
 
 CUresult kern_embed(const kern *k, CUstream s, CUdeviceptr x, const kern_mat *w, CUdeviceptr tokens,
                     int T);
+/* out row i = rmsnorm(x row rows[i], or i without rows) * w, n rows of d; out may be x. */
 CUresult kern_rmsnorm(const kern *k, CUstream s, CUdeviceptr out, CUdeviceptr x, CUdeviceptr w,
                       int d, float eps, CUdeviceptr rows, int n);
 /* out[t*ostride + r] (=, or += when add) W·x[t*xstride] (+ bias) for T tokens. */

@@ -160,10 +160,10 @@ run "shapes/kilnd-shape" tests/shapes/shape_test.sh "$BUILD/gnu/kilnd" "$MODEL" 
 # The CUDA kilnd (make cuda; built wherever nvcc is, no GPU needed): without a driver it
 # says why, and `auto` falls back to the CPU with the same tokens.
 if [ -x "$BUILD/cuda/kilnd" ]; then
-  if want cuda/no-gpu-fallback && ! [ -f "$BUILD/tiny-models/tiny-qwen3.gguf" ]; then
+  if want cuda/no-gpu-fallback && ! [ -f "$BUILD/tiny-models/tiny-qwen3moe.gguf" ]; then
     "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
   fi
-  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL" "$BUILD/tiny-models/tiny-qwen3.gguf"
+  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL" "$BUILD/tiny-models/tiny-qwen3moe.gguf"
 else
   skip_entry "cuda/no-gpu-fallback" "no $BUILD/cuda/kilnd (make cuda: needs nvcc)"
 fi

@@ -2,7 +2,7 @@
 # nogpu.sh CUDA_KILND MODEL [EXTRAS_MODEL]: the CUDA kilnd on a machine without a GPU
 # (CI): asked for cuda it refuses with the reason; with `auto` it says why it uses the CPU
 # and gives the CPU's tokens. On a machine that does have a GPU, cuda and cpu must agree
-# instead. EXTRAS_MODEL (a model with math the CUDA kernels lack, e.g. tiny-qwen3): cuda
+# instead. EXTRAS_MODEL (a model with math the CUDA kernels lack, e.g. tiny-qwen3moe): cuda
 # refuses it naming what, before looking for a device, and auto runs it on the CPU.
 set -u
 K=$1 M=$2 X=${3:-}

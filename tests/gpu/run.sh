@@ -11,11 +11,12 @@
 # "llama-3-8b:Q4_K_M llama-3-8b:Q8_0 qwen2.5-7b:BF16") makes each real-shape model here
 # with kiln-shape (`kilnd shape`, this machine's cores; models this size cannot travel
 # to it) and runs gpu_bench on it; results in gpu_bench-SHAPE-TYPE.txt. The CUDA
-# backend refuses what it does not implement yet (Qwen3's q/k norms, MoE, Gemma,
-# LongRoPE): llama-3-8b, llama-3.1-8b (its RoPE factors from the CPU's angle table) and
-# qwen2.5-7b are the 8B-class shapes it runs.
+# backend refuses what it does not implement yet (MoE, Gemma, LongRoPE): llama-3-8b,
+# llama-3.1-8b (its RoPE factors from the CPU's angle table), qwen3-8b and qwen2.5-7b
+# are the 8B-class shapes it runs.
 #
-# Results go to $OUT: run.log (this script), gpu_test.txt, gpu_bench.txt, kilnd.txt.
+# Results go to $OUT: run.log (this script), gpu_test.txt, gpu_bench.txt, kilnd.txt,
+# families.txt.
 # The build needs the CUDA toolkit and gcc, nothing from the network (gpu-progs has no
 # dependency on lwIP, mbedTLS or inih). Exit status: 0 when every test passed.
 set -u
@@ -66,6 +67,28 @@ if "$KILND" version >/dev/null 2>&1; then
   grep -q '^FAIL' "$OUT/kilnd.txt" && fail=1
 else
   echo "run.sh: no runnable CUDA kilnd at $KILND: the end-to-end part is skipped"
+fi
+
+# The families' own math on the GPU, each tiny model's greedy tokens against the CPU's
+# --exact: Llama 3.1+ rope_freqs (tiny-llama3), Qwen3's per-head q/k norms and YaRN
+# (tiny-qwen3), YaRN with a log multiplier (tiny-mistral3), Qwen2's biases (tiny-qwen2).
+# They are made on the build machine (tests/ref/make_tiny_models.py $BUILD/tiny-models,
+# which `make test` does) and travel with the tree (the device tool's carry:
+# build/tiny-models); skipped, and said so, without them.
+step "tiny models of the families on the GPU"
+if "$KILND" version >/dev/null 2>&1 && [ -d "$BUILD/tiny-models" ]; then
+  for name in tiny-llama3 tiny-qwen3 tiny-mistral3 tiny-qwen2; do
+    m=$BUILD/tiny-models/$name.gguf
+    [ -f "$m" ] || { echo "run.sh: no $m"; continue; }
+    a=(generate --model "$m" --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 16 --temperature 0 --ids)
+    g=$(timeout 60 "$KILND" "${a[@]}" --backend cuda 2>"$OUT/$name.err")
+    c=$(timeout 60 "$KILND" "${a[@]}" --backend cpu --exact 2>/dev/null)
+    if [ -n "$g" ] && [ "$g" = "$c" ]; then echo "PASS $name: cuda = cpu --exact ($g)"
+    else echo "FAIL $name: cuda [$g] cpu [$c] $(tail -1 "$OUT/$name.err")"; fi
+  done 2>&1 | tee "$OUT/families.txt"
+  grep -q '^FAIL' "$OUT/families.txt" && fail=1
+else
+  echo "run.sh: no CUDA kilnd or no $BUILD/tiny-models: the families' step is skipped"
 fi
 
 for st in ${SHAPES:-}; do
