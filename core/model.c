@@ -704,6 +704,21 @@ static int att_tiles(model_state *s, const model_batch *b, const model_config *c
     return s->n_att_tiles = n;
 }
 
+/* Asks for the K and V rows [0, rows) of heads [h0, h0 + nh) of a block, one block
+ * ahead of their attn_block calls: the page table scatters a sequence's blocks, so the
+ * hardware prefetcher starts afresh at each 2 KB slab and a decode at a long context
+ * waited on memory at every block. */
+static void att_prefetch(const kv_pool *kv, int32_t blk, int layer, int h0, int nh, int rows) {
+    int q8 = kv_is_q8(kv, blk);
+    size_t el = q8 ? 1 : sizeof(uint16_t); /* a block's heads are adjacent slabs */
+    size_t bytes = ((size_t)(nh - 1) * kv->head_elems + (size_t)rows * kv->cfg.head_dim) * el;
+    const char *k = q8 ? (const char *)kv_q8_slab(kv, blk, layer, 0, h0)
+                       : (const char *)kv_k(kv, blk, layer, h0);
+    const char *v = q8 ? (const char *)kv_q8_slab(kv, blk, layer, 1, h0)
+                       : (const char *)kv_v(kv, blk, layer, h0);
+    for (size_t o = 0; o < bytes; o += 64) isa_prefetch_l2(k + o), isa_prefetch_l2(v + o);
+}
+
 /* Tokens [t0, t0 + nt) of one sequence at consecutive positions, each with the query
  * heads that share each of its KV heads [h0, h0 + nh) (nt * nh ≤ ATT_MAX_STATES),
  * against the sequence's positions up to the token's own, block by block through the
@@ -715,21 +730,6 @@ static int att_tiles(model_state *s, const model_batch *b, const model_config *c
  * instead of nh scattered ones. Each (token, head) state sees the same blocks, in the
  * same order and with the same counts, whatever the tiling: the arithmetic of a token
  * does not depend on its batch. */
-/* Asks for the K and V rows [0, rows) of heads [h0, h0 + nh) of a block, one block
- * ahead of their attn_block calls: the page table scatters a sequence's blocks, so the
- * hardware prefetcher starts afresh at each 2 KB slab and a decode at a long context
- * waited on memory at every block. */
-static void att_prefetch(const kv_pool *kv, int32_t blk, int layer, int h0, int nh, int rows) {
-    size_t row = (size_t)kv->cfg.head_dim * (kv_is_q8(kv, blk) ? 1 : sizeof(uint16_t));
-    size_t slab = (size_t)kv->head_elems * (kv_is_q8(kv, blk) ? 1 : sizeof(uint16_t));
-    size_t bytes = (size_t)(nh - 1) * slab + (size_t)rows * row; /* a block's heads are adjacent */
-    const char *k = kv_is_q8(kv, blk) ? (const char *)kv_q8_slab(kv, blk, layer, 0, h0)
-                                      : (const char *)kv_k(kv, blk, layer, h0);
-    const char *v = kv_is_q8(kv, blk) ? (const char *)kv_q8_slab(kv, blk, layer, 1, h0)
-                                      : (const char *)kv_v(kv, blk, layer, h0);
-    for (size_t o = 0; o < bytes; o += 64) isa_prefetch_l2(k + o), isa_prefetch_l2(v + o);
-}
-
 static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
     const model_config *c = &j->m->cfg;
     const kv_pool *kv = j->kv;
