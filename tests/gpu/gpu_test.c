@@ -828,8 +828,8 @@ static void check_rope(const rope_case *rc) {
     rope_freqs(rc, freq);
     kern_heads c = {rc->nh, rc->nkv, rc->hd, rc->rd, rc->neox, fd, rc->mscale};
     kern_kv kv = {kvd, 0, 0, LAYERS, rc->nkv, rc->hd, BS, be};
-    if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !fd || !dput(fd, freq, sizeof(double) * (size_t)(rc->rd / 2)) ||
-        !dput(qd_, q0, sizeof(float) * T * qd) ||
+    if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !fd ||
+        !dput(fd, freq, sizeof(double) * (size_t)(rc->rd / 2)) || !dput(qd_, q0, sizeof(float) * T * qd) ||
         !dput(kd_, k0, sizeof(float) * T * kd) || !dput(vd, v0, sizeof(float) * T * kd) ||
         !dput(pd, pos, sizeof pos) || !dput(sd, slot, sizeof slot) || !dput(kvd, pool0, pool_n * 2) ||
         !ran(kern_rope_store(&G.k, G.st, &c, &kv, qd_, kd_, vd, pd, sd, LAYER, T), "kern_rope_store") ||
