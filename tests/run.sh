@@ -163,7 +163,8 @@ if [ -x "$BUILD/cuda/kilnd" ]; then
   if want cuda/no-gpu-fallback && ! [ -f "$BUILD/tiny-models/tiny-qwen3moe.gguf" ]; then
     "$PY" tests/ref/make_tiny_models.py "$BUILD/tiny-models" >/dev/null
   fi
-  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL" "$BUILD/tiny-models/tiny-qwen3moe.gguf"
+  run "cuda/no-gpu-fallback" tests/gpu/nogpu.sh "$BUILD/cuda/kilnd" "$MODEL" "$BUILD/tiny-models/tiny-qwen3moe.gguf" \
+    "$BUILD/tiny-models/tiny-llama3.gguf" "$BUILD/tiny-models/tiny-qwen3.gguf"
 else
   skip_entry "cuda/no-gpu-fallback" "no $BUILD/cuda/kilnd (make cuda: needs nvcc)"
 fi

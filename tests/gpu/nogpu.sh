@@ -4,8 +4,20 @@
 # and gives the CPU's tokens. On a machine that does have a GPU, cuda and cpu must agree
 # instead. EXTRAS_MODEL (a model with math the CUDA kernels lack, e.g. tiny-qwen3moe): cuda
 # refuses it naming what, before looking for a device, and auto runs it on the CPU.
+# FAMILY... (models whose math the CUDA backend does implement: tiny-llama3's RoPE
+# factors, tiny-qwen3's q/k norms and YaRN): cuda takes them up to the device, so
+# without a GPU it refuses them only for the missing driver or device, never by name.
 set -u
 K=$1 M=$2 X=${3:-}
+shift $(($# < 3 ? $# : 3))
+for f in "$@"; do
+  if err=$("$K" generate --model "$f" --prompt-ids 1,2,3 --max-tokens 2 --ids --backend cuda 2>&1 >/dev/null); then
+    echo "a GPU ran $(basename "$f")"; continue
+  fi
+  echo "--backend cuda on $(basename "$f"): $err"
+  grep -q "does not implement" <<<"$err" && { echo "FAIL: cuda refused $f by name"; exit 1; }
+  grep -Eq "no NVIDIA driver|no CUDA device|driver is too old" <<<"$err" || { echo "FAIL: no clear reason"; exit 1; }
+done
 if [ -n "$X" ]; then
   xargs_=(generate --model "$X" --prompt-ids 1,2,3 --max-tokens 4 --temperature 0 --ids --threads 2)
   if "$K" "${xargs_[@]}" --backend cuda >/dev/null 2>/tmp/nogpu.$$; then
