@@ -26,6 +26,17 @@ static inline void attn_softcap_scores(float s[][ATTN_MAX_BLOCK], int g, int n, 
         for (int i = 0; i < n; i++) s[j][i] = cap * tanhf(s[j][i] / cap);
 }
 
+/* call, with GJ the queries of this pass (left: those still to go) as a constant: the
+ * bodies inline once per count, their per-query tests gone from the inner loops (the
+ * branches on a variable count were a fifth of a block's samples). */
+#define ATTN_GROUPS(left, call)                                                             \
+    switch ((left) < 4 ? (left) : 4) {                                                    \
+    case 4: { enum { GJ = 4 }; call; break; }                                              \
+    case 3: { enum { GJ = 3 }; call; break; }                                              \
+    case 2: { enum { GJ = 2 }; call; break; }                                              \
+    default: { enum { GJ = 1 }; call; break; }                                             \
+    }
+
 #define ATTN_BODY attn_body_f16
 #define ATTN_SCORES attn_scores_f16
 #define ATTN_VALUES attn_values_f16

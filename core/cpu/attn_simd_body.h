@@ -9,7 +9,7 @@
 /* Scores of queries [j0, j0+gj) (gj ≤ 4) against keys [0, n), times ks, into s. Four
  * keys' lane-wise dot products are folded by RED4, W keys' by REDW into one vector of W
  * scores: about two shuffles per key instead of a horizontal sum per key and query. */
-static inline void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q, int j0, int gj,
+static inline __attribute__((always_inline)) void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q, int j0, int gj,
                                       int hd, const ATTN_ELEM *K, float ks, int n) {
     const float *q0 = q + (size_t)j0 * hd;
     for (int i0 = 0; i0 < n; i0 += W) {
@@ -41,7 +41,7 @@ static inline void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q, int j0
 
 /* acc[j] += sum_i p[j][i] * V[i] for queries [j0, j0+gj), two W-lane columns at a time:
  * up to eight independent FMA chains, enough to hide the FMA latency. */
-static inline void ATTN_VALUES(attn_state *st, float p[][ATTN_MAX_BLOCK], int j0, int gj,
+static inline __attribute__((always_inline)) void ATTN_VALUES(attn_state *st, float p[][ATTN_MAX_BLOCK], int j0, int gj,
                                       const ATTN_ELEM *V, int n) {
     int hd = st->hd;
     for (int d = 0; d < hd; d += 2 * W) {
@@ -78,7 +78,7 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
     int g = st->g, hd = st->hd, nw = (n + W - 1) / W * W;
     /* rows rounded up to W: whole vectors throughout, the pad scores -inf (weight 0) */
     float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK] __attribute__((aligned(64)));
-    for (int j0 = 0; j0 < g; j0 += 4) ATTN_SCORES(s, q, j0, g - j0 < 4 ? g - j0 : 4, hd, K, ks, n);
+    for (int j0 = 0; j0 < g; j0 += 4) ATTN_GROUPS(g - j0, ATTN_SCORES(s, q, j0, GJ, hd, K, ks, n));
     if (st->softcap > 0.0f) attn_softcap_scores(s, g, n, st->softcap);
     /* softmax weights under the new max; rescale what was accumulated before (unless
      * the max stayed: a factor of 1 changes nothing). The V scale rides on the weights;
@@ -104,7 +104,7 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
         st->l[j] += lane_sum(vsum);
         st->m[j] = mx;
     }
-    for (int j0 = 0; j0 < g; j0 += 4) ATTN_VALUES(st, s, j0, g - j0 < 4 ? g - j0 : 4, V, n);
+    for (int j0 = 0; j0 < g; j0 += 4) ATTN_GROUPS(g - j0, ATTN_VALUES(st, s, j0, GJ, V, n));
 }
 
 #undef ATTN_BODY

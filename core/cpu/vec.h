@@ -1,7 +1,7 @@
 /* vec.h: helpers written once over a set of vector macros that core/cpu/vec_avx2.h (8
  * lanes) or core/cpu/vec_avx512.h (16 lanes) defines: VEC (type), W (lanes), LOADH(p)
  * (f16 -> f32 vector), LOADB(p) (int8 -> f32 vector), LOAD, STORE, SET1, ZERO, ADD,
- * SUB, MUL, DIV, FMA(a,b,c) (a*b+c), MAXV, MINV, RINT (to nearest), LDEXP(e, k) (e * 2^k, k
+ * SUB, MUL, DIV, FMA(a,b,c) (a*b+c), MAXV, MINV, REDUCE_ADD, REDUCE_MAX (lanes to a float), RINT (to nearest), LDEXP(e, k) (e * 2^k, k
  * integral), ZERO_BELOW(x, lim, e) (e where x >= lim, else 0), and within each 128-bit
  * lane UNPACKLO, UNPACKHI, SHUF4(a, b, imm) (the unpack and shuffle_ps instructions). Included after one of
  * them by each SIMD kernel file (no include guard: once per translation unit). */
@@ -23,18 +23,10 @@ static inline VEC vexp(VEC x) {
     return ZERO_BELOW(x, -87.0f, LDEXP(e, k));
 }
 
-/* Sum of a vector's lanes, in lane order (the same order every time). */
-static inline float lane_sum(VEC v) {
-    float t[W], sum = 0.0f;
-    STORE(t, v);
-    for (int l = 0; l < W; l++) sum += t[l];
-    return sum;
-}
+/* A vector's lanes summed, or their max, by the includer's fixed tree (halves, then
+ * quarters, ...: REDUCE_ADD, REDUCE_MAX): the same order every time, and a dependency
+ * depth of log2(W) where a lane-order loop was W long; attention reduces each query's
+ * scores once per KV block. */
+static inline float lane_sum(VEC v) { return REDUCE_ADD(v); }
 
-static inline float lane_max(VEC v) {
-    float t[W], m = -__builtin_inff();
-    STORE(t, v);
-    for (int l = 0; l < W; l++) m = t[l] > m ? t[l] : m;
-    return m;
-}
-
+static inline float lane_max(VEC v) { return REDUCE_MAX(v); }

@@ -15,6 +15,8 @@
 #define SUB _mm256_sub_ps
 #define MAXV _mm256_max_ps
 #define MINV _mm256_min_ps
+#define REDUCE_ADD avx2_reduce_add
+#define REDUCE_MAX avx2_reduce_max
 #define UNPACKLO _mm256_unpacklo_ps
 #define UNPACKHI _mm256_unpackhi_ps
 #define SHUF4 _mm256_shuffle_ps
@@ -25,3 +27,16 @@
 #define ZERO_BELOW(x, lim, e) _mm256_and_ps(_mm256_cmp_ps((x), SET1(lim), _CMP_GE_OQ), (e))
 #define LOAD _mm256_loadu_ps
 #define STORE _mm256_storeu_ps
+
+/* The 8 lanes to one by a tree: 4+4, 2+2, 1+1. */
+static inline float avx2_reduce_add(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float avx2_reduce_max(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}

@@ -15,6 +15,8 @@
 #define SUB _mm512_sub_ps
 #define MAXV _mm512_max_ps
 #define MINV _mm512_min_ps
+#define REDUCE_ADD _mm512_reduce_add_ps /* trees: 8+8 lanes, 4+4, 2+2, 1+1 */
+#define REDUCE_MAX _mm512_reduce_max_ps
 #define UNPACKLO _mm512_unpacklo_ps
 #define UNPACKHI _mm512_unpackhi_ps
 #define SHUF4 _mm512_shuffle_ps
