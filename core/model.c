@@ -704,19 +704,22 @@ static int att_tiles(model_state *s, const model_batch *b, const model_config *c
     return s->n_att_tiles = n;
 }
 
-/* Asks for the K and V rows [0, rows) of heads [h0, h0 + nh) of a block, one block
- * ahead of their attn_block calls: the page table scatters a sequence's blocks, so the
- * hardware prefetcher starts afresh at each 2 KB slab and a decode at a long context
- * waited on memory at every block. */
+/* Asks for the K slabs and the V rows [0, rows) of heads [h0, h0 + nh) of a block, one
+ * block ahead of their attn_block calls: the page table scatters a sequence's blocks,
+ * so the hardware prefetcher starts afresh at each 2 KB slab and a decode at a long
+ * context waited on memory at every block. (A K slab is dimension-major: its first
+ * rows' keys lie across all of it.) */
 static void att_prefetch(const kv_pool *kv, int32_t blk, int layer, int h0, int nh, int rows) {
     int q8 = kv_is_q8(kv, blk);
     size_t el = q8 ? 1 : sizeof(uint16_t); /* a block's heads are adjacent slabs */
-    size_t bytes = ((size_t)(nh - 1) * kv->head_elems + (size_t)rows * kv->cfg.head_dim) * el;
+    size_t kbytes = (size_t)nh * kv->head_elems * el;
+    size_t vbytes = ((size_t)(nh - 1) * kv->head_elems + (size_t)rows * kv->cfg.head_dim) * el;
     const char *k = q8 ? (const char *)kv_q8_slab(kv, blk, layer, 0, h0)
                        : (const char *)kv_k(kv, blk, layer, h0);
     const char *v = q8 ? (const char *)kv_q8_slab(kv, blk, layer, 1, h0)
                        : (const char *)kv_v(kv, blk, layer, h0);
-    for (size_t o = 0; o < bytes; o += 64) isa_prefetch_l2(k + o), isa_prefetch_l2(v + o);
+    for (size_t o = 0; o < kbytes; o += 64) isa_prefetch_l2(k + o);
+    for (size_t o = 0; o < vbytes; o += 64) isa_prefetch_l2(v + o);
 }
 
 /* Tokens [t0, t0 + nt) of one sequence at consecutive positions, each with the query
@@ -763,17 +766,17 @@ static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
             if (p0 < first[i] / bs * bs || p0 >= n_pos[i]) continue; /* outside its range */
             int skip = first[i] > p0 ? first[i] - p0 : 0; /* rows of this block before the window */
             int n = (n_pos[i] - p0 < bs ? n_pos[i] - p0 : bs) - skip;
-            size_t at = (size_t)skip * hd;
+            size_t at = (size_t)skip * hd; /* V's rows; K's columns start at skip */
             for (int h = 0; h < nh; h++) {
                 int kvh = h0 + h;
                 attn_state *sh = &st[i * nh + h];
                 if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
-                    attn_block_q8(sh, q[i * nh + h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + at,
+                    attn_block_q8(sh, q[i * nh + h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + skip, (size_t)bs,
                                   kv_q8_scale(kv, blk, j->layer, 0, kvh),
                                   kv_q8_slab(kv, blk, j->layer, 1, kvh) + at,
                                   kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
                 else
-                    attn_block(sh, q[i * nh + h], kv_k(kv, blk, j->layer, kvh) + at,
+                    attn_block(sh, q[i * nh + h], kv_k(kv, blk, j->layer, kvh) + skip, (size_t)bs,
                                kv_v(kv, blk, j->layer, kvh) + at, n);
             }
         }
@@ -830,8 +833,10 @@ static void rope_store_range(void *ctx, int t0, int t1) {
         int32_t blk = j->b->seq[t]->blocks[pos / bs];
         int slot = pos % bs;
         for (int h = 0; h < c->n_kv_heads; h++) {
-            quant_quantize(QT_F16, s->k + (size_t)t * kd + h * hd,
-                           kv_k(j->kv, blk, j->layer, h) + (size_t)slot * hd, hd);
+            uint16_t row[ATTN_MAX_DIM]; /* K's slab is dimension-major (mm/kv.h) */
+            uint16_t *K = kv_k(j->kv, blk, j->layer, h);
+            quant_quantize(QT_F16, s->k + (size_t)t * kd + h * hd, row, hd);
+            for (int d = 0; d < hd; d++) K[kv_k_index(j->kv, slot, d)] = row[d];
             quant_quantize(QT_F16, s->v + (size_t)t * kd + h * hd,
                            kv_v(j->kv, blk, j->layer, h) + (size_t)slot * hd, hd);
         }

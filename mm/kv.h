@@ -6,8 +6,9 @@
  * to a physical block id. Forks share blocks (refcount) and copy on write. Everything,
  * page tables and the prefix index included, is allocated at init; no call below allocates.
  *
- * Block layout: [layer][K,V][kv_head][slot][head_dim] f16, so a block is contiguous and
- * copy-on-write is one memcpy. s->n_tokens is the caller's count of positions written:
+ * Block layout: [layer][K,V][kv_head] slabs of f16, a K slab [head_dim][slot] and a V
+ * slab [slot][head_dim] (kv_k, kv_v), so a block is contiguous and copy-on-write is one
+ * memcpy. s->n_tokens is the caller's count of positions written:
  * kv_seq_reserve only makes capacity, the caller advances n_tokens after writing.
  *
  * Prefix cache (cfg.prefix_cache != 0), vLLM-style automatic prefix caching:
@@ -275,11 +276,18 @@ int kv_seq_match(kv_pool *p, kv_seq *s, const int32_t *tokens, int n_tokens);
  * refcount, no LRU move, no stats): what a waiting prompt will really need computed. */
 int kv_prefix_hits(const kv_pool *p, const int32_t *tokens, int n_tokens);
 
-/* [block_size][head_dim] f16 slabs of one (block, layer, head) of an f16 block; layer
- * is the model's, stored at lslot[layer]. */
+/* The f16 slabs of one (block, layer, head) of an f16 block; layer is the model's,
+ * stored at lslot[layer]. V slabs are slot-major, [block_size][head_dim]; K slabs are
+ * dimension-major, [head_dim][block_size] (kv_k_index): dimension d of the block's
+ * slots side by side, so attention takes a block's keys into a vector's lanes and a
+ * score needs no sum across lanes. */
 static inline uint16_t *kv_k(const kv_pool *p, int32_t block, int layer, int head) {
     return p->data + (size_t)p->loc[block] * p->unit_elems +
            ((size_t)p->lslot[layer] * 2 * (size_t)p->cfg.n_kv_heads + (size_t)head) * p->head_elems;
+}
+/* Where element d of slot's key lies in a K slab (f16 or int8). */
+static inline size_t kv_k_index(const kv_pool *p, int slot, int d) {
+    return (size_t)d * (size_t)p->cfg.block_size + (size_t)slot;
 }
 static inline uint16_t *kv_v(const kv_pool *p, int32_t block, int layer, int head) {
     return p->data + (size_t)p->loc[block] * p->unit_elems +
@@ -293,7 +301,8 @@ static inline int kv_is_q8(const kv_pool *p, int32_t block) { return p->q8 && p-
 static inline size_t kv_slab(const kv_pool *p, int layer, int is_v, int head) {
     return ((size_t)p->lslot[layer] * 2 + (size_t)is_v) * (size_t)p->cfg.n_kv_heads + (size_t)head;
 }
-/* [block_size][head_dim] int8 slab of an 8-bit block; value = q * kv_q8_scale. */
+/* The int8 slab of an 8-bit block, laid out as the f16 one (K dimension-major, V
+ * slot-major); value = q * kv_q8_scale. */
 static inline const int8_t *kv_q8_slab(const kv_pool *p, int32_t block, int layer, int is_v,
                                        int head) {
     return (const int8_t *)(p->data + (size_t)p->loc[block] * p->unit_elems) +
@@ -303,9 +312,9 @@ static inline float kv_q8_scale(const kv_pool *p, int32_t block, int layer, int 
     return p->scale[(size_t)block * 2 * (size_t)p->cfg.n_layers * (size_t)p->cfg.n_kv_heads +
                     kv_slab(p, layer, is_v, head)];
 }
-/* The first n rows of an 8-bit block's K and V slabs of (layer, head), as f16. */
-void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, int n, uint16_t *k,
-                uint16_t *v);
+/* An 8-bit block's K and V slabs of (layer, head), as f16 in the same layouts:
+ * head_elems values each into k and v. */
+void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, uint16_t *k, uint16_t *v);
 /* Turn an f16 block (in use or cached) into 8 bits in place: per slab a symmetric int8
  * scale (max |x| / 127), its second unit freed. 1 converted, 0 nothing to do (already
  * 8-bit, or the pool has no kv8), -EINVAL (no such block). No step may read the pool. */

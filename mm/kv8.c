@@ -188,9 +188,8 @@ static void slab_to_f16(const kv_f16_conv *cv, const int8_t *src, float scale, u
     }
 }
 
-void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, int n, uint16_t *k,
-                uint16_t *v) {
-    size_t m = (size_t)n * (size_t)p->cfg.head_dim;
+void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, uint16_t *k, uint16_t *v) {
+    size_t m = p->head_elems;
     const kv_f16_conv *cv = &p->cfg.f16;
     slab_to_f16(cv, kv_q8_slab(p, block, layer, 0, head), kv_q8_scale(p, block, layer, 0, head),
                 k, m);

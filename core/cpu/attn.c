@@ -21,15 +21,15 @@ static inline float elem(const void *p, size_t i, float scale, int q8) {
 
 /* For each query: scores against the block's keys, a new running max, the old sum and
  * output rescaled by exp(old max - new max), then the block's weighted values added. */
-static void ref_block(attn_state *st, const float *q, const void *K, float ks, const void *V,
-                      float vs, int n, int q8) {
+static void ref_block(attn_state *st, const float *q, const void *K, size_t kstride, float ks,
+                      const void *V, float vs, int n, int q8) {
     int g = st->g, hd = st->hd;
     static _Thread_local float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK];
     for (int j = 0; j < g; j++) {
         float mx = st->m[j];
         for (int i = 0; i < n; i++) {
             float dot = 0.0f;
-            for (int d = 0; d < hd; d++) dot += q[j * hd + d] * elem(K, (size_t)(i * hd + d), ks, q8);
+            for (int d = 0; d < hd; d++) dot += q[j * hd + d] * elem(K, (size_t)d * kstride + (size_t)i, ks, q8);
             if (st->softcap > 0.0f) dot = st->softcap * tanhf(dot / st->softcap);
             s[j][i] = dot;
             if (dot > mx) mx = dot;
@@ -46,20 +46,22 @@ static void ref_block(attn_state *st, const float *q, const void *K, float ks, c
     }
 }
 
-void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
-    ref_block(st, q, K, 1.0f, V, 1.0f, n, 0);
+void attn_block_ref(attn_state *st, const float *q, const uint16_t *K, size_t kstride,
+                    const uint16_t *V, int n) {
+    ref_block(st, q, K, kstride, 1.0f, V, 1.0f, n, 0);
 }
 
-void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, float ks,
-                       const int8_t *V, float vs, int n) {
-    ref_block(st, q, K, ks, V, vs, n, 1);
+void attn_block_q8_ref(attn_state *st, const float *q, const int8_t *K, size_t kstride,
+                       float ks, const int8_t *V, float vs, int n) {
+    ref_block(st, q, K, kstride, ks, V, vs, n, 1);
 }
 
 /* ---------------------------------------------------------------- dispatch */
 
-typedef void (*attn_f16_fn)(attn_state *, const float *, const uint16_t *, const uint16_t *, int);
-typedef void (*attn_q8_fn)(attn_state *, const float *, const int8_t *, float, const int8_t *,
-                           float, int);
+typedef void (*attn_f16_fn)(attn_state *, const float *, const uint16_t *, size_t,
+                            const uint16_t *, int);
+typedef void (*attn_q8_fn)(attn_state *, const float *, const int8_t *, size_t, float,
+                           const int8_t *, float, int);
 typedef struct {
     attn_f16_fn f16;
     attn_q8_fn q8;
@@ -84,13 +86,14 @@ static const attn_path *path(const attn_state *st) {
     return p;
 }
 
-void attn_block_q8(attn_state *st, const float *q, const int8_t *K, float ks, const int8_t *V,
-                   float vs, int n) {
-    path(st)->q8(st, q, K, ks, V, vs, n);
+void attn_block_q8(attn_state *st, const float *q, const int8_t *K, size_t kstride, float ks,
+                   const int8_t *V, float vs, int n) {
+    path(st)->q8(st, q, K, kstride, ks, V, vs, n);
 }
 
-void attn_block(attn_state *st, const float *q, const uint16_t *K, const uint16_t *V, int n) {
-    path(st)->f16(st, q, K, V, n);
+void attn_block(attn_state *st, const float *q, const uint16_t *K, size_t kstride,
+                const uint16_t *V, int n) {
+    path(st)->f16(st, q, K, kstride, V, n);
 }
 
 void attn_finish(const attn_state *st, float *out, size_t out_stride) {

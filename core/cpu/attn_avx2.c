@@ -9,9 +9,4 @@
 #define ATTN_FN attn_block_avx2
 #define ATTN_Q8_FN attn_block_q8_avx2
 
-/* Two RED4 results: add their halves, keys 0..3 in the low half, 4..7 in the high. */
-static inline __m256 REDW(const __m256 *u) {
-    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
-}
-
 #include "core/cpu/attn_simd.h"

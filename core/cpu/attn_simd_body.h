@@ -1,42 +1,50 @@
 /* attn_simd_body.h: the attention block's body (see attn_simd.h), included once per
  * K/V element type; no include guard on purpose. The includer defines ATTN_BODY (the
  * function's name) and its two helpers' (ATTN_SCORES, ATTN_VALUES), ATTN_ELEM (the
- * element type) and ATTN_LOADE (its vector load).
+ * element type), ATTN_LOADE (its vector load) and ATTN_LOADE_N (the first m lanes of
+ * one, the rest 0).
  *
  * Queries go four at a time (a GQA group is 3 for SmolLM2), so each K and V row is
  * converted to f32 once per four queries and their accumulators stay in registers. */
 
-/* Scores of queries [j0, j0+gj) (gj ≤ 4) against keys [0, n), times ks, into s. Four
- * keys' lane-wise dot products are folded by RED4, W keys' by REDW into one vector of W
- * scores: about two shuffles per key instead of a horizontal sum per key and query. */
-static inline __attribute__((always_inline)) void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q, int j0, int gj,
-                                      int hd, const ATTN_ELEM *K, float ks, int n) {
-    const float *q0 = q + (size_t)j0 * hd;
-    for (int i0 = 0; i0 < n; i0 += W) {
-        VEC u[4][W / 4];
-        for (int r4 = 0; r4 < W / 4; r4++) {
-            VEC c[4][4];
+/* Scores of queries [j0, j0+gj) (gj ≤ 4) against keys [i0, i0 + m) (m ≤ W; part: m < W,
+ * a constant at each call), times ks, into s. K is dimension-major (attn.h): element d
+ * of the W keys is one vector, so a query's W scores build up lane by lane, one FMA of
+ * its broadcast q[d] per d, in ch chains over d (d mod 2; d mod 4 for one or two
+ * queries: enough chains to hide the FMA's latency) summed at the end. A part vector
+ * loads its lanes past m as 0 and reads nothing past them. */
+static inline __attribute__((always_inline)) void ATTN_SCORES_VEC(
+    float s[][ATTN_MAX_BLOCK], const float *q0, int j0, const int gj, int hd,
+    const ATTN_ELEM *K, size_t kstride, float ks, int i0, int m, const int part) {
+    const int ch = gj > 2 ? 2 : 4;
+    VEC c[4][4];
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) c[0][r] = c[1][r] = c[2][r] = c[3][r] = ZERO();
-            int nr = n - (i0 + 4 * r4); /* keys left; rows past n stay 0 */
+    for (int jj = 0; jj < 4; jj++) c[jj][0] = c[jj][1] = c[jj][2] = c[jj][3] = ZERO();
+    for (int d = 0; d < hd; d += ch) {
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                if (r >= nr) break;
-                const ATTN_ELEM *kr = K + (size_t)(i0 + 4 * r4 + r) * hd;
-                for (int d = 0; d < hd; d += W) {
-                    VEC k = ATTN_LOADE(kr + d);
-                    c[0][r] = FMA(LOAD(q0 + d), k, c[0][r]);
-                    if (gj > 1) c[1][r] = FMA(LOAD(q0 + hd + d), k, c[1][r]);
-                    if (gj > 2) c[2][r] = FMA(LOAD(q0 + 2 * hd + d), k, c[2][r]);
-                    if (gj > 3) c[3][r] = FMA(LOAD(q0 + 3 * hd + d), k, c[3][r]);
-                }
-            }
+        for (int e = 0; e < ch; e++) {
+            const ATTN_ELEM *kr = K + (size_t)(d + e) * kstride + i0;
+            VEC k = part ? ATTN_LOADE_N(kr, m) : ATTN_LOADE(kr);
 #pragma GCC unroll 4
-            for (int jj = 0; jj < 4; jj++)
-                if (jj < gj) u[jj][r4] = RED4(c[jj][0], c[jj][1], c[jj][2], c[jj][3]);
+            for (int jj = 0; jj < gj; jj++) c[jj][e] = FMA(SET1(q0[jj * hd + d + e]), k, c[jj][e]);
         }
-        for (int jj = 0; jj < gj; jj++) STORE(&s[j0 + jj][i0], MUL(REDW(u[jj]), SET1(ks)));
     }
+#pragma GCC unroll 4
+    for (int jj = 0; jj < gj; jj++) {
+        VEC sum = ch == 2 ? ADD(c[jj][0], c[jj][1]) : ADD(ADD(c[jj][0], c[jj][1]), ADD(c[jj][2], c[jj][3]));
+        STORE(&s[j0 + jj][i0], MUL(sum, SET1(ks)));
+    }
+}
+
+/* Scores of queries [j0, j0+gj) against keys [0, n): whole vectors of keys, then the
+ * last part one. */
+static inline __attribute__((always_inline)) void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q,
+                                                              int j0, const int gj, int hd, const ATTN_ELEM *K,
+                                                              size_t kstride, float ks, int n) {
+    const float *q0 = q + (size_t)j0 * hd;
+    int i0 = 0;
+    for (; i0 + W <= n; i0 += W) ATTN_SCORES_VEC(s, q0, j0, gj, hd, K, kstride, ks, i0, W, 0);
+    if (i0 < n) ATTN_SCORES_VEC(s, q0, j0, gj, hd, K, kstride, ks, i0, n - i0, 1);
 }
 
 /* acc[j] += sum_i p[j][i] * V[i] for queries [j0, j0+gj), two W-lane columns at a time:
@@ -73,12 +81,12 @@ static inline __attribute__((always_inline)) void ATTN_VALUES(attn_state *st, fl
     }
 }
 
-static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K, float ks,
-                             const ATTN_ELEM *V, float vs, int n) {
+static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K, size_t kstride,
+                             float ks, const ATTN_ELEM *V, float vs, int n) {
     int g = st->g, hd = st->hd, nw = (n + W - 1) / W * W;
     /* rows rounded up to W: whole vectors throughout, the pad scores -inf (weight 0) */
     float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK] __attribute__((aligned(64)));
-    for (int j0 = 0; j0 < g; j0 += 4) ATTN_GROUPS(g - j0, ATTN_SCORES(s, q, j0, GJ, hd, K, ks, n));
+    for (int j0 = 0; j0 < g; j0 += 4) ATTN_GROUPS(g - j0, ATTN_SCORES(s, q, j0, GJ, hd, K, kstride, ks, n));
     if (st->softcap > 0.0f) attn_softcap_scores(s, g, n, st->softcap);
     /* softmax weights under the new max; rescale what was accumulated before (unless
      * the max stayed: a factor of 1 changes nothing). The V scale rides on the weights;
@@ -109,6 +117,8 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
 
 #undef ATTN_BODY
 #undef ATTN_SCORES
+#undef ATTN_SCORES_VEC
 #undef ATTN_VALUES
 #undef ATTN_ELEM
 #undef ATTN_LOADE
+#undef ATTN_LOADE_N

@@ -2,11 +2,15 @@
  * files built with AVX2 flags that write their kernels once over these macros
  * (attention, vmath). No include guard: one includer per translation unit. */
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 #define VEC __m256
 #define W 8
 #define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LOADB(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define LOADH_N avx2_loadh_n
+#define LOADB_N avx2_loadb_n
 #define SET1 _mm256_set1_ps
 #define ZERO _mm256_setzero_ps
 #define FMA _mm256_fmadd_ps
@@ -39,4 +43,18 @@ static inline float avx2_reduce_max(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* The first m (< W) elements of p, the other lanes 0 (AVX2 has no masked 16- or 8-bit
+ * loads: through a zeroed copy, nothing read past m). */
+static inline __m256 avx2_loadh_n(const uint16_t *p, int m) {
+    uint16_t t[8] = {0};
+    memcpy(t, p, sizeof *p * (size_t)m);
+    return LOADH(t);
+}
+
+static inline __m256 avx2_loadb_n(const int8_t *p, int m) {
+    int8_t t[8] = {0};
+    memcpy(t, p, (size_t)m);
+    return LOADB(t);
 }

@@ -7,6 +7,10 @@
 #define W 16
 #define LOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOADB(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+/* The first m (< W) elements of p, the other lanes 0: masked loads, nothing read past m. */
+#define LOADH_N(p, m) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << (m)) - 1), (p)))
+#define LOADB_N(p, m) \
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << (m)) - 1), (p))))
 #define SET1 _mm512_set1_ps
 #define ZERO _mm512_setzero_ps
 #define FMA _mm512_fmadd_ps

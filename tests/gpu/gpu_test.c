@@ -1039,6 +1039,7 @@ static void attn_ref_f16(const attn_fx *f, int t, int layer, float *out) {
     float scale = 1.0f / sqrtf((float)hd);
     static attn_state st;
     static float qs[ATTN_MAX_GROUP * ATTN_MAX_DIM];
+    static uint16_t kt[ATTN_MAX_DIM * A_BS];
     for (int h = 0; h < nkv; h++) {
         const float *src = f->q + (size_t)t * f->qd + (size_t)h * g * hd;
         for (int i = 0; i < g * hd; i++) qs[i] = src[i] * scale;
@@ -1047,7 +1048,12 @@ static void attn_ref_f16(const attn_fx *f, int t, int layer, float *out) {
             const uint16_t *blk = f->pool + (size_t)table[p0 / A_BS] * (size_t)f->be;
             const uint16_t *K = blk + ((size_t)layer * 2 * nkv + h) * (size_t)f->he;
             const uint16_t *V = blk + (((size_t)layer * 2 + 1) * nkv + h) * (size_t)f->he;
-            attn_block_ref(&st, qs, K, V, npos - p0 < A_BS ? npos - p0 : A_BS);
+            int m = npos - p0 < A_BS ? npos - p0 : A_BS;
+            /* the device's K rows are slot-major, the reference takes the CPU pool's
+             * dimension-major slab */
+            for (int i = 0; i < m; i++)
+                for (int d = 0; d < hd; d++) kt[(size_t)d * A_BS + (size_t)i] = K[(size_t)i * hd + (size_t)d];
+            attn_block_ref(&st, qs, kt, A_BS, V, m);
         }
         attn_finish(&st, out + (size_t)h * g * hd, (size_t)hd);
     }

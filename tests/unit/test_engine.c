@@ -60,7 +60,7 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 
 static uint16_t *fake_slot(const kv_pool *kv, const kv_seq *s, int layer, int pos) {
     int bs = kv->cfg.block_size;
-    return kv_k(kv, s->blocks[pos / bs], layer, 0) + (size_t)(pos % bs) * kv->cfg.head_dim;
+    return kv_k(kv, s->blocks[pos / bs], layer, 0) + kv_k_index(kv, pos % bs, 0);
 }
 
 static int fake_submit(backend *be, const model_batch *b) {

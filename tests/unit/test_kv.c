@@ -45,7 +45,7 @@ static void write_pos(kv_pool *p, const kv_seq *s, int pos, uint16_t tag) {
     for (int l = 0; l < p->cfg.n_layers; l++)
         for (int h = 0; h < p->cfg.n_kv_heads; h++)
             for (int d = 0; d < hd; d++) {
-                kv_k(p, b, l, h)[slot * hd + d] = val(tag, l, 0, h, d);
+                kv_k(p, b, l, h)[kv_k_index(p, slot, d)] = val(tag, l, 0, h, d);
                 kv_v(p, b, l, h)[slot * hd + d] = val(tag, l, 1, h, d);
             }
 }
@@ -56,7 +56,7 @@ static int read_ok(const kv_pool *p, const kv_seq *s, int pos, uint16_t tag) {
     for (int l = 0; l < p->cfg.n_layers; l++)
         for (int h = 0; h < p->cfg.n_kv_heads; h++)
             for (int d = 0; d < hd; d++)
-                if (kv_k(p, b, l, h)[slot * hd + d] != val(tag, l, 0, h, d) ||
+                if (kv_k(p, b, l, h)[kv_k_index(p, slot, d)] != val(tag, l, 0, h, d) ||
                     kv_v(p, b, l, h)[slot * hd + d] != val(tag, l, 1, h, d))
                     return 0;
     return 1;
@@ -937,7 +937,7 @@ static void q8_write(kv_pool *p, kv_seq *s, int pos, int32_t tok) {
     for (int l = 0; l < p->cfg.n_layers; l++)
         for (int h = 0; h < p->cfg.n_kv_heads; h++)
             for (int d = 0; d < hd; d++) {
-                kv_k(p, b, l, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 0, h, d));
+                kv_k(p, b, l, h)[kv_k_index(p, slot, d)] = quant_f32_to_f16(q8_val(pos, tok, l, 0, h, d));
                 kv_v(p, b, l, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 1, h, d));
             }
 }
@@ -954,20 +954,21 @@ static int q8_read_lossy(const kv_pool *p, const kv_seq *s, const int32_t *toks,
     int bs = p->cfg.block_size, hd = p->cfg.head_dim;
     int first = kv_swa_first(p->cfg.swa_window, n);
     uint16_t k[64], v[64];
+    CHECK(p->head_elems <= 64, "a slab fits the read-back buffers");
     for (int pos = 0; pos < n; pos++) {
         int32_t b = s->blocks[pos / bs];
         int slot = pos % bs;
         for (int l = 0; l < p->cfg.n_layers; l++)
             for (int h = 0; h < p->cfg.n_kv_heads && !(windowed(p, l) && pos < first); h++) {
-                const uint16_t *K = kv_k(p, b, l, h) + slot * hd, *V = kv_v(p, b, l, h) + slot * hd;
+                const uint16_t *K = kv_k(p, b, l, h), *V = kv_v(p, b, l, h) + slot * hd;
                 float tol = lossy ? 1.75f / 127.0f * 0.51f + 0.002f : 0.0f;
                 if (kv_is_q8(p, b)) {
-                    kv_q8_read(p, b, l, h, slot + 1, k, v);
-                    K = k + slot * hd, V = v + slot * hd;
+                    kv_q8_read(p, b, l, h, k, v);
+                    K = k, V = v + slot * hd;
                     tol = 1.75f / 127.0f * 0.51f + 0.002f;
                 }
                 for (int d = 0; d < hd; d++)
-                    if (fabsf(quant_f16_to_f32(K[d]) - q8_val(pos, toks[pos], l, 0, h, d)) > tol ||
+                    if (fabsf(quant_f16_to_f32(K[kv_k_index(p, slot, d)]) - q8_val(pos, toks[pos], l, 0, h, d)) > tol ||
                         fabsf(quant_f16_to_f32(V[d]) - q8_val(pos, toks[pos], l, 1, h, d)) > tol)
                         return 0;
             }
@@ -1074,7 +1075,7 @@ static void test_q8_nonfinite(void) {
     kv_k(&p, b, 0, 0)[1] = 0x7e00; /* NaN */
     CHECK(kv_block_to_q8(&p, b) == 1, "converted");
     uint16_t k[16], v[16];
-    kv_q8_read(&p, b, 0, 0, 4, k, v);
+    kv_q8_read(&p, b, 0, 0, k, v);
     float sc = kv_q8_scale(&p, b, 0, 0, 0);
     CHECK(sc > 0 && sc < 65505.0f / 127 * 1.001f, "finite scale %g", sc);
     CHECK(quant_f16_to_f32(k[0]) > 65000.0f && quant_f16_to_f32(k[1]) == 0.0f, "inf saturated, NaN zero: %g %g",
