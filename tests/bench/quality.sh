@@ -29,10 +29,10 @@ for f in "$@"; do
   kls=() same=0 n=0 agree=0
   for p in "${prompts[@]}"; do
     n=$((n + 1))
-    "$KILND" generate --model "$f" --threads "$THREADS" --prompt-ids "$p" --max-tokens 16 --ids \
+    "$KILND" generate --model "$f" --threads "$THREADS" --prompt-ids "$p" --max-tokens 16 --temperature 0 --ids \
       --exact --dump-logits "$tmp/exact.f32" >"$tmp/exact.ids" 2>"$tmp/exact.err" ||
       { echo "quality: $f: kilnd --exact failed: $(tail -1 "$tmp/exact.err")"; exit 1; }
-    "$KILND" generate --model "$f" --threads "$THREADS" --prompt-ids "$p" --max-tokens 16 --ids \
+    "$KILND" generate --model "$f" --threads "$THREADS" --prompt-ids "$p" --max-tokens 16 --temperature 0 --ids \
       --dump-logits "$tmp/q8.f32" >"$tmp/q8.ids" 2>"$tmp/q8.err" ||
       { echo "quality: $f: kilnd failed: $(tail -1 "$tmp/q8.err")"; exit 1; }
     agree=$((agree + $(awk 'NR == FNR { for (i = 1; i <= NF; i++) a[i] = $i; na = NF; next }
