@@ -37,7 +37,13 @@ Tolerances (why):
   (0.5 logits, comparable to the shift-removed noise above) the sequences may
   diverge; past that step every kilnd id is checked against the reference run
   on kilnd's own ids (teacher forcing) and must be its argmax or within NEAR_TIE
-  of it.  Near-ties are counted and printed.  This tiny model has many: in
+  of it, or else within NEAR_TIE of the argmax of the reference with kilnd's
+  rounding emulated (the --calibrate model), teacher-forced the same way: far
+  from the prompt the rounding noise grows (shift-removed max|Δ| 1.0-1.4 and KL
+  2-8e-2 at some chatml-capital continuation steps, alike for the emulation and
+  for kilnd builds whose summation orders differ), so a gap past 0.5 in the
+  float reference can be the rounding's own choice; the emulation tells which.
+  Near-ties are counted and printed.  This tiny model has many: in
   --calibrate 6 of 7 prompts diverge at a near-tie, at gaps of 0.005-0.08.
 """
 import argparse
@@ -119,7 +125,13 @@ def top2_gap(lg):
     return float(t[1] - t[0])
 
 
-def compare_ids(ref, prompt_ids, ref_ids, ref_steps, got_ids, eog):
+def teacher_forced(model, prompt_ids, got_ids):
+    """model's logits over kilnd's own continuation: row j is the step that chose id j."""
+    model.reset()
+    return model.forward(list(prompt_ids) + list(got_ids), 0)[len(prompt_ids) - 1:]
+
+
+def compare_ids(ref, prompt_ids, ref_ids, ref_steps, got_ids, eog, emul=None):
     """Returns (ok, n_near_ties, note).
 
     Until the first difference the ids must equal the reference's greedy ids.
@@ -127,7 +139,8 @@ def compare_ids(ref, prompt_ids, ref_ids, ref_steps, got_ids, eog):
     past it the sequences legitimately diverge, so the remaining kilnd ids are
     checked by teacher forcing: the reference is run on prompt + kilnd's own ids
     and every kilnd id must be the reference's argmax at that step, or within
-    NEAR_TIE of it (another near-tie).
+    NEAR_TIE of it (another near-tie), or, where emul (the reference with
+    kilnd's 8-bit rounding emulated) is given, within NEAR_TIE of emul's argmax.
     kilnd stops at an end-of-generation token; whether it prints that token or
     not, the reference must pick an EOG token at the same step."""
     n = len(got_ids)
@@ -165,20 +178,28 @@ def compare_ids(ref, prompt_ids, ref_ids, ref_steps, got_ids, eog):
         return False, 0, (f"id mismatch at step {first}: got {got_ids[first]} ref "
                           f"{ref_ids[first]} (ref top-2 gap {gap:.3f} >= {NEAR_TIE})")
     ties = [f"{first}(gap {gap:.3f})"]
-    # teacher-forced reference over kilnd's own continuation: row j chose id j
-    ref.reset()
-    lg = ref.forward(list(prompt_ids) + list(got_ids), 0)[len(prompt_ids) - 1:]
+    lg = teacher_forced(ref, prompt_ids, got_ids)
+    elg = None
     for j in range(first + 1, n):
         row = lg[j]
         best = int(np.argmax(row))
         if got_ids[j] == best:
             continue
         short = float(row[best] - row[got_ids[j]])
-        if short >= NEAR_TIE:
+        if short < NEAR_TIE:
+            ties.append(f"{j}(gap {short:.3f})")
+            continue
+        eshort = None
+        if emul is not None:
+            if elg is None:
+                elg = teacher_forced(emul, prompt_ids, got_ids)
+            eshort = float(elg[j].max() - elg[j][got_ids[j]])
+        if eshort is None or eshort >= NEAR_TIE:
             return False, len(ties), (
                 f"near-tie at step {first}, then teacher-forced mismatch at step {j}: got "
-                f"{got_ids[j]}, ref argmax {best} is {short:.3f} higher (>= {NEAR_TIE})")
-        ties.append(f"{j}(gap {short:.3f})")
+                f"{got_ids[j]}, ref argmax {best} is {short:.3f} higher (>= {NEAR_TIE})"
+                + (f", {eshort:.3f} in the 8-bit emulation" if eshort is not None else ""))
+        ties.append(f"{j}(gap {short:.3f}, emulated {eshort:.3f})")
     if omitted:
         short = stop_short(lg[n])
         if short >= NEAR_TIE:
@@ -308,6 +329,12 @@ def main(argv=None):
     except Exception:  # tokenizer cross-check is informational only
         hf = None
 
+    # kilnd's default path rounds as the emulation does; --exact and --calibrate
+    # are judged against the float reference alone
+    emul = None
+    if label == "kilnd" and not a.exact:
+        emul = ref_llama.load(a.model, emulate_q8=True)
+
     prompts = PROMPTS
     if a.only:
         want = set(a.only.split(","))
@@ -331,7 +358,7 @@ def main(argv=None):
         ref_ids, ref_lg, ref_steps = ref_llama.greedy(ref, ids, N_GEN, stop_ids=eog,
                                                       return_step_logits=True)
         lok, m, lwhy = compare_logits(ref_lg, got_lg)
-        iok, nt, iwhy = compare_ids(ref, ids, ref_ids, ref_steps, got_ids, eog)
+        iok, nt, iwhy = compare_ids(ref, ids, ref_ids, ref_steps, got_ids, eog, emul)
         near_ties += max(nt, int(bool(m.get("near_tie_top1"))))
         ok = lok and iok
         passed += ok
