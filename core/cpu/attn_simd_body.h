@@ -31,16 +31,17 @@ static inline __attribute__((always_inline)) void ATTN_SCORES_VEC(
     }
 #pragma GCC unroll 4
     for (int jj = 0; jj < gj; jj++) {
-        VEC sum = ch == 2 ? ADD(c[jj][0], c[jj][1]) : ADD(ADD(c[jj][0], c[jj][1]), ADD(c[jj][2], c[jj][3]));
+        VEC sum = ch == 2 ? ADD(c[jj][0], c[jj][1])
+                          : ADD(ADD(c[jj][0], c[jj][1]), ADD(c[jj][2], c[jj][3]));
         STORE(&s[j0 + jj][i0], MUL(sum, SET1(ks)));
     }
 }
 
 /* Scores of queries [j0, j0+gj) against keys [0, n): whole vectors of keys, then the
  * last part one. */
-static inline __attribute__((always_inline)) void ATTN_SCORES(float s[][ATTN_MAX_BLOCK], const float *q,
-                                                              int j0, const int gj, int hd, const ATTN_ELEM *K,
-                                                              size_t kstride, float ks, int n) {
+static inline __attribute__((always_inline)) void ATTN_SCORES(
+    float s[][ATTN_MAX_BLOCK], const float *q, int j0, const int gj, int hd,
+    const ATTN_ELEM *K, size_t kstride, float ks, int n) {
     const float *q0 = q + (size_t)j0 * hd;
     int i0 = 0;
     for (; i0 + W <= n; i0 += W) ATTN_SCORES_VEC(s, q0, j0, gj, hd, K, kstride, ks, i0, W, 0);
@@ -49,8 +50,8 @@ static inline __attribute__((always_inline)) void ATTN_SCORES(float s[][ATTN_MAX
 
 /* acc[j] += sum_i p[j][i] * V[i] for queries [j0, j0+gj), two W-lane columns at a time:
  * up to eight independent FMA chains, enough to hide the FMA latency. */
-static inline __attribute__((always_inline)) void ATTN_VALUES(attn_state *st, float p[][ATTN_MAX_BLOCK], int j0, int gj,
-                                      const ATTN_ELEM *V, int n) {
+static inline __attribute__((always_inline)) void ATTN_VALUES(
+    attn_state *st, float p[][ATTN_MAX_BLOCK], int j0, int gj, const ATTN_ELEM *V, int n) {
     int hd = st->hd;
     for (int d = 0; d < hd; d += 2 * W) {
         int two = d + W < hd; /* hd a multiple of W, maybe not of 2W */
@@ -86,7 +87,8 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
     int g = st->g, hd = st->hd, nw = (n + W - 1) / W * W;
     /* rows rounded up to W: whole vectors throughout, the pad scores -inf (weight 0) */
     float s[ATTN_MAX_GROUP][ATTN_MAX_BLOCK] __attribute__((aligned(64)));
-    for (int j0 = 0; j0 < g; j0 += 4) ATTN_GROUPS(g - j0, ATTN_SCORES(s, q, j0, GJ, hd, K, kstride, ks, n));
+    for (int j0 = 0; j0 < g; j0 += 4)
+        ATTN_GROUPS(g - j0, ATTN_SCORES(s, q, j0, GJ, hd, K, kstride, ks, n));
     if (st->softcap > 0.0f) attn_softcap_scores(s, g, n, st->softcap);
     /* softmax weights under the new max; rescale what was accumulated before (unless
      * the max stayed: a factor of 1 changes nothing). The V scale rides on the weights;
@@ -107,7 +109,8 @@ static inline void ATTN_BODY(attn_state *st, const float *q, const ATTN_ELEM *K,
             float corr = st->m[j] == -__builtin_inff() ? 0.0f : __builtin_expf(st->m[j] - mx);
             st->l[j] *= corr;
             VEC c = SET1(corr);
-            for (int d = 0; d < hd; d += W) STORE(st->acc + j * hd + d, MUL(LOAD(st->acc + j * hd + d), c));
+            float *aj = st->acc + j * hd;
+            for (int d = 0; d < hd; d += W) STORE(aj + d, MUL(LOAD(aj + d), c));
         }
         st->l[j] += lane_sum(vsum);
         st->m[j] = mx;

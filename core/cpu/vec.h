@@ -1,10 +1,10 @@
 /* vec.h: helpers written once over a set of vector macros that core/cpu/vec_avx2.h (8
  * lanes) or core/cpu/vec_avx512.h (16 lanes) defines: VEC (type), W (lanes), LOADH(p)
  * (f16 -> f32 vector), LOADB(p) (int8 -> f32 vector), LOAD, STORE, SET1, ZERO, ADD,
- * SUB, MUL, DIV, FMA(a,b,c) (a*b+c), MAXV, MINV, REDUCE_ADD, REDUCE_MAX (lanes to a float), RINT (to nearest), LDEXP(e, k) (e * 2^k, k
- * integral), ZERO_BELOW(x, lim, e) (e where x >= lim, else 0), and within each 128-bit
- * lane UNPACKLO, UNPACKHI, SHUF4(a, b, imm) (the unpack and shuffle_ps instructions). Included after one of
- * them by each SIMD kernel file (no include guard: once per translation unit). */
+ * SUB, MUL, DIV, FMA(a,b,c) (a*b+c), MAXV, MINV, REDUCE_ADD, REDUCE_MAX (lanes to a
+ * float), RINT (to nearest), LDEXP(e, k) (e * 2^k, k integral), ZERO_BELOW(x, lim, e)
+ * (e where x >= lim, else 0). Included after one of them by each SIMD kernel file (no
+ * include guard: once per translation unit). */
 
 /* exp for x ≤ 0 (scores minus their running max), W lanes: range-reduce by ln2, a
  * degree-6 polynomial on [-ln2/2, ln2/2], scale by 2^k. Relative error ≈ 2e-7; 0 below

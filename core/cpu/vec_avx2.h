@@ -21,9 +21,6 @@
 #define MINV _mm256_min_ps
 #define REDUCE_ADD avx2_reduce_add
 #define REDUCE_MAX avx2_reduce_max
-#define UNPACKLO _mm256_unpacklo_ps
-#define UNPACKHI _mm256_unpackhi_ps
-#define SHUF4 _mm256_shuffle_ps
 #define DIV _mm256_div_ps
 #define RINT(v) _mm256_round_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define LDEXP(e, k) _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(e), \

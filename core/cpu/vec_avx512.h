@@ -21,9 +21,6 @@
 #define MINV _mm512_min_ps
 #define REDUCE_ADD _mm512_reduce_add_ps /* trees: 8+8 lanes, 4+4, 2+2, 1+1 */
 #define REDUCE_MAX _mm512_reduce_max_ps
-#define UNPACKLO _mm512_unpacklo_ps
-#define UNPACKHI _mm512_unpackhi_ps
-#define SHUF4 _mm512_shuffle_ps
 #define DIV _mm512_div_ps
 #define RINT(v) _mm512_roundscale_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define LDEXP(e, k) _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(e), \
