@@ -405,8 +405,9 @@ run: tools model $(KILND)
 	KILND=$(KILND) MODEL=$(MODEL) THREADS=$(THREADS) scripts/run.sh
 
 # The packed CPU kernels, one thread, beside the rates of the instructions they stand
-# on, measured in the same run (tests/bench/kernels.c; seconds, no peer): first in
-# make bench, and where a kernel change is measured.
+# on, measured in the same run, then each type's decode streamed from memory beside a
+# plain read (tests/bench/kernels.c; seconds, no peer): first in make bench, and where
+# a kernel change is measured.
 $(BUILD)/gnu/kbench: $(BUILD)/gnu/obj/tests/bench/kernels.o $(BUILD)/gnu/libkilnd.a
 	gcc $(OPT) $^ -o $@ -lm -pthread
 bench-kernels: $(BUILD)/gnu/kbench

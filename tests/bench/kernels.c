@@ -20,17 +20,29 @@
  * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them). Where AMX
  * runs a type's prefill tile (isa.h), its share is still of vpdpbusd's rate.
  *
+ * Then decode from memory (--stream-mib M, default 256; 0: off): the type's packed rows
+ * copied out to M MiB, far past the caches, and streamed by decode's own arrangement
+ * (core/threads' pool, --threads, default 2; matrices of 8,192 rows, two tasks a thread
+ * each, one column), against a plain vector read of the same buffer by the same tasks,
+ * the two alternating, best of 5 each: whether a type's decode reads at the memory's
+ * rate, or its kernel (its prefetches, its work per byte) holds it below, on a machine
+ * whose read rate moves from minute to minute.
+ *
  * Prints: kbench: isa=L dpbusd_gmac_s=X fma_gmac_s=Y dpbf16_gmac_s=Z
- *         kbench: type=T n=N prefill_gmac_s=A prefill_pct=P decode_gmac_s=B decode_pct=Q */
+ *         kbench: type=T n=N prefill_gmac_s=A prefill_pct=P decode_gmac_s=B decode_pct=Q
+ *         kbench: type=T stream_mib=M threads=H decode_gb_s=D read_gb_s=R stream_pct=S */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <immintrin.h>
+
 #include "core/cpu/isa.h"
 #include "core/cpu/qpack.h"
 #include "core/cpu/quant.h"
+#include "core/threads.h"
 
 #define ROWS 32
 #define PREFILL_COLS 512
@@ -155,19 +167,120 @@ static int bench_type(uint32_t type, int64_t n, double ms, double peak) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- decode from memory */
+
+#define STREAM_MAT_ROWS 8192 /* an FFN matrix of the 1B shape: decode's barrier per matrix */
+#define STREAM_PASSES 5
+
+typedef struct {
+    uint32_t type;
+    int64_t n;
+    const uint8_t *wp, *x; /* packed rows; one column of activations */
+    size_t row_bytes;      /* packed bytes per row (a group's over QP_ROWS) */
+    int r0, rows, per;     /* this matrix's first row and rows; rows per task */
+    float *out;
+    uint64_t sink;         /* the plain reads' sums, kept so their loads stay */
+} stream_job;
+
+static void stream_decode_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    const stream_job *j = ctx;
+    int a = task * j->per, nr = j->rows - a < j->per ? j->rows - a : j->per;
+    qp_tile(j->type, j->n, j->wp, j->r0 + a, nr, j->x, 0, 1, j->out + a, 0);
+}
+
+/* The same rows' bytes summed 128 bytes a step: what the memory gives a task that does
+ * nothing else (AVX2 loads are enough to reach it). */
+__attribute__((target("avx2"))) static void stream_read_task(void *ctx, int task, int n_tasks) {
+    (void)n_tasks;
+    stream_job *j = ctx;
+    int a = task * j->per, nr = j->rows - a < j->per ? j->rows - a : j->per;
+    const uint8_t *p = j->wp + (size_t)(j->r0 + a) * j->row_bytes, *e = p + (size_t)nr * j->row_bytes;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (; p + 128 <= e; p += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)p));
+        s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(p + 32)));
+        s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(p + 64)));
+        s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(p + 96)));
+    }
+    __m256i v = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    __atomic_fetch_xor(&j->sink, (uint64_t)_mm256_extract_epi64(v, 0), __ATOMIC_RELAXED);
+}
+
+/* Seconds for one pass over every matrix of the buffer, a pool job per matrix. */
+static double stream_pass(thr_pool *tp, thr_fn fn, stream_job *j, int rows) {
+    int per = STREAM_MAT_ROWS / (2 * thr_pool_size(tp));
+    double t0 = now_s();
+    for (int r = 0; r < rows; r += STREAM_MAT_ROWS) {
+        j->r0 = r;
+        j->rows = rows - r < STREAM_MAT_ROWS ? rows - r : STREAM_MAT_ROWS;
+        j->per = per;
+        thr_run(tp, fn, j, (j->rows + per - 1) / per);
+    }
+    return now_s() - t0;
+}
+
+static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
+    const quant_traits *t = quant_traits_of(type);
+    if (!qp_wanted(type)) return 0;
+    size_t rs = quant_row_size(type, n), xsz = quant_row_size((uint32_t)t->dot_type, n);
+    size_t gb = qp_bytes(type, n, QP_ROWS);
+    if (gb % 128) { /* the plain read's steps stay inside a task's rows */
+        fprintf(stderr, "kbench: %s: a group of %zu bytes is no multiple of 128\n", t->name, gb);
+        return 1;
+    }
+    int groups = (int)((mib << 20) / gb), rows = groups * QP_ROWS;
+    float *f = malloc((size_t)n * sizeof *f), *out = malloc((size_t)rows * sizeof *out);
+    uint8_t *w = malloc(rs * QP_ROWS), *x = malloc(xsz);
+    uint8_t *wp = aligned_alloc(64, (size_t)groups * gb);
+    if (!f || !out || !w || !x || !wp || groups < 1) {
+        fprintf(stderr, "kbench: out of memory\n");
+        return 1;
+    }
+    uint32_t seed = 7;
+    for (int r = 0; r < QP_ROWS; r++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
+        quant_quantize_ref(type, f, w + r * rs, n);
+    }
+    for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
+    quant_quantize((uint32_t)t->dot_type, f, x, n);
+    qp_pack(type, n, w, rs, QP_ROWS, wp);
+    for (int g = 1; g < groups; g++) memcpy(wp + (size_t)g * gb, wp, gb); /* one group, everywhere */
+    stream_job j = {.type = type, .n = n, .wp = wp, .x = x, .row_bytes = gb / QP_ROWS, .out = out};
+    double dec = 1e30, rd = 1e30;
+    stream_pass(tp, stream_decode_task, &j, rows); /* untimed: pages and pool warm */
+    for (int pass = 0; pass < STREAM_PASSES; pass++) {
+        double a = stream_pass(tp, stream_decode_task, &j, rows);
+        double b = stream_pass(tp, stream_read_task, &j, rows);
+        if (a < dec) dec = a;
+        if (b < rd) rd = b;
+    }
+    double bytes = (double)groups * gb;
+    printf("kbench: type=%s stream_mib=%zu threads=%d decode_gb_s=%.1f read_gb_s=%.1f stream_pct=%.0f\n",
+           t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9, bytes / rd * 1e-9, 100 * rd / dec);
+    fflush(stdout);
+    free(f), free(out), free(w), free(x), free(wp);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int64_t n = 2048;
     double ms = 300;
+    long mib = 256, threads = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--stream-mib") && i + 1 < argc) mib = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: kbench [--n N] [--ms M]\n");
+            fprintf(stderr, "usage: kbench [--n N] [--ms M] [--stream-mib M] [--threads T]\n");
             return 2;
         }
     }
-    if (n <= 0 || n % 256 || n > QP_MAX_N || ms <= 0) {
-        fprintf(stderr, "kbench: --n must be a positive multiple of 256 up to %d, --ms positive\n", QP_MAX_N);
+    if (n <= 0 || n % 256 || n > QP_MAX_N || ms <= 0 || mib < 0 || mib > 65536 || threads < 1 ||
+        threads > 256) {
+        fprintf(stderr, "kbench: --n must be a positive multiple of 256 up to %d, --ms positive, "
+                        "--stream-mib 0..65536, --threads 1..256\n", QP_MAX_N);
         return 2;
     }
     __builtin_cpu_init();
@@ -179,5 +292,15 @@ int main(int argc, char **argv) {
     int bad = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         bad |= bench_type(types[i], n, ms, ceiling(types[i], dpbusd, fma, dpbf16));
+    if (mib > 0) {
+        thr_pool *tp = thr_pool_new((int)threads);
+        if (!tp) {
+            fprintf(stderr, "kbench: cannot start %ld threads\n", threads);
+            return 1;
+        }
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+            bad |= stream_type(types[i], n, (size_t)mib, tp);
+        thr_pool_free(tp);
+    }
     return bad;
 }
