@@ -20,8 +20,9 @@
  * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them). Where AMX
  * runs a type's prefill tile (isa.h), its share is still of vpdpbusd's rate.
  *
- * Then decode from memory (--stream-mib M, default 256; 0: off): the type's packed rows
- * copied out to M MiB, far past the caches, and streamed by decode's own arrangement
+ * Then decode from memory (--stream-mib M, default 256; 0: off): 64 packed groups of
+ * the type's rows laid out in a random order to M MiB (huge pages where the kernel
+ * gives them, as the loader's packed weights), far past the caches, and streamed by decode's own arrangement
  * (core/threads' pool, --threads, default 2; matrices of 8,192 rows, two tasks a thread
  * each, one column), against a plain vector read of the same buffer by the same tasks,
  * the two alternating, best of 5 each: whether a type's decode reads at the memory's
@@ -35,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <immintrin.h>
@@ -171,6 +173,8 @@ static int bench_type(uint32_t type, int64_t n, double ms, double peak) {
 
 #define STREAM_MAT_ROWS 8192 /* an FFN matrix of the 1B shape: decode's barrier per matrix */
 #define STREAM_PASSES 5
+#define STREAM_GROUPS 64      /* distinct groups: no two pages alike for a host to merge */
+#define HUGE_PAGE (2u << 20)
 
 typedef struct {
     uint32_t type;
@@ -230,22 +234,29 @@ static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
         return 1;
     }
     int groups = (int)((mib << 20) / gb), rows = groups * QP_ROWS;
+    size_t wbytes = ((size_t)groups * gb + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     float *f = malloc((size_t)n * sizeof *f), *out = malloc((size_t)rows * sizeof *out);
-    uint8_t *w = malloc(rs * QP_ROWS), *x = malloc(xsz);
-    uint8_t *wp = aligned_alloc(64, (size_t)groups * gb);
-    if (!f || !out || !w || !x || !wp || groups < 1) {
+    uint8_t *w = malloc(rs * QP_ROWS), *x = malloc(xsz), *pool = malloc(STREAM_GROUPS * gb);
+    uint8_t *wp = aligned_alloc(HUGE_PAGE, wbytes);
+    if (!f || !out || !w || !x || !pool || !wp || groups < 1) {
         fprintf(stderr, "kbench: out of memory\n");
         return 1;
     }
+    madvise(wp, wbytes, MADV_HUGEPAGE); /* advice: without it the figures are 4 KB pages' */
     uint32_t seed = 7;
-    for (int r = 0; r < QP_ROWS; r++) {
-        for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
-        quant_quantize_ref(type, f, w + r * rs, n);
+    for (int g = 0; g < STREAM_GROUPS; g++) {
+        for (int r = 0; r < QP_ROWS; r++) {
+            for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
+            quant_quantize_ref(type, f, w + r * rs, n);
+        }
+        qp_pack(type, n, w, rs, QP_ROWS, pool + (size_t)g * gb);
     }
     for (int64_t i = 0; i < n; i++) f[i] = frand(&seed);
     quant_quantize((uint32_t)t->dot_type, f, x, n);
-    qp_pack(type, n, w, rs, QP_ROWS, wp);
-    for (int g = 1; g < groups; g++) memcpy(wp + (size_t)g * gb, wp, gb); /* one group, everywhere */
+    for (int g = 0; g < groups; g++) {
+        seed = seed * 1664525u + 1013904223u;
+        memcpy(wp + (size_t)g * gb, pool + (size_t)(seed >> 26) * gb, gb); /* 64 = 2^6 */
+    }
     stream_job j = {.type = type, .n = n, .wp = wp, .x = x, .row_bytes = gb / QP_ROWS, .out = out};
     double dec = 1e30, rd = 1e30;
     stream_pass(tp, stream_decode_task, &j, rows); /* untimed: pages and pool warm */
@@ -259,7 +270,7 @@ static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
     printf("kbench: type=%s stream_mib=%zu threads=%d decode_gb_s=%.1f read_gb_s=%.1f stream_pct=%.0f\n",
            t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9, bytes / rd * 1e-9, 100 * rd / dec);
     fflush(stdout);
-    free(f), free(out), free(w), free(x), free(wp);
+    free(f), free(out), free(w), free(x), free(pool), free(wp);
     return 0;
 }
 
