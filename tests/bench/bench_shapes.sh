@@ -35,7 +35,7 @@ if [ ! -x "$MEMBW" ] || [ tests/bench/membw.c -nt "$MEMBW" ]; then
     tests/bench/membw.c -o "$MEMBW"
 fi
 # measured at the start and again at the end: on a VM it varies with the neighbours
-# (29 to 128 GB/s seen on one 2-core machine), so the share uses the higher figure
+# (31 to 55 GB/s within minutes on one 2-core machine), so the share uses the higher figure
 membw() { # -> GB/s; notes a contended measurement
   local line
   : > "$BENCH_LOGS/contended"
