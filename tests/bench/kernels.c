@@ -21,10 +21,11 @@
  * runs a type's prefill tile (isa.h), its share is still of vpdpbusd's rate.
  *
  * Then decode from memory (--stream-mib M, default 256; 0: off): 64 packed groups of
- * the type's rows laid out in a random order to M MiB (huge pages where the kernel
- * gives them, as the loader's packed weights), far past the caches, and streamed by decode's own arrangement
- * (core/threads' pool, --threads, default 2; matrices of 8,192 rows, two tasks a thread
- * each, one column), against a plain vector read of the same buffer by the same tasks,
+ * the type's rows laid out in a random order to M MiB (on huge pages where the kernel
+ * gives them, as the loader's packed weights are), far past the caches, streamed by
+ * decode's own arrangement (core/threads' pool, --threads, default 2; matrices of 8,192
+ * rows, two tasks a thread each, one column), against a plain vector read of the same
+ * buffer by the same tasks,
  * the two alternating, best of 5 each: whether a type's decode reads at the memory's
  * rate, or its kernel (its prefetches, its work per byte) holds it below, on a machine
  * whose read rate moves from minute to minute.
@@ -173,7 +174,8 @@ static int bench_type(uint32_t type, int64_t n, double ms, double peak) {
 
 #define STREAM_MAT_ROWS 8192 /* an FFN matrix of the 1B shape: decode's barrier per matrix */
 #define STREAM_PASSES 5
-#define STREAM_GROUPS 64      /* distinct groups: no two pages alike for a host to merge */
+#define STREAM_GROUPS 64      /* distinct groups in a random order: pages seldom alike, so
+                               * a host that merges like pages has next to none to fold */
 #define HUGE_PAGE (2u << 20)
 
 typedef struct {
@@ -199,7 +201,8 @@ __attribute__((target("avx2"))) static void stream_read_task(void *ctx, int task
     (void)n_tasks;
     stream_job *j = ctx;
     int a = task * j->per, nr = j->rows - a < j->per ? j->rows - a : j->per;
-    const uint8_t *p = j->wp + (size_t)(j->r0 + a) * j->row_bytes, *e = p + (size_t)nr * j->row_bytes;
+    const uint8_t *p = j->wp + (size_t)(j->r0 + a) * j->row_bytes;
+    const uint8_t *e = p + (size_t)nr * j->row_bytes;
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
     for (; p + 128 <= e; p += 128) {
         s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)p));
@@ -239,7 +242,8 @@ static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
     uint8_t *w = malloc(rs * QP_ROWS), *x = malloc(xsz), *pool = malloc(STREAM_GROUPS * gb);
     uint8_t *wp = aligned_alloc(HUGE_PAGE, wbytes);
     if (!f || !out || !w || !x || !pool || !wp || groups < 1) {
-        fprintf(stderr, "kbench: out of memory\n");
+        fprintf(stderr, "kbench: %s: no room for %zu MiB of its groups\n", t->name, mib);
+        free(f), free(out), free(w), free(x), free(pool), free(wp);
         return 1;
     }
     madvise(wp, wbytes, MADV_HUGEPAGE); /* advice: without it the figures are 4 KB pages' */
@@ -267,8 +271,8 @@ static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
         if (b < rd) rd = b;
     }
     double bytes = (double)groups * gb;
-    printf("kbench: type=%s stream_mib=%zu threads=%d decode_gb_s=%.1f read_gb_s=%.1f stream_pct=%.0f\n",
-           t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9, bytes / rd * 1e-9, 100 * rd / dec);
+    printf("kbench: type=%s stream_mib=%zu threads=%d decode_gb_s=%.1f read_gb_s=%.1f "
+           "stream_pct=%.0f\n", t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9, bytes / rd * 1e-9, 100 * rd / dec);
     fflush(stdout);
     free(f), free(out), free(w), free(x), free(pool), free(wp);
     return 0;
@@ -303,6 +307,10 @@ int main(int argc, char **argv) {
     int bad = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         bad |= bench_type(types[i], n, ms, ceiling(types[i], dpbusd, fma, dpbf16));
+    if (mib > 0 && !__builtin_cpu_supports("avx2")) { /* the plain read's loads */
+        printf("kbench: no AVX2: no decode from memory\n");
+        mib = 0;
+    }
     if (mib > 0) {
         thr_pool *tp = thr_pool_new((int)threads);
         if (!tp) {
