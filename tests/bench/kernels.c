@@ -272,7 +272,8 @@ static int stream_type(uint32_t type, int64_t n, size_t mib, thr_pool *tp) {
     }
     double bytes = (double)groups * gb;
     printf("kbench: type=%s stream_mib=%zu threads=%d decode_gb_s=%.1f read_gb_s=%.1f "
-           "stream_pct=%.0f\n", t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9, bytes / rd * 1e-9, 100 * rd / dec);
+           "stream_pct=%.0f\n", t->name, mib, thr_pool_size(tp), bytes / dec * 1e-9,
+           bytes / rd * 1e-9, 100 * rd / dec);
     fflush(stdout);
     free(f), free(out), free(w), free(x), free(pool), free(wp);
     return 0;
