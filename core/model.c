@@ -771,8 +771,8 @@ static void att_run(const att_job *j, int t0, int nt, int h0, int nh) {
                 int kvh = h0 + h;
                 attn_state *sh = &st[i * nh + h];
                 if (kv_is_q8(kv, blk)) /* an 8-bit block (the ladder's rung 2) */
-                    attn_block_q8(sh, q[i * nh + h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + skip, (size_t)bs,
-                                  kv_q8_scale(kv, blk, j->layer, 0, kvh),
+                    attn_block_q8(sh, q[i * nh + h], kv_q8_slab(kv, blk, j->layer, 0, kvh) + skip,
+                                  (size_t)bs, kv_q8_scale(kv, blk, j->layer, 0, kvh),
                                   kv_q8_slab(kv, blk, j->layer, 1, kvh) + at,
                                   kv_q8_scale(kv, blk, j->layer, 1, kvh), n);
                 else
