@@ -76,14 +76,17 @@ int backend_cuda_built(void);
 int backend_cuda_probe(char *err, size_t errlen);
 /* Starts the CUDA backend: uploads the weights (quantized blocks stay quantized), then
  * sizes the device KV pool from the free memory and initializes kv with kc's shape
- * (block_size, max_seqs, max_blocks_per_seq, prefix_cache; n_blocks is set here): the
+ * (block_size, max_seqs, max_blocks_per_seq, prefix_cache, kv8: fp8 blocks in half a
+ * block, the other half given back, as mm's units; n_blocks is set here): the
  * host keeps the page tables, the blocks live on the device. NULL with err set; kv is
  * then untouched. The caller frees kv (kv_pool_free) after destroying the backend. */
 backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const backend_cuda_config *cfg,
                           char *err, size_t errlen);
-/* 8-bit KV (the ladder's rung 2, and the accuracy measurement): turn these full,
- * written blocks to fp8 e4m3 in place; attention reads them as such until the block's
- * first position is written again (a reused block). No step may be running. 0, or
+/* 8-bit KV (the accuracy measurement): turn these full, written blocks to fp8 e4m3 in
+ * place; attention reads them as such until the block's first position is written
+ * again (a reused block). A kv8 pool (kv_config.kv8: the ladder's rung 2 converts
+ * through mm as on the CPU) converts through kv_block_to_q8, which gives each block's
+ * second half back; without kv8 nothing is freed. No step may be running. 0, or
  * negative with be->err set. */
 int backend_cuda_kv8(backend *be, const int32_t *blocks, int n);
 /* One line about the device: name, memory, what the KV pool and weights took. */

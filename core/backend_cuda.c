@@ -83,7 +83,7 @@ typedef struct {
     cplan_graphs gc;
     CUgraphExec exec[CPLAN_GRAPHS];
     int efd, running;
-    CUresult copy_err; /* a failed copy-on-write, reported by the next submit */
+    CUresult copy_err; /* a failed KV copy or conversion (kv_ext), reported by the next submit */
     char devname[96];
     size_t total_mem;
     long n_blocks;
@@ -281,22 +281,42 @@ static int alloc_scratch(cuda_backend *cb) {
 
 /* ---------------------------------------------------------------- the KV pool */
 
-static void copy_block(void *ctx, int32_t dst, int32_t src) {
+/* mm's kv_ext (mm/kv.h): the pool's own writes, queued on the stream after the step in
+ * flight. A failure is kept for the next submit to report. */
+static void kv_failed(cuda_backend *cb, CUresult r) {
+    if (r != CUDA_SUCCESS && cb->copy_err == CUDA_SUCCESS) cb->copy_err = r;
+}
+
+static void kv_copy(void *ctx, int32_t dst, int32_t src, int n) {
     cuda_backend *cb = ctx;
     const cu_api *cu = cb->cu;
-    size_t bb = (size_t)cb->kvd.block_elems * 2;
+    size_t ub = (size_t)cb->kvd.unit_elems * 2;
     int slabs = (int)(cb->kvd.block_elems / ((long long)cb->kvd.bs * cb->kvd.hd));
     CUresult r = cu->cuCtxSetCurrent(cb->ctx);
     if (r == CUDA_SUCCESS)
-        r = cu->cuMemcpyDtoDAsync(cb->kvd.data + (size_t)dst * bb, cb->kvd.data + (size_t)src * bb, bb,
-                                  cb->st);
+        r = cu->cuMemcpyDtoDAsync(cb->kvd.data + (size_t)dst * ub, cb->kvd.data + (size_t)src * ub,
+                                  (size_t)n * ub, cb->st);
     /* the copy keeps the source's format: its fp8 flag and scales */
     if (r == CUDA_SUCCESS)
         r = cu->cuMemcpyDtoDAsync(cb->kvd.fp8 + (size_t)dst, cb->kvd.fp8 + (size_t)src, 1, cb->st);
     if (r == CUDA_SUCCESS)
         r = cu->cuMemcpyDtoDAsync(cb->kvd.scale + (size_t)dst * slabs * 4,
                                   cb->kvd.scale + (size_t)src * slabs * 4, (size_t)slabs * 4, cb->st);
-    if (r != CUDA_SUCCESS && cb->copy_err == CUDA_SUCCESS) cb->copy_err = r;
+    kv_failed(cb, r);
+}
+
+static void kv_to_q8(void *ctx, int32_t u) {
+    cuda_backend *cb = ctx;
+    CUresult r = cb->cu->cuCtxSetCurrent(cb->ctx);
+    if (r == CUDA_SUCCESS) r = kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, 0, u, 1);
+    kv_failed(cb, r);
+}
+
+static void kv_expand(void *ctx, int32_t dst, int32_t src) {
+    cuda_backend *cb = ctx;
+    CUresult r = cb->cu->cuCtxSetCurrent(cb->ctx);
+    if (r == CUDA_SUCCESS) r = kern_kv_expand(&cb->k, cb->st, &cb->kvd, dst, src);
+    kv_failed(cb, r);
 }
 
 static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
@@ -307,8 +327,9 @@ static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
         snprintf(cb->be.err, sizeof cb->be.err, "cuda: invalid KV shape");
         return -EINVAL;
     }
-    int slabs = 2 * kc->n_layers * kc->n_kv_heads;
-    size_t per_block = bb + 1 + (size_t)slabs * 4;
+    /* kv8: fp8 blocks take half a block (mm's units), and each unit has a flag and scales */
+    int slabs = 2 * kc->n_layers * kc->n_kv_heads, units = kc->kv8 ? 2 : 1;
+    size_t per_block = bb + (size_t)units * (1 + (size_t)slabs * 4);
     size_t free_now = 0, total = 0;
     CK(cu->cuMemGetInfo(&free_now, &total), "cuda: cuMemGetInfo");
     long cap = cb->cfg.kv_bytes ? (long)(cb->cfg.kv_bytes / bb) : 0;
@@ -321,17 +342,18 @@ static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
                  n, kc->max_blocks_per_seq, free_now >> 20, total >> 20, cb->cfg.mem_util);
         return -ENOMEM;
     }
-    kc->n_blocks = (int)(n > 0x7fffffff ? 0x7fffffff : n);
+    long most = 0x7fffffff / ((long)units * kc->block_size); /* cache slots are int32 */
+    kc->n_blocks = (int)(n > most ? most : n);
     kc->external_data = 1;
     kc->swa_window = 0; /* the kernels address layers in model order and read every page */
-    size_t data = (size_t)kc->n_blocks * bb;
-    size_t all = up(data) + up((size_t)kc->n_blocks) + (size_t)kc->n_blocks * slabs * 4;
+    size_t data = (size_t)kc->n_blocks * bb, nu = (size_t)units * (size_t)kc->n_blocks;
+    size_t all = up(data) + up(nu) + nu * slabs * 4;
     CK(cu->cuMemAlloc(&cb->kvmem, all), "cuda: allocating the KV pool");
     cb->kvbytes = all;
-    cb->kvd = (kern_kv){cb->kvmem, cb->kvmem + up(data), cb->kvmem + up(data) + up((size_t)kc->n_blocks),
+    cb->kvd = (kern_kv){cb->kvmem, cb->kvmem + up(data), cb->kvmem + up(data) + up(nu),
                         kc->n_layers, kc->n_kv_heads, kc->head_dim, kc->block_size,
-                        (long long)(bb / 2)};
-    CK(cu->cuMemsetD8Async(cb->kvd.fp8, 0, (size_t)kc->n_blocks, cb->st), "cuda: KV flags");
+                        (long long)(bb / 2), (long long)(bb / 2) / units};
+    CK(cu->cuMemsetD8Async(cb->kvd.fp8, 0, nu, cb->st), "cuda: KV flags");
     CK(cu->cuMemAlloc(&cb->kv8_list, (size_t)kc->n_blocks * sizeof(int32_t)), "cuda: KV block list");
     CK(cu->cuStreamSynchronize(cb->st), "cuda: KV flags");
     int r = kv_pool_init(kv, kc, NULL);
@@ -340,8 +362,13 @@ static int make_kv(cuda_backend *cb, kv_pool *kv, kv_config *kc) {
                  strerror(-r));
         return r;
     }
-    kv->copy_block = copy_block;
-    kv->copy_ctx = cb;
+    if (kv->units != units) { /* the kernels' unit stride must be mm's */
+        snprintf(cb->be.err, sizeof cb->be.err, "cuda: the KV pool has %d units a block, not %d",
+                 kv->units, units);
+        kv_pool_free(kv);
+        return -EINVAL;
+    }
+    kv->ext = (kv_ext){cb, kv_copy, kv_to_q8, kv_expand};
     cb->kv = kv;
     cb->n_blocks = kc->n_blocks;
     return 0;
@@ -468,14 +495,14 @@ static int cuda_submit(backend *be, const model_batch *b) {
         snprintf(be->err, sizeof be->err, "cuda backend: a step is already running");
         return -EBUSY;
     }
-    if (cb->copy_err != CUDA_SUCCESS) return cufail(cb, cb->copy_err, "cuda: KV copy-on-write");
+    if (cb->copy_err != CUDA_SUCCESS) return cufail(cb, cb->copy_err, "cuda: a KV pool copy or conversion");
     for (int t = 0; t < b->n_tokens; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= cb->c.n_vocab || b->pos[t] < 0 || b->pos[t] >= cb->cfg.max_ctx) {
             snprintf(be->err, sizeof be->err, "cuda: token %d at position %d out of range",
                      b->tokens[t], b->pos[t]);
             return -EINVAL;
         }
-    if (cplan_pack(&cb->lay, b, cb->kvd.bs, cb->ag.qt, cb->stage_h, &cb->step, be->err,
+    if (cplan_pack(&cb->lay, b, cb->kv->loc, cb->kvd.bs, cb->ag.qt, cb->stage_h, &cb->step, be->err,
                    sizeof be->err) < 0)
         return -EINVAL;
     CK(cu->cuCtxSetCurrent(cb->ctx), "cuda: cuCtxSetCurrent");
@@ -548,7 +575,7 @@ static void cuda_destroy(backend *be) {
         if (cb->st) cu->cuStreamDestroy(cb->st);
         cu->cuDevicePrimaryCtxRelease(cb->dev);
     }
-    if (cb->kv) cb->kv->copy_block = NULL, cb->kv->copy_ctx = NULL;
+    if (cb->kv) cb->kv->ext = (kv_ext){0};
     if (cb->efd >= 0) close(cb->efd);
     free(cb->L);
     free(cb);
@@ -644,33 +671,40 @@ backend *backend_cuda_new(const model *m, kv_pool *kv, kv_config *kc, const back
 int backend_cuda_kv8(backend *be, const int32_t *blocks, int n) {
     cuda_backend *cb = (cuda_backend *)be;
     const cu_api *cu = cb->cu;
-    if (cb->running || n < 0 || n > cb->n_blocks) {
+    kv_pool *p = cb->kv;
+    if (cb->running || n < 0 || n > p->n_ids) {
         snprintf(be->err, sizeof be->err, "cuda: kv8: a step is running or %d blocks is out of range", n);
         return -EINVAL;
     }
-    /* each block once: two CUDA blocks converting one KV block at once would tear it */
-    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
-    if (!list) {
-        snprintf(be->err, sizeof be->err, "cuda: kv8: out of memory");
-        return -ENOMEM;
-    }
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (blocks[i] < 0 || blocks[i] >= cb->n_blocks) {
-            snprintf(be->err, sizeof be->err, "cuda: kv8: block %d out of range", blocks[i]);
-            free(list);
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= p->n_ids || p->loc[blocks[i]] < 0) {
+            snprintf(be->err, sizeof be->err, "cuda: kv8: block %d out of range or free", blocks[i]);
             return -EINVAL;
         }
-        int dup = 0;
-        for (int j = 0; j < m && !dup; j++) dup = list[j] == blocks[i];
-        if (!dup) list[m++] = blocks[i];
+    CUresult r = CUDA_SUCCESS;
+    if (p->q8) { /* a kv8 pool: through mm, which frees each block's second half */
+        for (int i = 0; i < n; i++) kv_block_to_q8(p, blocks[i]);
+    } else if (n) { /* in place, nothing freed: each block once (two CUDA blocks
+                     * converting one KV block at once would tear it) */
+        int32_t *list = malloc((size_t)n * sizeof *list);
+        if (!list) {
+            snprintf(be->err, sizeof be->err, "cuda: kv8: out of memory");
+            return -ENOMEM;
+        }
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            int dup = 0;
+            for (int j = 0; j < m && !dup; j++) dup = list[j] == blocks[i];
+            if (!dup) list[m++] = blocks[i];
+        }
+        r = cu->cuCtxSetCurrent(cb->ctx);
+        if (r == CUDA_SUCCESS)
+            r = cu->cuMemcpyHtoDAsync(cb->kv8_list, list, (size_t)m * sizeof(int32_t), cb->st);
+        if (r == CUDA_SUCCESS) r = kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, cb->kv8_list, 0, m);
+        if (r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(cb->st); /* list is freed below */
+        free(list);
     }
-    CUresult r = m ? cu->cuCtxSetCurrent(cb->ctx) : CUDA_SUCCESS;
-    if (m && r == CUDA_SUCCESS)
-        r = cu->cuMemcpyHtoDAsync(cb->kv8_list, list, (size_t)m * sizeof(int32_t), cb->st);
-    if (m && r == CUDA_SUCCESS) r = kern_kv_to_fp8(&cb->k, cb->st, &cb->kvd, cb->kv8_list, m);
-    if (m && r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(cb->st); /* list is freed below */
-    free(list);
+    if (r == CUDA_SUCCESS && cb->copy_err != CUDA_SUCCESS) r = cb->copy_err, cb->copy_err = CUDA_SUCCESS;
     return r == CUDA_SUCCESS ? 0 : cufail(cb, r, "cuda: kv8");
 }
 

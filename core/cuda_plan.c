@@ -27,8 +27,8 @@ static int fail(char *err, size_t n, const char *msg, int a, int b) {
     return -EINVAL;
 }
 
-int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int qt,
-               int32_t *stage, cplan_step *out, char *err, size_t errlen) {
+int cplan_pack(const cplan_layout *L, const model_batch *b, const int32_t *loc, int block_size,
+               int qt, int32_t *stage, cplan_step *out, char *err, size_t errlen) {
     int T = b->n_tokens;
     memset(out, 0, sizeof *out);
     if (T < 1 || T > L->max_tokens || b->n_logits < 0 || b->n_logits > L->max_logits || qt < 1 ||
@@ -49,12 +49,16 @@ int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int 
             return fail(err, errlen, "cuda: position %d has no KV block reserved (%d blocks)", maxpos,
                         s->n_blocks);
         int32_t *row = stage + L->tables + (size_t)n_rows * (size_t)L->tstride;
-        memcpy(row, s->blocks, (size_t)need * sizeof(int32_t));
+        for (int i = 0; i < need; i++) {
+            row[i] = loc && s->blocks[i] >= 0 ? loc[s->blocks[i]] : s->blocks[i];
+            if (row[i] < 0) /* a hole, or a block holding no memory */
+                return fail(err, errlen, "cuda: page %d of a sequence has no KV block (%d)", i, row[i]);
+        }
         for (int i = 0; i < run; i++) {
             int p = b->pos[t + i];
             stage[L->tokens + t + i] = b->tokens[t + i];
             stage[L->pos + t + i] = p;
-            stage[L->slot + t + i] = s->blocks[p / block_size] * block_size + p % block_size;
+            stage[L->slot + t + i] = row[p / block_size] * block_size + p % block_size;
         }
         for (int i = 0; i < run; i += qt) {
             tiles[3 * n_tiles] = n_rows;

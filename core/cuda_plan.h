@@ -31,12 +31,13 @@ typedef struct {
     size_t upload; /* int32s to copy: through the last table row used */
 } cplan_step;
 
-/* Packs b into stage (L->total int32s): tokens, positions, cache slots (physical block
- * * block_size + offset), tiles {table row, first token, count}, logit rows, and the
- * page-table prefix each run needs. 0, or -EINVAL with err set when the batch does not
- * fit the layout or a position has no block reserved. */
-int cplan_pack(const cplan_layout *L, const model_batch *b, int block_size, int qt,
-               int32_t *stage, cplan_step *out, char *err, size_t errlen);
+/* Packs b into stage (L->total int32s): tokens, positions, cache slots (the block's
+ * first unit * block_size + offset), tiles {table row, first token, count}, logit rows,
+ * and the page-table prefix each run needs, as first units: loc[block id] (the pool's
+ * kv_pool.loc: mm/kv.h's units), or the ids themselves when loc is NULL. 0, or -EINVAL
+ * with err set when the batch does not fit the layout or a position has no block. */
+int cplan_pack(const cplan_layout *L, const model_batch *b, const int32_t *loc, int block_size,
+               int qt, int32_t *stage, cplan_step *out, char *err, size_t errlen);
 
 /* The attention kernel's geometry (cuda/kernels.cu k_attn): keys per shared-memory
  * tile, (token, head) pairs per block, tokens per tile, threads and shared bytes. */

@@ -15,7 +15,8 @@ int kern_load(kern *k, const cu_api *cu, char *err, size_t errlen) {
     struct { CUfunction *f; const char *name; } fs[] = {
         {&k->embed, "k_embed"}, {&k->rmsnorm, "k_rmsnorm"}, {&k->mm, "k_mm"},
         {&k->swiglu, "k_swiglu"}, {&k->bias, "k_bias"}, {&k->rope_store, "k_rope_store"},
-        {&k->attn, "k_attn"}, {&k->kv_to_fp8, "k_kv_to_fp8"}, {&k->dq_f16, "k_dq_f16"},
+        {&k->attn, "k_attn"}, {&k->kv_to_fp8, "k_kv_to_fp8"}, {&k->kv_expand, "k_kv_expand"},
+        {&k->dq_f16, "k_dq_f16"},
         {&k->f32_to_f16, "k_f32_to_f16"}, {&k->argmax, "k_argmax"},
     };
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
@@ -90,9 +91,9 @@ CUresult kern_rope_store(const kern *k, CUstream s, const kern_heads *c, const k
     CUdeviceptr freq = c->rope_freq;
     float mscale = c->rope_mscale;
     int bs = kv->bs;
-    long long be = kv->block_elems;
+    long long us = kv->unit_elems;
     CUdeviceptr data = kv->data, fp8 = kv->fp8;
-    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &fp8, &layer, &nh, &nkv, &hd, &rd, &neox, &freq, &mscale, &bs, &be};
+    void *a[] = {&q, &kk, &v, &pos, &slot, &data, &fp8, &layer, &nh, &nkv, &hd, &rd, &neox, &freq, &mscale, &bs, &us};
     return launch(k, k->rope_store, s, (unsigned)T, 1, 128, 0, a);
 }
 
@@ -100,21 +101,30 @@ CUresult kern_attn(const kern *k, CUstream s, const kern_heads *c, const kern_kv
                    const kern_attn_geom *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
                    CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, bs = kv->bs, kt = g->kt;
-    long long be = kv->block_elems;
+    long long be = kv->block_elems, us = kv->unit_elems;
     float scale = 1.0f / sqrtf((float)hd);
     CUdeviceptr data = kv->data, fp8 = kv->fp8, sc = kv->scale;
     void *a[] = {&q, &out, &tiles, &pos, &tables, &tstride, &data, &fp8, &sc, &layer, &nh, &nkv,
-                 &hd, &bs, &be, &kt, &scale};
+                 &hd, &bs, &be, &us, &kt, &scale};
     return launch(k, k->attn, s, (unsigned)n_tiles, (unsigned)nkv, (unsigned)g->threads,
                   (unsigned)g->smem, a);
 }
 
-CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n) {
+CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int one,
+                        int n) {
     CUdeviceptr data = kv->data, sc = kv->scale, fp8 = kv->fp8;
-    long long be = kv->block_elems;
+    long long be = kv->block_elems, us = kv->unit_elems;
     int he = kv->bs * kv->hd;
-    void *a[] = {&data, &sc, &fp8, &blocks, &be, &he};
+    void *a[] = {&data, &sc, &fp8, &blocks, &one, &be, &us, &he};
     return launch(k, k->kv_to_fp8, s, (unsigned)n, 1, 256, (unsigned)he * 4, a);
+}
+
+CUresult kern_kv_expand(const kern *k, CUstream s, const kern_kv *kv, int dst, int src) {
+    CUdeviceptr data = kv->data, sc = kv->scale, fp8 = kv->fp8;
+    long long be = kv->block_elems, us = kv->unit_elems;
+    int he = kv->bs * kv->hd;
+    void *a[] = {&data, &sc, &fp8, &dst, &src, &be, &us, &he};
+    return launch(k, k->kv_expand, s, (unsigned)(be / he), 1, 256, 0, a);
 }
 
 CUresult kern_dq_f16(const kern *k, CUstream s, CUdeviceptr dst, const kern_mat *w) {

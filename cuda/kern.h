@@ -14,8 +14,8 @@
 typedef struct {
     const cu_api *cu;
     CUmodule mod;
-    CUfunction embed, rmsnorm, mm, swiglu, bias, rope_store, attn, kv_to_fp8, dq_f16, f32_to_f16,
-        argmax;
+    CUfunction embed, rmsnorm, mm, swiglu, bias, rope_store, attn, kv_to_fp8, kv_expand, dq_f16,
+        f32_to_f16, argmax;
 } kern;
 
 /* A weight matrix on the device: n_out rows of n_in elements of quant type `type`. */
@@ -26,13 +26,16 @@ typedef struct {
     CUdeviceptr w16; /* f16 copy for cuBLAS, or 0 */
 } kern_mat;
 
-/* The KV pool as the kernels see it. */
+/* The KV pool as the kernels see it: n_units units of unit_elems f16 each, a block
+ * one unit (units_per_block 1) or two (a pool whose fp8 blocks take half a block and
+ * free the other half: mm/kv.h's units). Page tables and cache slots name a block by
+ * its first unit; flags and scales are kept by it too. */
 typedef struct {
-    CUdeviceptr data;  /* [n_blocks][block_elems] f16 */
-    CUdeviceptr fp8;   /* [n_blocks] u8: 1 = block holds fp8 (0 = no fp8 support) */
-    CUdeviceptr scale; /* [n_blocks][slabs] f32 fp8 scales */
+    CUdeviceptr data;  /* [n_units][unit_elems] f16 */
+    CUdeviceptr fp8;   /* [n_units] u8: 1 = the block starting there holds fp8 (0 = no fp8 support) */
+    CUdeviceptr scale; /* [n_units][slabs] f32 fp8 scales */
     int n_layers, n_kv, hd, bs;
-    long long block_elems;
+    long long block_elems, unit_elems;
 } kern_kv;
 
 /* The model's attention heads as the kernels read them (the backend fills it from its
@@ -74,8 +77,12 @@ CUresult kern_rope_store(const kern *k, CUstream s, const kern_heads *h, const k
 CUresult kern_attn(const kern *k, CUstream s, const kern_heads *h, const kern_kv *kv,
                    const kern_attn_geom *g, CUdeviceptr q, CUdeviceptr out, CUdeviceptr tiles,
                    CUdeviceptr pos, CUdeviceptr tables, int tstride, int layer, int n_tiles);
-/* Blocks [n] (device ints) to fp8 in place; sets their kv->fp8 flags when kv->fp8. */
-CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int n);
+/* Blocks [n] (device ints: first units) to fp8 in place, into their first half; sets
+ * their kv->fp8 flags when kv->fp8. blocks 0: the one block at unit `one` (n is 1). */
+CUresult kern_kv_to_fp8(const kern *k, CUstream s, const kern_kv *kv, CUdeviceptr blocks, int one,
+                        int n);
+/* The fp8 block at unit src as f16 into the free block at unit dst, flagged f16. */
+CUresult kern_kv_expand(const kern *k, CUstream s, const kern_kv *kv, int dst, int src);
 CUresult kern_dq_f16(const kern *k, CUstream s, CUdeviceptr dst, const kern_mat *w);
 CUresult kern_f32_to_f16(const kern *k, CUstream s, CUdeviceptr dst, CUdeviceptr x, long long n);
 CUresult kern_argmax(const kern *k, CUstream s, CUdeviceptr out, CUdeviceptr logits, int n_vocab,

@@ -263,14 +263,16 @@ __global__ void k_bias(float *out, int ostride, const float *bias, int n, int T)
 }
 
 /* RoPE on q and k of each token at its position, then k and v written as f16 into the
- * paged cache at slot[t] (= physical block * block_size + offset). grid (T), block 128.
+ * paged cache at slot[t] (= the block's first unit * block_size + offset; a unit is
+ * ustride elements: a block, or half of one when the pool has 8-bit halves). grid (T),
+ * block 128.
  * freq[i] is pair i's angle per position, the CPU's model_config.rope_freq (RoPE factors
  * and scaling folded in: core/model.h), and cos and sin are times mscale (YaRN's, else
  * 1): angles in double, as the CPU's rope_table, so both backends rotate alike. */
 __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos, const int *slot,
                              __half *kv, uint8_t *fp8, int layer, int n_heads, int n_kv, int hd,
                              int rope_dim, int neox, const double *freq, float mscale, int bs,
-                             long long block_elems) {
+                             long long ustride) {
     __shared__ float cs[ATT_MAX_HD / 2][2]; /* cos, sin per rotated pair: once per token */
     int t = blockIdx.x, half = rope_dim / 2, p = pos[t];
     int qd = n_heads * hd, kd = n_kv * hd;
@@ -297,7 +299,7 @@ __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos,
     if (fp8 && off == 0 && layer == 0 && threadIdx.x == 0) fp8[blk] = 0;
     for (int idx = threadIdx.x; idx < kd; idx += blockDim.x) {
         int h = idx / hd, i = idx % hd;
-        long long kbase = blk * block_elems + ((long long)layer * 2 * n_kv + h) * head_elems;
+        long long kbase = blk * ustride + ((long long)layer * 2 * n_kv + h) * head_elems;
         long long vbase = kbase + (long long)n_kv * head_elems;
         kv[kbase + off * hd + i] = __float2half_rn(k[(long long)t * kd + idx]);
         kv[vbase + off * hd + i] = __float2half_rn(v[(long long)t * kd + idx]);
@@ -309,13 +311,14 @@ __global__ void k_rope_store(float *q, float *k, const float *v, const int *pos,
  * tiles[3*i] = {table row, first token, n}) and one KV head; it streams the sequence's
  * keys through shared memory in tiles of kt positions, and each (token, query head)
  * pair keeps an online softmax in its warp's registers, skipping keys past its own
- * position (causal). K/V come from f16 blocks, or fp8 e4m3 blocks with a scale per
- * (block, layer, K|V, head) where fp8[block] is set.
+ * position (causal). The page tables hold each block's first unit (ustride elements
+ * a unit). K/V come from f16 blocks, or fp8 e4m3 blocks with a scale per (block, layer,
+ * K|V, head) where fp8[unit] is set; flags and scales are kept by unit.
  * grid (n_tiles, n_kv), block 32*ATT_WARPS, dynamic shared memory from kern.c. */
 __global__ void k_attn(const float *q, float *out, const int *tiles, const int *pos,
                        const int *tables, int tstride, const __half *kv, const uint8_t *fp8,
                        const float *fp8_scale, int layer, int n_heads, int n_kv, int hd, int bs,
-                       long long block_elems, int kt, float scale) {
+                       long long block_elems, long long ustride, int kt, float scale) {
     extern __shared__ float sm[];
     int tile = blockIdx.x, kvh = blockIdx.y, g = n_heads / n_kv;
     int trow = tiles[3 * tile], t0 = tiles[3 * tile + 1], nq = tiles[3 * tile + 2];
@@ -354,7 +357,7 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
         long long blk = table[p / bs], off = p % bs;
         long long e = off * hd + c8;
         if (fp8 && fp8[blk]) {
-            const uint8_t *b8 = (const uint8_t *)(kv + blk * block_elems);
+            const uint8_t *b8 = (const uint8_t *)(kv + blk * ustride);
             const float *sc8 = fp8_scale + blk * (block_elems / head_elems);
             uint2 kw = *(const uint2 *)(b8 + kslab + e), vw = *(const uint2 *)(b8 + vslab + e);
             float ks = sc8[kslab / head_elems], vs = sc8[vslab / head_elems];
@@ -365,7 +368,7 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
                 kr[i] = float(a) * ks, vr[i] = float(b) * vs;
             }
         } else {
-            const __half *b = kv + blk * block_elems;
+            const __half *b = kv + blk * ustride;
             uint4 kw = *(const uint4 *)(b + kslab + e), vw = *(const uint4 *)(b + vslab + e);
             const __half *kh = (const __half *)&kw, *vh = (const __half *)&vw;
             for (int i = 0; i < 8; i++) kr[i] = __half2float(kh[i]), vr[i] = __half2float(vh[i]);
@@ -434,15 +437,16 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
  * each (layer, K|V, head) slab gets scale = absmax / 448 in scale[block][slab], and its
  * fp8 bytes go to byte offset slab*head_elems of the block, that is the block's first
  * half. Slabs are done in order by one CUDA block per KV block, each read whole before
- * it is written: slab i's bytes only overwrite f16 slab i/2, already consumed.
+ * it is written: slab i's bytes only overwrite f16 slab i/2, already consumed. Blocks
+ * are given by their first unit: blocks[i], or `one` when blocks is NULL.
  * grid (n), block 256, shared memory head_elems * 4 bytes. */
-__global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int *blocks,
-                            long long block_elems, int head_elems) {
+__global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int *blocks, int one,
+                            long long block_elems, long long ustride, int head_elems) {
     extern __shared__ float sm[];
     __shared__ float red[32];
-    int blk = blocks[blockIdx.x];
+    int blk = blocks ? blocks[blockIdx.x] : one;
     if (flags && flags[blk]) return; /* already 8-bit: its bytes are not f16 any more */
-    __half *b = kv + (long long)blk * block_elems;
+    __half *b = kv + (long long)blk * ustride;
     uint8_t *b8 = (uint8_t *)b;
     int n_slabs = (int)(block_elems / head_elems);
     for (int sl = 0; sl < n_slabs; sl++) {
@@ -470,6 +474,23 @@ __global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int 
         __syncthreads();
     }
     if (flags && threadIdx.x == 0) flags[blk] = 1; /* attention now reads it as fp8 */
+}
+
+/* The fp8 block at unit src as f16 into the free block at unit dst (copy-on-write of an
+ * 8-bit block before a write: mm/kv.h's kv_ext expand), flagged f16. The two never
+ * overlap. grid (slabs), block 256. */
+__global__ void k_kv_expand(__half *kv, const float *scale, uint8_t *flags, int dst, int src,
+                            long long block_elems, long long ustride, int head_elems) {
+    int sl = blockIdx.x, n_slabs = (int)(block_elems / head_elems);
+    const uint8_t *in = (const uint8_t *)(kv + (long long)src * ustride) + (long long)sl * head_elems;
+    __half *out = kv + (long long)dst * ustride + (long long)sl * head_elems;
+    float sc = scale[(long long)src * n_slabs + sl];
+    for (int i = threadIdx.x; i < head_elems; i += blockDim.x) {
+        __nv_fp8_e4m3 f;
+        f.__x = in[i];
+        out[i] = __float2half_rn(float(f) * sc);
+    }
+    if (sl == 0 && threadIdx.x == 0) flags[dst] = 0;
 }
 
 /* dst[r][i] = f16 of W row r (the cuBLAS path's weights). grid (n_rows), block 128. */

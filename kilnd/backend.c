@@ -57,16 +57,14 @@ backend *kd_backend_open(const model *m, const kd_backend_want *w, kv_config *kc
     backend_cuda_config cc = {0, w->gpu_util, w->max_batch_tokens, w->max_logits, w->max_ctx,
                               w->cublas, 64, w->graphs, w->kv_gpu_bytes};
     memset(arena, 0, sizeof *arena); /* the CPU pool's arena is not used */
-    /* The device pool is addressed by block id (core/backend_cuda.c), not by the
-     * half-slot units that kv8 needs, so converting there would free nothing: rung 2
-     * passes through; nor are windows freed there (backend_cuda_new clears them). */
-    int kv8 = kc->kv8, swa = kc->swa_window;
-    kc->kv8 = 0, kc->swa_window = 0;
+    /* The device pool takes kv8's half-block units (its fp8 blocks free their second
+     * half), not windows: backend_cuda_new clears them, as the kernels read every layer. */
+    int swa = kc->swa_window;
     backend *be = backend_cuda_new(m, kv, kc, &cc, err, n);
     if (be || w->kind == CFG_BACKEND_CUDA) return be;
     /* auto: a device that is there but cannot hold the model is reported, then the CPU */
     snprintf(backend_note, sizeof backend_note, "the CUDA backend did not start (%.250s): using the CPU", err);
     fprintf(stderr, "kilnd: %s\n", backend_note);
-    kc->kv8 = kv8, kc->swa_window = swa;
+    kc->swa_window = swa;
     return open_cpu(m, w, kc, arena, kv, err, n);
 }

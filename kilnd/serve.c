@@ -188,7 +188,7 @@ int kd_serve(int argc, char **argv) {
     kc.max_blocks_per_seq = (max_seq_len + kc.block_size - 1) / kc.block_size;
     kc.n_blocks = (int)(pool_bytes / block_bytes);
     kc.prefix_cache = c.engine.prefix_caching;
-    kc.kv8 = c.engine.kv_8bit; /* the CPU pool's; the CUDA backend turns it off */
+    kc.kv8 = c.engine.kv_8bit; /* int8 halves on the CPU, fp8 halves on a GPU */
     /* CUDA (asked for, or auto with a usable GPU): the pool lives on the device, sized
      * by gpu_memory_utilization unless kv_pool_mb caps it; else the CPU's, in the arena */
     kd_backend_want w = {c.engine.backend, threads, c.engine.max_batched_tokens, c.engine.max_batch_size,
@@ -197,7 +197,7 @@ int kd_serve(int argc, char **argv) {
                       c.engine.cuda_graphs};
     if (!(be = kd_backend_open(&m, &w, &kc, &arena, &kv, err, sizeof err))) { fprintf(stderr, "kilnd: %s\n", err); goto out; }
     kv_ok = 1;
-    if (kv_seq_max_blocks(kv.cfg.n_blocks, kv.cfg.kv8) < kc.max_blocks_per_seq) { /* a CUDA pool: f16 */
+    if (kv_seq_max_blocks(kv.cfg.n_blocks, kv.cfg.kv8) < kc.max_blocks_per_seq) { /* a CUDA pool, sized by the device */
         fprintf(stderr, "kilnd: the KV pool holds %d tokens per sequence in f16; max_seq_len = %d needs more: "
                 "raise kv_pool_mb or lower max_seq_len\n", kv.cfg.n_blocks * kc.block_size, max_seq_len);
         goto out;

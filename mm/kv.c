@@ -34,15 +34,15 @@ static int slot_units(const kv_config *c) {
 }
 static int has_units(const kv_config *c) { return slot_units(c) > 1; }
 
-/* Units need the data on the host (conversion and moves are memory writes here) and
- * an even number of bytes per block to halve; kv8 the caller's f16 converters. Windows
- * are host-only too: a device's page tables may not hold holes. */
+/* kv8 on host data needs the caller's f16 converters (external data: the owner's
+ * kv_ext converts). Windows are host-only: a device's page tables may not hold holes,
+ * and its kernels read every layer of a block. */
 static int cfg_valid(const kv_config *c) {
     return c->n_layers > 0 && c->n_kv_heads > 0 && c->head_dim > 0 && c->block_size > 0 &&
            c->n_blocks > 0 && c->max_seqs > 0 && c->max_blocks_per_seq > 0 &&
            (c->swa_window <= 0 || (c->n_layers <= KV_MAX_LAYERS && !c->external_data)) &&
-           (!has_units(c) || (!c->external_data && c->n_blocks <= INT_MAX / 4)) &&
-           (!c->kv8 || (c->f16.to_f32 && c->f16.to_f16));
+           (!has_units(c) || c->n_blocks <= INT_MAX / 4) &&
+           (!c->kv8 || c->external_data || (c->f16.to_f32 && c->f16.to_f16));
 }
 
 /* Ids: one per unit, as every block holds one at least. */
@@ -83,7 +83,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 static size_t layout_of(const kv_config *c, kv_layout *l) {
     /* per-id metadata is sized by ids (2 per slot with kv8), the data by slots */
     size_t nb = (size_t)n_ids_of(c), ns = (size_t)c->n_blocks, ms = (size_t)c->max_seqs;
-    size_t data, tables, tok, be = block_elems(c), un = has_units(c), k8 = c->kv8 ? 1 : 0;
+    size_t data, tables, tok, be = block_elems(c), un = has_units(c);
+    size_t k8 = c->kv8 && !c->external_data; /* the owner keeps external blocks' scales */
     size_t sh = swa_mode(c) == KV_SWA_SHRINK;
     if (be == 0 || __builtin_mul_overflow(ns, c->external_data ? 0 : be * sizeof(uint16_t), &data) ||
         __builtin_mul_overflow(ms, (size_t)c->max_blocks_per_seq * sizeof(int32_t), &tables) ||
@@ -174,7 +175,7 @@ int kv_pool_init(kv_pool *p, const kv_config *cfg, mm_pool *arena) {
         p->q8 = mem + l.q8;
         p->free_slots = (int32_t *)(mem + l.free_slots);
     }
-    if (cfg->kv8) p->scale = (float *)(mem + l.scale);
+    if (cfg->kv8 && !cfg->external_data) p->scale = (float *)(mem + l.scale);
     p->swa = swa_mode(cfg);
     p->lslot = (int32_t *)(mem + l.lslot);
     if (p->swa == KV_SWA_SHRINK) {
@@ -389,7 +390,7 @@ int kv_seq_cow(kv_pool *p, kv_seq *s, int pos) {
             memcpy(p->data + (size_t)p->loc[b] * p->unit_elems,
                    p->data + (size_t)p->loc[old] * p->unit_elems, p->block_elems * sizeof(uint16_t));
         else
-            p->copy_block(p->copy_ctx, b, old);
+            p->ext.copy(p->ext.ctx, p->loc[b], p->loc[old], p->units);
         p->refcount[old]--; /* was shared, so it stays >= 1 */
         if (p->need) kv_need_dec(p, old);
         s->blocks[i] = b;   /* the copy is not indexed */

@@ -28,7 +28,8 @@
  * stack) | cached (refcount 0, indexed, on the LRU list) | in use (refcount > 0, indexed
  * or not). free + cached + in use = n_ids; kv_free_blocks = free + cached (in f16 blocks).
  *
- * 8-bit blocks (cfg.kv8, the degrade ladder's rung 2; host data only): memory is
+ * 8-bit blocks (cfg.kv8, the degrade ladder's rung 2; external data through kv_pool.ext,
+ * whose 8-bit format is the owner's): memory is
  * n_blocks slots of one f16 block each, every slot `units` units: two halves, or four
  * quarters for a sliding-window model whose global layers fit in a quarter (below); an
  * 8-bit block (int8, one scale per (layer, K|V, head) slab) takes half a slot. Block
@@ -115,10 +116,11 @@ typedef struct {
     int max_blocks_per_seq;             /* page-table length = ceil(max_seq_len / block_size) */
     int prefix_cache;                   /* 0: off (commit and match do nothing), else on */
     int external_data;                  /* 1: the blocks live elsewhere (device memory):
-                                         * no host data, data = NULL, and copy-on-write
-                                         * goes through copy_block */
+                                         * no host data, data = NULL, and every write of
+                                         * the pool's own goes through kv_pool.ext */
     int kv8;                            /* 1: blocks may be turned to 8 bits (see the top) */
-    kv_f16_conv f16;                    /* kv8: both converters required (else -EINVAL) */
+    kv_f16_conv f16;                    /* kv8 on host data: both converters required
+                                         * (else -EINVAL) */
     int swa_window;                     /* > 0: the flagged layers read only the last
                                          * swa_window positions (see the top); host
                                          * data only (else -EINVAL) */
@@ -139,6 +141,24 @@ static inline int kv_swa_first(int window, int pos) {
 
 /* Parent key of a sequence's first block. */
 #define KV_KEY_SEED 0x6b696c6e2d6b7631ull /* "kiln-kv1" */
+
+/* With external data (cfg.external_data) the owner of the memory writes it: the CUDA
+ * backend queues each call on its stream, ordered after the step in flight and before
+ * the next. Addresses are units (kv_pool.units per slot; without units a unit is a
+ * block): a block's data starts at unit loc[id], which the owner's kernels read the
+ * page tables through. The 8-bit state and scales of a block are the owner's too, kept
+ * by the block's first unit. Set before the first kv_seq_cow (copy) and, with kv8,
+ * before the first allocation (all three). */
+typedef struct {
+    void *ctx;
+    /* n units from unit src to unit dst, with src's 8-bit state and scales: copy-on-write
+     * (a whole slot) and compaction (an 8-bit block's half). The ranges never overlap. */
+    void (*copy)(void *ctx, int32_t dst, int32_t src, int n);
+    /* kv8: the f16 block at unit u to 8 bits in place, into its first half. */
+    void (*to_q8)(void *ctx, int32_t u);
+    /* kv8: the 8-bit block at unit src as f16 into the free slot starting at unit dst. */
+    void (*expand)(void *ctx, int32_t dst, int32_t src);
+} kv_ext;
 
 typedef struct kv_seq {
     int32_t *blocks; /* [max_blocks_per_seq] physical block ids; [0, n_blocks) valid */
@@ -165,7 +185,8 @@ typedef struct kv_pool {
     /* with units only (NULL otherwise; scale with kv8 only): */
     int32_t *owner;     /* [units * n_blocks] block id in each unit, -1 free */
     uint8_t *q8;        /* [n_ids] 1: the block is 8-bit */
-    float *scale;       /* [n_ids][n_layers * 2 * n_kv_heads] int8 scale per slab */
+    float *scale;       /* [n_ids][n_layers * 2 * n_kv_heads] int8 scale per slab (host
+                         * data only) */
     int32_t *free_slots;/* [n_blocks] stack of slots with all units free */
     int n_free_slots;
     int n_units_free;   /* free units (in free slots and in partly used ones) */
@@ -207,11 +228,7 @@ typedef struct kv_pool {
     void *mem;          /* own allocation (arena NULL), else NULL */
     size_t mem_bytes;
     int fail_n, fail_sticky; /* test hook on block allocation */
-    /* With external data: copy block src into dst where the blocks live (the CUDA
-     * backend queues a device copy on its stream, ordered after the step in flight and
-     * before the next). Set by whoever owns that memory, before the first kv_seq_cow. */
-    void (*copy_block)(void *ctx, int32_t dst, int32_t src);
-    void *copy_ctx;
+    kv_ext ext; /* external data: who writes it (set before the first allocation) */
 } kv_pool;
 
 /* 0, -EINVAL (bad config), -E2BIG (sizes overflow) or -ENOMEM. arena NULL: own memory. */

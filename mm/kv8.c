@@ -1,6 +1,7 @@
 /* kv8: 8-bit blocks (cfg.kv8, the degrade ladder's rung 2): the units of slots (halves,
- * or quarters for Gemma 3's gone blocks), their allocation and compaction, and the f16 <-> int8 conversion through the caller's
- * converters, cfg.f16 (see kv.h). */
+ * or quarters for Gemma 3's gone blocks), their allocation and compaction, and the f16
+ * <-> int8 conversion of host data through the caller's converters, cfg.f16 (external
+ * data: the owner's kv_ext moves and converts; see kv.h). */
 #include "mm/kv.h"
 
 #include <assert.h>
@@ -54,7 +55,10 @@ static void evict_lru(kv_pool *p) {
 /* Block x's k units to the free units at `to`. */
 static void move_units(kv_pool *p, int32_t x, int32_t to) {
     int32_t from = p->loc[x], k = kv_units_of(p, x);
-    memcpy(kv_unit_data(p, to), kv_unit_data(p, from), (size_t)k * p->unit_elems * sizeof(uint16_t));
+    if (p->data)
+        memcpy(kv_unit_data(p, to), kv_unit_data(p, from), (size_t)k * p->unit_elems * sizeof(uint16_t));
+    else
+        p->ext.copy(p->ext.ctx, to, from, k);
     for (int i = 0; i < k; i++) p->owner[to + i] = x, p->owner[from + i] = -1;
     p->loc[x] = to;
     p->stats.q8_moves++;
@@ -199,6 +203,10 @@ void kv_q8_read(const kv_pool *p, int32_t block, int layer, int head, uint16_t *
 
 /* The f16 contents of 8-bit block src into f16 block dst. */
 void kv_q8_expand(kv_pool *p, int32_t src, int32_t dst) {
+    if (!p->data) {
+        p->ext.expand(p->ext.ctx, p->loc[dst], p->loc[src]);
+        return;
+    }
     int slabs = kv_slabs_of(&p->cfg);
     const int8_t *in = (const int8_t *)kv_unit_data(p, p->loc[src]);
     uint16_t *out = kv_unit_data(p, p->loc[dst]);
@@ -212,16 +220,19 @@ int kv_block_to_q8(kv_pool *p, int32_t b) {
     if (b < 0 || b >= p->n_ids || (p->q8 && p->loc[b] < 0)) return -EINVAL;
     /* already 8-bit, or gone: one unit, its windowed slabs hold nothing */
     if (!p->cfg.kv8 || kv_units_of(p, b) < p->units) return 0;
-    int slabs = kv_slabs_of(&p->cfg);
-    int32_t u = p->loc[b];
-    uint16_t *src = kv_unit_data(p, u);
-    int8_t *dst = (int8_t *)src;
-    float *sc = p->scale + (size_t)b * (size_t)slabs;
     if (p->gone && p->gone[b] == KV_SPARE) kv_spare_unlink(p, b); /* half a slot, every layer kept */
-    /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
-    for (int k = 0; k < slabs; k++)
-        sc[k] = slab_to_q8(&p->cfg.f16, src + (size_t)k * p->head_elems,
-                           dst + (size_t)k * p->head_elems, p->head_elems);
+    if (p->data) {
+        int slabs = kv_slabs_of(&p->cfg);
+        uint16_t *src = kv_unit_data(p, p->loc[b]);
+        int8_t *dst = (int8_t *)src;
+        float *sc = p->scale + (size_t)b * (size_t)slabs;
+        /* Slab k's int8 bytes [k, k+1) * he overlap only f16 slabs <= k, already read. */
+        for (int k = 0; k < slabs; k++)
+            sc[k] = slab_to_q8(&p->cfg.f16, src + (size_t)k * p->head_elems,
+                               dst + (size_t)k * p->head_elems, p->head_elems);
+    } else {
+        p->ext.to_q8(p->ext.ctx, p->loc[b]);
+    }
     kv_units_shrink(p, b, p->units / 2);
     p->q8[b] = 1;
     p->n_q8++;

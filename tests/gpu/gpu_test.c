@@ -11,11 +11,14 @@
  *   kernels kern_rmsnorm, kern_swiglu, kern_argmax
  *   rope    kern_rope_store: rotation and the f16 cache slots written
  *   attn    kern_attn over random page tables (prefill and decode mixed, three head
- *           shapes; batch invariance), kern_kv_to_fp8 and attention over fp8 blocks
+ *           shapes; batch invariance), kern_kv_to_fp8 and attention over fp8 blocks,
+ *           also from a kv8 pool's second halves, and kern_kv_expand
  *   model   the whole model: greedy tokens and logits of the CUDA backend against the
  *           CPU backend; CUDA graphs on/off bit-identical; the cuBLAS prefill path
  *   batch   the CUDA backend's batch invariance: every sequence's logits bit-identical
  *           alone, batched, and with its prefill chunked among others' decodes
+ *   kv8     a kv8 pool (fp8 halves): f16 results until a block converts, conversion
+ *           frees half blocks, compaction's moves change no bit, fp8 decode near f16
  *
  * Each group runs in a child process with its own CUDA context, so a kernel that
  * faults (a sticky context error) or crashes fails its own group only; the parent
@@ -827,7 +830,7 @@ static void check_rope(const rope_case *rc) {
     double freq[ATTN_MAX_DIM / 2];
     rope_freqs(rc, freq);
     kern_heads c = {rc->nh, rc->nkv, rc->hd, rc->rd, rc->neox, fd, rc->mscale};
-    kern_kv kv = {kvd, 0, 0, LAYERS, rc->nkv, rc->hd, BS, be};
+    kern_kv kv = {kvd, 0, 0, LAYERS, rc->nkv, rc->hd, BS, be, be};
     if (!qd_ || !kd_ || !vd || !pd || !sd || !kvd || !fd ||
         !dput(fd, freq, sizeof(double) * (size_t)(rc->rd / 2)) || !dput(qd_, q0, sizeof(float) * T * qd) ||
         !dput(kd_, k0, sizeof(float) * T * kd) || !dput(vd, v0, sizeof(float) * T * kd) ||
@@ -933,6 +936,7 @@ typedef struct {
     cplan_layout L;
     int32_t *stage;
     CUdeviceptr pool_d, q_d, out_d, stage_d;
+    const int32_t *loc; /* packing: blocks' first units (a kv8 pool's halves), NULL = ids */
 } attn_fx;
 
 static void attn_free(attn_fx *f) {
@@ -1005,7 +1009,7 @@ static int attn_setup(attn_fx *f, const attn_case *ac, char *why, size_t wn) {
         snprintf(why, wn, "%s", g_cuerr);
         return -1;
     }
-    f->kv = (kern_kv){f->pool_d, 0, 0, A_LAYERS, ac->nkv, ac->hd, A_BS, f->be};
+    f->kv = (kern_kv){f->pool_d, 0, 0, A_LAYERS, ac->nkv, ac->hd, A_BS, f->be, f->be};
     return 0;
 }
 
@@ -1016,7 +1020,7 @@ static int attn_launch(attn_fx *f, const kern_kv *kv, const cplan_layout *L, int
                        int layer, float *out, char *why, size_t wn) {
     model_batch b = {n, f->tok + t0, f->pos + t0, f->seq + t0, 0, NULL};
     cplan_step sp;
-    if (cplan_pack(L, &b, A_BS, f->geom.qt, stage, &sp, why, wn) < 0) return -1;
+    if (cplan_pack(L, &b, f->loc, A_BS, f->geom.qt, stage, &sp, why, wn) < 0) return -1;
     if (n == f->T) f->n_tiles = sp.n_tiles;
     size_t ob = sizeof(float) * (size_t)n * f->qd;
     if (!dput(stage_d, stage, sp.upload * sizeof(int32_t)) ||
@@ -1217,14 +1221,88 @@ static void check_fp8_convert(attn_fx *f, fp8_fx *e, const uint16_t *after, cons
 }
 
 /* The fp8 checks in order; a stage that cannot run fails itself and the ones after it. */
-static const char *FP8_CHECKS[] = {"fp8_flags_off", "fp8_convert", "fp8_attn", "fp8_vs_f16"};
+static const char *FP8_CHECKS[] = {"fp8_flags_off", "fp8_convert", "fp8_attn", "fp8_vs_f16",
+                                   "fp8_units", "fp8_expand"};
+#define N_FP8_CHECKS (int)(sizeof FP8_CHECKS / sizeof FP8_CHECKS[0])
 
 static void fp8_not_run(int from, const char *tag, const char *why) {
-    for (int i = from; i < 4; i++) {
+    for (int i = from; i < N_FP8_CHECKS; i++) {
         char chk[64];
         snprintf(chk, sizeof chk, "%s[%s]", FP8_CHECKS[i], tag);
         report(0, chk, i == from ? "%s" : "not run: %s", why);
     }
+}
+
+/* A kv8 pool's layout (mm/kv.h's units; core/backend_cuda.c): an fp8 block takes half a
+ * slot and compaction moves it, so it may start at a slot's second unit. Each converted
+ * block's fp8 half goes to its slot's second unit with its flag and scales, the first
+ * unit is spoilt (0xff bytes, a stale flag, NaN scales): attention through the units
+ * must give check_fp8's fp8 output bit for bit. Then kern_kv_expand of one such block
+ * into another slot: f16 of its decoded values, exactly, and the slot flagged f16. */
+static void check_fp8_units(attn_fx *f, const fp8_fx *e, const uint16_t *after, const float *out8,
+                            const char *tag) {
+    char chk[64], why[400] = "";
+    int nu = 2 * A_BLOCKS, ns = e->n_slabs;
+    size_t ue = (size_t)f->be / 2, pool_n = (size_t)A_BLOCKS * (size_t)f->be;
+    size_t ob = sizeof(float) * (size_t)f->T * f->qd;
+    uint16_t *up = xmalloc(pool_n * 2), *got = xmalloc((size_t)f->be * 2);
+    uint8_t *uflags = xmalloc((size_t)nu), flag2 = 9;
+    float *uscale = xmalloc(sizeof(float) * (size_t)nu * ns), *out = xmalloc(ob);
+    int32_t loc[A_BLOCKS];
+    memcpy(up, after, pool_n * 2);
+    for (int b = 0; b < A_BLOCKS; b++) {
+        int q8 = e->flags[b];
+        loc[b] = 2 * b + q8;
+        uflags[2 * b] = 1, uflags[2 * b + 1] = 1; /* stale unless the block starts there */
+        uflags[loc[b]] = (uint8_t)q8;
+        for (int k = 0; k < ns; k++) {
+            uscale[(size_t)(2 * b) * ns + k] = NAN, uscale[(size_t)(2 * b + 1) * ns + k] = NAN;
+            uscale[(size_t)loc[b] * ns + k] = e->scale[b * ns + k];
+        }
+        if (q8) {
+            memcpy(up + (size_t)(2 * b + 1) * ue, up + (size_t)(2 * b) * ue, ue * 2);
+            memset(up + (size_t)(2 * b) * ue, 0xff, ue * 2);
+        }
+    }
+    CUdeviceptr flags_d = dalloc((size_t)nu), scale_d = dalloc(sizeof(float) * (size_t)nu * ns);
+    kern_kv kvu = f->kv;
+    kvu.fp8 = flags_d, kvu.scale = scale_d, kvu.unit_elems = (long long)ue;
+    snprintf(chk, sizeof chk, "fp8_units[%s]", tag);
+    if (!flags_d || !scale_d || !dput(flags_d, uflags, (size_t)nu) ||
+        !dput(scale_d, uscale, sizeof(float) * (size_t)nu * ns) || !dput(f->pool_d, up, pool_n * 2)) {
+        fp8_not_run(4, tag, g_cuerr);
+        goto out;
+    }
+    f->loc = loc;
+    int diff_l = -1;
+    for (int l = 0; l < A_LAYERS && diff_l < 0; l++) {
+        int r = attn_launch(f, &kvu, &f->L, f->stage, f->stage_d, f->q_d, f->out_d, 0, f->T, l, out,
+                            why, sizeof why);
+        if (r < 0) {
+            f->loc = NULL;
+            fp8_not_run(4, tag, why);
+            goto out;
+        }
+        if (memcmp(out, out8 + (size_t)l * f->T * f->qd, ob)) diff_l = l;
+    }
+    f->loc = NULL;
+    report(diff_l < 0, chk, "%d fp8 blocks read from second halves, first halves spoilt: output %s",
+           e->n_conv, diff_l < 0 ? "bit-identical to the block-addressed run" : "DIFFERS");
+    /* expand block 0 (fp8, at unit 1) into block 1's slot (units 2 and 3) */
+    snprintf(chk, sizeof chk, "fp8_expand[%s]", tag);
+    uint8_t stale = 1;
+    if (!dput(flags_d + 2, &stale, 1) || !ran(kern_kv_expand(&G.k, G.st, &kvu, 2, loc[0]), "kern_kv_expand") ||
+        !dget(got, f->pool_d + 2 * ue * 2, (size_t)f->be * 2) || !dget(&flag2, flags_d + 2, 1)) {
+        fp8_not_run(5, tag, g_cuerr);
+        goto out;
+    }
+    long bad = 0;
+    for (long long i = 0; i < f->be; i++) bad += got[i] != quant_f32_to_f16(e->poolf[i]);
+    report(!bad && flag2 == 0, chk,
+           "fp8 block to f16 in another slot: %ld of %lld values differ from f16 of the decoded "
+           "values; the slot's flag %d (want 0)", bad, f->be, flag2);
+out:
+    free(up), free(got), free(uflags), free(uscale), free(out);
 }
 
 static void check_fp8(attn_fx *f, const char *tag) {
@@ -1237,7 +1315,7 @@ static void check_fp8(attn_fx *f, const char *tag) {
     e.scale = xmalloc(sizeof(float) * A_BLOCKS * e.n_slabs);
     e.poolf = xmalloc(sizeof(float) * pool_n);
     uint16_t *after = xmalloc(pool_n * 2);
-    float *out = xmalloc(ob), *ref = xmalloc(sizeof(float) * f->qd);
+    float *out = xmalloc(ob), *ref = xmalloc(sizeof(float) * f->qd), *out8 = xmalloc(ob * A_LAYERS);
     CUdeviceptr blocks_d = dalloc(sizeof e.conv);
     e.flags_d = dalloc(A_BLOCKS), e.scale_d = dalloc(sizeof(float) * A_BLOCKS * e.n_slabs);
     kern_kv kv8 = f->kv;
@@ -1257,7 +1335,7 @@ static void check_fp8(attn_fx *f, const char *tag) {
     snprintf(chk, sizeof chk, "fp8_convert[%s]", tag);
     for (int b = 0; b < A_BLOCKS; b += 2) e.conv[e.n_conv++] = b, e.flags[b] = 1;
     if (!dput(blocks_d, e.conv, sizeof e.conv) ||
-        !ran(kern_kv_to_fp8(&G.k, G.st, &kv8, blocks_d, e.n_conv), "kern_kv_to_fp8") ||
+        !ran(kern_kv_to_fp8(&G.k, G.st, &kv8, blocks_d, 0, e.n_conv), "kern_kv_to_fp8") ||
         !dget(e.got_flags, e.flags_d, A_BLOCKS) || !dput(e.flags_d, e.flags, A_BLOCKS) ||
         !dget(after, f->pool_d, pool_n * 2) ||
         !dget(e.scale, e.scale_d, sizeof(float) * A_BLOCKS * e.n_slabs)) {
@@ -1276,6 +1354,7 @@ static void check_fp8(attn_fx *f, const char *tag) {
             fp8_not_run(2, tag, why);
             goto restore;
         }
+        memcpy(out8 + (size_t)l * f->T * f->qd, out, ob);
         for (int t = 0; t < f->T; t++) {
             attn_ref_float(f, e.poolf, t, l, ref);
             for (int i = 0; i < f->qd; i++) {
@@ -1295,10 +1374,11 @@ static void check_fp8(attn_fx *f, const char *tag) {
            "8-bit KV accuracy at the kernel: max |fp8 - f16 output| %.3g (%.2f%% of max |out| %.3g), "
            "mean %.3g",
            vs16, outmax > 0 ? 100 * vs16 / outmax : 0.0, outmax, sum16 / (double)(A_LAYERS * ob / 4));
+    check_fp8_units(f, &e, after, out8, tag);
 restore:
     dput(f->pool_d, f->pool, pool_n * 2); /* back to f16 for whatever follows */
 out:
-    free(scale0), free(e.scale), free(e.poolf), free(after), free(out), free(ref);
+    free(scale0), free(e.scale), free(e.poolf), free(after), free(out), free(out8), free(ref);
 }
 
 static void group_attn(const opts *o) {
@@ -1403,13 +1483,19 @@ static int engine_cpu(engine *e, const model *m, int exact, char *err, size_t n)
     return e->be ? 0 : -1;
 }
 
-static int engine_cuda(engine *e, const model *m, int graphs, int cublas, char *err, size_t n) {
+/* kv8_blocks 0: an f16 pool of 256 MiB; else a kv8 pool (fp8 halves, mm's units) of that
+ * many blocks. */
+static int engine_cuda(engine *e, const model *m, int graphs, int cublas, int kv8_blocks, char *err,
+                       size_t n) {
     memset(e, 0, sizeof *e);
-    snprintf(e->what, sizeof e->what, "cuda graphs=%d cublas=%d", graphs, cublas);
+    snprintf(e->what, sizeof e->what, "cuda graphs=%d cublas=%d%s", graphs, cublas, kv8_blocks ? " kv8" : "");
     e->n_vocab = m->cfg.n_vocab;
     kv_config kc;
     kv_shape(m, &kc, 0, 64);
-    backend_cuda_config cc = {0, 0.9, MAX_STEP, MAX_LOGITS, CTX, cublas, 16, graphs, 256u << 20};
+    kc.kv8 = kv8_blocks > 0;
+    kc.n_blocks = 1; /* for kv_block_bytes */
+    size_t pool = kv8_blocks ? (size_t)kv8_blocks * kv_block_bytes(&kc) : 256u << 20;
+    backend_cuda_config cc = {0, 0.9, MAX_STEP, MAX_LOGITS, CTX, cublas, 16, graphs, pool};
     e->be = backend_cuda_new(m, &e->kv, &kc, &cc, err, n);
     if (!e->be) return -1;
     e->kv_ok = 1;
@@ -1550,7 +1636,7 @@ static void run_all(model_fx *f, int which, run_out out[N_PARITY]) {
     engine e;
     int r = which == R_CPU || which == R_EXACT
                 ? engine_cpu(&e, &f->m, which == R_EXACT, err, sizeof err)
-                : engine_cuda(&e, &f->m, which != R_G0, which == R_BLAS, err, sizeof err);
+                : engine_cuda(&e, &f->m, which != R_G0, which == R_BLAS, 0, err, sizeof err);
     for (int i = 0; i < N_PARITY; i++) {
         if (r < 0) {
             memset(&out[i], 0, sizeof out[i]);
@@ -1714,6 +1800,136 @@ static void group_model(const opts *o) {
     model_close(&f);
 }
 
+/* ================================================================ group kv8 */
+
+#define KV8_POOL 132 /* blocks: one sequence's 128 (CTX) and a few more */
+
+/* A prompt of 4+ full blocks: the parity prompts' ids one after another. */
+static void kv8_prompt(const model_fx *f, prompt_ids *p) {
+    p->n = 0;
+    for (int i = 0; p->n < 4 * BLOCK + 7; i = (i + 1) % N_ALL)
+        for (int k = 0; k < f->ids[i].n && p->n < 4 * BLOCK + 7; k++) p->ids[p->n++] = f->ids[i].ids[k];
+}
+
+/* The prompt in one step, its full blocks to fp8 through mm (rung 2's kv_seq_to_q8);
+ * with squeeze, another sequence then takes every block the pool can give (compaction
+ * moves fp8 halves together) and lets them go; then greedy decode. logits: [N_GEN][nv];
+ * *freed: the units the conversion gave back; *moves: the compaction's moves. */
+static int kv8_run(engine *e, const prompt_ids *p, int squeeze, float *logits, int *conv, int *freed,
+                   long *moves, char *err, size_t n) {
+    static step_t st;
+    size_t nv = (size_t)e->n_vocab;
+    kv_pool *kv = &e->kv;
+    kv_seq *a = kv_seq_new(kv);
+    if (!a) return snprintf(err, n, "no page table"), -1;
+    step_clear(&st);
+    step_add(&st, a, p->ids, p->n, 0, 1);
+    int32_t tok = 0;
+    for (int i = 0; i < N_GEN; i++) {
+        const float *lg = step_run(e, &st, err, n);
+        if (!lg) return kv_seq_release(kv, a), -1;
+        memcpy(logits + (size_t)i * nv, lg, sizeof(float) * nv);
+        tok = argmax_first(lg, (int)nv);
+        if (i == 0) {
+            int u0 = kv->n_units_free;
+            *conv = kv_seq_to_q8(kv, a, p->n, 1 << 30);
+            *freed = kv->n_units_free - u0;
+            uint64_t m0 = kv->stats.q8_moves;
+            if (squeeze) {
+                kv_seq *b = kv_seq_new(kv);
+                int want = kv_free_blocks(kv);
+                if (want > kv->cfg.max_blocks_per_seq) want = kv->cfg.max_blocks_per_seq;
+                int r = b ? kv_seq_reserve(kv, b, want * BLOCK) : -ENOMEM;
+                kv_seq_release(kv, b);
+                if (r < 0) return kv_seq_release(kv, a), snprintf(err, n, "squeeze: %s", strerror(-r)), -1;
+            }
+            *moves = (long)(kv->stats.q8_moves - m0);
+            char why[200] = "";
+            if (kv_check(kv, why, sizeof why) < 0)
+                return kv_seq_release(kv, a), snprintf(err, n, "kv_check: %s", why), -1;
+        }
+        step_clear(&st);
+        step_add(&st, a, &tok, 1, p->n + i, 1);
+    }
+    kv_seq_release(kv, a);
+    return 0;
+}
+
+static double kl_row(const float *p_logits, const float *q_logits, int nv) {
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, kl = 0;
+    for (int i = 0; i < nv; i++) mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
+    for (int i = 0; i < nv; i++) sp += exp(p_logits[i] - mp), sq += exp(q_logits[i] - mq);
+    for (int i = 0; i < nv; i++) {
+        double lp = p_logits[i] - mp - log(sp), lq = q_logits[i] - mq - log(sq);
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
+/* The ladder's 8-bit KV on the device: a kv8 pool (fp8 blocks in half a block, mm's
+ * units) computes what an f16 pool does until a block turns to fp8; turning them gives
+ * their second halves back; compaction's moves change no bit of what follows; and the
+ * fp8 decode stays near the f16 one. */
+static void group_kv8(const opts *o) {
+    char err[640] = "";
+    if (!cu_load(err, sizeof err)) no_device("%s", err);
+    model_fx f;
+    if (model_open(&f, o, "kv8") < 0) {
+        model_close(&f);
+        return;
+    }
+    size_t nv = (size_t)f.nv, lb = sizeof(float) * nv * N_GEN;
+    float *l8 = xmalloc(lb), *l8m = xmalloc(lb);
+    static prompt_ids p;
+    kv8_prompt(&f, &p);
+    run_out r16, r8;
+    engine e;
+    int conv = 0, freed = 0, conv2 = 0, freed2 = 0;
+    long moves = 0, moves2 = 0;
+    memset(&r16, 0, sizeof r16), memset(&r8, 0, sizeof r8);
+    if (engine_cuda(&e, &f.m, 1, 0, 0, err, sizeof err) == 0) {
+        greedy(&e, &p, N_GEN, &r16);
+        engine_close(&e);
+    }
+    if (engine_cuda(&e, &f.m, 1, 0, KV8_POOL, err, sizeof err) == 0) {
+        greedy(&e, &p, N_GEN, &r8);
+        if (kv8_run(&e, &p, 0, l8, &conv, &freed, &moves, err, sizeof err) < 0 ||
+            kv8_run(&e, &p, 1, l8m, &conv2, &freed2, &moves2, err, sizeof err) < 0)
+            conv = -1;
+        engine_close(&e);
+    }
+    report(r16.ok && r8.ok && !memcmp(r16.logits, r8.logits, lb), "kv8_pool_f16",
+           "%d-token prompt, %d greedy steps in a kv8 pool, nothing converted: logits %s the f16 pool's%s%s",
+           p.n, N_GEN, !(r16.ok && r8.ok) ? "not compared" : memcmp(r16.logits, r8.logits, lb) ? "DIFFER from" : "bit-identical to",
+           r16.ok && r8.ok ? "" : ": ", r16.ok ? r8.err : r16.err);
+    if (conv < 0 || !r16.ok) {
+        const char *why = conv < 0 ? err : r16.err;
+        report(0, "kv8_frees", "not run: %s", why);
+        report(0, "kv8_moves", "not run: %s", why);
+        report(0, "kv8_decode", "not run: %s", why);
+        goto out;
+    }
+    report(conv == p.n / BLOCK && freed == conv && conv2 == conv && freed2 == conv, "kv8_frees",
+           "%d full blocks to fp8 (want %d), %d half-blocks given back (and %d, %d the second time)",
+           conv, p.n / BLOCK, freed, conv2, freed2);
+    report(moves == 0 && moves2 > 0 && !memcmp(l8, l8m, lb), "kv8_moves",
+           "another sequence took every free block: %ld fp8 blocks moved; %d decode steps' logits %s "
+           "the run without it", moves2, N_GEN, memcmp(l8, l8m, lb) ? "DIFFER from" : "bit-identical to");
+    double kl = 0, klmax = 0;
+    int same = 0;
+    for (int i = 0; i < N_GEN; i++) {
+        double k = kl_row(r16.logits + (size_t)i * nv, l8 + (size_t)i * nv, (int)nv);
+        kl += k, klmax = fmax(klmax, k);
+        same += argmax_first(l8 + (size_t)i * nv, (int)nv) == r16.gen[i];
+    }
+    report(isfinite(kl) && kl / N_GEN < 0.05, "kv8_decode",
+           "%d of the prompt's blocks fp8, %d steps: mean KL to the f16 run %.5f (max %.5f; tol "
+           "0.05), greedy token equal on %d of %d", conv, N_GEN, kl / N_GEN, klmax, same, N_GEN);
+out:
+    free(r16.logits), free(r8.logits), free(l8), free(l8m);
+    model_close(&f);
+}
+
 /* ================================================================ group batch */
 
 #define N_DEC 16 /* decode steps after each prefill */
@@ -1824,7 +2040,7 @@ static void group_batch(const opts *o) {
     int lo = 1 << 30, hi = 0, steps = 0;
     for (int i = 0; i < N_ALL; i++)
         lo = f.ids[i].n < lo ? f.ids[i].n : lo, hi = f.ids[i].n > hi ? f.ids[i].n : hi;
-    if (engine_cuda(&e, &f.m, 1, 0, err, sizeof err) < 0) {
+    if (engine_cuda(&e, &f.m, 1, 0, 0, err, sizeof err) < 0) {
         report(0, "batch_invariance[together]", "cuda backend: %s", err);
         report(0, "batch_invariance[chunked7]", "cuda backend: %s", err);
         goto out;
@@ -1864,6 +2080,7 @@ typedef struct {
 static const group GROUPS[] = {
     {"quant", group_quant, 45},  {"kernels", group_kernels, 30}, {"rope", group_rope, 30},
     {"attn", group_attn, 60},    {"model", group_model, 75},     {"batch", group_batch, 50},
+    {"kv8", group_kv8, 40},
 };
 
 typedef struct {

@@ -2,7 +2,7 @@
  * GPU: the staging layout, batch packing (checked against page tables of a real KV pool
  * in external-data mode), the attention geometry, graph keys and their LRU cache, and
  * the KV sizing. Also the external-data mode of mm/kv itself: no host block data, and
- * copy-on-write through the copy_block hook. */
+ * copy-on-write through its kv_ext copy (units are blocks without kv8). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,15 +27,15 @@ static uint32_t rnd(uint32_t n) { /* xorshift64*, fixed seed */
     return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32) % n;
 }
 
-/* copy_block calls, recorded in order. */
+/* kv_ext copy calls, recorded in order. */
 #define MAX_COPIES 16
 static struct {
     int n;
     int32_t dst[MAX_COPIES], src[MAX_COPIES];
 } copies;
 
-static void record_copy(void *ctx, int32_t dst, int32_t src) {
-    CHECK(ctx == &copies, "copy_block got ctx %p", ctx);
+static void record_copy(void *ctx, int32_t dst, int32_t src, int n) {
+    CHECK(ctx == &copies && n == 1, "copy got ctx %p, %d units", ctx, n);
     if (copies.n < MAX_COPIES) copies.dst[copies.n] = dst, copies.src[copies.n] = src;
     copies.n++;
 }
@@ -43,8 +43,7 @@ static void record_copy(void *ctx, int32_t dst, int32_t src) {
 static int pool_open(kv_pool *p) {
     int r = kv_pool_init(p, &CFG, NULL);
     CHECK(r == 0, "kv_pool_init (external data): %d", r);
-    p->copy_block = record_copy;
-    p->copy_ctx = &copies;
+    p->ext = (kv_ext){.ctx = &copies, .copy = record_copy};
     copies.n = 0;
     return r;
 }
@@ -125,6 +124,11 @@ static void batch_run(batch_buf *bb, kv_seq *s, int p0, int n) {
 
 static void batch_logit(batch_buf *bb, int row) { bb->rows[bb->b.n_logits++] = row; }
 
+/* The pool's loc while a kv8 pool's batches are packed (its blocks' first units), else
+ * NULL: ids are units. */
+static const int32_t *g_loc;
+static int32_t unit_of(int32_t b) { return g_loc ? g_loc[b] : b; }
+
 /* Everything cplan_pack promises about a packed step, from the batch alone. */
 static void verify_pack(const cplan_layout *L, const model_batch *b, int qt, const int32_t *st,
                         const cplan_step *sp, const char *what) {
@@ -132,7 +136,7 @@ static void verify_pack(const cplan_layout *L, const model_batch *b, int qt, con
     for (int t = 0; t < T && !bad; t++) {
         const kv_seq *s = b->seq[t];
         int p = b->pos[t];
-        int32_t want = s->blocks[p / BS] * BS + p % BS;
+        int32_t want = unit_of(s->blocks[p / BS]) * BS + p % BS;
         bad = st[L->tokens + t] != b->tokens[t] || st[L->pos + t] != p || st[L->slot + t] != want;
         CHECK(!bad, "%s: token %d: tok %d pos %d slot %d, want %d %d %d", what, t,
               st[L->tokens + t], st[L->pos + t], st[L->slot + t], b->tokens[t], p, want);
@@ -168,8 +172,8 @@ static void verify_pack(const cplan_layout *L, const model_batch *b, int qt, con
         for (int t = t0; t < t0 + n; t++) maxpos = b->pos[t] > maxpos ? b->pos[t] : maxpos;
         const int32_t *tab = st + L->tables + (size_t)row * (size_t)L->tstride;
         for (int k = 0; k <= maxpos / BS; k++)
-            CHECK(tab[k] == s->blocks[k], "%s: table row %d [%d] = %d, seq has %d", what, row, k,
-                  tab[k], s->blocks[k]);
+            CHECK(tab[k] == unit_of(s->blocks[k]), "%s: table row %d [%d] = %d, seq has %d at %d",
+                  what, row, k, tab[k], s->blocks[k], unit_of(s->blocks[k]));
         next = t0 + n;
     }
     CHECK(next == T, "%s: tiles cover %d of %d tokens", what, next, T);
@@ -184,7 +188,7 @@ static void verify_pack(const cplan_layout *L, const model_batch *b, int qt, con
 static int pack(const cplan_layout *L, const model_batch *b, int qt, int32_t *st, cplan_step *sp,
                 char *err, size_t n) {
     for (size_t i = 0; i < L->total; i++) st[i] = -7777; /* stale data must not leak through */
-    return cplan_pack(L, b, BS, qt, st, sp, err, n);
+    return cplan_pack(L, b, g_loc, BS, qt, st, sp, err, n);
 }
 
 static void test_pack_fixed(kv_pool *p) {
@@ -252,14 +256,14 @@ static void test_pack_fixed(kv_pool *p) {
     bb.b.n_logits = 1;
     CHECK(pack(&L, &bb.b, qt, st, &sp, err, sizeof err) == 0, "the same batch, fixed: %s", err);
     CHECK(pack(&L, &bb.b, 0, st, &sp, err, sizeof err) == -EINVAL, "qt 0");
-    CHECK(cplan_pack(&L, &bb.b, 0, qt, st, &sp, err, sizeof err) == -EINVAL, "block_size 0");
+    CHECK(cplan_pack(&L, &bb.b, NULL, 0, qt, st, &sp, err, sizeof err) == -EINVAL, "block_size 0");
     /* a sequence longer than the layout's page-table row */
     cplan_layout small;
     cplan_layout_init(&small, 128, 8, 2);
     int32_t *st2 = malloc(small.total * sizeof *st2);
     batch_reset(&bb);
     batch_run(&bb, c, 40, 1); /* block 2: needs a row of 3 */
-    CHECK(st2 && cplan_pack(&small, &bb.b, BS, qt, st2, &sp, err, sizeof err) == -EINVAL,
+    CHECK(st2 && cplan_pack(&small, &bb.b, NULL, BS, qt, st2, &sp, err, sizeof err) == -EINVAL,
           "row longer than tstride");
     free(st2);
     free(st);
@@ -430,6 +434,85 @@ static void test_kv_blocks(void) {
     CHECK(cplan_kv_blocks(80 * G, 79 * G, 0.9, 0, 0, 0, 0) == 0, "block of 0 bytes");
 }
 
+/* ---------------------------------------------------------------- kv8 on the device */
+
+/* The device's side of a kv8 pool, counted: the pool decides, packing must follow. */
+static struct {
+    int copy, to_q8, expand;
+} dev_calls;
+static void dev_copy(void *ctx, int32_t dst, int32_t src, int n) {
+    (void)ctx, (void)dst, (void)src, (void)n;
+    dev_calls.copy++;
+}
+static void dev_to_q8(void *ctx, int32_t u) {
+    (void)ctx;
+    CHECK(u % 2 == 0, "an f16 block starts a slot: unit %d", u);
+    dev_calls.to_q8++;
+}
+static void dev_expand(void *ctx, int32_t dst, int32_t src) {
+    (void)ctx, (void)src;
+    CHECK(dst % 2 == 0, "an f16 copy starts a slot: unit %d", dst);
+    dev_calls.expand++;
+}
+
+/* A kv8 pool with external data: 8-bit blocks in half slots, some moved by compaction
+ * (second halves, odd units). Packing names every page and cache slot by the block's
+ * first unit, never by its id. */
+static void test_pack_units(void) {
+    kv_config c = CFG;
+    c.kv8 = 1;
+    kv_pool p;
+    CHECK(kv_pool_init(&p, &c, NULL) == 0 && p.units == 2 && p.n_ids == 2 * c.n_blocks,
+          "kv8 external pool: %d units a slot", p.units);
+    p.ext = (kv_ext){NULL, dev_copy, dev_to_q8, dev_expand};
+    kv_seq *s[8];
+    int len[8];
+    for (int i = 0; i < 8; i++) { /* 8 x 8 blocks: every slot */
+        s[i] = kv_seq_new(&p);
+        len[i] = 8 * BS;
+        CHECK(s[i] && kv_seq_reserve(&p, s[i], len[i]) == 0, "seq %d", i);
+        if (!s[i]) return;
+        CHECK(kv_seq_to_q8(&p, s[i], len[i], 100) == 8, "seq %d's 8 blocks to 8 bits", i);
+    }
+    kv_seq_release(&p, s[7]); /* 8 slots free again; 12 blocks need 4 joined from halves */
+    s[7] = kv_seq_new(&p);
+    len[7] = 12 * BS;
+    CHECK(s[7] && kv_seq_reserve(&p, s[7], len[7]) == 0, "12 f16 blocks");
+    CHECK(p.stats.q8_moves >= 4 && dev_calls.copy == (int)p.stats.q8_moves &&
+              dev_calls.to_q8 == 64, "moves %llu, device copies %d, conversions %d",
+          (unsigned long long)p.stats.q8_moves, dev_calls.copy, dev_calls.to_q8);
+    check_pool(&p, "kv8 compacted");
+    g_loc = p.loc;
+    int odd = 0;
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < s[i]->n_blocks; k++) odd += p.loc[s[i]->blocks[k]] % 2;
+    CHECK(odd > 0, "some 8-bit blocks live in second halves: %d", odd);
+    cplan_layout L;
+    cplan_layout_init(&L, MAXT, 32, CFG.max_blocks_per_seq);
+    int32_t *st = malloc(L.total * sizeof *st);
+    for (int trial = 0; trial < 200 && st; trial++) {
+        batch_buf bb;
+        batch_reset(&bb);
+        for (int r = 1 + (int)rnd(8); r > 0; r--) {
+            int i = (int)rnd(8), n = rnd(2) ? 1 : 1 + (int)rnd((uint32_t)len[i]);
+            batch_run(&bb, s[i], len[i] - n, n);
+        }
+        batch_logit(&bb, bb.b.n_tokens - 1);
+        cplan_step sp;
+        char err[160] = "", what[32];
+        int qt = 1 + (int)rnd(24), r = pack(&L, &bb.b, qt, st, &sp, err, sizeof err);
+        snprintf(what, sizeof what, "units %d", trial);
+        CHECK(r == 0, "%s: %s", what, err);
+        if (r == 0) verify_pack(&L, &bb.b, qt, st, &sp, what);
+    }
+    free(st);
+    g_loc = NULL;
+    for (int i = 0; i < 8; i++) kv_seq_release(&p, s[i]);
+    check_pool(&p, "kv8 released");
+    CHECK(kv_free_blocks(&p) == c.n_blocks, "all back: %d", kv_free_blocks(&p));
+    kv_pool_free(&p);
+}
+
 /* ---------------------------------------------------------------- kv external data */
 
 static void test_kv_external(void) {
@@ -486,5 +569,6 @@ int main(void) {
     test_graph_lru();
     test_kv_blocks();
     test_kv_external();
+    test_pack_units();
     return check_done("test_cuda_plan");
 }

@@ -929,17 +929,126 @@ static float q8_val(int pos, int32_t tok, int l, int kv, int h, int d) {
     return (float)((int)(k % 29) - 14) / 8.0f;
 }
 
+/* A device for pools with external data, in C: the pool's block layout in a buffer of
+ * its own, and an 8-bit flag and int8 scales per unit (the first unit of each block)
+ * as the CUDA backend keeps them. Only the pool's kv_ext calls and the test's writes
+ * touch it, and the writes act as the device's cache write does: a block's first
+ * position clears its unit's flag. So reading a sequence back through the pool's loc
+ * checks every move, copy and conversion the pool asked for. */
+typedef struct {
+    const kv_pool *p;
+    uint16_t *mem;  /* [n_blocks * units][unit_elems] */
+    uint8_t *flag;  /* [n_blocks * units] */
+    float *scale;   /* [n_blocks * units][slabs] */
+    int copies, to_q8s, expands;
+} fake_dev;
+
+static uint16_t *dev_unit(const fake_dev *dv, int32_t u) { return dv->mem + (size_t)u * dv->p->unit_elems; }
+static int dev_slabs(const fake_dev *dv) { return 2 * dv->p->cfg.n_layers * dv->p->cfg.n_kv_heads; }
+
+static void dev_copy(void *ctx, int32_t dst, int32_t src, int n) {
+    fake_dev *dv = ctx;
+    int un = dv->p->units * dv->p->cfg.n_blocks, sl = dev_slabs(dv);
+    CHECK(n >= 1 && dst >= 0 && src >= 0 && dst + n <= un && src + n <= un &&
+              (dst + n <= src || src + n <= dst), "copy of %d units %d -> %d", n, src, dst);
+    memcpy(dev_unit(dv, dst), dev_unit(dv, src), (size_t)n * dv->p->unit_elems * sizeof(uint16_t));
+    dv->flag[dst] = dv->flag[src];
+    memcpy(dv->scale + (size_t)dst * sl, dv->scale + (size_t)src * sl, (size_t)sl * sizeof(float));
+    dv->copies++;
+}
+
+/* int8 per slab, max |x| / 127, in place: slab k's bytes overlap f16 slabs <= k only. */
+static void dev_to_q8(void *ctx, int32_t u) {
+    fake_dev *dv = ctx;
+    size_t he = dv->p->head_elems;
+    CHECK(u % dv->p->units == 0 && !dv->flag[u], "to_q8 at unit %d (flag %d)", u, dv->flag[u]);
+    float tmp[64];
+    CHECK(he <= 64, "a slab fits the conversion buffer");
+    for (int k = 0; k < dev_slabs(dv); k++) {
+        float mx = 0.0f;
+        for (size_t i = 0; i < he; i++) {
+            tmp[i] = quant_f16_to_f32(dev_unit(dv, u)[(size_t)k * he + i]);
+            mx = fabsf(tmp[i]) > mx ? fabsf(tmp[i]) : mx;
+        }
+        float sc = mx / 127.0f;
+        dv->scale[(size_t)u * dev_slabs(dv) + k] = sc;
+        for (size_t i = 0; i < he; i++)
+            ((int8_t *)dev_unit(dv, u))[(size_t)k * he + i] = (int8_t)lrintf(sc > 0 ? tmp[i] / sc : 0.0f);
+    }
+    dv->flag[u] = 1;
+    dv->to_q8s++;
+}
+
+static void dev_expand(void *ctx, int32_t dst, int32_t src) {
+    fake_dev *dv = ctx;
+    size_t he = dv->p->head_elems;
+    int units = dv->p->units;
+    CHECK(dst % units == 0 && (src < dst || src >= dst + units) && dv->flag[src],
+          "expand %d -> %d (flag %d)", src, dst, dv->flag[src]);
+    for (int k = 0; k < dev_slabs(dv); k++)
+        for (size_t i = 0; i < he; i++)
+            dev_unit(dv, dst)[(size_t)k * he + i] = quant_f32_to_f16(
+                ((const int8_t *)dev_unit(dv, src))[(size_t)k * he + i] *
+                dv->scale[(size_t)src * dev_slabs(dv) + k]);
+    dv->flag[dst] = 0;
+    dv->expands++;
+}
+
+static void dev_open(fake_dev *dv, kv_pool *p) {
+    size_t un = (size_t)p->units * (size_t)p->cfg.n_blocks;
+    memset(dv, 0, sizeof *dv);
+    dv->p = p;
+    dv->mem = calloc(un, p->unit_elems * sizeof(uint16_t));
+    dv->flag = calloc(un, 1);
+    dv->scale = calloc(un * (size_t)dev_slabs(dv), sizeof(float));
+    CHECK(dv->mem && dv->flag && dv->scale, "fake device memory");
+    memset(dv->flag, 1, un); /* stale flags: a fresh block must not be read by them */
+    p->ext = (kv_ext){dv, dev_copy, dev_to_q8, dev_expand};
+}
+
+static void dev_close(fake_dev *dv) {
+    free(dv->mem), free(dv->flag), free(dv->scale);
+    memset(dv, 0, sizeof *dv);
+}
+
+/* K and V slabs of (block, layer, head): the pool's host data, or the fake device's. */
+static uint16_t *slab_of(const kv_pool *p, int32_t b, int l, int is_v, int h) {
+    if (p->data) return is_v ? kv_v(p, b, l, h) : kv_k(p, b, l, h);
+    const fake_dev *dv = p->ext.ctx;
+    return dev_unit(dv, p->loc[b]) + kv_slab(p, l, is_v, h) * p->head_elems;
+}
+
 static void q8_write(kv_pool *p, kv_seq *s, int pos, int32_t tok) {
     CHECK(kv_seq_cow(p, s, pos) == 0, "cow before writing %d", pos);
     int32_t b = s->blocks[pos / p->cfg.block_size];
     int slot = pos % p->cfg.block_size, hd = p->cfg.head_dim;
     CHECK(!kv_is_q8(p, b), "kv_seq_cow left block %d 8-bit", b);
+    if (!p->data && slot == 0) ((fake_dev *)p->ext.ctx)->flag[p->loc[b]] = 0;
     for (int l = 0; l < p->cfg.n_layers; l++)
         for (int h = 0; h < p->cfg.n_kv_heads; h++)
             for (int d = 0; d < hd; d++) {
-                kv_k(p, b, l, h)[kv_k_index(p, slot, d)] = quant_f32_to_f16(q8_val(pos, tok, l, 0, h, d));
-                kv_v(p, b, l, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 1, h, d));
+                slab_of(p, b, l, 0, h)[kv_k_index(p, slot, d)] = quant_f32_to_f16(q8_val(pos, tok, l, 0, h, d));
+                slab_of(p, b, l, 1, h)[slot * hd + d] = quant_f32_to_f16(q8_val(pos, tok, l, 1, h, d));
             }
+}
+
+/* An 8-bit block's K and V slabs of (layer, head) as f16: the pool's, or the fake
+ * device's after checking that its flag agrees with the pool. 0 when it does not. */
+static int q8_slabs(const kv_pool *p, int32_t b, int l, int h, uint16_t *k, uint16_t *v) {
+    if (p->data) {
+        kv_q8_read(p, b, l, h, k, v);
+        return 1;
+    }
+    const fake_dev *dv = p->ext.ctx;
+    int32_t u = p->loc[b];
+    if (!dv->flag[u]) return 0;
+    for (int is_v = 0; is_v < 2; is_v++) {
+        size_t sl = kv_slab(p, l, is_v, h);
+        const int8_t *q = (const int8_t *)dev_unit(dv, u) + sl * p->head_elems;
+        for (size_t i = 0; i < p->head_elems; i++)
+            (is_v ? v : k)[i] = quant_f32_to_f16(q[i] * dv->scale[(size_t)u * dev_slabs(dv) + sl]);
+    }
+    return 1;
 }
 
 /* Is layer l of the pool's config windowed? */
@@ -960,10 +1069,12 @@ static int q8_read_lossy(const kv_pool *p, const kv_seq *s, const int32_t *toks,
         int slot = pos % bs;
         for (int l = 0; l < p->cfg.n_layers; l++)
             for (int h = 0; h < p->cfg.n_kv_heads && !(windowed(p, l) && pos < first); h++) {
-                const uint16_t *K = kv_k(p, b, l, h), *V = kv_v(p, b, l, h) + slot * hd;
+                const uint16_t *K = slab_of(p, b, l, 0, h), *V = slab_of(p, b, l, 1, h) + slot * hd;
                 float tol = lossy ? 1.75f / 127.0f * 0.51f + 0.002f : 0.0f;
+                if (!p->data && ((const fake_dev *)p->ext.ctx)->flag[p->loc[b]] != kv_is_q8(p, b))
+                    return 0; /* the device would read it in the other format */
                 if (kv_is_q8(p, b)) {
-                    kv_q8_read(p, b, l, h, k, v);
+                    if (!q8_slabs(p, b, l, h, k, v)) return 0;
                     K = k, V = v + slot * hd;
                     tol = 1.75f / 127.0f * 0.51f + 0.002f;
                 }
@@ -993,20 +1104,24 @@ static const kv_config CFG_Q8 = {
 /* Fill the pool, turn it to 8 bits: half the memory comes back, new f16 blocks are
  * made by joining lone halves (moves), data survives, a write into an 8-bit block goes
  * to a private f16 copy, and everything returns to the pool. */
-static void test_q8_basic(void) {
+static void test_q8_basic(int external) {
     kv_pool p;
-    kv_config bad = CFG_Q8;
-    bad.external_data = 1;
-    CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 with external data refused");
-    bad = CFG_Q8;
+    kv_config bad = CFG_Q8, cfg = CFG_Q8;
     bad.f16.to_f16 = NULL;
     CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 without an f16 converter refused");
     bad.f16 = (kv_f16_conv){NULL, to_f16};
     CHECK(kv_pool_init(&p, &bad, NULL) == -EINVAL, "kv8 without an f32 converter refused");
-    bad.kv8 = 0;
+    bad.external_data = 1;
+    CHECK(kv_pool_init(&p, &bad, NULL) == 0 && !p.data && !p.scale,
+          "external data needs no converters and keeps no data or scales");
+    kv_pool_free(&p);
+    bad.kv8 = 0, bad.external_data = 0;
     CHECK(kv_pool_init(&p, &bad, NULL) == 0, "no converters needed without kv8");
     kv_pool_free(&p);
-    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
+    cfg.external_data = external;
+    CHECK(kv_pool_init(&p, &cfg, NULL) == 0, "init kv8");
+    fake_dev dv;
+    if (external) dev_open(&dv, &p);
     CHECK(p.n_ids == 48 && kv_free_blocks(&p) == 24, "ids %d, free %d", p.n_ids, kv_free_blocks(&p));
     int32_t toks[6][48];
     kv_seq *s[6];
@@ -1058,6 +1173,11 @@ static void test_q8_basic(void) {
     CHECK(kv_seq_reserve(&p, kv_seq_new(&p), 48) == 0 && kv_seq_reserve(&p, kv_seq_new(&p), 48) == 0,
           "the whole pool as f16 after evictions");
     check_pool(&p, "evicted all");
+    if (external) {
+        CHECK(dv.copies > 0 && dv.to_q8s > 0 && dv.expands > 0, "the device moved %d, converted %d, expanded %d",
+              dv.copies, dv.to_q8s, dv.expands);
+        dev_close(&dv);
+    }
     kv_pool_free(&p);
 }
 
@@ -1158,14 +1278,24 @@ static int random_mix(kv_pool *p, int n_ops, int rewind, int *rewinds, const cha
     return enomem;
 }
 
-static void test_q8_random(int n_ops) {
+static void test_q8_random(int n_ops, int external) {
     kv_pool p;
-    CHECK(kv_pool_init(&p, &CFG_Q8, NULL) == 0, "init kv8");
-    int rewinds, enomem = random_mix(&p, n_ops, 0, &rewinds, "random kv8");
-    printf("kv8 random: %llu conversions, %llu moves, %llu evictions, %d ENOMEM\n",
+    kv_config cfg = CFG_Q8;
+    cfg.external_data = external;
+    CHECK(kv_pool_init(&p, &cfg, NULL) == 0, "init kv8");
+    fake_dev dv;
+    if (external) dev_open(&dv, &p);
+    const char *what = external ? "random kv8, external data" : "random kv8";
+    int rewinds, enomem = random_mix(&p, n_ops, 0, &rewinds, what);
+    printf("%s: %llu conversions, %llu moves, %llu evictions, %d ENOMEM\n", what,
            (unsigned long long)p.stats.q8_conversions, (unsigned long long)p.stats.q8_moves,
            (unsigned long long)p.stats.evictions, enomem);
     CHECK(p.stats.q8_conversions > 100 && p.stats.q8_moves > 10, "the mix exercised kv8");
+    if (external) {
+        CHECK(dv.to_q8s == (int)p.stats.q8_conversions && dv.copies >= (int)p.stats.q8_moves,
+              "device: %d conversions, %d copies", dv.to_q8s, dv.copies);
+        dev_close(&dv);
+    }
     kv_pool_free(&p);
 }
 
@@ -1390,8 +1520,10 @@ int main(void) {
     test_oom_loop();
     test_exhaustion();
     test_arena();
-    test_q8_basic();
-    test_q8_random(20000);
+    test_q8_basic(0);
+    test_q8_basic(1);
+    test_q8_random(20000, 0);
+    test_q8_random(20000, 1);
     test_q8_nonfinite();
     test_swa_config();
     test_swa_holes();
