@@ -33,6 +33,10 @@ typedef struct {
     /* Milliseconds the last completed step computed (the scheduler's cost model), or
      * NULL: the scheduler times submit to completion itself. */
     double (*step_ms)(backend *be);
+    /* Pressure on memory the KV pool's share does not show, 0..1 (the degrade ladder
+     * acts on the larger of the two), or NULL: none (the CPU backend's memory is all
+     * taken at start). CUDA: the device's free memory against its runtime headroom. */
+    double (*mem_pressure)(backend *be);
 } backend_ops;
 
 struct backend {

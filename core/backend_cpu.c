@@ -135,7 +135,8 @@ static void cpu_destroy(backend *be) {
 }
 
 static const backend_ops cpu_ops = {"cpu", cpu_submit, cpu_poll, cpu_wait, cpu_event_fd,
-                                    cpu_logits, cpu_destroy, cpu_step_ms};
+                                    cpu_logits, cpu_destroy, cpu_step_ms,
+                                    NULL /* mem_pressure: its memory is all taken at start */};
 
 backend *backend_cpu_new(const model *m, kv_pool *kv, const backend_cpu_config *cfg, char *err,
                          size_t errlen) {

@@ -581,9 +581,22 @@ static void cuda_destroy(backend *be) {
     free(cb);
 }
 
+/* The KV pool is allocated once, so converting KV does not lower this: the ladder climbs
+ * to shedding (503 with retry_after) until the memory comes back. A failed query says
+ * nothing: the next step's launch reports a broken context. */
+static double cuda_mem_pressure(backend *be) {
+    cuda_backend *cb = (cuda_backend *)be;
+    size_t free_now = 0, total = 0;
+    if (cb->cu->cuCtxSetCurrent(cb->ctx) != CUDA_SUCCESS ||
+        cb->cu->cuMemGetInfo(&free_now, &total) != CUDA_SUCCESS)
+        return 0.0;
+    return cplan_mem_pressure(free_now, RUNTIME_RESERVE);
+}
+
 static const backend_ops cuda_ops = {"cuda", cuda_submit, cuda_poll, cuda_wait, cuda_event_fd,
                                      cuda_logits, cuda_destroy,
-                                     NULL /* step_ms: the scheduler times the step */};
+                                     NULL /* step_ms: the scheduler times the step */,
+                                     cuda_mem_pressure};
 
 /* ---------------------------------------------------------------- start-up */
 

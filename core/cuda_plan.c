@@ -138,3 +138,8 @@ long cplan_kv_blocks(size_t total, size_t free_now, double util, size_t weights,
     long blocks = n > 2e9 ? 2000000000L : (long)n;
     return max_blocks > 0 && blocks > max_blocks ? max_blocks : blocks;
 }
+
+double cplan_mem_pressure(size_t free_now, size_t headroom) {
+    if (headroom == 0 || free_now >= headroom) return 0.0;
+    return 1.0 - (double)free_now / (double)headroom;
+}

@@ -77,4 +77,10 @@ int cplan_graph_put(cplan_graphs *g, uint64_t key, int *evicted);
 long cplan_kv_blocks(size_t total, size_t free_now, double util, size_t weights, size_t scratch,
                      size_t block_bytes, long max_blocks);
 
+/* Device memory pressure for the degrade ladder: 0 while the device has at least
+ * `headroom` bytes free (what the sizing left for the runtime: cuBLAS' workspace, graph
+ * instantiation, the module), rising linearly to 1 as others, or our own runtime, take
+ * it. headroom 0: 0. */
+double cplan_mem_pressure(size_t free_now, size_t headroom);
+
 #endif

@@ -119,10 +119,16 @@ void drive_fault_slow(drive *d, int ms, int n) { d->fault_slow_ms = ms, d->fault
  * even one sequence at batch 1 fills the pool past the high mark (long contexts on a
  * small pool); plain overload is the queue limits' business (503 with retry_after_ms at
  * admission). The pinned staging pool is carved at start for the largest step and
- * cannot run short, so it adds nothing. */
+ * cannot run short, so it adds nothing. A backend whose memory others can take (a
+ * GPU's) says how close that is (mem_pressure), and the larger of the two counts. */
 double drive_pressure(const drive *d) {
     int total = d->kv->cfg.n_blocks;
-    return total ? (double)(total - kv_free_blocks(d->kv)) / total : 0.0;
+    double p = total ? (double)(total - kv_free_blocks(d->kv)) / total : 0.0;
+    if (d->be && d->be->ops->mem_pressure) {
+        double m = d->be->ops->mem_pressure(d->be);
+        if (m > p) p = m;
+    }
+    return p;
 }
 
 void drive_note_finished(drive *d) { d->finished_total++; }

@@ -71,7 +71,8 @@ int drive_ladder_start(drive *d, const ladder_config *lc, int tick_ms);
 /* Pin (0..3) or unpin (-1) the level and act on it: 1 changed, 0 not, -EINVAL. */
 int drive_ladder_pin(drive *d, int level);
 void drive_ladder_restart(drive *d); /* level 4: a hung step, the process will exit */
-/* What the ladder acts on: the share of KV blocks in use (cached blocks count as free). */
+/* What the ladder acts on: the share of KV blocks in use (cached blocks count as free),
+ * or the backend's mem_pressure when larger (a GPU's device memory). */
 double drive_pressure(const drive *d);
 /* A request ended: counted for the finishing rate behind drive_retry_after_ms. */
 void drive_note_finished(drive *d);

@@ -570,5 +570,9 @@ int main(void) {
     test_kv_blocks();
     test_kv_external();
     test_pack_units();
+    CHECK(cplan_mem_pressure(1000, 256) == 0.0 && cplan_mem_pressure(256, 256) == 0.0 &&
+              cplan_mem_pressure(192, 256) == 0.25 && cplan_mem_pressure(0, 256) == 1.0 &&
+              cplan_mem_pressure(0, 0) == 0.0,
+          "device memory pressure: 0 with the headroom free, linear to 1 with none");
     return check_done("test_cuda_plan");
 }

@@ -103,6 +103,13 @@ static void rig_close(rig *g) {
     kv_pool_free(&g->kv);
 }
 
+/* A backend's own memory pressure (a GPU's device memory), set by the test. */
+static double g_mem_pressure;
+static double fake_mem_pressure(backend *be) {
+    (void)be;
+    return g_mem_pressure;
+}
+
 /* Run the loop until the hooks stop it, at most max_iter iterations of 50 ms. */
 static void run_for(loop_t *lp, hooks_seen *h, int max_iter) {
     h->stop_on_idle = 1;
@@ -187,6 +194,32 @@ int main(void) {
     CHECK(drive_ladder_pin(&d, 7) < 0, "pin 7 refused");
     drive_ladder_restart(&d);
     CHECK(d.lad.level == LADDER_RESTART && drive_ladder_pin(&d, 0) < 0, "restart: level 4, no pin after");
+    drive_free(&d);
+    loop_free(lp);
+    rig_close(&g);
+
+    /* the backend's memory pressure counts when it is the larger: the ladder climbs on it
+     * with the KV pool empty, and comes back down when it goes */
+    CHECK(rig_open(&g, &m, &tok) == 0, "rig");
+    lp = loop_new(1024, 16);
+    h = (hooks_seen){.lp = lp};
+    static backend_ops ops_mp;
+    const backend_ops *ops0 = g.be->ops;
+    ops_mp = *ops0, ops_mp.mem_pressure = fake_mem_pressure;
+    g.be->ops = &ops_mp;
+    CHECK(drive_init(&d, lp, g.eng, g.be, &g.kv, &dh) == 0, "drive_init");
+    ladder_config lm = {0.9, 0.8, 30, 8, 0};
+    CHECK(drive_ladder_start(&d, &lm, 5) == 0, "ladder start");
+    g_mem_pressure = 0.95;
+    CHECK(drive_pressure(&d) == 0.95, "pressure: the backend's 0.95 (%.3f)", drive_pressure(&d));
+    for (int i = 0; i < 20 && d.lad.level < LADDER_SHED; i++) loop_run_once(lp, 10);
+    CHECK(d.lad.level == LADDER_SHED && h.moved > 0, "device memory short: the ladder sheds (level %d)",
+          d.lad.level);
+    g_mem_pressure = 0.1;
+    CHECK(drive_pressure(&d) == 0.1, "pressure follows it down (%.3f)", drive_pressure(&d));
+    for (int i = 0; i < 100 && d.lad.level > LADDER_NORMAL; i++) loop_run_once(lp, 10);
+    CHECK(d.lad.level == LADDER_NORMAL, "memory back: level %d", d.lad.level);
+    g.be->ops = ops0;
     drive_free(&d);
     loop_free(lp);
     rig_close(&g);

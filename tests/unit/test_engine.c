@@ -104,7 +104,7 @@ static const float *fake_logits(backend *be) { return ((fake_backend *)be)->logi
 static void fake_destroy(backend *be) { (void)be; }
 static double fake_step_ms(backend *be) { return ((fake_backend *)be)->last_ms; }
 static const backend_ops fake_ops = {"fake", fake_submit, fake_wait, fake_wait, fake_fd,
-                                     fake_logits, fake_destroy, fake_step_ms};
+                                     fake_logits, fake_destroy, fake_step_ms, NULL};
 
 /* ------------------------------------------------------------------ results */
 
