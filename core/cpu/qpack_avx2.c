@@ -376,7 +376,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
             const uint8_t *gb = g + b * QP_H16_GBLK;
             if (!bf) {
                 _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
-                    if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
+                    if (k % 8 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, k / 8, 4, QP_PF_H16);
                     __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 2 * QP_ROWS * k)));
                     QP2_UNROLL for (int c = 0; c < C; c++) {
                         const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
@@ -391,7 +391,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *
             if (b + 1 < nb) bf16_widen2(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
             float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
             _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
                 __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 4 * QP_ROWS * p));
                 __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));

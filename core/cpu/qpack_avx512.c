@@ -388,7 +388,7 @@ QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int 
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
             _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
-                if (k % 8 == 0) qp_prefetch_part(gb, QP_H16_GBLK, k / 8, 4);
+                if (k % 8 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, k / 8, 4, QP_PF_H16);
                 __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 2 * QP_ROWS * k)));
                 QP_UNROLL for (int c = 0; c < C; c++) {
                     const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
@@ -430,7 +430,7 @@ QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0,
             if (b + 1 < nb) bf16_widen(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
             float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
             _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
                 __m512i v = _mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
                 __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
                 __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -456,7 +456,7 @@ bf16_pass_dp(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const u
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
             _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part(gb, QP_H16_GBLK, p / 4, 4);
+                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
                 __m512bh v = (__m512bh)_mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
                 QP_UNROLL for (int c = 0; c < C; c++) {
                     const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 4 * p;

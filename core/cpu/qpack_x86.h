@@ -41,11 +41,25 @@ static inline void qp_prefetch(const uint8_t *gb, size_t bytes) {
  * in-cache speed. Their kernels ask for one slice per part of the block's work instead,
  * QP_PF_SPREAD bytes ahead (tried: 4 to 16 KB; 4 and 8 were best, 8 for one column). */
 #define QP_PF_SPREAD 8192
-static inline void qp_prefetch_part(const uint8_t *gb, size_t bytes, int part, int parts) {
+static inline void qp_prefetch_part_at(const uint8_t *gb, size_t bytes, int part, int parts,
+                                       size_t ahead) {
     size_t lines = (bytes + 63) / 64, lo = lines * (size_t)part / (size_t)parts;
     size_t hi = lines * (size_t)(part + 1) / (size_t)parts;
-    for (size_t l = lo; l < hi; l++) qp_pf(gb + QP_PF_SPREAD + 64 * l);
+    for (size_t l = lo; l < hi; l++) qp_pf(gb + ahead + 64 * l);
 }
+static inline void qp_prefetch_part(const uint8_t *gb, size_t bytes, int part, int parts) {
+    qp_prefetch_part_at(gb, bytes, part, parts, QP_PF_SPREAD);
+}
+
+/* F16's and BF16's 1 KB group-blocks are asked for one block ahead instead. On the Zen 4
+ * VM (BENCHMARKS.md 2026-12-07, the F16 entry) 8 KB ahead held a core's decode of them
+ * to 64-71% of a plain read of the same bytes, one block ahead 85-100% (no prefetch at
+ * all 79-93%); 1B decode at one thread 8.3-9.0 -> 9.2-11.8 tok/s (F16), 8.1-8.8 ->
+ * 10.6-11.7 (BF16). The K-quants' larger blocks lost at short distances (Q6_K 77 ->
+ * 40%) and keep QP_PF_SPREAD. */
+#ifndef QP_PF_H16
+#define QP_PF_H16 1024
+#endif
 
 #define QP_XTAB_C 8 /* columns a table holds: the widest pass of either file */
 
