@@ -22,6 +22,7 @@
 #include <math.h>
 #include "cuda/cu.h"
 #include "cuda/kern.h"
+#include "tests/kl.h"
 #include "tests/parity_prompts.h"
 
 #define PROMPT 128
@@ -222,18 +223,6 @@ static run_result run_streams(rig *r, int S) {
 
 static int argmax_row(const float *x, int n) { return greedy(x, n); }
 
-/* KL(p || q) of the softmaxes of two logit rows, in double. */
-static double kl_rows(const float *p, const float *q, int n) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, kl = 0;
-    for (int i = 0; i < n; i++) mp = fmax(mp, p[i]), mq = fmax(mq, q[i]);
-    for (int i = 0; i < n; i++) sp += exp(p[i] - mp), sq += exp(q[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double lp = p[i] - mp - log(sp), lq = q[i] - mq - log(sq);
-        kl += exp(lp) * (lp - lq);
-    }
-    return kl;
-}
-
 /* One step of tokens [pos0, pos0+n) of seq, logits of the last; NULL on failure. */
 static const float *feed(rig *r, kv_seq *seq, const int32_t *toks, int n, int pos0) {
     for (int i = 0; i < n; i++) r->tok[i] = toks[i], r->pos[i] = pos0 + i, r->seqv[i] = seq;
@@ -288,7 +277,7 @@ static void kv8_accuracy(rig *r, const tok_t *tok) {
         for (int i = 0; i < KV8_STEPS; i++) {
             lg = feed(r, seq, &gen[i], 1, n + i);
             if (!lg) break;
-            double kl = kl_rows(ref + (size_t)(i + 1) * nv, lg, nv);
+            double kl = kl_logits(ref + (size_t)(i + 1) * nv, lg, nv);
             kl_p += kl, kl_sum += kl, kl_n++;
             kl_max = kl > kl_max ? kl : kl_max;
             if (same < 0 && argmax_row(lg, nv) != gen[i + 1]) same = i + 1;

@@ -46,6 +46,7 @@
 #include "cuda/cu.h"
 #include "cuda/kern.h"
 #include "mm/kv.h"
+#include "tests/kl.h"
 #include "tests/parity_prompts.h"
 
 #define FMT(a, b) __attribute__((format(printf, a, b)))
@@ -1855,17 +1856,6 @@ static int kv8_run(engine *e, const prompt_ids *p, int squeeze, float *logits, i
     return 0;
 }
 
-static double kl_row(const float *p_logits, const float *q_logits, int nv) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, kl = 0;
-    for (int i = 0; i < nv; i++) mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
-    for (int i = 0; i < nv; i++) sp += exp(p_logits[i] - mp), sq += exp(q_logits[i] - mq);
-    for (int i = 0; i < nv; i++) {
-        double lp = p_logits[i] - mp - log(sp), lq = q_logits[i] - mq - log(sq);
-        kl += exp(lp) * (lp - lq);
-    }
-    return kl;
-}
-
 /* The ladder's 8-bit KV on the device: a kv8 pool (fp8 blocks in half a block, mm's
  * units) computes what an f16 pool does until a block turns to fp8; turning them gives
  * their second halves back; compaction's moves change no bit of what follows; and the
@@ -1918,7 +1908,7 @@ static void group_kv8(const opts *o) {
     double kl = 0, klmax = 0;
     int same = 0;
     for (int i = 0; i < N_GEN; i++) {
-        double k = kl_row(r16.logits + (size_t)i * nv, l8 + (size_t)i * nv, (int)nv);
+        double k = kl_logits(r16.logits + (size_t)i * nv, l8 + (size_t)i * nv, (int)nv);
         kl += k, klmax = fmax(klmax, k);
         same += argmax_first(l8 + (size_t)i * nv, (int)nv) == r16.gen[i];
     }

@@ -19,6 +19,7 @@
 #include "core/tokenizer.h"
 #include "mm/kv.h"
 #include "sched/engine.h"
+#include "tests/kl.h"
 #include "tests/parity_prompts.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -73,18 +74,6 @@ static const float *side_step(side *d, const int32_t *toks, int n0, int n, int h
     return d->be->ops->logits(d->be);
 }
 
-/* KL(p || q) of the softmaxes of two logit rows, in nats. */
-static double kl_div(const float *a, const float *b, int nv) {
-    double ma = -INFINITY, mb = -INFINITY, za = 0, zb = 0, kl = 0;
-    for (int i = 0; i < nv; i++) ma = fmax(ma, a[i]), mb = fmax(mb, b[i]);
-    for (int i = 0; i < nv; i++) za += exp(a[i] - ma), zb += exp(b[i] - mb);
-    for (int i = 0; i < nv; i++) {
-        double la = a[i] - ma - log(za), lb = b[i] - mb - log(zb);
-        kl += exp(la) * (la - lb);
-    }
-    return kl;
-}
-
 static int argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -122,7 +111,7 @@ static void accuracy(const model *m, const tok_t *tok, int hot) {
             lb = g == 0 ? side_step(&q8, toks, 0, n, hot) : side_step(&q8, toks, n + g - 1, 1, hot);
             CHECK(lb != NULL, "%s: 8-bit step %d", name, g);
             if (!lb) break;
-            double kl = kl_div(ref, lb, nv);
+            double kl = kl_logits(ref, lb, nv);
             kl_sum += kl, n_kl++;
             kl_max = fmax(kl_max, kl);
             toks[n + g] = argmax(ref, nv); /* teacher forcing: the f16 run's greedy token */
