@@ -1880,6 +1880,8 @@ static void group_kv8(const opts *o) {
     if (engine_cuda(&e, &f.m, 1, 0, 0, err, sizeof err) == 0) {
         greedy(&e, &p, N_GEN, &r16);
         engine_close(&e);
+    } else {
+        snprintf(r16.err, sizeof r16.err, "f16 pool: %s", err);
     }
     if (engine_cuda(&e, &f.m, 1, 0, KV8_POOL, err, sizeof err) == 0) {
         greedy(&e, &p, N_GEN, &r8);
@@ -1887,6 +1889,9 @@ static void group_kv8(const opts *o) {
             kv8_run(&e, &p, 1, l8m, &conv2, &freed2, &moves2, err, sizeof err) < 0)
             conv = -1;
         engine_close(&e);
+    } else {
+        snprintf(r8.err, sizeof r8.err, "kv8 pool: %s", err);
+        conv = -1;
     }
     report(r16.ok && r8.ok && !memcmp(r16.logits, r8.logits, lb), "kv8_pool_f16",
            "%d-token prompt, %d greedy steps in a kv8 pool, nothing converted: logits %s the f16 pool's%s%s",
