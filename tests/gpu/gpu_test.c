@@ -1595,8 +1595,16 @@ typedef struct {
     prompt_ids ids[N_ALL];
 } model_fx;
 
+static void model_close(model_fx *f) {
+    if (f->tok_ok) tok_free(&f->tok);
+    if (f->m_ok) model_free(&f->m);
+}
+
+/* A model group's start: no device ends the group (NODEV); the model, its tokenizer and
+ * the prompts, or the group fails with nothing left open. */
 static int model_open(model_fx *f, const opts *o, const char *group) {
     char err[512];
+    if (!cu_load(err, sizeof err)) no_device("%s", err);
     memset(f, 0, sizeof *f);
     if (model_load(&f->m, o->model, err, sizeof err) < 0) {
         report(0, group, "model_load %s: %s", o->model, err);
@@ -1606,12 +1614,14 @@ static int model_open(model_fx *f, const opts *o, const char *group) {
     f->nv = f->m.cfg.n_vocab;
     if (tok_init_gguf(&f->tok, &f->m.gguf, err, sizeof err) < 0) {
         report(0, group, "tokenizer: %s", err);
+        model_close(f);
         return -1;
     }
     f->tok_ok = 1;
     for (int i = 0; i < N_ALL; i++)
         if (encode_prompt(&f->tok, prompt_at(i), &f->ids[i]) < 0) {
             report(0, group, "tokenizing prompt %s failed", prompt_at(i)->name);
+            model_close(f);
             return -1;
         }
     info("model %s: %d layers, d_model %d, %d heads / %d KV heads of %d, vocab %d", o->model,
@@ -1620,10 +1630,6 @@ static int model_open(model_fx *f, const opts *o, const char *group) {
     return 0;
 }
 
-static void model_close(model_fx *f) {
-    if (f->tok_ok) tok_free(&f->tok);
-    if (f->m_ok) model_free(&f->m);
-}
 
 /* ================================================================ group model */
 
@@ -1779,13 +1785,8 @@ static void check_cublas(const model_fx *f, int i, run_out r[N_RUNS][N_PARITY]) 
 }
 
 static void group_model(const opts *o) {
-    char err[256];
-    if (!cu_load(err, sizeof err)) no_device("%s", err);
     model_fx f;
-    if (model_open(&f, o, "model") < 0) {
-        model_close(&f);
-        return;
-    }
+    if (model_open(&f, o, "model") < 0) return;
     static run_out r[N_RUNS][N_PARITY];
     for (int k = 0; k < N_RUNS; k++) {
         double t0 = now_s();
@@ -1862,12 +1863,8 @@ static int kv8_run(engine *e, const prompt_ids *p, int squeeze, float *logits, i
  * fp8 decode stays near the f16 one. */
 static void group_kv8(const opts *o) {
     char err[640] = "";
-    if (!cu_load(err, sizeof err)) no_device("%s", err);
     model_fx f;
-    if (model_open(&f, o, "kv8") < 0) {
-        model_close(&f);
-        return;
-    }
+    if (model_open(&f, o, "kv8") < 0) return;
     size_t nv = (size_t)f.nv, lb = sizeof(float) * nv * N_GEN;
     float *l8 = xmalloc(lb), *l8m = xmalloc(lb);
     static prompt_ids p;
@@ -2023,12 +2020,8 @@ out:
 
 static void group_batch(const opts *o) {
     char err[512] = "";
-    if (!cu_load(err, sizeof err)) no_device("%s", err);
     model_fx f;
-    if (model_open(&f, o, "batch") < 0) {
-        model_close(&f);
-        return;
-    }
+    if (model_open(&f, o, "batch") < 0) return;
     static batch_fx b;
     b.solo = xmalloc(sizeof(float) * N_ALL * (N_DEC + 1) * (size_t)f.nv);
     engine e;
