@@ -428,6 +428,13 @@ def connect_failure(exc: BaseException, ep: Endpoint, during: str) -> KilnError:
             "TLS handshake with %s failed: certificate verify failed: %s (%s)"
             % (where, reason, exc.reason or "CERTIFICATE_VERIFY_FAILED")
         )
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        # The server closed the TCP connection (no TLS alert): a box restarting or
+        # shedding, worth another round as libkiln's KILN_ECLOSED, not a TLS setup fault.
+        return KilnConnectionError(
+            "%s: the server closed the connection %s (a client certificate may be required)"
+            % (where, during)
+        )
     if isinstance(exc, ssl.SSLError):
         return KilnTLSError("TLS error with %s %s: %s" % (where, during, exc.reason or exc))
     if isinstance(exc, (socket.timeout, TimeoutError, asyncio.TimeoutError)):

@@ -159,12 +159,17 @@ class FakeConn:
                     self.closed = True
 
     def close(self) -> None:
-        """Drops the connection at once (no TLS close_notify)."""
+        """Drops the connection at once (no TLS close_notify). Another thread than the
+        reader only shuts it down (the peer sees the loss, the reader wakes to EOF) and
+        leaves the close to the reader: the ssl object holds the fd by number, so a
+        close under its read could let it read a later connection given that number."""
         self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if self._owner is not None and threading.get_ident() != self._owner:
+            return
         try:
             self.sock.close()
         except OSError:
@@ -234,6 +239,7 @@ class FakeKiln:
         self.errors: List[str] = []
         self.conns: List[FakeConn] = []
         self.gen_count = 0
+        self.drop_handshakes = 0  # connections to close after their ClientHello, no alert
         self.level = 0
         self.lock = threading.Lock()
         self.seen = threading.Condition(self.lock)
@@ -251,6 +257,16 @@ class FakeKiln:
 
     def _serve(self, raw: socket.socket) -> None:
         raw.settimeout(10)
+        with self.lock:
+            drop = self.drop_handshakes > 0
+            self.drop_handshakes -= drop
+        if drop:  # a box going down mid-handshake: the ClientHello read, then TCP closed
+            try:
+                raw.recv(4096)
+            except OSError:
+                pass
+            raw.close()
+            return
         try:
             sock = self.ctx.wrap_socket(raw, server_side=True)
         except (ssl.SSLError, OSError):
@@ -347,7 +363,15 @@ class FakeKiln:
             c.close()
 
     def close(self) -> None:
+        """Stops accepting and drops every connection. The listener is shut down first,
+        which wakes a blocked accept (a close alone would not, and the accept thread
+        could then take a connection from a later socket given the same fd number)."""
         self._stop = True
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(5)
         try:
             self.listener.close()
         except OSError:

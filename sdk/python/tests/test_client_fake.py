@@ -141,6 +141,19 @@ class SyncClientTest(FakeServerCase):
         self.assertEqual(cm.exception.code, 401)
         self.assertLess(time.monotonic() - t0, 2)
 
+    def test_closed_during_handshake_is_retried(self) -> None:
+        # a box closing the connection mid-handshake (no TLS alert) is worth another
+        # round, as libkiln's KILN_ECLOSED; a certificate fault is not (test_wrong_ca)
+        self.server.drop_handshakes = 2
+        c = self.client(retries=2)
+        self.assertEqual(c.generate("r").text, "Hello, r")
+        self.assertEqual(self.server.drop_handshakes, 0)
+        self.server.drop_handshakes = 1
+        with self.assertRaises(KilnConnectionError) as cm:
+            Client("127.0.0.1", self.server.port, USER_TOKEN, self.certs.ca, retries=0)
+        self.assertNotIsInstance(cm.exception, KilnTLSError)
+        self.assertIn("closed the connection", str(cm.exception))
+
     def test_wrong_ca(self) -> None:
         with self.assertRaises(KilnTLSError) as cm:
             Client("127.0.0.1", self.server.port, USER_TOKEN, self.certs.other_ca)
@@ -333,6 +346,11 @@ class AsyncClientTest(FakeServerCase):
                 await AsyncClient("127.0.0.1", self.server.port, "bad", self.certs.ca).connect()
             with self.assertRaises(KilnTLSError):
                 await AsyncClient("127.0.0.1", self.server.port, USER_TOKEN, self.certs.other_ca).connect()
+            self.server.drop_handshakes = 1  # closed mid-handshake: the next round connects
+            c = AsyncClient("127.0.0.1", self.server.port, USER_TOKEN, self.certs.ca, backoff=0.01)
+            self.assertEqual((await c.generate("h")).text, "Hello, h")
+            self.assertEqual(self.server.drop_handshakes, 0)
+            await c.close()
             dead = free_port()
             c = AsyncClient("127.0.0.1", dead, USER_TOKEN, self.certs.ca, backoff=0.01,
                             hosts=[("127.0.0.1", self.server.port)])  # fmt: skip
