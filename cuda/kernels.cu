@@ -434,7 +434,8 @@ __global__ void k_attn(const float *q, float *out, const int *tiles, const int *
 
 /* Turns whole KV blocks from f16 into fp8 e4m3 in place (the degrade ladder's 8-bit KV)
  * and flags them for attention:
- * each (layer, K|V, head) slab gets scale = absmax / 448 in scale[block][slab], and its
+ * each (layer, K|V, head) slab gets scale = absmax / 448 in scale[block][slab] (absmax
+ * capped at 65504; an all-zero slab gets 1), and its
  * fp8 bytes go to byte offset slab*head_elems of the block, that is the block's first
  * half. Slabs are done in order by one CUDA block per KV block, each read whole before
  * it is written: slab i's bytes only overwrite f16 slab i/2, already consumed. Blocks
@@ -454,7 +455,10 @@ __global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int 
         for (int i = threadIdx.x; i < head_elems; i += blockDim.x) {
             float v = __half2float(b[(long long)sl * head_elems + i]);
             sm[i] = v;
-            mx = fmaxf(mx, fabsf(v));
+            /* an f16 infinity or NaN counts as the largest finite f16 (fminf drops a
+             * NaN), as mm/kv8.c's int8 does: one broken value saturates, it does not
+             * make the slab's scale infinite and every value of it NaN */
+            mx = fmaxf(mx, fminf(fabsf(v), 65504.0f));
         }
         mx = warp_max(mx);
         if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
@@ -468,7 +472,8 @@ __global__ void k_kv_to_fp8(__half *kv, float *scale, uint8_t *flags, const int 
         __syncthreads();
         float inv = 1.0f / red[0];
         for (int i = threadIdx.x; i < head_elems; i += blockDim.x) {
-            __nv_fp8_e4m3 f(sm[i] * inv);
+            float y = sm[i] * inv; /* +-inf saturates to +-448 (the SATFINITE conversion) */
+            __nv_fp8_e4m3 f(y == y ? y : 0.0f); /* a NaN to 0, as the CPU's int8 */
             b8[(long long)sl * head_elems + i] = *(uint8_t *)&f;
         }
         __syncthreads();

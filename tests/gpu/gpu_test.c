@@ -12,7 +12,8 @@
  *   rope    kern_rope_store: rotation and the f16 cache slots written
  *   attn    kern_attn over random page tables (prefill and decode mixed, three head
  *           shapes; batch invariance), kern_kv_to_fp8 and attention over fp8 blocks,
- *           also from a kv8 pool's second halves, and kern_kv_expand
+ *           also from a kv8 pool's second halves, and kern_kv_expand; a slab with
+ *           f16 infinities and a NaN converted as the CPU's int8 does (saturated)
  *   model   the whole model: greedy tokens and logits of the CUDA backend against the
  *           CPU backend; CUDA graphs on/off bit-identical; the cuBLAS prefill path
  *   batch   the CUDA backend's batch invariance: every sequence's logits bit-identical
@@ -1382,6 +1383,62 @@ out:
     free(scale0), free(e.scale), free(e.poolf), free(after), free(out), free(out8), free(ref);
 }
 
+/* A slab holding +inf, -inf and NaN (a KV that overflowed f16) through kern_kv_to_fp8
+ * alone: as mm/kv8.c's int8, its absmax is capped at 65504 so the scale stays finite,
+ * the infinities saturate to +-448 (e4m3 0x7e, 0xfe) and the NaN becomes 0; its other
+ * values and the block's other slabs convert as usual. */
+static void check_fp8_nonfinite(const attn_fx *f, const char *tag) {
+    char chk[64], first[160] = "";
+    snprintf(chk, sizeof chk, "fp8_nonfinite[%s]", tag);
+    int n_slabs = A_LAYERS * 2 * f->ac.nkv;
+    long long he = f->he, be = f->be;
+    uint16_t *blk = xmalloc((size_t)be * 2), *back = xmalloc((size_t)be * 2);
+    float *sc = xmalloc(sizeof(float) * (size_t)n_slabs);
+    memcpy(blk, f->pool, (size_t)be * 2); /* block 0's random values */
+    blk[0] = 0x7c00, blk[1] = 0xfc00, blk[2] = 0x7e00;
+    kern_kv kv = f->kv;
+    kv.unit_elems = be;
+    kv.data = dalloc((size_t)be * 2), kv.fp8 = dalloc(1), kv.scale = dalloc(sizeof(float) * (size_t)n_slabs);
+    uint8_t flag = 0;
+    if (!kv.data || !kv.fp8 || !kv.scale || !dput(kv.data, blk, (size_t)be * 2) ||
+        !dput(kv.fp8, &flag, 1) || !ran(kern_kv_to_fp8(&G.k, G.st, &kv, 0, 0, 1), "kern_kv_to_fp8") ||
+        !dget(back, kv.data, (size_t)be * 2) || !dget(sc, kv.scale, sizeof(float) * (size_t)n_slabs) ||
+        !dget(&flag, kv.fp8, 1)) {
+        report(0, chk, "not run: %s", g_cuerr);
+        goto out;
+    }
+    const uint8_t *b8 = (const uint8_t *)back;
+    long bad = 0;
+    for (int sl = 0; sl < n_slabs; sl++) {
+        float mx = 0;
+        for (long long i = 0; i < he; i++)
+            mx = fmaxf(mx, fminf(fabsf(quant_f16_to_f32(blk[sl * he + i])), 65504.0f));
+        float want = mx > 0 ? mx / 448.0f : 1.0f;
+        if (sc[sl] != want && !bad++)
+            snprintf(first, sizeof first, "slab %d: scale %.9g, want %.9g", sl, sc[sl], want);
+        for (long long i = sl ? 0 : 3; i < he; i++) {
+            float x = quant_f16_to_f32(blk[sl * he + i]), y = e4m3_to_f32(b8[sl * he + i]) * sc[sl];
+            if (!(fabs((double)y - x) <= (fabs(x) / 16 + ldexp(sc[sl], -10)) * 1.0001) && !bad++)
+                snprintf(first, sizeof first, "slab %d elem %lld: %.6g decoded as %.6g", sl, i, x, y);
+        }
+    }
+    report(!bad && b8[0] == 0x7e && b8[1] == 0xfe && b8[2] == 0 && flag == 1, chk,
+           "+inf, -inf, NaN as e4m3 %02x %02x %02x (want 7e fe 00), their slab's scale %.9g "
+           "(want 65504/448 = %.9g), %ld other values or scales wrong, flag %d (want 1)%s%s",
+           b8[0], b8[1], b8[2], sc[0], 65504.0f / 448.0f, bad, flag, first[0] ? "; first: " : "",
+           first);
+out:
+    free(blk), free(back), free(sc);
+}
+
+/* Every fp8 check of the attn group, when its fixture could not be set up. */
+static void fp8_all_not_run(const char *tag, const char *why) {
+    char chk[64];
+    fp8_not_run(0, tag, why);
+    snprintf(chk, sizeof chk, "fp8_nonfinite[%s]", tag);
+    report(0, chk, "%s", why);
+}
+
 static void group_attn(const opts *o) {
     (void)o;
     if (gpu_open("attn") < 0) return;
@@ -1396,17 +1453,17 @@ static void group_attn(const opts *o) {
             report(0, chk, "setup: %s", why);
             snprintf(chk, sizeof chk, "attn_batch_invariance[%s]", tag);
             report(0, chk, "not run: setup failed");
-            if (i == 0) fp8_not_run(0, tag, "not run: setup failed");
+            if (i == 0) fp8_all_not_run(tag, "not run: setup failed");
         } else {
             check_attn_f16(&f, tag);
             if (f.out[A_LAYERS - 1]) {
                 check_attn_invariance(&f, tag);
-                if (i == 0) check_fp8(&f, tag);
+                if (i == 0) check_fp8(&f, tag), check_fp8_nonfinite(&f, tag);
             } else {
                 char chk[64];
                 snprintf(chk, sizeof chk, "attn_batch_invariance[%s]", tag);
                 report(0, chk, "not run: the batch launch failed");
-                if (i == 0) fp8_not_run(0, tag, "not run: the batch launch failed");
+                if (i == 0) fp8_all_not_run(tag, "not run: the batch launch failed");
             }
         }
         attn_free(&f);
