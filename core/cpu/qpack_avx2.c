@@ -321,7 +321,11 @@ QP2_INLINE void qk2_tile(const int q5, const int q6, int64_t n, const void *wp, 
         for (int c0 = 0; c0 < nc; c0 += QK2_MAXC) {
             int C = nc - c0 < QK2_MAXC ? nc - c0 : QK2_MAXC;
             __m256 acc[QK2_MAXC];
-            if (q6) q6k_half(C, nb, g, h, X + c0 * xs, xs, acc);
+            /* one column (decode) as a constant: its sums stay in registers, not on the
+             * stack (a store-to-load chain per sub-block held Q6_K to a third) */
+            if (q6 && C == 1) q6k_half(1, nb, g, h, X + c0 * xs, xs, acc);
+            else if (q6) q6k_half(C, nb, g, h, X + c0 * xs, xs, acc);
+            else if (C == 1) q45k_half(q5, 1, nb, g, h, X + c0 * xs, xs, acc);
             else q45k_half(q5, C, nb, g, h, X + c0 * xs, xs, acc);
             for (int c = 0; c < C; c++) {
                 float o[8];
@@ -349,7 +353,9 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 /* ---------------------------------------------------------------- F16, BF16 */
 
-#define QH2_MAXC 2 /* columns per pass: 2 x 4 partial sums, of 16 registers */
+#ifndef QH2_MAXC
+#define QH2_MAXC 3 /* columns per pass: 3 x 4 partial sums, of 16 registers */
+#endif
 
 /* Block b's BF16 activations of C columns widened to f32 (xf[c][k]). */
 QP2_INLINE void bf16_widen2(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
@@ -417,7 +423,8 @@ QP2_INLINE void h16_tile2(const int bf, int64_t n, const void *wp, int r0, int n
     int c = 0;
     for (; c + QH2_MAXC <= nc; c += QH2_MAXC)
         h16_pass2(bf, QH2_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
-    if (c < nc) h16_pass2(bf, 1, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    if (nc - c == 2) h16_pass2(bf, 2, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    else if (nc - c == 1) h16_pass2(bf, 1, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
 }
 
 void qp_f16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
