@@ -271,37 +271,53 @@ QP2_INLINE void q45k_half(const int q5, int C, int64_t nb, const uint8_t *g, int
     }
 }
 
-/* Rows 8h..8h+7 of one Q6_K group x C columns: sub-block j is chunks 4j..4j+3, its
- * high bits at one shift of qh (qpack.h). */
+/* Rows 8h..8h+7 of one Q6_K group x C columns. Sub-blocks s, s+4, s+8, s+12 (qs = 0..3
+ * of their chunks 4s..4s+3, qpack.h) share those chunks' qh bytes, and s, s+8 (s+4,
+ * s+12) their ql bytes, low and high nibbles: each pass builds two sub-blocks from one
+ * set of loads. The -32 bias, -32 sum_j sc_j bsums_j, starts each column's sum: a
+ * vpmaddwd per pair of sub-blocks (qpack_avx512.c's q6k_bias), the same integer. */
 QP2_INLINE void q6k_half(int C, int64_t nb, const uint8_t *g, int h, const uint8_t *x, size_t xs,
                          __m256 acc[QK2_MAXC]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
     for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q6K_GBLK;
-        __m256i sq[QK2_MAXC];
-        for (int c = 0; c < C; c++) sq[c] = _mm256_setzero_si256();
-        QP2_UNROLL for (int j = 0; j < 16; j++) {
-            qp_prefetch_part(gb, QP_Q6K_GBLK, j, 16);
-            const int qs = j / 4; /* ch / 16 for the sub-block's chunks */
-            __m256i w[4];
-            QP2_UNROLL for (int t = 0; t < 4; t++) {
-                int ch = 4 * j + t;
-                __m256i l = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QL + 64 * ((ch & 15) + 16 * (qs & 1)) + 32 * h));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QH + 64 * (ch & 15) + 32 * h));
-                l = _mm256_and_si256(qs >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
-                hb = qs == 0 ? _mm256_slli_epi16(hb, 4) : qs == 1 ? _mm256_slli_epi16(hb, 2)
-                   : qs == 3 ? _mm256_srli_epi16(hb, 2) : hb;
-                w[t] = _mm256_or_si256(l, _mm256_and_si256(hb, m30));
-            }
-            __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q6K_SC + 16 * j + 8 * h)));
-            for (int c = 0; c < C; c++) {
-                const blk_q8_k *xb = (const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k));
-                __m256i i = qk2_sum4(w, (const uint8_t *)xb->qs + 16 * j);
-                i = _mm256_sub_epi32(i, _mm256_set1_epi32(32 * xb->bsums[j]));
-                sq[c] = _mm256_add_epi32(sq[c], _mm256_mullo_epi32(i, sc));
-            }
+        __m256i sq[QK2_MAXC], scp[8];
+        QP2_UNROLL for (int k = 0; k < 8; k++) { /* dword r: sc[2k][r] | sc[2k + 1][r] << 16 */
+            const uint8_t *sc = gb + QP_Q6K_SC + 32 * k + 8 * h;
+            scp[k] = _mm256_or_si256(_mm256_and_si256(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)), lo16),
+                                     _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16))), 16));
         }
+        for (int c = 0; c < C; c++) {
+            const uint8_t *bs = (const uint8_t *)((const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k)))->bsums;
+            __m256i m = _mm256_setzero_si256();
+            QP2_UNROLL for (int k = 0; k < 8; k++) m = _mm256_add_epi32(m, _mm256_madd_epi16(scp[k], qp2_bcast(bs + 4 * k)));
+            sq[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(m, 5));
+        }
+        QP2_UNROLL for (int s = 0; s < 4; s++)
+            QP2_UNROLL for (int pr = 0; pr < 2; pr++) { /* sub-blocks s + 4pr (qs = pr) and s + 4pr + 8 */
+                qp_prefetch_part(gb, QP_Q6K_GBLK, 2 * s + pr, 8);
+                __m256i w[8];
+                QP2_UNROLL for (int t = 0; t < 4; t++) {
+                    int ch = 4 * s + t;
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QL + 64 * (ch + 16 * pr) + 32 * h));
+                    __m256i hb = _mm256_loadu_si256((const __m256i *)(gb + QP_Q6K_QH + 64 * ch + 32 * h));
+                    w[t] = _mm256_or_si256(_mm256_and_si256(v, m4),
+                                           _mm256_and_si256(pr ? _mm256_slli_epi16(hb, 2) : _mm256_slli_epi16(hb, 4), m30));
+                    w[4 + t] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                               _mm256_and_si256(pr ? _mm256_srli_epi16(hb, 2) : hb, m30));
+                }
+                const int j0 = s + 4 * pr, j1 = j0 + 8;
+                __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q6K_SC + 16 * j0 + 8 * h)));
+                __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + QP_Q6K_SC + 16 * j1 + 8 * h)));
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *q = (const uint8_t *)((const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k)))->qs;
+                    __m256i v0 = _mm256_mullo_epi32(qk2_sum4(w, q + 16 * j0), sc0);
+                    __m256i v1 = _mm256_mullo_epi32(qk2_sum4(w + 4, q + 16 * j1), sc1);
+                    sq[c] = _mm256_add_epi32(sq[c], _mm256_add_epi32(v0, v1));
+                }
+            }
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * h)));
         for (int c = 0; c < C; c++) {
             __m256 dx = _mm256_set1_ps(((const blk_q8_k *)(x + c * xs + b * sizeof(blk_q8_k)))->d);
