@@ -15,6 +15,8 @@
 # A step during which other programs used over 5% of the CPUs is named under the table.
 # Env: BUILD, PY, SHAPES, FORMATS (as shapes.sh), BENCH_THREADS (2), BENCH_SHAPES_REPEAT,
 #   BENCH_WAIT_QUIET=N: before each step wait up to N s for the CPUs to go quiet.
+# At AVX2 (a CPU without AVX-512): PEER_BIN=$(PEER_ISA=avx2 tests/bench/peer.sh)
+#   KILN_SIMD=avx2 tests/bench/bench_shapes.sh (both programs then run AVX2 code).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
