@@ -434,7 +434,7 @@ QP_REF_TILE(q4k_tile_ref, QT_Q4_K)
 QP_REF_TILE(q5k_tile_ref, QT_Q5_K)
 QP_REF_TILE(q6k_tile_ref, QT_Q6_K)
 
-/* Per dispatch slot (isa.h). Q8_0 has no AVX2 kernel (qpack.h); AMX, where in force,
+/* Per dispatch slot (isa.h). AMX, where in force,
  * has its own tiles over the row-major layout for Q4_1 (and Q8_0 when all), so it wants
  * no packed copy of those. Q8_0 (where packed), Q4_0, Q5_0 and the K-quants have AMX
  * tiles on the packed layout in both AMX slots: they give the AVX-512 kernels' bits, so
@@ -443,9 +443,9 @@ static const qp_path paths[ISA_SLOTS] = {
     [ISA_SCALAR] = {{q41_tile_ref, q80_tile_ref, q40_tile_ref, q50_tile_ref, q51_tile_ref, f16_tile_ref,
                      bf16_tile_ref, q4k_tile_ref, q5k_tile_ref, q6k_tile_ref}, {0}},
 #if defined(__x86_64__)
-    [ISA_AVX2] = {{qp_q41_tile_avx2, q80_tile_ref, qp_q40_tile_avx2, qp_q50_tile_avx2, qp_q51_tile_avx2,
+    [ISA_AVX2] = {{qp_q41_tile_avx2, qp_q80_tile_avx2, qp_q40_tile_avx2, qp_q50_tile_avx2, qp_q51_tile_avx2,
                    qp_f16_tile_avx2, qp_bf16_tile_avx2, qp_q4k_tile_avx2, qp_q5k_tile_avx2, qp_q6k_tile_avx2},
-                  {1, 0, 1, 1, 1, 1, 1, 1, 1, 1}},
+                  {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
 #define QP_AVX512_TILES                                                                            \
     {qp_q41_tile_avx512, qp_q80_tile_avx512, qp_q40_tile_avx512, qp_q50_tile_avx512,               \
      qp_q51_tile_avx512, qp_f16_tile_avx512, qp_bf16_tile_avx512, qp_q4k_tile_avx512,              \

@@ -128,8 +128,7 @@
 
 /* 1 when `type` has a packed layout with a fast kernel at the current SIMD level (so a
  * loader should pack it), 0 when the row-major quant_dot_tile is the better path:
- * Q4_1 and the K-quants from AVX2 up, Q8_0 at AVX-512; not Q4_1 or Q8_0 where AMX runs
- * them. */
+ * every packed type from AVX2 up; not Q4_1 or Q8_0 where AMX runs them. */
 int qp_wanted(uint32_t type);
 
 #define QP_MAX_N 16384 /* widest Q8_0 / Q4_0 / Q5_0 row packed (the kernels' per-column tables) */
@@ -193,9 +192,11 @@ void qp_q5k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, 
                      float *out, size_t os);
 void qp_q6k_tile_amx(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs, int nc,
                      float *out, size_t os);
-/* The AVX2 kernels (qpack_avx2.c), all but Q8_0: its biased bytes times the activations
- * would overflow vpmaddubsw's 16-bit sums, so at AVX2 Q8_0 stays row-major. */
+/* The AVX2 kernels (qpack_avx2.c). Q8_0's biased bytes times the activations would
+ * overflow vpmaddubsw's 16-bit pair sums, so its kernel takes each byte as two nibbles. */
 void qp_q41_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os);
+void qp_q80_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);
 void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os);

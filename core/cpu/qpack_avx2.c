@@ -158,14 +158,59 @@ QP2_INLINE void q40_half(const int q5, const int C, int64_t nb, const uint8_t *g
     }
 }
 
-QP2_INLINE void q40_pass(const int q5, const int C, int64_t n, const uint8_t *wp, int r0, int nr,
+/* ---------------------------------------------------------------- Q8_0 */
+
+/* Q8_0's bytes are stored + 128 (qpack.h, for vpdpbusd), and two products of 255 and
+ * 127 overflow vpmaddubsw's 16-bit pair sum: each byte goes in as its two nibbles,
+ * whose products sum exactly in 16 bits over a block (8 chunks x 2 x 15 x 128 = 30,720
+ * each), then 16 * high + low in int32. */
+QP2_INLINE __m256i q80_sum32(const __m256i lo[8], const __m256i hi[8], const uint8_t *q) {
+    __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+    QP2_UNROLL for (int k = 0; k < 8; k++) {
+        __m256i bx = qp2_bcast(q + 4 * k);
+        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[k], bx));
+        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[k], bx));
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(sl, _mm256_set1_epi16(1)),
+                            _mm256_madd_epi16(sh, _mm256_set1_epi16(16)));
+}
+
+/* Rows 8rh..8rh+7 of one Q8_0 group x C columns: the unsigned bytes' sums less the
+ * table's 128 * (block sum), times d_w * d_x (qpack_avx512.c's q80_group). */
+QP2_INLINE void q80_half(const int C, int64_t nb, const uint8_t *g, int rh, const uint8_t *x, size_t xs,
+                         const qp_xtab *t, __m256 acc[QP2_MAXC]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_Q80_GBLK;
+        qp_prefetch(gb, QP_Q80_GBLK);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * rh)));
+        __m256i lo[8], hi[8];
+        QP2_UNROLL for (int k = 0; k < 8; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 64 + 64 * k + 32 * rh));
+            lo[k] = _mm256_and_si256(v, m4);
+            hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        QP2_UNROLL for (int c = 0; c < C; c++) {
+            const uint8_t *q = x + c * xs + b * sizeof(blk_q8_0) + 2;
+            __m256i i = _mm256_sub_epi32(q80_sum32(lo, hi, q), _mm256_set1_epi32(t->corr[c][b]));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[c][b])), acc[c]);
+        }
+    }
+}
+
+/* The 32-element types with a bias: kind 0 Q4_0, 1 Q5_0 (two GGUF blocks a group-block),
+ * 2 Q8_0 (one). */
+QP2_INLINE void q40_pass(const int kind, const int C, int64_t n, const uint8_t *wp, int r0, int nr,
                          const uint8_t *x, size_t xs, float *out, size_t os, qp_xtab *t) {
-    const int64_t nb = n / (2 * QK4);
-    qp_xtab_fill(t, q5 ? 16 : 8, C, n / QK4, x, xs);
+    const int64_t nb = kind == 2 ? n / QK4 : n / (2 * QK4);
+    const size_t gbb = kind == 2 ? QP_Q80_GBLK : kind ? QP_Q50_GBLK : QP_Q40_GBLK;
+    qp_xtab_fill(t, kind == 2 ? 128 : kind ? 16 : 8, C, n / QK4, x, xs);
     for (int r = 0; r < nr; r += 8) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * (q5 ? QP_Q50_GBLK : QP_Q40_GBLK);
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * gbb;
         __m256 acc[QP2_MAXC];
-        q40_half(q5, C, nb, g, (r / 8) % 2, x, xs, t, acc);
+        if (kind == 2) q80_half(C, nb, g, (r / 8) % 2, x, xs, t, acc);
+        else q40_half(kind, C, nb, g, (r / 8) % 2, x, xs, t, acc);
         int left = nr - r < 8 ? nr - r : 8;
         QP2_UNROLL for (int c = 0; c < C; c++) {
             float o[8];
@@ -175,18 +220,18 @@ QP2_INLINE void q40_pass(const int q5, const int C, int64_t n, const uint8_t *wp
     }
 }
 
-QP2_INLINE void q450_tile(const int q5, int64_t n, const void *wp, int r0, int nr, const void *xq,
+QP2_INLINE void q450_tile(const int kind, int64_t n, const void *wp, int r0, int nr, const void *xq,
                           size_t xs, int nc, float *out, size_t os) {
     qp_xtab t; /* 32 KB: compute threads have 4 MiB stacks (threads.c) */
     const uint8_t *X = xq;
     int c = 0;
     for (; c + QP2_MAXC <= nc; c += QP2_MAXC)
-        q40_pass(q5, QP2_MAXC, n, wp, r0, nr, X + c * xs, xs, out + c * os, os, &t);
+        q40_pass(kind, QP2_MAXC, n, wp, r0, nr, X + c * xs, xs, out + c * os, os, &t);
     X += c * xs, out += c * os;
     switch (nc - c) {
-    case 3: q40_pass(q5, 3, n, wp, r0, nr, X, xs, out, os, &t); break;
-    case 2: q40_pass(q5, 2, n, wp, r0, nr, X, xs, out, os, &t); break;
-    case 1: q40_pass(q5, 1, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 3: q40_pass(kind, 3, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 2: q40_pass(kind, 2, n, wp, r0, nr, X, xs, out, os, &t); break;
+    case 1: q40_pass(kind, 1, n, wp, r0, nr, X, xs, out, os, &t); break;
     }
 }
 
@@ -198,6 +243,11 @@ void qp_q40_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 void qp_q50_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
                       int nc, float *out, size_t os) {
     q450_tile(1, n, wp, r0, nr, xq, xs, nc, out, os);
+}
+
+void qp_q80_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,
+                      int nc, float *out, size_t os) {
+    q450_tile(2, n, wp, r0, nr, xq, xs, nc, out, os);
 }
 
 /* ---------------------------------------------------------------- K-quants */
