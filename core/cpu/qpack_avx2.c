@@ -419,9 +419,9 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 /* ---------------------------------------------------------------- F16, BF16 */
 
-#ifndef QH2_MAXC
-#define QH2_MAXC 3 /* columns per pass: 3 x 4 partial sums, of 16 registers */
-#endif
+/* Columns per pass: 3 x 4 partial sums, of 16 registers (h16_tile2's last pass is of 2
+ * or 1). Against 2, one conversion serves 3 FMAs: +14% in cache (BENCHMARKS.md). */
+#define QH2_MAXC 3
 
 /* Block b's BF16 activations of C columns widened to f32 (xf[c][k]). */
 QP2_INLINE void bf16_widen2(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
