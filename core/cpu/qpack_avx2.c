@@ -163,37 +163,32 @@ QP2_INLINE void q40_half(const int q5, const int C, int64_t nb, const uint8_t *g
 /* Q8_0's bytes are stored + 128 (qpack.h, for vpdpbusd), and two products of 255 and
  * 127 overflow vpmaddubsw's 16-bit pair sum: each byte goes in as its two nibbles,
  * whose products sum exactly in 16 bits over a block (8 chunks x 2 x 15 x 128 = 30,720
- * each), then 16 * high + low in int32. */
-QP2_INLINE __m256i q80_sum32(const __m256i lo[8], const __m256i hi[8], const uint8_t *q) {
-    __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
-    QP2_UNROLL for (int k = 0; k < 8; k++) {
-        __m256i bx = qp2_bcast(q + 4 * k);
-        sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[k], bx));
-        sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[k], bx));
-    }
-    return _mm256_add_epi32(_mm256_madd_epi16(sl, _mm256_set1_epi16(1)),
-                            _mm256_madd_epi16(sh, _mm256_set1_epi16(16)));
-}
-
-/* Rows 8rh..8rh+7 of one Q8_0 group x C columns: the unsigned bytes' sums less the
- * table's 128 * (block sum), times d_w * d_x (qpack_avx512.c's q80_group). */
+ * each), then 16 * high + low in int32, less the table's 128 * (block sum), times
+ * d_w * d_x (qpack_avx512.c's q80_group). Chunk by chunk against every column: the 16
+ * nibble vectors of a block would not fit the registers beside the sums. Rows
+ * 8rh..8rh+7 of one group x C columns. */
 QP2_INLINE void q80_half(const int C, int64_t nb, const uint8_t *g, int rh, const uint8_t *x, size_t xs,
                          const qp_xtab *t, __m256 acc[QP2_MAXC]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
     QP2_UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *gb = g + b * QP_Q80_GBLK;
         qp_prefetch(gb, QP_Q80_GBLK);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * rh)));
-        __m256i lo[8], hi[8];
+        __m256i sl[QP2_MAXC], sh[QP2_MAXC];
+        QP2_UNROLL for (int c = 0; c < C; c++) sl[c] = sh[c] = _mm256_setzero_si256();
         QP2_UNROLL for (int k = 0; k < 8; k++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 64 + 64 * k + 32 * rh));
-            lo[k] = _mm256_and_si256(v, m4);
-            hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            QP2_UNROLL for (int c = 0; c < C; c++) {
+                __m256i bx = qp2_bcast(x + c * xs + b * sizeof(blk_q8_0) + 2 + 4 * k);
+                sl[c] = _mm256_add_epi16(sl[c], _mm256_maddubs_epi16(lo, bx));
+                sh[c] = _mm256_add_epi16(sh[c], _mm256_maddubs_epi16(hi, bx));
+            }
         }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16 * rh)));
         QP2_UNROLL for (int c = 0; c < C; c++) {
-            const uint8_t *q = x + c * xs + b * sizeof(blk_q8_0) + 2;
-            __m256i i = _mm256_sub_epi32(q80_sum32(lo, hi, q), _mm256_set1_epi32(t->corr[c][b]));
+            __m256i i = _mm256_add_epi32(_mm256_madd_epi16(sl[c], ones), _mm256_madd_epi16(sh[c], sixteen));
+            i = _mm256_sub_epi32(i, _mm256_set1_epi32(t->corr[c][b]));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[c][b])), acc[c]);
         }
     }
