@@ -94,19 +94,24 @@ static void pack_q50(uint8_t *gb, int lane, const uint8_t *blk) {
     }
 }
 
-/* F16: 16-bit values as they are, the 16 rows side by side per element. */
+/* Byte offset in an F16 group-block of row `lane`'s element k (k < 32): chunks of 4. */
+static size_t h16_at(int lane, int k) { return (size_t)(k / 4 * 8 * QP_ROWS + 8 * lane + 2 * (k % 4)); }
+/* The same for BF16, chunks of 8 (4 pairs). */
+static size_t bf16_at(int lane, int k) { return (size_t)(k / 8 * 16 * QP_ROWS + 16 * lane + 2 * (k % 8)); }
+
+/* F16: 16-bit values as they are, 16 rows side by side per chunk of 4 elements. */
 static void pack_h16(uint8_t *gb, int lane, const uint8_t *blk) {
-    for (int k = 0; k < QP_H16_BLOCK; k++) memcpy(gb + 2 * QP_ROWS * k + 2 * lane, blk + 2 * k, 2);
+    for (int k = 0; k < QP_H16_BLOCK; k += 4) memcpy(gb + h16_at(lane, k), blk + 2 * k, 8);
 }
 
-/* BF16: the 16 rows side by side per pair of elements (a dword each), magnitudes under
- * QUANT_BF16_FLOOR (2^-48) to zero (qpack.h). */
+/* BF16: 16 rows side by side per chunk of 4 pairs, magnitudes under QUANT_BF16_FLOOR
+ * (2^-48) to zero (qpack.h). */
 static void pack_bf16(uint8_t *gb, int lane, const uint8_t *blk) {
     for (int k = 0; k < QP_H16_BLOCK; k++) {
         uint16_t h;
         memcpy(&h, blk + 2 * k, 2);
         if ((h & 0x7fff) < QUANT_BF16_FLOOR >> 16) h &= 0x8000;
-        memcpy(gb + 4 * QP_ROWS * (k / 2) + 4 * lane + 2 * (k & 1), &h, 2);
+        memcpy(gb + bf16_at(lane, k), &h, 2);
     }
 }
 
@@ -273,7 +278,7 @@ static float f16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t 
     float s[4] = {0, 0, 0, 0};
     for (int64_t k = 0; k < nb * QP_H16_BLOCK; k++) {
         uint16_t h;
-        memcpy(&h, g + k / QP_H16_BLOCK * QP_H16_GBLK + 2 * QP_ROWS * (k % QP_H16_BLOCK) + 2 * lane, 2);
+        memcpy(&h, g + k / QP_H16_BLOCK * QP_H16_GBLK + h16_at(lane, (int)(k % QP_H16_BLOCK)), 2);
         s[k % 4] = fmaf(quant_f16_to_f32(h), x[k], s[k % 4]);
     }
     return (s[0] + s[1]) + (s[2] + s[3]);
@@ -286,7 +291,7 @@ static float bf16_pair_ref(int64_t nb, const uint8_t *g, int lane, const uint8_t
     float s[4] = {0, 0, 0, 0};
     for (int64_t p = 0; p < nb * QP_H16_BLOCK / 2; p++) {
         uint16_t h[2];
-        memcpy(h, g + p / 16 * QP_H16_GBLK + 4 * QP_ROWS * (p % 16) + 4 * lane, 4);
+        memcpy(h, g + p / 16 * QP_H16_GBLK + bf16_at(lane, (int)(2 * (p % 16))), 4);
         for (int e = 1; e >= 0; e--)
             s[p % 4] = fmaf(quant_bf16_to_f32(h[e]), quant_bf16_to_f32(x[2 * p + e]), s[p % 4]);
     }

@@ -37,11 +37,15 @@
  * Q5_0, 704 bytes per group-block of two GGUF blocks (22 per row and block):
  *   d[2][16],  h5[2][16][4] (as Q5_1's, per block),  q[2][4][16][4] (as Q4_0's); the
  *   kernels take 16 * (the activation block's sum) back off.
- * F16, 1024 bytes per group-block of 32 elements: w[32][16], element k of row r
- *   (2 bytes each, as in GGUF): one load and conversion serves 16 rows.
- * BF16, 1024 bytes per group-block of 32 elements: w[16][16][2], pair p, row r: the
- *   row's elements 2p, 2p + 1 (a dword per row, vdpbf16ps's operand); magnitudes under
- *   2^-48 (quant.h's QUANT_BF16_FLOOR) stored as zero.
+ * F16, 1024 bytes per group-block of 32 elements: w[8][16][4], chunk q, row r: the
+ *   row's elements 4q .. 4q+3 (2 bytes each, as in GGUF). Converted, a 128-bit lane is
+ *   one row's four elements, so its four floats are the row's four partial sums (the
+ *   arithmetic below): a 512-bit vector holds 4 rows, a 256-bit one 2, and a column's
+ *   activations x[4q .. 4q+3], one 16-byte broadcast, serve all of them.
+ * BF16, 1024 bytes per group-block of 32 elements: w[4][16][8], chunk q, row r: the
+ *   row's elements 8q .. 8q+7, i.e. its pairs 4q .. 4q+3 (a dword each, vdpbf16ps's
+ *   operand): a 128-bit lane is one row's four pairs, its four partial sums, as F16's;
+ *   magnitudes under 2^-48 (quant.h's QUANT_BF16_FLOOR) stored as zero.
  * Q4_K, 2368 bytes per group-block (148 per row and super-block against GGUF's 144:
  * the 6-bit scales unpacked to bytes, so no kernel decodes them):
  *   d[16], dmin[16]  f16,  sc[8][16]  sub-block j's scale of row r,

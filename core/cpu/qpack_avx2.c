@@ -414,66 +414,104 @@ void qp_q6k_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq,
 
 /* ---------------------------------------------------------------- F16, BF16 */
 
-/* Columns per pass: 3 x 4 partial sums, of 16 registers (h16_tile2's last pass is of 2
- * or 1). Against 2, one conversion serves 3 FMAs: +14% in cache (BENCHMARKS.md). */
-#define QH2_MAXC 3
+/* A 256-bit vector is two rows' 128-bit lanes (qpack.h): after F16's conversion, rows 2i
+ * and 2i+1's elements 4q..4q+3; for BF16, their pairs 4q..4q+3 (odd elements in the
+ * dwords' high halves). A lane's four floats are the row's four partial sums, and one
+ * column's activations of the chunk, a 16-byte broadcast, serve every pair of rows: a
+ * pass of RP row pairs x C columns takes RP weight loads and C broadcasts per RP x C
+ * FMAs (with rows in lanes, one weight load and C broadcasts per C FMAs: F16 ran
+ * load-bound at 65% of the FMAs' rate).
+ * Columns per pass, F16: 3 row pairs x 4 columns = 12 accumulators, 3 weight vectors
+ * and a broadcast, of 16 registers (4 pairs spill). BF16: 4 row pairs x 2 columns,
+ * their odd and even activations (4 registers) kept: 3 x 3 spilled (kbench 30 against
+ * 44 GMAC/s), and with the activations as FMA memory operands the loads were as many as
+ * the FMAs (33). */
+#define QH2_MAXC 4
+#define QH2_BF_MAXC 2
 
-/* Block b's BF16 activations of C columns widened to f32 (xf[c][k]). */
-QP2_INLINE void bf16_widen2(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
-    QP2_UNROLL for (int c = 0; c < C; c++)
-        QP2_UNROLL for (int h = 0; h < 4; h++) {
-            const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * h;
-            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)xc));
-            _mm256_store_si256((__m256i *)(xf[c] + 8 * h), _mm256_slli_epi32(v, 16));
-        }
+/* Rows 2i and 2i+1's dots from their accumulator: (s0 + s1) + (s2 + s3) of each lane
+ * (the lane's third float gets (s2 + s3) + (s0 + s1), the same bits). */
+QP2_INLINE void h16_dots2(__m256 s, float *o) {
+    __m256 t = _mm256_add_ps(s, _mm256_permute_ps(s, 0xB1));
+    __m256 u = _mm256_add_ps(t, _mm256_permute_ps(t, 0x4E));
+    o[0] = _mm256_cvtss_f32(u);
+    o[1] = _mm256_cvtss_f32(_mm256_permute2f128_ps(u, u, 1));
 }
 
-/* Rows r.. (8 of a group, whose offset in it g already holds) of C columns: per element
- * (F16) or pair (BF16, the odd element first) into four partial sums, qpack.h's order. */
-QP2_INLINE void h16_pass2(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
-                          const uint8_t *x, size_t xs, float *out, size_t os) {
-    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
-    for (int r = 0; r < nr; r += 8) {
-        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK + (bf ? 32 : 16) * ((r / 8) % 2);
-        __m256 s[QH2_MAXC][4];
-        QP2_UNROLL for (int c = 0; c < C; c++)
-            QP2_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm256_setzero_ps();
-        float xbuf[2][QH2_MAXC][QP_H16_BLOCK] __attribute__((aligned(32)));
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *gb = g + b * QP_H16_GBLK;
-            if (!bf) {
-                _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
-                    if (k % 8 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, k / 8, 4, QP_PF_H16);
-                    __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 2 * QP_ROWS * k)));
-                    QP2_UNROLL for (int c = 0; c < C; c++) {
-                        const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
-                        s[c][k % 4] = _mm256_fmadd_ps(w, _mm256_set1_ps(xc[k]), s[c][k % 4]);
-                    }
+/* RP row pairs of a group (g at the first's bytes in a group-block) x C columns, over
+ * all nb blocks; the first `left` of the 2 * RP rows stored. */
+QP2_INLINE void h16_pass2(const int bf, const int C, const int RP, int64_t nb, const uint8_t *g,
+                          const uint8_t *x, size_t xs, float *out, size_t os, int left) {
+    __m256 s[QH2_MAXC][8];
+    QP2_UNROLL for (int c = 0; c < C; c++)
+        QP2_UNROLL for (int i = 0; i < RP; i++) s[c][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *gb = g + b * QP_H16_GBLK;
+        if (!bf) {
+            QP2_UNROLL for (int q = 0; q < 8; q++) {
+                if (q % 2 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, q / 2, 4, QP_PF_H16);
+                __m256 w[8];
+                QP2_UNROLL for (int i = 0; i < RP; i++)
+                    w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 8 * QP_ROWS * q + 16 * i)));
+                QP2_UNROLL for (int c = 0; c < C; c++) {
+                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK + 4 * q;
+                    __m256 xv = _mm256_broadcast_ps((const __m128 *)xc);
+                    QP2_UNROLL for (int i = 0; i < RP; i++) s[c][i] = _mm256_fmadd_ps(w[i], xv, s[c][i]);
                 }
-                continue;
             }
-            /* the activations widened a block ahead (as in qpack_avx512.c: a wide store
-             * read back at once by narrow loads would not forward) */
-            if (b == 0) bf16_widen2(C, x, xs, 0, xbuf[0]);
-            if (b + 1 < nb) bf16_widen2(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
-            float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
-            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 4 * QP_ROWS * p));
+            continue;
+        }
+        const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+        QP2_UNROLL for (int q = 0; q < 4; q++) {
+            qp_prefetch_part_at(gb, QP_H16_GBLK, q, 4, QP_PF_H16);
+            __m256 xo[QH2_MAXC], xe[QH2_MAXC]; /* the column's odd, even elements of the chunk */
+            QP2_UNROLL for (int c = 0; c < C; c++) {
+                const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * q;
+                __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xc));
+                xo[c] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+                xe[c] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            }
+            QP2_UNROLL for (int i = 0; i < RP; i++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 16 * QP_ROWS * q + 32 * i));
                 __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                 QP2_UNROLL for (int c = 0; c < C; c++) {
-                    s[c][p % 4] = _mm256_fmadd_ps(wo, _mm256_set1_ps(xf[c][2 * p + 1]), s[c][p % 4]);
-                    s[c][p % 4] = _mm256_fmadd_ps(we, _mm256_set1_ps(xf[c][2 * p]), s[c][p % 4]);
+                    s[c][i] = _mm256_fmadd_ps(wo, xo[c], s[c][i]);
+                    s[c][i] = _mm256_fmadd_ps(we, xe[c], s[c][i]);
                 }
             }
         }
-        int left = nr - r < 8 ? nr - r : 8;
-        QP2_UNROLL for (int c = 0; c < C; c++) {
-            float o[8];
-            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_add_ps(s[c][0], s[c][1]), _mm256_add_ps(s[c][2], s[c][3])));
-            memcpy(out + c * os + r, o, (size_t)left * sizeof(float));
-        }
+    }
+    QP2_UNROLL for (int c = 0; c < C; c++) {
+        float o[16];
+        QP2_UNROLL for (int i = 0; i < RP; i++) h16_dots2(s[c][i], o + 2 * i);
+        memcpy(out + c * os, o, (size_t)(left < 2 * RP ? left : 2 * RP) * sizeof(float));
+    }
+}
+
+/* One group's `left` rows (g its first group-block) x C columns: its 8 row pairs in
+ * passes of 8 (one column: 8 chains hide the FMA's latency), 4 (two columns), else
+ * 3, 3, 2. */
+QP2_INLINE void h16_group2(const int bf, const int C, int64_t nb, const uint8_t *g, const uint8_t *x,
+                           size_t xs, float *out, size_t os, int left) {
+    const size_t pair = bf ? 32 : 16; /* a row pair's bytes in a chunk */
+    if (C == 1) {
+        h16_pass2(bf, 1, 8, nb, g, x, xs, out, os, left);
+    } else if (C == 2) {
+        h16_pass2(bf, 2, 4, nb, g, x, xs, out, os, left);
+        if (left > 8) h16_pass2(bf, 2, 4, nb, g + 4 * pair, x, xs, out + 8, os, left - 8);
+    } else {
+        h16_pass2(bf, C, 3, nb, g, x, xs, out, os, left);
+        if (left > 6) h16_pass2(bf, C, 3, nb, g + 3 * pair, x, xs, out + 6, os, left - 6);
+        if (left > 12) h16_pass2(bf, C, 2, nb, g + 6 * pair, x, xs, out + 12, os, left - 12);
+    }
+}
+
+QP2_INLINE void h16_cols2(const int bf, const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
+                          const uint8_t *x, size_t xs, float *out, size_t os) {
+    for (int r = 0; r < nr; r += QP_ROWS) {
+        const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
+        h16_group2(bf, C, nb, g, x, xs, out + r, os, nr - r);
     }
 }
 
@@ -482,10 +520,16 @@ QP2_INLINE void h16_tile2(const int bf, int64_t n, const void *wp, int r0, int n
     const int64_t nb = n / QP_H16_BLOCK;
     const uint8_t *X = xq;
     int c = 0;
-    for (; c + QH2_MAXC <= nc; c += QH2_MAXC)
-        h16_pass2(bf, QH2_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
-    if (nc - c == 2) h16_pass2(bf, 2, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
-    else if (nc - c == 1) h16_pass2(bf, 1, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    if (bf)
+        for (; c + QH2_BF_MAXC <= nc; c += QH2_BF_MAXC)
+            h16_cols2(1, QH2_BF_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    else
+        for (; c + QH2_MAXC <= nc; c += QH2_MAXC)
+            h16_cols2(0, QH2_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);
+    X += c * xs, out += c * os;
+    if (nc - c == 3 && !bf) h16_cols2(0, 3, nb, wp, r0, nr, X, xs, out, os);
+    else if (nc - c == 2) h16_cols2(bf, 2, nb, wp, r0, nr, X, xs, out, os);
+    else if (nc - c == 1) h16_cols2(bf, 1, nb, wp, r0, nr, X, xs, out, os);
 }
 
 void qp_f16_tile_avx2(int64_t n, const void *wp, int r0, int nr, const void *xq, size_t xs,

@@ -365,34 +365,51 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
 
 /* ---------------------------------------------------------------- F16 */
 
-#define QH_MAXC 7 /* columns per pass: 7 x 4 partial sums in registers */
+/* A 512-bit vector is four rows' 128-bit lanes (qpack.h): after F16's conversion, rows
+ * 4i..4i+3's elements 4q..4q+3; for BF16, their pairs 4q..4q+3. A lane's four floats
+ * are the row's four partial sums, and one column's activations of the chunk, a 16-byte
+ * broadcast, serve the group's four vectors: per chunk and C columns, 4 weight loads
+ * and C broadcasts for 4 x C FMAs. */
+#define QH_MAXC 6 /* columns per pass: 6 x 4 accumulators, 4 weight vectors, a broadcast */
 
-/* The four partial sums of C columns' 16 rows, (s0 + s1) + (s2 + s3), the first
- * `left` rows stored. */
+/* Every float of a lane: the lane's (s0 + s1) + (s2 + s3) (its third and fourth get
+ * (s2 + s3) + (s0 + s1), the same bits). */
+QP_INLINE __m512 h16_lane_dots(__m512 s) {
+    __m512 t = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
+    return _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
+}
+
+/* The 16 rows' dots of C columns (column c's four vectors s[c]), the first `left` rows
+ * stored. */
 QP_INLINE void h16_store(const int C, __m512 s[][4], int left, float *out, size_t os) {
     __mmask16 keep = left >= QP_ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
     QP_UNROLL for (int c = 0; c < C; c++) {
-        __m512 v = _mm512_add_ps(_mm512_add_ps(s[c][0], s[c][1]), _mm512_add_ps(s[c][2], s[c][3]));
-        _mm512_mask_storeu_ps(out + c * os, keep, v);
+        __m512 lo = _mm512_permutex2var_ps(h16_lane_dots(s[c][0]), first, h16_lane_dots(s[c][1]));
+        __m512 hi = _mm512_permutex2var_ps(h16_lane_dots(s[c][2]), first, h16_lane_dots(s[c][3]));
+        _mm512_mask_storeu_ps(out + c * os, keep, _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
     }
 }
 
-/* F16 against f32 activations, per element into the four partial sums by k % 4. */
+/* F16 against f32 activations: per chunk of 4 elements, 4 conversions for the group. */
 QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const uint8_t *x,
                         size_t xs, float *out, size_t os) {
     for (int r = 0; r < nr; r += QP_ROWS) {
         const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
         __m512 s[QH_MAXC][4];
         QP_UNROLL for (int c = 0; c < C; c++)
-            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+            QP_UNROLL for (int i = 0; i < 4; i++) s[c][i] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            _Pragma("GCC unroll 32") for (int k = 0; k < QP_H16_BLOCK; k++) {
-                if (k % 8 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, k / 8, 4, QP_PF_H16);
-                __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 2 * QP_ROWS * k)));
+            QP_UNROLL for (int q = 0; q < 8; q++) {
+                if (q % 2 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, q / 2, 4, QP_PF_H16);
+                __m512 w[4];
+                QP_UNROLL for (int i = 0; i < 4; i++)
+                    w[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 8 * QP_ROWS * q + 32 * i)));
                 QP_UNROLL for (int c = 0; c < C; c++) {
-                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK;
-                    s[c][k % 4] = _mm512_fmadd_ps(w, _mm512_set1_ps(xc[k]), s[c][k % 4]);
+                    const float *xc = (const float *)(x + c * xs) + b * QP_H16_BLOCK + 4 * q;
+                    __m512 xv = _mm512_broadcast_f32x4(_mm_loadu_ps(xc));
+                    QP_UNROLL for (int i = 0; i < 4; i++) s[c][i] = _mm512_fmadd_ps(w[i], xv, s[c][i]);
                 }
             }
         }
@@ -402,19 +419,22 @@ QP_INLINE void h16_pass(const int C, int64_t nb, const uint8_t *wp, int r0, int 
 
 /* ---------------------------------------------------------------- BF16 */
 
-/* Block b's activations of C columns widened to f32 (xf[c][k]). */
-QP_INLINE void bf16_widen(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][QP_H16_BLOCK]) {
-    QP_UNROLL for (int c = 0; c < C; c++) {
-        const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK;
-        QP_UNROLL for (int h = 0; h < 2; h++)
-            _mm512_store_si512((void *)(xf[c] + 16 * h),
-                               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xc + 32 * h))), 16));
-    }
+/* Block b's activations of C columns widened: per chunk q its 4 pairs' odd elements as
+ * floats, 4 times (every lane's operand), then the even ones. */
+QP_INLINE void bf16_widen(const int C, const uint8_t *x, size_t xs, int64_t b, float xf[][4][2][16]) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    QP_UNROLL for (int c = 0; c < C; c++)
+        QP_UNROLL for (int q = 0; q < 4; q++) {
+            const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * q;
+            __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xc));
+            _mm512_store_si512((void *)xf[c][q][0], _mm512_and_si512(v, hi));
+            _mm512_store_si512((void *)xf[c][q][1], _mm512_slli_epi32(v, 16));
+        }
 }
 
-/* BF16 with FMAs: the pass's activations widened to f32 on the stack a block ahead (then
- * each is a broadcast from memory; read right after its store, the wide store would not
- * forward to the narrow loads: 70% slower), per pair the odd then the even element. */
+/* BF16 with FMAs: the pass's activations widened on the stack a block ahead (so each is
+ * an FMA's memory operand; read right after its store, a wide store would not forward
+ * to narrow loads: 70% slower), per pair the odd then the even element. */
 QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0, int nr,
                              const uint8_t *x, size_t xs, float *out, size_t os) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
@@ -422,21 +442,23 @@ QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0,
         const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
         __m512 s[QH_MAXC][4];
         QP_UNROLL for (int c = 0; c < C; c++)
-            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
-        float xbuf[2][QH_MAXC][QP_H16_BLOCK] __attribute__((aligned(64)));
+            QP_UNROLL for (int i = 0; i < 4; i++) s[c][i] = _mm512_setzero_ps();
+        float xbuf[2][QH_MAXC][4][2][16] __attribute__((aligned(64)));
         bf16_widen(C, x, xs, 0, xbuf[0]);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
             if (b + 1 < nb) bf16_widen(C, x, xs, b + 1, xbuf[(b + 1) & 1]);
-            float (*xf)[QP_H16_BLOCK] = xbuf[b & 1];
-            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
-                __m512i v = _mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
-                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                QP_UNROLL for (int c = 0; c < C; c++) {
-                    s[c][p % 4] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xf[c][2 * p + 1]), s[c][p % 4]);
-                    s[c][p % 4] = _mm512_fmadd_ps(we, _mm512_set1_ps(xf[c][2 * p]), s[c][p % 4]);
+            float (*xf)[4][2][16] = xbuf[b & 1];
+            QP_UNROLL for (int q = 0; q < 4; q++) {
+                qp_prefetch_part_at(gb, QP_H16_GBLK, q, 4, QP_PF_H16);
+                QP_UNROLL for (int i = 0; i < 4; i++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(gb + 16 * QP_ROWS * q + 64 * i));
+                    __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+                    __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                    QP_UNROLL for (int c = 0; c < C; c++) {
+                        s[c][i] = _mm512_fmadd_ps(wo, _mm512_load_ps(xf[c][q][0]), s[c][i]);
+                        s[c][i] = _mm512_fmadd_ps(we, _mm512_load_ps(xf[c][q][1]), s[c][i]);
+                    }
                 }
             }
         }
@@ -444,7 +466,7 @@ QP_INLINE void bf16_pass_fma(const int C, int64_t nb, const uint8_t *wp, int r0,
     }
 }
 
-/* BF16 with vdpbf16ps: a pair of 16 rows against a column's pair, one instruction. */
+/* BF16 with vdpbf16ps: four rows' four pairs against the column's, one instruction. */
 __attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
 bf16_pass_dp(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const uint8_t *x, size_t xs,
              float *out, size_t os) {
@@ -452,15 +474,18 @@ bf16_pass_dp(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const u
         const uint8_t *g = wp + (size_t)((r0 + r) / QP_ROWS) * nb * QP_H16_GBLK;
         __m512 s[QH_MAXC][4];
         QP_UNROLL for (int c = 0; c < C; c++)
-            QP_UNROLL for (int j = 0; j < 4; j++) s[c][j] = _mm512_setzero_ps();
+            QP_UNROLL for (int i = 0; i < 4; i++) s[c][i] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *gb = g + b * QP_H16_GBLK;
-            _Pragma("GCC unroll 16") for (int p = 0; p < QP_H16_BLOCK / 2; p++) {
-                if (p % 4 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, p / 4, 4, QP_PF_H16);
-                __m512bh v = (__m512bh)_mm512_loadu_si512((const void *)(gb + 4 * QP_ROWS * p));
+            QP_UNROLL for (int q = 0; q < 4; q++) {
+                qp_prefetch_part_at(gb, QP_H16_GBLK, q, 4, QP_PF_H16);
+                __m512bh w[4];
+                QP_UNROLL for (int i = 0; i < 4; i++)
+                    w[i] = (__m512bh)_mm512_loadu_si512((const void *)(gb + 16 * QP_ROWS * q + 64 * i));
                 QP_UNROLL for (int c = 0; c < C; c++) {
-                    const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 4 * p;
-                    s[c][p % 4] = _mm512_dpbf16_ps(s[c][p % 4], v, (__m512bh)qp_bcast(xc));
+                    const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * q;
+                    __m512bh xv = (__m512bh)_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xc));
+                    QP_UNROLL for (int i = 0; i < 4; i++) s[c][i] = _mm512_dpbf16_ps(s[c][i], w[i], xv);
                 }
             }
         }
@@ -479,7 +504,6 @@ bf16_pass_dp(const int C, int64_t nb, const uint8_t *wp, int r0, int nr, const u
             pass(QH_MAXC, nb, wp, r0, nr, X + c * xs, xs, out + c * os, os);    \
         X += c * xs, out += c * os;                                             \
         switch (nc - c) {                                                       \
-        case 6: pass(6, nb, wp, r0, nr, X, xs, out, os); break;                 \
         case 5: pass(5, nb, wp, r0, nr, X, xs, out, os); break;                 \
         case 4: pass(4, nb, wp, r0, nr, X, xs, out, os); break;                 \
         case 3: pass(3, nb, wp, r0, nr, X, xs, out, os); break;                 \
