@@ -1,7 +1,8 @@
-/* qpack_avx2: the packed Q4_1/Q5_1 x Q8_1, Q4_0/Q5_0 x Q8_0, Q4_K/Q5_K x Q8_K and Q6_K x Q8_K tiles with AVX2
- * (layouts and arithmetic in qpack.h), for machines without AVX-512 (and TCG guests). A 256-bit lane holds 8 rows, so a
+/* qpack_avx2: the packed Q4_1/Q5_1 x Q8_1, Q8_0/Q4_0/Q5_0 x Q8_0, Q4_K/Q5_K x Q8_K, Q6_K x Q8_K,
+ * F16 x F32 and BF16 x BF16 tiles with AVX2 (layouts and arithmetic in qpack.h), for machines
+ * without AVX-512 (and TCG guests). For the integer types a 256-bit vector holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
- * registers. With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
+ * registers (F16's and BF16's vectors are two rows' 128-bit lanes, below). With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
  * activation bytes into 16-bit pair sums; the 8 of a block add up in 16 bits without
  * overflow (each at most 2 * 15 * 127, eight of them 30,480 < 32,767), then one
  * vpmaddwd makes each row's int32 sum: the same exact integer as the reference's, so

@@ -1,6 +1,7 @@
 /* qpack_avx512: the packed Q4_1/Q5_1 x Q8_1, Q8_0/Q4_0/Q5_0 x Q8_0, Q4_K x Q8_K and Q6_K x Q8_K tiles
  * (and Q5_K) with AVX-512 VNNI, F16 x F32 and BF16 x BF16 (FMAs, or vdpbf16ps) (layouts
- * and arithmetic in qpack.h). Lane r of every vector is row r of the group: a chunk's
+ * and arithmetic in qpack.h). For the integer types lane r of every vector is row r of
+ * the group (F16's and BF16's vectors are four rows' 128-bit lanes, below): a chunk's
  * 64 bytes hold 4 bytes of each of the 16 rows, so a chunk times the column's 4
  * activation bytes of it, broadcast, is one vpdpbusd for all 16 rows (for Q4_1 its low
  * nibbles one, its high nibbles another). Eight of them sum a block exactly (int32, in
