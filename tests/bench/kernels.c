@@ -15,7 +15,8 @@
  * The instruction rates: 12 independent chains of one instruction (vpdpbusd zmm: 64
  * products; vfmadd231ps zmm: 16; vdpbf16ps zmm: 32), where the CPU has it. The int8
  * types' kernels stand on vpdpbusd, F16 on the FMA, BF16 on whichever isa_dpbf16()
- * picks; at AVX2 no share is printed (those kernels stand on vpmaddubsw pairs).
+ * picks (where that is vdpbf16ps, BF16's FMA kernel is timed after the rest as well);
+ * at AVX2 no share is printed (those kernels stand on vpmaddubsw pairs).
  * A K-quant's ceiling is below 100%: its sub-block scales and mins take multiply-pipe
  * instructions of their own (qpack.h's arithmetic; BENCHMARKS.md counts them). Where AMX
  * runs a type's prefill tile (isa.h), its share is still of vpdpbusd's rate.
@@ -308,6 +309,12 @@ int main(int argc, char **argv) {
     int bad = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         bad |= bench_type(types[i], n, ms, ceiling(types[i], dpbusd, fma, dpbf16));
+    if (isa_dpbf16()) { /* the FMA kernel too: the one Intel's CPUs run, timed here as well */
+        isa_set_dpbf16(0);
+        printf("kbench: BF16 on FMAs (where vdpbf16ps is slow):\n");
+        bad |= bench_type(QT_BF16, n, ms, ceiling(QT_BF16, dpbusd, fma, dpbf16));
+        isa_set_dpbf16(1);
+    }
     if (mib > 0 && !__builtin_cpu_supports("avx2")) { /* the plain read's loads */
         printf("kbench: no AVX2: no decode from memory\n");
         mib = 0;
