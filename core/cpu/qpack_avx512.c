@@ -372,9 +372,7 @@ void qp_q6k_tile_avx512(int64_t n, const void *wp, int r0, int nr, const void *x
  * broadcast, serve the group's four vectors: per chunk and C columns, 4 weight loads
  * and C broadcasts for 4 x C FMAs. */
 #define QH_MAXC 6 /* columns per pass: 6 x 4 accumulators, 4 weight vectors, a broadcast */
-#ifndef QH_FMA_MAXC
-#define QH_FMA_MAXC 4
-#endif
+#define QH_FMA_MAXC 4 /* BF16's FMA kernel: 4 x 4 accumulators, 8 activation vectors (below) */
 
 /* Every float of a lane: the lane's (s0 + s1) + (s2 + s3) (its third and fourth get
  * (s2 + s3) + (s0 + s1), the same bits). */
