@@ -2,11 +2,12 @@
  * F16 x F32 and BF16 x BF16 tiles with AVX2 (layouts and arithmetic in qpack.h), for machines
  * without AVX-512 (and TCG guests). For the integer types a 256-bit vector holds 8 rows, so a
  * group goes as two halves of 8 rows, each over all blocks, its accumulators in
- * registers (F16's and BF16's vectors are two rows' 128-bit lanes, below). With no VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast
- * activation bytes into 16-bit pair sums; the 8 of a block add up in 16 bits without
- * overflow (each at most 2 * 15 * 127, eight of them 30,480 < 32,767), then one
- * vpmaddwd makes each row's int32 sum: the same exact integer as the reference's, so
- * the two FMAs after it give its bits. */
+ * registers (F16's and BF16's vectors are two rows' 128-bit lanes, below). With no
+ * VNNI, vpmaddubsw multiplies a chunk's nibbles by the broadcast activation bytes into
+ * 16-bit pair sums; the 8 of a block add up in 16 bits without overflow (each at most
+ * 2 * 15 * 127, eight of them 30,480 < 32,767), then one vpmaddwd makes each row's
+ * int32 sum: the same exact integer as the reference's, so the two FMAs after it give
+ * its bits. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -440,9 +441,12 @@ QP2_INLINE void h16_dots2(__m256 s, float *o) {
 }
 
 /* RP row pairs of a group (g at the first's bytes in a group-block) x C columns, over
- * all nb blocks; the first `left` of the 2 * RP rows stored. */
+ * all nb blocks; the first `left` of the 2 * RP rows stored. pf: the pass asks for the
+ * group's next blocks ahead (its first pass only: the others' prefetches found the lines
+ * on their way, and cost the F16 task 8% in kbench, 49 against 53 GMAC/s; end to end,
+ * 1B F16 prefill at AVX2, five pairs: within the VM's spread). */
 QP2_INLINE void h16_pass2(const int bf, const int C, const int RP, int64_t nb, const uint8_t *g,
-                          const uint8_t *x, size_t xs, float *out, size_t os, int left) {
+                          const uint8_t *x, size_t xs, float *out, size_t os, int left, const int pf) {
     __m256 s[QH2_MAXC][8];
     QP2_UNROLL for (int c = 0; c < C; c++)
         QP2_UNROLL for (int i = 0; i < RP; i++) s[c][i] = _mm256_setzero_ps();
@@ -450,7 +454,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, const int RP, int64_t nb, c
         const uint8_t *gb = g + b * QP_H16_GBLK;
         if (!bf) {
             QP2_UNROLL for (int q = 0; q < 8; q++) {
-                if (q % 2 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, q / 2, 4, QP_PF_H16);
+                if (pf && q % 2 == 0) qp_prefetch_part_at(gb, QP_H16_GBLK, q / 2, 4, QP_PF_H16);
                 __m256 w[8];
                 QP2_UNROLL for (int i = 0; i < RP; i++)
                     w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 8 * QP_ROWS * q + 16 * i)));
@@ -464,7 +468,7 @@ QP2_INLINE void h16_pass2(const int bf, const int C, const int RP, int64_t nb, c
         }
         const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
         QP2_UNROLL for (int q = 0; q < 4; q++) {
-            qp_prefetch_part_at(gb, QP_H16_GBLK, q, 4, QP_PF_H16);
+            if (pf) qp_prefetch_part_at(gb, QP_H16_GBLK, q, 4, QP_PF_H16);
             __m256 xo[QH2_MAXC], xe[QH2_MAXC]; /* the column's odd, even elements of the chunk */
             QP2_UNROLL for (int c = 0; c < C; c++) {
                 const uint8_t *xc = x + c * xs + b * 2 * QP_H16_BLOCK + 16 * q;
@@ -497,14 +501,14 @@ QP2_INLINE void h16_group2(const int bf, const int C, int64_t nb, const uint8_t 
                            size_t xs, float *out, size_t os, int left) {
     const size_t pair = bf ? 32 : 16; /* a row pair's bytes in a chunk */
     if (C == 1) {
-        h16_pass2(bf, 1, 8, nb, g, x, xs, out, os, left);
+        h16_pass2(bf, 1, 8, nb, g, x, xs, out, os, left, 1);
     } else if (C == 2) {
-        h16_pass2(bf, 2, 4, nb, g, x, xs, out, os, left);
-        if (left > 8) h16_pass2(bf, 2, 4, nb, g + 4 * pair, x, xs, out + 8, os, left - 8);
+        h16_pass2(bf, 2, 4, nb, g, x, xs, out, os, left, 1);
+        if (left > 8) h16_pass2(bf, 2, 4, nb, g + 4 * pair, x, xs, out + 8, os, left - 8, 0);
     } else {
-        h16_pass2(bf, C, 3, nb, g, x, xs, out, os, left);
-        if (left > 6) h16_pass2(bf, C, 3, nb, g + 3 * pair, x, xs, out + 6, os, left - 6);
-        if (left > 12) h16_pass2(bf, C, 2, nb, g + 6 * pair, x, xs, out + 12, os, left - 12);
+        h16_pass2(bf, C, 3, nb, g, x, xs, out, os, left, 1);
+        if (left > 6) h16_pass2(bf, C, 3, nb, g + 3 * pair, x, xs, out + 6, os, left - 6, 0);
+        if (left > 12) h16_pass2(bf, C, 2, nb, g + 6 * pair, x, xs, out + 12, os, left - 12, 0);
     }
 }
 

@@ -309,7 +309,7 @@ int main(int argc, char **argv) {
     int bad = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         bad |= bench_type(types[i], n, ms, ceiling(types[i], dpbusd, fma, dpbf16));
-    if (isa_dpbf16()) { /* the FMA kernel too: the one Intel's CPUs run, timed here as well */
+    if (isa_level() >= ISA_AVX512 && isa_dpbf16()) { /* the FMA kernel too: Intel's CPUs run it */
         isa_set_dpbf16(0);
         printf("kbench: BF16 on FMAs (where vdpbf16ps is slow):\n");
         bad |= bench_type(QT_BF16, n, ms, ceiling(QT_BF16, dpbusd, fma, dpbf16));
